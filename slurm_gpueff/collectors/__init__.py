@@ -1,0 +1,6 @@
+"""Collector backends: measure what a job's GPUs did between its Prolog and Epilog.
+
+Every backend implements :class:`slurm_gpueff.collectors.base.Collector`. This package is on the hook
+path: stdlib only at import time; a backend imports its heavy library (pynvml, DCGM) lazily.
+Collectors never import storage, analysis, render or cli (enforced by tests/test_layering.py).
+"""

@@ -1,0 +1,104 @@
+"""The collector interface and the pieces every backend shares. Stdlib only (hook path).
+
+Life of a job on a node:
+
+1. Prolog: ``collector.start(job)`` returns a small JSON-able *start state* (e.g. a snapshot of the
+   agent's cumulative counters). The hook saves it under ``<state_dir>/jobs/<job_id>.json``.
+2. Epilog: ``collector.stop(job, start_state)`` returns a :class:`Measurement`: the backend label,
+   a reason when something could not be measured, and one GPU dict per allocated GPU (see
+   :mod:`slurm_gpueff.record` for the GPU dict's fields). ``start_state`` is ``None`` when the Prolog did
+   not run or its state was lost; the backend then measures what it can and says why the rest is missing.
+
+A collector must not hang forever, but the hook bounds it anyway (see :mod:`slurm_gpueff.hook`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+
+class JobContext:
+    """What the hook knows about the job from Slurm's environment (plus the clock).
+
+    ``gpu_indexes`` are Slurm's indexes (SLURM_JOB_GPUS), i.e. positions in slurmd's sorted GRES
+    device list, *not* NVML indexes. Use :func:`slurm_index_to_minor` to get /dev/nvidiaN minors.
+    """
+
+    __slots__ = ("job_id", "node", "cluster", "gpu_indexes", "start_time", "end_time", "env")
+
+    def __init__(self, job_id: int, node: str, cluster: str, gpu_indexes: list[int],
+                 start_time: float | None = None, end_time: float | None = None,
+                 env: dict[str, str] | None = None):
+        self.job_id = job_id
+        self.node = node
+        self.cluster = cluster
+        self.gpu_indexes = gpu_indexes
+        self.start_time = start_time
+        self.end_time = end_time
+        self.env = env if env is not None else {}
+
+
+class Measurement:
+    """What a collector reports for one job on one node."""
+
+    __slots__ = ("backend", "reason", "gpus")
+
+    def __init__(self, backend: str, gpus: list[dict[str, Any]], reason: str | None = None):
+        self.backend = backend
+        self.gpus = gpus
+        self.reason = reason
+
+
+class Collector:
+    """Base class. ``name`` is the backend label stored with every figure."""
+
+    name = "none"
+
+    def __init__(self, config: Any):
+        self.config = config
+
+    def start(self, job: JobContext) -> dict[str, Any]:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def stop(self, job: JobContext, start_state: dict[str, Any] | None) -> Measurement:  # pragma: no cover
+        raise NotImplementedError
+
+
+_NVIDIA_DEV = re.compile(r"^nvidia(\d+)$")
+
+
+def device_minors(dev_dir: str = "/dev") -> list[int]:
+    """Minor numbers of the node's /dev/nvidiaN devices, in the order Slurm indexes them.
+
+    slurmd sorts its GRES device list by File name; for the usual ``/dev/nvidia[0-N]`` that is the
+    numeric order of N, which we use. (nvidiactl, nvidia-uvm etc. are not GPUs and are skipped.)
+    """
+    try:
+        names = os.listdir(dev_dir)
+    except OSError:
+        return []
+    return sorted(int(m.group(1)) for n in names if (m := _NVIDIA_DEV.match(n)))
+
+
+def slurm_index_to_minor(indexes: list[int], dev_dir: str = "/dev") -> dict[int, int | None]:
+    """Map Slurm GPU indexes to /dev/nvidiaN minor numbers (None where the device does not exist).
+
+    NVML's index order is PCI bus order and need not equal the minor order, so we never assume that
+    Slurm's index equals NVML's: callers look the minor up with ``nvmlDeviceGetMinorNumber``.
+    """
+    minors = device_minors(dev_dir)
+    return {i: (minors[i] if 0 <= i < len(minors) else None) for i in indexes}
+
+
+def parse_gpu_list(value: str | None) -> list[int]:
+    """Parse SLURM_JOB_GPUS / CUDA_VISIBLE_DEVICES (``"0,1,3"``); MIG UUIDs and junk are skipped."""
+    if not value:
+        return []
+    out: list[int] = []
+    for part in value.split(","):
+        part = part.strip()
+        if part.isdigit():
+            out.append(int(part))
+    return sorted(set(out))

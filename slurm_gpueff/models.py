@@ -1,0 +1,105 @@
+"""The data model (SQLModel tables): one ``job`` row per Slurm job, one ``job_gpu`` row per job GPU.
+
+Design notes, so later migrations (Alembic) and PostgreSQL stay easy:
+- explicit table names and a constraint naming convention (Alembic needs stable names);
+- times are timezone-naive UTC ``DateTime`` (identical on SQLite and PostgreSQL);
+- job ids are BigInteger; the natural key is (cluster, job_id) where job_id is Slurm's raw id
+  (JobIDRaw): an array task or a heterogeneous component has its own raw id, and the array/het ids
+  are extra columns so ``123_4`` and ``123+1`` can be looked up;
+- a job GPU's natural key is (job, node, gpu_index): re-ingesting one node's record replaces its rows;
+- every measured figure is nullable: NULL means "not measured" (see ``missing`` for why), never 0.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import JSON, BigInteger, Column, MetaData, UniqueConstraint
+from sqlmodel import Field, SQLModel
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+SQLModel.metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class Job(SQLModel, table=True):
+    """A Slurm job that had (or should have had) GPUs. Times are naive UTC."""
+
+    __tablename__ = "job"
+    __table_args__ = (UniqueConstraint("cluster", "job_id", name="uq_job_cluster_job_id"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    cluster: str = Field(max_length=64)
+    job_id: int = Field(sa_type=BigInteger, index=True)
+    array_job_id: int | None = Field(default=None, sa_type=BigInteger, index=True)
+    array_task_id: int | None = Field(default=None, sa_type=BigInteger)
+    het_job_id: int | None = Field(default=None, sa_type=BigInteger, index=True)
+    het_job_offset: int | None = Field(default=None)
+    job_name: str | None = Field(default=None, max_length=512)
+    user: str | None = Field(default=None, max_length=128, index=True)
+    uid: int | None = Field(default=None, sa_type=BigInteger)
+    account: str | None = Field(default=None, max_length=128, index=True)
+    partition: str | None = Field(default=None, max_length=128)
+    qos: str | None = Field(default=None, max_length=128)
+    nodelist: str | None = Field(default=None, max_length=1024)
+    gpu_count: int = 0
+    gpu_type: str | None = Field(default=None, max_length=128)
+    submit_time: datetime | None = None
+    start_time: datetime | None = Field(default=None, index=True)
+    end_time: datetime | None = Field(default=None, index=True)
+    elapsed_s: float | None = None
+    state: str | None = Field(default=None, max_length=32)
+    exit_code: int | None = None
+    signal: int | None = None
+    backend: str = Field(default="none", max_length=16)
+    reason: str | None = Field(default=None, max_length=1024)
+    record_source: str = Field(default="hook", max_length=16)
+    enriched: bool = False
+    ingested_at: datetime | None = None
+
+
+class JobGpu(SQLModel, table=True):
+    """One GPU of one job on one node, with its figures over the job's window on that GPU."""
+
+    __tablename__ = "job_gpu"
+    __table_args__ = (UniqueConstraint("job_pk", "node", "gpu_index", name="uq_job_gpu_job_node_index"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_pk: int = Field(foreign_key="job.id", index=True, ondelete="CASCADE")
+    node: str = Field(max_length=128)
+    gpu_index: int
+    minor: int | None = None
+    uuid: str | None = Field(default=None, max_length=96)
+    pci_bus_id: str | None = Field(default=None, max_length=32)
+    model: str | None = Field(default=None, max_length=128)
+    memory_total_bytes: int | None = Field(default=None, sa_type=BigInteger)
+    start_time: datetime | None = None
+    end_time: datetime | None = None
+    kernel_active: float | None = None
+    sm_active: float | None = None
+    sm_occupancy: float | None = None
+    tensor_active: float | None = None
+    dram_active: float | None = None
+    fp64_active: float | None = None
+    fp32_active: float | None = None
+    fp16_active: float | None = None
+    memory_used_peak_bytes: int | None = Field(default=None, sa_type=BigInteger)
+    energy_j: float | None = None
+    power_mean_w: float | None = None
+    source: str = Field(default="none", max_length=16)
+    samples: int = 0
+    missing: dict | None = Field(default=None, sa_column=Column(JSON))
+
+
+class JobGpuTimeline(SQLModel, table=True):
+    """Coarse timeline of one job GPU (kept apart so retention can drop it without touching figures)."""
+
+    __tablename__ = "job_gpu_timeline"
+
+    job_gpu_id: int = Field(foreign_key="job_gpu.id", primary_key=True, ondelete="CASCADE")
+    points: list = Field(default_factory=list, sa_column=Column(JSON))

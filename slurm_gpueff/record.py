@@ -1,0 +1,135 @@
+"""The spool record: what a node writes when a job ends, and what ingest reads.
+
+One JSON object per (job, node). Plain dicts and stdlib only: the Epilog builds it on every job end.
+Fractions are in [0, 1]; a figure that was not measured is ``None`` and, where we know why, the reason
+is in the GPU's ``missing`` map (``{"sm_active": "GPU has no GPM (pre-Hopper)"}``). Never 0 for unknown.
+
+Schema (version 1)::
+
+    {"schema": 1, "cluster": str, "node": str, "job_id": int,
+     "array_job_id": int|null, "array_task_id": int|null, "het_job_id": int|null, "het_job_offset": int|null,
+     "user": str|null, "uid": int|null, "account": str|null, "partition": str|null,
+     "start_time": float epoch s, "end_time": float epoch s, "exit_code": int|null, "signal": int|null,
+     "backend": "nvml-gpm"|"nvml"|"dcgm"|"simulated"|"none", "reason": str|null,
+     "gpus": [GPU...], "written_at": float, "writer": "slurm-gpueff 0.1.0"}
+
+    GPU = {"index": int (Slurm's index), "minor": int|null, "uuid": str|null, "pci_bus_id": str|null,
+           "model": str|null, "memory_total_bytes": int|null, <METRICS>..., "samples": int,
+           "source": str, "missing": {metric: reason}, "timeline": [[t_offset_s, k, s, t], ...]}
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .errors import RecordError
+
+SCHEMA_VERSION = 1
+
+# Time-weighted mean fractions in [0, 1].
+FRACTIONS = (
+    "kernel_active",
+    "sm_active",
+    "sm_occupancy",
+    "tensor_active",
+    "dram_active",
+    "fp64_active",
+    "fp32_active",
+    "fp16_active",
+)
+# Other per-GPU measurements (non-negative numbers).
+QUANTITIES = ("memory_used_peak_bytes", "energy_j", "power_mean_w")
+METRICS = FRACTIONS + QUANTITIES
+
+BACKENDS = ("nvml-gpm", "nvml", "dcgm", "simulated", "none")
+
+_JOB_INTS = ("job_id", "array_job_id", "array_task_id", "het_job_id", "het_job_offset", "uid", "exit_code",
+             "signal")
+_JOB_STRS = ("cluster", "node", "user", "account", "partition", "reason", "writer")
+
+
+def empty_gpu(index: int, source: str, reason: str | None = None, **ident: Any) -> dict[str, Any]:
+    """A GPU entry with nothing measured; every metric None with the same reason."""
+    gpu: dict[str, Any] = {"index": index, "minor": None, "uuid": None, "pci_bus_id": None, "model": None,
+                           "memory_total_bytes": None}
+    gpu.update(ident)
+    for m in METRICS:
+        gpu[m] = None
+    gpu["samples"] = 0
+    gpu["source"] = source
+    gpu["missing"] = {m: reason for m in METRICS} if reason else {}
+    gpu["timeline"] = []
+    return gpu
+
+
+def validate(rec: Any) -> dict[str, Any]:
+    """Check a record read from the spool; raise RecordError naming the first problem.
+
+    Ingest quarantines anything that fails here, so this is strict about types and ranges.
+    """
+    if not isinstance(rec, dict):
+        raise RecordError(f"record is a {type(rec).__name__}, expected a JSON object")
+    if rec.get("schema") != SCHEMA_VERSION:
+        raise RecordError(f"unsupported schema {rec.get('schema')!r} (this version reads {SCHEMA_VERSION})")
+    for key in ("cluster", "node", "job_id", "start_time", "end_time", "backend", "gpus"):
+        if key not in rec:
+            raise RecordError(f"missing required field {key!r}")
+    for key in _JOB_INTS:
+        v = rec.get(key)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool)):
+            raise RecordError(f"{key} must be an integer or null, got {v!r}")
+    if rec["job_id"] is None or rec["job_id"] <= 0:
+        raise RecordError(f"job_id must be a positive integer, got {rec['job_id']!r}")
+    for key in _JOB_STRS:
+        v = rec.get(key)
+        if v is not None and not isinstance(v, str):
+            raise RecordError(f"{key} must be a string or null, got {v!r}")
+    if not rec["cluster"] or not rec["node"]:
+        raise RecordError("cluster and node must be non-empty")
+    for key in ("start_time", "end_time"):
+        v = rec[key]
+        if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
+            raise RecordError(f"{key} must be a positive epoch time, got {v!r}")
+    if rec["end_time"] < rec["start_time"]:
+        raise RecordError("end_time is before start_time")
+    if rec["backend"] not in BACKENDS:
+        raise RecordError(f"unknown backend {rec['backend']!r}")
+    if not isinstance(rec["gpus"], list):
+        raise RecordError("gpus must be a list")
+    seen: set[int] = set()
+    for i, gpu in enumerate(rec["gpus"]):
+        _validate_gpu(i, gpu)
+        if gpu["index"] in seen:
+            raise RecordError(f"gpus[{i}]: duplicate GPU index {gpu['index']}")
+        seen.add(gpu["index"])
+    return rec
+
+
+def _validate_gpu(i: int, gpu: Any) -> None:
+    where = f"gpus[{i}]"
+    if not isinstance(gpu, dict):
+        raise RecordError(f"{where} is not an object")
+    idx = gpu.get("index")
+    if not isinstance(idx, int) or isinstance(idx, bool) or idx < 0:
+        raise RecordError(f"{where}.index must be a non-negative integer, got {idx!r}")
+    for m in FRACTIONS:
+        v = gpu.get(m)
+        if v is None:
+            continue
+        if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v) or not -1e-6 <= v <= 1 + 1e-6:
+            raise RecordError(f"{where}.{m} must be a fraction in [0, 1] or null, got {v!r}")
+    for m in QUANTITIES + ("memory_total_bytes",):
+        v = gpu.get(m)
+        if v is None:
+            continue
+        if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
+            raise RecordError(f"{where}.{m} must be a non-negative number or null, got {v!r}")
+    samples = gpu.get("samples", 0)
+    if not isinstance(samples, int) or samples < 0:
+        raise RecordError(f"{where}.samples must be a non-negative integer")
+    if not isinstance(gpu.get("missing", {}), dict):
+        raise RecordError(f"{where}.missing must be an object")
+    tl = gpu.get("timeline", [])
+    if not isinstance(tl, list) or any(not isinstance(p, list) or len(p) != 4 for p in tl):
+        raise RecordError(f"{where}.timeline must be a list of [t, kernel, sm, tensor] points")

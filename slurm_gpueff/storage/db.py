@@ -1,0 +1,48 @@
+"""Database engine: SQLite by default (a file path in config), PostgreSQL by URL.
+
+``paths.database`` may be a SQLAlchemy URL (``sqlite:///...``, ``postgresql+psycopg://...``) or a
+plain file path, which means SQLite. SQLite runs in WAL mode with a busy timeout so that ingest and
+``seff-gpu`` readers do not block each other.
+"""
+
+from __future__ import annotations
+
+import os
+
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+from sqlmodel import SQLModel, create_engine
+
+from .. import models  # noqa: F401  (registers the tables on SQLModel.metadata)
+
+
+def database_url(value: str) -> str:
+    """Turn the config value into a SQLAlchemy URL (a bare path means a SQLite file)."""
+    if "://" in value:
+        return value
+    return "sqlite:///" + os.path.abspath(value)
+
+
+def make_engine(value: str, create: bool = True) -> Engine:
+    """Create the engine; with ``create`` the schema is created if missing (SQLite parent dir too)."""
+    url = database_url(value)
+    kwargs: dict = {}
+    if url.startswith("sqlite"):
+        path = url.split("///", 1)[1] if "///" in url else ""
+        if create and path and path != ":memory:":
+            os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
+        kwargs["connect_args"] = {"timeout": 30}
+    engine = create_engine(url, **kwargs)
+    if url.startswith("sqlite"):
+        event.listen(engine, "connect", _sqlite_pragmas)
+    if create:
+        SQLModel.metadata.create_all(engine)
+    return engine
+
+
+def _sqlite_pragmas(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.close()
