@@ -1,0 +1,37 @@
+"""Choose the collector backend: config first, else auto (dcgm if a hostengine answers, else nvml if the
+node agent is publishing, else allocation-only). Stdlib only; never imports pynvml itself.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .base import Collector
+from .none import NoneCollector
+
+
+def agent_state_path(config: Any) -> str:
+    return os.path.join(config.paths.state_dir, "agent", "state.json")
+
+
+def get_collector(config: Any) -> Collector:
+    backend = config.collector.backend
+    if backend == "simulated":
+        from .simulated import SimulatedCollector
+
+        return SimulatedCollector(config)
+    if backend == "none":
+        return NoneCollector(config)
+    if backend == "dcgm":
+        return NoneCollector(config, "dcgm backend is not available in this version; use nvml")
+    if backend == "nvml":
+        from .nvml import NvmlCollector
+
+        return NvmlCollector(config)
+    # auto: the nvml agent publishes a state file; if it is there, use it (it says if it is stale).
+    if os.path.exists(agent_state_path(config)):
+        from .nvml import NvmlCollector
+
+        return NvmlCollector(config)
+    return NoneCollector(config, "no GPU collector running on this node (auto: no DCGM, no gpueff agent)")

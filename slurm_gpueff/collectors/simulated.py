@@ -1,0 +1,144 @@
+"""Simulated GPUs: deterministic synthetic figures from named workload profiles.
+
+For tests, the demo and the Slurm test cluster (whose GPUs are fake ``mknod`` devices). Every figure
+it produces is labelled ``simulated`` in the record, the database and every report.
+
+Which profile a job gets, first match wins:
+1. ``GPUEFF_SIM_PROFILE`` in the hook's environment (the demo sets it);
+2. a file ``<state_dir>/sim/<job_id>.profile`` holding a profile name (tests under real slurmd,
+   where the job's own environment does not reach the Prolog);
+3. ``simulated.profile`` in the config.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from typing import Any
+
+from ..record import FRACTIONS, empty_gpu
+from .base import Collector, JobContext, Measurement
+
+GiB = 1024**3
+
+# Per-GPU figures of each profile: fractions in [0, 1]; mem = peak memory as a fraction of total;
+# power in W. "gpus" overrides per GPU position (position 0 = first allocated GPU; "rest" = others).
+_IDLE = dict(kernel_active=0.0, sm_active=0.0, sm_occupancy=0.0, tensor_active=0.0, dram_active=0.0,
+             fp64_active=0.0, fp32_active=0.0, fp16_active=0.0, mem=0.005, power=70.0)
+_HEALTHY = dict(kernel_active=0.97, sm_active=0.82, sm_occupancy=0.35, tensor_active=0.78, dram_active=0.22,
+                fp64_active=0.0, fp32_active=0.08, fp16_active=0.05, mem=0.85, power=610.0)
+
+PROFILES: dict[str, dict[str, Any]] = {
+    "idle": {"describe": "GPU allocated, nothing ever ran on it", "first": _IDLE, "rest": _IDLE},
+    "one-sm-spin": {
+        "describe": "one thread block spinning: 100 % 'GPU utilization', 1 of 132 SMs busy",
+        "first": dict(kernel_active=1.0, sm_active=0.0076, sm_occupancy=0.0001, tensor_active=0.0,
+                      dram_active=0.0, fp64_active=0.0, fp32_active=0.0, fp16_active=0.0, mem=0.01,
+                      power=120.0),
+    },
+    "tiny-kernels": {
+        "describe": "a Python loop launching tiny kernels: launch-bound",
+        "first": dict(kernel_active=0.85, sm_active=0.02, sm_occupancy=0.01, tensor_active=0.0,
+                      dram_active=0.01, fp64_active=0.0, fp32_active=0.004, fp16_active=0.0, mem=0.05,
+                      power=140.0),
+    },
+    "starved": {
+        "describe": "training loop waiting on its data loader most of the time",
+        "first": dict(kernel_active=0.25, sm_active=0.20, sm_occupancy=0.08, tensor_active=0.18,
+                      dram_active=0.05, fp64_active=0.0, fp32_active=0.02, fp16_active=0.01, mem=0.6,
+                      power=210.0),
+    },
+    "fp32-no-tensor": {
+        "describe": "fp32 matmuls with TF32 off: SMs busy, tensor cores idle",
+        "first": dict(kernel_active=0.98, sm_active=0.79, sm_occupancy=0.25, tensor_active=0.0,
+                      dram_active=0.15, fp64_active=0.0, fp32_active=0.63, fp16_active=0.0, mem=0.5,
+                      power=520.0),
+    },
+    "memory-bound": {
+        "describe": "large memory copies / elementwise kernels: DRAM saturated",
+        "first": dict(kernel_active=0.99, sm_active=0.80, sm_occupancy=0.6, tensor_active=0.0,
+                      dram_active=0.85, fp64_active=0.0, fp32_active=0.05, fp16_active=0.0, mem=0.7,
+                      power=480.0),
+    },
+    "oversized": {
+        "describe": "small model on a big GPU: little memory and few SMs used",
+        "first": dict(kernel_active=0.70, sm_active=0.30, sm_occupancy=0.1, tensor_active=0.2,
+                      dram_active=0.05, fp64_active=0.0, fp32_active=0.03, fp16_active=0.02, mem=0.06,
+                      power=180.0),
+    },
+    "bf16-healthy": {"describe": "bf16 training with large matmuls: tensor cores busy", "first": _HEALTHY},
+    "one-of-n-gpus": {
+        "describe": "job asked for several GPUs and used only the first",
+        "first": _HEALTHY,
+        "rest": _IDLE,
+    },
+}
+
+
+def _jitter(job_id: int, index: int, name: str) -> float:
+    """Deterministic +-1 % noise so demo jobs don't all look identical (same input, same output)."""
+    h = zlib.crc32(f"{job_id}:{index}:{name}".encode())
+    return ((h % 2001) - 1000) / 100000.0
+
+
+def choose_profile(config: Any, job: JobContext) -> str:
+    name = job.env.get("GPUEFF_SIM_PROFILE")
+    if not name:
+        try:
+            with open(os.path.join(config.paths.state_dir, "sim", f"{job.job_id}.profile")) as fh:
+                name = fh.read().strip()
+        except OSError:
+            name = None
+    return name or config.simulated.profile
+
+
+class SimulatedCollector(Collector):
+    """Synthetic figures, exact and repeatable; labelled ``simulated`` everywhere."""
+
+    name = "simulated"
+
+    def start(self, job: JobContext) -> dict[str, Any]:
+        return {"backend": self.name, "profile": choose_profile(self.config, job)}
+
+    def stop(self, job: JobContext, start_state: dict[str, Any] | None) -> Measurement:
+        profile_name = (start_state or {}).get("profile") or choose_profile(self.config, job)
+        profile = PROFILES.get(profile_name)
+        if profile is None:
+            reason = f"unknown simulated profile {profile_name!r} (known: {', '.join(PROFILES)})"
+            return Measurement(self.name, [empty_gpu(i, self.name, reason) for i in job.gpu_indexes], reason)
+        start = job.start_time
+        end = job.end_time
+        elapsed = max(0.0, (end or 0) - (start or 0)) if start and end else 0.0
+        total = int(80 * GiB)
+        gpus = []
+        for pos, index in enumerate(job.gpu_indexes):
+            spec = profile["first"] if pos == 0 else profile.get("rest", profile["first"])
+            gpu = empty_gpu(index, self.name, None, minor=index,
+                            uuid=f"GPU-5171a7ed-0000-4000-8000-{self.config.site.cluster[:4]:0>4}{job.node[-4:]:0>4}{index:04d}",
+                            pci_bus_id=f"00000000:{0x18 + index:02X}:00.0",
+                            model=self.config.simulated.model, memory_total_bytes=total)
+            for m in FRACTIONS:
+                base = spec[m]
+                gpu[m] = base if base == 0.0 else min(1.0, max(0.0, base + _jitter(job.job_id, index, m)))
+            power = spec["power"] * (1 + _jitter(job.job_id, index, "power"))
+            gpu["power_mean_w"] = round(power, 1)
+            gpu["energy_j"] = round(power * elapsed, 1)
+            gpu["memory_used_peak_bytes"] = int(total * spec["mem"])
+            gpu["samples"] = max(1, int(elapsed // 5)) if elapsed else 0
+            gpu["timeline"] = _timeline(gpu, elapsed, job.job_id, index)
+            gpus.append(gpu)
+        return Measurement(self.name, gpus, None)
+
+
+def _timeline(gpu: dict[str, Any], elapsed: float, job_id: int, index: int, points: int = 24) -> list[list[float]]:
+    """A coarse, plausible timeline whose mean equals the GPU's figures (ramp-up then steady)."""
+    if elapsed <= 0:
+        return []
+    out = []
+    for p in range(points):
+        t = elapsed * (p + 0.5) / points
+        wobble = 1.0 + 4 * _jitter(job_id, index, f"t{p}")
+        ramp = 0.5 if p == 0 else 1.0
+        out.append([round(t, 1)] + [round(min(1.0, (gpu[m] or 0.0) * ramp * wobble), 4)
+                                    for m in ("kernel_active", "sm_active", "tensor_active")])
+    return out
