@@ -1,0 +1,158 @@
+"""``gpueff demo``: the whole product on a simulated cluster, with no GPU and no Slurm.
+
+Every simulated workload profile becomes a job that goes through the *real* Prolog and Epilog
+(subprocesses, with a slurmd-like environment: no PATH, no HOME), the real spool, the real ingest
+into a SQLite file, and the real ``seff-gpu`` card. The figures are simulated and labelled so.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from typing import Any
+
+MARKER = ".gpueff-demo"
+
+# (profile, user, account, gpus, hours, exit code): one job per profile; first job id is 4201.
+JOBS: list[tuple[str, str, str, int, float, int]] = [
+    ("bf16-healthy", "alice", "vision", 2, 6.0, 0),
+    ("idle", "bob", "genomics", 1, 3.5, 0),
+    ("one-sm-spin", "carol", "physics", 1, 2.0, 0),
+    ("tiny-kernels", "bob", "genomics", 1, 4.0, 0),
+    ("starved", "alice", "vision", 1, 5.0, 0),
+    ("fp32-no-tensor", "dave", "physics", 1, 3.0, 0),
+    ("memory-bound", "carol", "physics", 1, 2.5, 0),
+    ("oversized", "erin", "chemistry", 1, 8.0, 0),
+    ("one-of-n-gpus", "dave", "physics", 4, 4.0, 3),
+]
+FIRST_JOB_ID = 4201
+UIDS = {"alice": 2001, "bob": 2002, "carol": 2003, "dave": 2004, "erin": 2005}
+
+CONFIG = """# Written by `gpueff demo`: a simulated cluster in one folder.
+[site]
+cluster = "demo"
+
+[paths]
+spool_dir = "{root}/spool"
+state_dir = "{root}/run"
+database = "sqlite:///{root}/gpueff.db"
+
+[collector]
+backend = "simulated"   # fake GPUs: every figure is labelled "simulated"
+
+[simulated]
+gpus_per_node = 4
+model = "Simulated H100 80GB"
+"""
+
+
+def hook_command(kind: str) -> list[str]:
+    """The real hook executable: ``hooks/<kind>`` of a checkout, else the installed console script."""
+    checkout = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "hooks", kind)
+    if os.path.isfile(checkout):
+        return [sys.executable, checkout]
+    script = os.path.join(os.path.dirname(sys.executable), f"gpueff-{kind}")
+    if os.path.isfile(script):
+        return [script]
+    found = shutil.which(f"gpueff-{kind}")
+    if found:
+        return [found]
+    raise FileNotFoundError(f"cannot find the {kind} hook (hooks/{kind} or gpueff-{kind})")
+
+
+def prepare(root: str) -> str:
+    """Create (or recreate) the demo folder; refuse to wipe a folder the demo did not make."""
+    if os.path.exists(root):
+        if not os.path.exists(os.path.join(root, MARKER)):
+            if os.listdir(root):
+                raise SystemExit(f"gpueff demo: {root} exists and was not made by the demo; use --dir")
+        else:
+            shutil.rmtree(root)
+    os.makedirs(root, exist_ok=True)
+    with open(os.path.join(root, MARKER), "w") as fh:
+        fh.write("made by gpueff demo; safe to delete\n")
+    path = os.path.join(root, "gpueff.toml")
+    with open(path, "w") as fh:
+        fh.write(CONFIG.format(root=root))
+    return path
+
+
+def slurm_env(config_path: str, job_id: int, user: str, account: str, gpus: int, now: float,
+              profile: str, exit_code: int | None) -> dict[str, str]:
+    """What slurmd gives a Prolog/Epilog (see DESIGN/testbed notes), plus the demo's clock and profile."""
+    env = {
+        "SLURM_JOB_ID": str(job_id),
+        "SLURM_JOB_USER": user,
+        "SLURM_JOB_UID": str(UIDS[user]),
+        "SLURM_JOB_ACCOUNT": account,
+        "SLURM_JOB_PARTITION": "gpu",
+        "SLURM_CLUSTER_NAME": "demo",
+        "SLURMD_NODENAME": "gpu-node01" if job_id % 2 else "gpu-node02",
+        "SLURM_NODELIST": "gpu-node01" if job_id % 2 else "gpu-node02",
+        "SLURM_JOB_NUM_NODES": "1",
+        "SLURM_JOB_GPUS": ",".join(str(i) for i in range(gpus)),
+        "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(gpus)),
+        "GPUEFF_CONFIG": config_path,
+        "GPUEFF_SIM_NOW": f"{now:.3f}",
+        "GPUEFF_SIM_PROFILE": profile,
+    }
+    if exit_code is None:
+        env["SLURM_SCRIPT_CONTEXT"] = "prolog_slurmd"
+    else:
+        env["SLURM_SCRIPT_CONTEXT"] = "epilog_slurmd"
+        env["SLURM_JOB_EXIT_CODE2"] = f"{exit_code}:0"
+        env["SLURM_JOB_EXIT_CODE"] = str(exit_code << 8)
+    return env
+
+
+def run_jobs(config_path: str, root: str, now: float | None = None) -> list[dict[str, Any]]:
+    """Run every demo job through the real Prolog and Epilog; return what was run."""
+    now = time.time() if now is None else now
+    ran = []
+    end = now - 600.0
+    for n, (profile, user, account, gpus, hours, code) in enumerate(JOBS):
+        job_id = FIRST_JOB_ID + n
+        start = end - hours * 3600.0
+        for kind, clock, exit_code in (("prolog", start, None), ("epilog", end, code)):
+            env = slurm_env(config_path, job_id, user, account, gpus, clock, profile, exit_code)
+            proc = subprocess.run(hook_command(kind), env=env, cwd=root, capture_output=True, text=True,
+                                  timeout=60)
+            if proc.returncode != 0:  # hooks always exit 0; anything else is a bug worth showing
+                raise RuntimeError(f"{kind} for job {job_id} exited {proc.returncode}: {proc.stderr}")
+        ran.append({"job_id": job_id, "profile": profile, "user": user, "account": account, "gpus": gpus})
+        end -= 1800.0 * (n % 3 + 1)
+    return ran
+
+
+def run(args: Any) -> int:
+    """Entry point of ``gpueff demo``."""
+    from .cli import seff
+    from .config import load
+    from .storage.db import make_engine
+    from .storage.ingest import ingest_spool
+
+    root = os.path.abspath(getattr(args, "dir", None) or "gpueff-demo")
+    config_path = prepare(root)
+    print(f"slurm-gpueff demo: simulated cluster 'demo' in {root}")
+    print(f"  running {len(JOBS)} simulated jobs through the real Prolog/Epilog hooks ...")
+    ran = run_jobs(config_path, root)
+    config = load(config_path)
+    engine = make_engine(config.paths.database)
+    result = ingest_spool(engine, config.paths.spool_dir)
+    print(f"  ingested {result.ingested} spool records into {config.paths.database}"
+          f" (quarantined {result.quarantined}, failed {result.failed})")
+    engine.dispose()
+    for job in ran:
+        print()
+        print(f"$ seff-gpu {job['job_id']}        # simulated profile: {job['profile']}")
+        seff.main(["--config", config_path, str(job["job_id"])])
+    print()
+    print("Where the files are:")
+    print(f"  config    {config_path}")
+    print(f"  database  {config.paths.database}")
+    print(f"  spool     {config.paths.spool_dir}  (empty after ingest; bad records go to quarantine/)")
+    print(f"Try:  GPUEFF_CONFIG={config_path} seff-gpu {FIRST_JOB_ID} --json")
+    return 0
