@@ -127,6 +127,33 @@ def run_jobs(config_path: str, root: str, now: float | None = None) -> list[dict
     return ran
 
 
+def summary(config: Any, job_ids: list[int]) -> str:
+    """One line per demo job with its primary verdict and the site's total waste (the demo's punchline)."""
+    from sqlmodel import Session
+
+    from .analysis.diagnose import assess
+    from .analysis.figures import job_figures
+    from .jobid import JobSpec
+    from .render.text import render_table
+    from .storage.db import make_engine
+    from .storage.queries import find_jobs, job_gpus
+
+    engine = make_engine(config.paths.database, create=False)
+    items = []
+    with Session(engine) as session:
+        for job_id in job_ids:
+            for job in find_jobs(session, JobSpec(job_id)):
+                fig = job_figures(job, job_gpus(session, job))
+                items.append((job, fig, assess(fig, config.analysis)))
+    engine.dispose()
+    hours = sum(f.hours or 0.0 for _, f, _ in items)
+    active = sum(f.waste.sm_active_h or 0.0 for _, f, _ in items)
+    lines = ["Summary (all demo jobs):", render_table(items), "",
+             f"{hours:.1f} GPU-hours allocated, {active:.1f} of them SM-active ({active / hours:.0%});"
+             f" {hours - active:.1f} GPU-hours idle or underfilled."]
+    return "\n".join(lines)
+
+
 def run(args: Any) -> int:
     """Entry point of ``gpueff demo``."""
     from .cli import seff
@@ -149,6 +176,8 @@ def run(args: Any) -> int:
         print()
         print(f"$ seff-gpu {job['job_id']}        # simulated profile: {job['profile']}")
         seff.main(["--config", config_path, str(job["job_id"])])
+    print()
+    print(summary(config, [j["job_id"] for j in ran]))
     print()
     print("Where the files are:")
     print(f"  config    {config_path}")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import JSON, BigInteger, Column, MetaData, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Column, DateTime, MetaData, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
 NAMING_CONVENTION = {
@@ -25,6 +25,10 @@ NAMING_CONVENTION = {
     "pk": "pk_%(table_name)s",
 }
 SQLModel.metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+# Naive UTC on every backend. Spelled out because newer SQLModel maps ``datetime`` to a tz-aware type
+# that behaves differently on SQLite (naive) and PostgreSQL (timestamptz).
+UTC_NAIVE = DateTime(timezone=False)
 
 
 class Job(SQLModel, table=True):
@@ -49,9 +53,9 @@ class Job(SQLModel, table=True):
     nodelist: str | None = Field(default=None, max_length=1024)
     gpu_count: int = 0
     gpu_type: str | None = Field(default=None, max_length=128)
-    submit_time: datetime | None = None
-    start_time: datetime | None = Field(default=None, index=True)
-    end_time: datetime | None = Field(default=None, index=True)
+    submit_time: datetime | None = Field(default=None, sa_type=UTC_NAIVE)
+    start_time: datetime | None = Field(default=None, sa_type=UTC_NAIVE, index=True)
+    end_time: datetime | None = Field(default=None, sa_type=UTC_NAIVE, index=True)
     elapsed_s: float | None = None
     state: str | None = Field(default=None, max_length=32)
     exit_code: int | None = None
@@ -60,7 +64,7 @@ class Job(SQLModel, table=True):
     reason: str | None = Field(default=None, max_length=1024)
     record_source: str = Field(default="hook", max_length=16)
     enriched: bool = False
-    ingested_at: datetime | None = None
+    ingested_at: datetime | None = Field(default=None, sa_type=UTC_NAIVE)
 
 
 class JobGpu(SQLModel, table=True):
@@ -78,8 +82,8 @@ class JobGpu(SQLModel, table=True):
     pci_bus_id: str | None = Field(default=None, max_length=32)
     model: str | None = Field(default=None, max_length=128)
     memory_total_bytes: int | None = Field(default=None, sa_type=BigInteger)
-    start_time: datetime | None = None
-    end_time: datetime | None = None
+    start_time: datetime | None = Field(default=None, sa_type=UTC_NAIVE)
+    end_time: datetime | None = Field(default=None, sa_type=UTC_NAIVE)
     kernel_active: float | None = None
     sm_active: float | None = None
     sm_occupancy: float | None = None

@@ -9,7 +9,8 @@ Schema (version 1)::
     {"schema": 1, "cluster": str, "node": str, "job_id": int,
      "array_job_id": int|null, "array_task_id": int|null, "het_job_id": int|null, "het_job_offset": int|null,
      "user": str|null, "uid": int|null, "account": str|null, "partition": str|null,
-     "start_time": float epoch s, "end_time": float epoch s, "exit_code": int|null, "signal": int|null,
+     "start_time": float epoch s|null (null: unknown, Prolog state lost), "end_time": float epoch s,
+     "exit_code": int|null, "signal": int|null,
      "backend": "nvml-gpm"|"nvml"|"dcgm"|"simulated"|"none", "reason": str|null,
      "gpus": [GPU...], "written_at": float, "writer": "slurm-gpueff 0.1.0"}
 
@@ -89,9 +90,11 @@ def validate(rec: Any) -> dict[str, Any]:
         raise RecordError("cluster and node must be non-empty")
     for key in ("start_time", "end_time"):
         v = rec[key]
+        if v is None and key == "start_time":
+            continue  # unknown: the Prolog's state was lost (the reason says so); never guessed
         if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
             raise RecordError(f"{key} must be a positive epoch time, got {v!r}")
-    if rec["end_time"] < rec["start_time"]:
+    if rec["start_time"] is not None and rec["end_time"] < rec["start_time"]:
         raise RecordError("end_time is before start_time")
     if rec["backend"] not in BACKENDS:
         raise RecordError(f"unknown backend {rec['backend']!r}")
@@ -117,7 +120,8 @@ def _validate_gpu(i: int, gpu: Any) -> None:
         v = gpu.get(m)
         if v is None:
             continue
-        if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v) or not -1e-6 <= v <= 1 + 1e-6:
+        if (not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v)
+                or not -1e-6 <= v <= 1 + 1e-6):
             raise RecordError(f"{where}.{m} must be a fraction in [0, 1] or null, got {v!r}")
     for m in QUANTITIES + ("memory_total_bytes",):
         v = gpu.get(m)

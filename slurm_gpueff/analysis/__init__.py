@@ -1,0 +1,9 @@
+"""Analysis: a job's figures (GPU-hours, activity, waste split) and its diagnosis. Imports models only."""
+
+from __future__ import annotations
+
+from .diagnose import Diagnosis, assess, diagnose
+from .figures import GpuFigures, JobFigures, Waste, from_record, job_figures
+
+__all__ = ["Diagnosis", "GpuFigures", "JobFigures", "Waste", "assess", "diagnose", "from_record",
+           "job_figures"]

@@ -1,0 +1,55 @@
+"""Diagnosis: run the verdict rules in DESIGN.md order over a job's figures.
+
+The first verdict raised is the primary one. GPUs found "never used" are left out of the later checks,
+so a 4-GPU job that used one GPU well reads "3 of 4 GPUs never used" and nothing else. A rule that
+needs a figure that was not measured is not raised but listed in ``Diagnosis.skipped`` with the
+reason, so the card can say what could not be assessed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .figures import JobFigures
+from .verdicts import RULES, Context, NotAssessed, Skipped, Thresholds, Verdict
+
+
+@dataclass
+class Diagnosis:
+    verdicts: list[Verdict] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+
+    @property
+    def primary(self) -> Verdict | None:
+        return self.verdicts[0] if self.verdicts else None
+
+
+def assess(figures: JobFigures, thresholds: Any = None) -> Diagnosis:
+    """Verdicts and not-assessed checks. ``thresholds``: ``config.analysis``, a dict, or None (defaults)."""
+    th = Thresholds(thresholds)
+    if not figures.gpus:
+        return Diagnosis([], [Skipped("all", "All checks", "the job had no GPUs")])
+    min_h = th["min_gpu_hours"]
+    if figures.hours is not None and figures.hours < min_h:
+        return Diagnosis([], [Skipped("all", "All checks", f"job too short to judge ({figures.hours:.3f} "
+                                      f"GPU-hours, under analysis.min_gpu_hours = {min_h:g})")])
+    ctx = Context(figures=figures, used=list(figures.gpus), thresholds=th)
+    for rule in RULES:
+        try:
+            found = rule.check(ctx)
+        except NotAssessed as exc:
+            ctx.skipped.append(Skipped(rule.name, rule.label, str(exc), exc.figure, exc.detail))
+            continue
+        if found is None:
+            continue
+        values, gpus = found
+        ctx.raised.append(rule.verdict(values, gpus))
+        if rule.name == "never_used":
+            ctx.used = [g for g in ctx.used if all(g is not x for x in gpus)]
+    return Diagnosis(ctx.raised, ctx.skipped)
+
+
+def diagnose(figures: JobFigures, thresholds: Any = None) -> list[Verdict]:
+    """Ordered verdicts for a job (primary first); see :func:`assess` for what could not be assessed."""
+    return assess(figures, thresholds).verdicts

@@ -1,0 +1,367 @@
+"""The job's figures: GPU-hours, activity means, the waste split, memory and energy.
+
+Definitions (DESIGN.md), per GPU over its allocated wall time T, job = sum over its GPUs:
+
+- allocated GPU-hours ``A = T / 3600``;
+- ``k`` kernel-active, ``s`` SM-active, ``t`` tensor, ``d`` DRAM, ``o`` occupancy: time-weighted means;
+- waste split: idle ``A*(1-k)``, busy-but-underfilled ``A*max(k-s, 0)``, SM-active ``A*min(s, k)``.
+  (SM activity cannot really exceed kernel activity; where sampling noise makes ``s > k`` we count
+  ``min(s, k)`` so the three parts always sum to A);
+- efficiency ``s / k`` (capped at 1; None when ``k`` is 0 or unknown).
+
+Nothing is invented: a figure that was not measured is ``None`` and its reason is kept (from
+``JobGpu.missing``, or derived here: "SM activity not measured", "allocated time unknown"). If ``k`` is
+unknown the whole split is unknown; if only ``s`` is unknown the idle part is still known.
+
+Job level: fractions are means weighted by each GPU's A over the GPUs that measured them (``coverage``
+says how many); GPU-hour sums, energy and the split are None unless every GPU has them, because a sum
+over some GPUs would understate the job. Memory is the worst (largest) GPU's peak.
+
+Works on unsaved model instances too (see :func:`from_record`), so the analysis runs without a DB.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from ..models import Job, JobGpu
+from ..record import FRACTIONS
+
+# Figures averaged over time (fractions in [0, 1]) and what we call them in reasons.
+MEANS = ("kernel_active", "sm_active", "tensor_active", "dram_active", "sm_occupancy",
+         "fp32_active", "fp16_active", "fp64_active")
+LABELS = {
+    "kernel_active": "kernel activity", "sm_active": "SM activity", "tensor_active": "tensor activity",
+    "dram_active": "DRAM activity", "sm_occupancy": "SM occupancy", "fp32_active": "FP32 activity",
+    "fp16_active": "FP16 activity", "fp64_active": "FP64 activity",
+    "memory_used_peak_bytes": "peak memory", "memory_total_bytes": "GPU memory size",
+    "energy_j": "energy", "power_mean_w": "power", "gpu_hours": "allocated time",
+    "memory_fraction": "peak memory share",
+}
+NOT_MEASURED = "not measured"
+
+
+def _reason(missing: dict[str, str] | None, metric: str, fallback: str = NOT_MEASURED) -> str:
+    if missing and missing.get(metric):
+        return str(missing[metric])
+    return fallback
+
+
+@dataclass
+class Waste:
+    """The split of allocated GPU-hours; each part None (with ``reason``) when it cannot be known."""
+
+    idle_h: float | None = None
+    underfilled_h: float | None = None
+    sm_active_h: float | None = None
+    reason: str | None = None
+
+
+@dataclass
+class GpuFigures:
+    """One GPU of the job, over its allocated time."""
+
+    node: str
+    index: int
+    model: str | None
+    uuid: str | None
+    source: str
+    samples: int
+    hours: float | None
+    means: dict[str, float | None]
+    efficiency: float | None
+    memory_used_peak_bytes: int | None
+    memory_total_bytes: int | None
+    energy_j: float | None
+    power_mean_w: float | None
+    waste: Waste
+    missing: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return f"{self.node}:{self.index}"
+
+    @property
+    def memory_fraction(self) -> float | None:
+        if self.memory_used_peak_bytes is None or not self.memory_total_bytes:
+            return None
+        return self.memory_used_peak_bytes / self.memory_total_bytes
+
+    def mean(self, metric: str) -> float | None:
+        return self.means.get(metric)
+
+
+@dataclass
+class JobFigures:
+    """The whole job: sums and A-weighted means over its GPUs, plus each figure's source and reason."""
+
+    gpus: list[GpuFigures]
+    hours: float | None
+    elapsed_s: float | None
+    means: dict[str, float | None]
+    coverage: dict[str, int]
+    efficiency: float | None
+    waste: Waste
+    memory_used_peak_bytes: int | None
+    memory_total_bytes: int | None
+    memory_fraction: float | None
+    energy_j: float | None
+    power_mean_w: float | None
+    sources: dict[str, str]
+    missing: dict[str, str]
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self.gpus)
+
+    def mean(self, metric: str) -> float | None:
+        return self.means.get(metric)
+
+    @property
+    def backends(self) -> list[str]:
+        """Distinct GPU sources, in GPU order (``["simulated"]``, ``["nvml-gpm", "none"]``)."""
+        seen: list[str] = []
+        for g in self.gpus:
+            if g.source not in seen:
+                seen.append(g.source)
+        return seen
+
+
+def naive_utc(dt: datetime | None) -> datetime | None:
+    """UTC without tzinfo: the DB may hand back aware or naive UTC depending on the SQLModel version."""
+    if dt is None or dt.tzinfo is None:
+        return dt
+    return dt.astimezone(UTC).replace(tzinfo=None)
+
+
+def _seconds(start: datetime | None, end: datetime | None) -> float | None:
+    if start is None or end is None:
+        return None
+    return max(0.0, (naive_utc(end) - naive_utc(start)).total_seconds())  # type: ignore[operator]
+
+
+def job_elapsed_s(job: Job) -> float | None:
+    """Wall time of the job: ``elapsed_s`` (sacct) if known, else end - start."""
+    if job.elapsed_s is not None:
+        return max(0.0, float(job.elapsed_s))
+    return _seconds(job.start_time, job.end_time)
+
+
+def gpu_figures(job: Job, gpu: JobGpu) -> GpuFigures:
+    """Figures of one GPU; its T is the GPU's own window, else the job's."""
+    missing = dict(gpu.missing or {})
+    t = _seconds(gpu.start_time, gpu.end_time)
+    if t is None:
+        t = job_elapsed_s(job)
+    hours = t / 3600.0 if t is not None else None
+    if hours is None:
+        missing.setdefault("gpu_hours", "job start/end time unknown")
+    means: dict[str, float | None] = {}
+    for m in MEANS:
+        v = getattr(gpu, m)
+        means[m] = None if v is None else min(1.0, max(0.0, float(v)))
+        if v is None:
+            missing[m] = _reason(missing, m)
+    k, s = means["kernel_active"], means["sm_active"]
+    efficiency = min(1.0, s / k) if (k is not None and s is not None and k > 0) else None
+    if efficiency is None:
+        if k is not None and k == 0:
+            missing["efficiency"] = "no kernel ever ran"
+        else:
+            missing["efficiency"] = missing.get("sm_active") or missing.get("kernel_active") or NOT_MEASURED
+    waste = split(hours, k, s, missing)
+    quantities: dict[str, Any] = {}
+    for q in ("memory_used_peak_bytes", "memory_total_bytes", "energy_j", "power_mean_w"):
+        v = getattr(gpu, q)
+        quantities[q] = v
+        if v is None:
+            missing[q] = _reason(missing, q)
+    return GpuFigures(node=gpu.node, index=gpu.gpu_index, model=gpu.model, uuid=gpu.uuid,
+                      source=gpu.source or "none", samples=gpu.samples or 0, hours=hours, means=means,
+                      efficiency=efficiency, waste=waste, missing=missing, **quantities)
+
+
+def split(hours: float | None, k: float | None, s: float | None, missing: dict[str, str]) -> Waste:
+    """The waste split of one GPU (see module docstring for the unknown cases)."""
+    if hours is None:
+        return Waste(reason=missing.get("gpu_hours", "allocated time unknown"))
+    if k is None:
+        return Waste(reason=_not_measured("kernel activity", missing, "kernel_active"))
+    idle = hours * (1.0 - k)
+    if s is None:
+        return Waste(idle_h=idle, reason=_not_measured("SM activity", missing, "sm_active"))
+    active = min(s, k)
+    return Waste(idle_h=idle, underfilled_h=hours * (k - active), sm_active_h=hours * active)
+
+
+def _not_measured(label: str, missing: dict[str, str], metric: str) -> str:
+    why = _reason(missing, metric)
+    return f"{label} {why}" if why == NOT_MEASURED else f"{label} not measured: {why}"
+
+
+def _weights(gpus: Sequence[GpuFigures]) -> list[float]:
+    """Each GPU's A; equal weights where some A is unknown or all are zero (a 0-second job)."""
+    hs = [g.hours for g in gpus]
+    if any(h is None for h in hs) or sum(hs) <= 0:  # type: ignore[arg-type]
+        return [1.0] * len(gpus)
+    return [float(h) for h in hs]  # type: ignore[arg-type]
+
+
+def _sum(values: Iterable[float | None]) -> float | None:
+    vals = list(values)
+    if not vals or any(v is None for v in vals):
+        return None
+    return float(sum(vals))  # type: ignore[arg-type]
+
+
+def _first_reason(gpus: Sequence[GpuFigures], metric: str) -> str:
+    reasons = []
+    for g in gpus:
+        r = g.missing.get(metric)
+        if r and r not in reasons:
+            reasons.append(r)
+    return "; ".join(reasons) if reasons else NOT_MEASURED
+
+
+def _partial(gpus: Sequence[GpuFigures], metric: str, have: int) -> str:
+    reason = _first_reason([g for g in gpus if metric in g.missing], metric)
+    return f"{reason} on {len(gpus) - have} of {len(gpus)} GPUs"
+
+
+def _source(gpus: Sequence[GpuFigures], ok: Sequence[bool]) -> str:
+    srcs: list[str] = []
+    for g, present in zip(gpus, ok, strict=True):
+        if present and g.source not in srcs:
+            srcs.append(g.source)
+    return "+".join(srcs) if srcs else "none"
+
+
+def job_figures(job: Job, gpus: Sequence[JobGpu]) -> JobFigures:
+    """All figures of a job from its (saved or unsaved) Job and JobGpu rows."""
+    per = [gpu_figures(job, g) for g in sorted(gpus, key=lambda g: (g.node, g.gpu_index))]
+    return combine(per, job_elapsed_s(job))
+
+
+def combine(per: list[GpuFigures], elapsed_s: float | None = None) -> JobFigures:
+    """Job-level figures from per-GPU figures (rules in the module docstring)."""
+    weights = _weights(per)
+    means: dict[str, float | None] = {}
+    coverage: dict[str, int] = {}
+    sources: dict[str, str] = {}
+    missing: dict[str, str] = {}
+    for m in MEANS:
+        pairs = [(g.means[m], w) for g, w in zip(per, weights, strict=True) if g.means[m] is not None]
+        coverage[m] = len(pairs)
+        sources[m] = _source(per, [g.means[m] is not None for g in per])
+        wsum = sum(w for _, w in pairs)
+        if not pairs:
+            means[m] = None
+            missing[m] = _first_reason(per, m) if per else "job had no GPUs"
+        else:
+            if wsum > 0:
+                means[m] = sum(v * w for v, w in pairs) / wsum
+            else:
+                means[m] = sum(v for v, _ in pairs) / len(pairs)
+            if len(pairs) < len(per):
+                missing[m] = _partial(per, m, len(pairs))
+    hours = _sum(g.hours for g in per)
+    if hours is None:
+        missing["gpu_hours"] = _first_reason(per, "gpu_hours") if per else "job had no GPUs"
+    sources["gpu_hours"] = "slurm"
+    k, s = means["kernel_active"], means["sm_active"]
+    efficiency = min(1.0, s / k) if (k is not None and s is not None and k > 0) else None
+    if efficiency is None:
+        missing["efficiency"] = ("no kernel ever ran" if k == 0 else
+                                 missing.get("sm_active") or missing.get("kernel_active") or NOT_MEASURED)
+    sources["efficiency"] = sources["sm_active"] if efficiency is not None else "none"
+    waste = Waste(
+        idle_h=_sum(g.waste.idle_h for g in per),
+        underfilled_h=_sum(g.waste.underfilled_h for g in per),
+        sm_active_h=_sum(g.waste.sm_active_h for g in per),
+    )
+    if waste.sm_active_h is None:
+        lacking = [g for g in per if g.waste.reason]
+        distinct = list(dict.fromkeys(str(g.waste.reason) for g in lacking))
+        if len(distinct) == 1 and len(lacking) == len(per):
+            waste.reason = distinct[0]  # the same on every GPU: say it once
+        else:
+            waste.reason = "; ".join(f"{g.label}: {g.waste.reason}" for g in lacking) or "job had no GPUs"
+    energy = _sum(g.energy_j for g in per)
+    sources["energy_j"] = _source(per, [g.energy_j is not None for g in per])
+    if energy is None:
+        missing["energy_j"] = _first_reason(per, "energy_j") if per else "job had no GPUs"
+    powers = [(g.power_mean_w, w) for g, w in zip(per, weights, strict=True) if g.power_mean_w is not None]
+    power = sum(p * w for p, w in powers) / sum(w for _, w in powers) if powers and sum(
+        w for _, w in powers) > 0 else None
+    sources["power_mean_w"] = _source(per, [g.power_mean_w is not None for g in per])
+    if power is None:
+        missing["power_mean_w"] = _first_reason(per, "power_mean_w") if per else "job had no GPUs"
+    elif len(powers) < len(per):
+        missing["power_mean_w"] = _partial(per, "power_mean_w", len(powers))
+    # Memory: the GPU with the largest peak share (or largest peak where totals are unknown).
+    mem_used = mem_total = mem_frac = None
+    with_frac = [g for g in per if g.memory_fraction is not None]
+    if with_frac:
+        worst = max(with_frac, key=lambda g: g.memory_fraction or 0.0)
+        mem_used, mem_total = worst.memory_used_peak_bytes, worst.memory_total_bytes
+        mem_frac = worst.memory_fraction
+        sources["memory"] = _source(per, [g.memory_fraction is not None for g in per])
+        if len(with_frac) < len(per):
+            missing["memory"] = _partial(per, "memory_used_peak_bytes", len(with_frac))
+    else:
+        used = [g.memory_used_peak_bytes for g in per if g.memory_used_peak_bytes is not None]
+        mem_used = max(used) if used else None
+        totals = [g.memory_total_bytes for g in per if g.memory_total_bytes]
+        mem_total = max(totals) if totals else None
+        sources["memory"] = _source(per, [g.memory_used_peak_bytes is not None for g in per])
+        missing["memory"] = (_first_reason(per, "memory_used_peak_bytes") if mem_used is None
+                             else _first_reason(per, "memory_total_bytes")) if per else "job had no GPUs"
+    return JobFigures(gpus=per, hours=hours, elapsed_s=elapsed_s, means=means, coverage=coverage,
+                      efficiency=efficiency, waste=waste, memory_used_peak_bytes=mem_used,
+                      memory_total_bytes=mem_total, memory_fraction=mem_frac, energy_j=energy,
+                      power_mean_w=power, sources=sources, missing=missing)
+
+
+# Follow the column type, as ingest does (SQLModel 0.0.50 maps ``datetime`` to a UTC type that
+# refuses naive values; older versions store naive UTC), so rows from from_record can be saved too.
+_AWARE = bool(getattr(Job.__table__.c.start_time.type, "timezone", False))  # type: ignore[attr-defined]
+
+
+def _utc(epoch: float | None) -> datetime | None:
+    if epoch is None:
+        return None
+    t = datetime.fromtimestamp(float(epoch), UTC)
+    return t if _AWARE else t.replace(tzinfo=None)
+
+
+def from_record(rec: dict[str, Any]) -> tuple[Job, list[JobGpu]]:
+    """Unsaved Job/JobGpu instances from one spool record (record.py schema), for analysis without a DB.
+
+    Mirrors what ingest stores (UTC times, naive or aware as the column wants), but needs no session.
+    """
+    start, end = _utc(rec.get("start_time")), _utc(rec.get("end_time"))
+    gpus_in = rec.get("gpus") or []
+    job = Job(cluster=rec["cluster"], job_id=rec["job_id"], array_job_id=rec.get("array_job_id"),
+              array_task_id=rec.get("array_task_id"), het_job_id=rec.get("het_job_id"),
+              het_job_offset=rec.get("het_job_offset"), user=rec.get("user"), uid=rec.get("uid"),
+              account=rec.get("account"), partition=rec.get("partition"), nodelist=rec.get("node"),
+              gpu_count=len(gpus_in),
+              gpu_type=next((g.get("model") for g in gpus_in if g.get("model")), None),
+              start_time=start, end_time=end, exit_code=rec.get("exit_code"), signal=rec.get("signal"),
+              backend=rec.get("backend") or "none", reason=rec.get("reason"))
+    gpus = []
+    for g in gpus_in:
+        row = JobGpu(job_pk=0, node=rec["node"], gpu_index=g["index"], minor=g.get("minor"),
+                     uuid=g.get("uuid"), pci_bus_id=g.get("pci_bus_id"), model=g.get("model"),
+                     memory_total_bytes=g.get("memory_total_bytes"), start_time=start, end_time=end,
+                     source=g.get("source") or "none", samples=g.get("samples") or 0,
+                     missing=dict(g.get("missing") or {}))
+        for m in FRACTIONS + ("energy_j", "power_mean_w"):
+            setattr(row, m, g.get(m))
+        peak = g.get("memory_used_peak_bytes")
+        row.memory_used_peak_bytes = int(peak) if peak is not None else None
+        gpus.append(row)
+    return job, gpus

@@ -1,0 +1,20 @@
+"""7. Healthy: every check ran and none found a problem. Not claimed when a check could not run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..figures import GpuFigures
+from .base import Context, NotAssessed, Rule
+
+
+class Healthy(Rule):
+    name = "healthy"
+    severity = "ok"
+
+    def check(self, ctx: Context) -> tuple[dict[str, Any], list[GpuFigures]] | None:
+        if ctx.raised or not ctx.used:
+            return None
+        if ctx.skipped:
+            raise NotAssessed("not every check could run (see above), so the job is not called healthy")
+        return self.values(ctx, ctx.used), ctx.used

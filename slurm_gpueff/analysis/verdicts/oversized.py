@@ -1,0 +1,23 @@
+"""6. Oversized: little GPU memory used and few SMs active; a smaller GPU or a MIG slice would do."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..figures import GpuFigures
+from .base import Context, Rule
+
+
+class Oversized(Rule):
+    name = "oversized"
+    severity = "info"
+
+    def check(self, ctx: Context) -> tuple[dict[str, Any], list[GpuFigures]] | None:
+        measured = self.need(ctx.used, "memory_fraction", "sm_active")
+        th = ctx.thresholds
+        hit = [g for g in measured
+               if (g.memory_fraction or 0.0) < th.pct("oversized_memory_pct")
+               and (g.mean("sm_active") or 0.0) < th.pct("oversized_sm_pct")]
+        if not hit:
+            return None
+        return self.values(ctx, hit), hit

@@ -1,0 +1,24 @@
+"""4. Tensor cores idle: SMs fairly busy, tensor pipe near zero while the FP32 pipe works (fp32 math)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..figures import GpuFigures
+from .base import Context, Rule
+
+
+class TensorIdle(Rule):
+    name = "tensor_idle"
+    severity = "warning"
+
+    def check(self, ctx: Context) -> tuple[dict[str, Any], list[GpuFigures]] | None:
+        measured = self.need(ctx.used, "sm_active", "tensor_active", "fp32_active")
+        th = ctx.thresholds
+        hit = [g for g in measured
+               if (g.mean("sm_active") or 0.0) >= th.pct("tensor_idle_sm_pct")
+               and (g.mean("tensor_active") or 0.0) < th.pct("tensor_idle_tensor_pct")
+               and (g.mean("fp32_active") or 0.0) >= th.pct("tensor_idle_fp32_pct")]
+        if not hit:
+            return None
+        return self.values(ctx, hit), hit

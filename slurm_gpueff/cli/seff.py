@@ -1,0 +1,219 @@
+"""``seff-gpu JOBID``: the GPU efficiency card of a finished Slurm job, in the spirit of ``seff``.
+
+Reads the job database (``paths.database``); never talks to the GPUs. Exit codes (also in ``--help``):
+
+    0 ok; 1 other error (e.g. database unreachable); 2 bad usage / invalid job id / bad config;
+    3 job unknown; 4 job still running (or pending); 5 the job had no GPUs.
+
+An id that names several jobs (array ``123`` with its tasks, het job ``123`` with its components) prints
+one card per job, or a one-line-per-job table when there are more than ``MAX_CARDS``; ``--json``
+always carries every job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_UNKNOWN = 3
+EXIT_RUNNING = 4
+EXIT_NO_GPUS = 5
+
+MAX_CARDS = 10
+SQUEUE_TIMEOUT_S = 5.0
+# squeue states of a job that has not finished yet (its record is written by the Epilog at the end).
+ACTIVE_STATES = {"PENDING", "RUNNING", "SUSPENDED", "CONFIGURING", "COMPLETING", "RESIZING", "REQUEUED",
+                 "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD"}
+
+DESCRIPTION = """\
+Show how well a finished Slurm job used its GPUs: allocated GPU-hours, kernel
+activity (what nvidia-smi calls "GPU utilization"), SM activity (the share of the
+GPU's multiprocessors actually busy), tensor-core and memory-bandwidth activity,
+peak GPU memory, energy, where the GPU-hours went, a verdict in plain words and
+what to try. Figures that were not measured read "n/a (reason)", never 0."""
+
+EPILOG = """\
+job ids:
+  123        a job (for an array or heterogeneous job: all its tasks/components)
+  123_4      task 4 of array job 123
+  123+1      component 1 of heterogeneous job 123
+
+examples:
+  seff-gpu 4201
+  seff-gpu 4201 --json | jq '.jobs[0].waste'
+  seff-gpu 777_3 --cluster hpc1
+  GPUEFF_CONFIG=/path/gpueff.toml seff-gpu 4201
+
+exit status:
+  0 ok, 1 error (e.g. database unreachable), 2 bad usage or job id,
+  3 job unknown, 4 job still running or pending, 5 job had no GPUs
+
+The config file is --config, else $GPUEFF_CONFIG, else /etc/slurm-gpueff/gpueff.toml."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="seff-gpu", description=DESCRIPTION, epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("jobid", help="Slurm job id: 123, 123_4 (array task) or 123+1 (het component)")
+    p.add_argument("--json", action="store_true", help="print a machine-readable JSON document instead")
+    p.add_argument("--config", metavar="PATH", help="config file (default: $GPUEFF_CONFIG or "
+                   "/etc/slurm-gpueff/gpueff.toml)")
+    p.add_argument("--cluster", metavar="NAME", help="only jobs of this cluster (default: any cluster in the "
+                   "database)")
+    return p
+
+
+def _err(msg: str) -> None:
+    print(f"seff-gpu: {msg}", file=sys.stderr)
+
+
+def still_running(spec: Any, state_dir: str, timeout: float = SQUEUE_TIMEOUT_S) -> str | None:
+    """Why we think the job has not finished (None if it has or we cannot tell).
+
+    Two signs, cheapest first: the Prolog's state file for the job on this node, then ``squeue``
+    (when installed), bounded by ``timeout`` so a slow controller cannot hang the command.
+    """
+    plain = spec.task is None and spec.het_offset is None
+    if plain and os.path.exists(os.path.join(state_dir, "jobs", f"{spec.job}.json")):
+        return "it is still running on this node (its Prolog state file exists)"
+    squeue = shutil.which("squeue")
+    if not squeue:
+        return None
+    try:
+        out = subprocess.run([squeue, "-h", "-j", str(spec), "-o", "%T"], capture_output=True, text=True,
+                             timeout=timeout, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    states = [s.strip().upper() for s in out.stdout.split()]
+    active = [s for s in states if s in ACTIVE_STATES]
+    if active:
+        return f"squeue reports it {active[0]}"
+    return None
+
+
+def _safe_url(url: str) -> str:
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return url
+
+
+def lookup(database: str, spec: Any, cluster: str | None) -> list[tuple[Any, list[Any]]]:
+    """(job, its GPU rows) for every match. Raises RuntimeError with a clear message on DB problems."""
+    from sqlalchemy.exc import SQLAlchemyError
+    from sqlmodel import Session
+
+    from ..storage.db import database_url, make_engine
+    from ..storage.queries import find_jobs, job_gpus
+
+    url = database_url(database)
+    if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+        path = url[len("sqlite:///"):]
+        if not os.path.exists(path):
+            raise RuntimeError(f"the job database {path} does not exist yet (paths.database in the config; "
+                               "`gpueff ingest` creates it)")
+    try:
+        engine = make_engine(database, create=False)
+    except Exception as exc:  # bad URL, missing driver
+        raise RuntimeError(f"cannot open the job database {_safe_url(url)}: {exc}") from None
+    try:
+        with Session(engine) as session:
+            jobs = find_jobs(session, spec, cluster)
+            return [(j, job_gpus(session, j)) for j in jobs]
+    except SQLAlchemyError as exc:
+        detail = str(getattr(exc, "orig", None) or exc).splitlines()[0]
+        raise RuntimeError(f"cannot read the job database {_safe_url(url)}: {detail}") from None
+    finally:
+        engine.dispose()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from ..errors import ConfigError, JobIdError
+    from ..jobid import parse
+
+    try:
+        spec = parse(args.jobid)
+    except JobIdError as exc:
+        _err(str(exc))
+        return EXIT_USAGE
+    try:
+        from ..config import load
+
+        config = load(args.config)
+    except ConfigError as exc:
+        _err(str(exc))
+        return EXIT_USAGE
+    try:
+        return _show(args, spec, config)
+    except BrokenPipeError:  # `seff-gpu 123 | head`
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK
+
+
+def _show(args: argparse.Namespace, spec: Any, config: Any) -> int:
+    error = None
+    found: list[tuple[Any, list[Any]]] = []
+    try:
+        found = lookup(config.paths.database, spec, args.cluster)
+    except RuntimeError as exc:
+        error = str(exc)
+    if not found:
+        running = still_running(spec, config.paths.state_dir)
+        if running:
+            _err(f"job {spec} has not finished: {running}. Its GPU card is available after it ends.")
+            return EXIT_RUNNING
+        if error:
+            _err(error)
+            return EXIT_ERROR
+        where = f" on cluster {args.cluster}" if args.cluster else ""
+        _err(f"job {spec} is not in the GPU job database{where} (it had no GPUs, has not been ingested yet, "
+             "or the id is wrong)")
+        return EXIT_UNKNOWN
+    with_gpus = [(j, g) for j, g in found if g or j.gpu_count]
+    if not with_gpus:
+        _err(f"job {spec} had no GPUs allocated: nothing to report")
+        return EXIT_NO_GPUS
+
+    from ..analysis import assess, job_figures
+    from ..render import dumps, render_card, render_table
+
+    items = []
+    for job, gpus in with_gpus:
+        fig = job_figures(job, gpus)
+        items.append((job, fig, assess(fig, config.analysis)))
+    if args.json:
+        print(dumps(items))
+        return EXIT_OK
+    skipped = len(found) - len(with_gpus)
+    if len(items) > 1:
+        print(f"{len(items)} jobs match {spec}" + (f" ({skipped} without GPUs not shown)" if skipped else ""))
+        print()
+    if len(items) > MAX_CARDS:
+        print(render_table(items))
+        print()
+        print(f"For one job's card: seff-gpu {spec.job}_<task> (array) or the raw job id.")
+        return EXIT_OK
+    for n, (job, fig, diag) in enumerate(items):
+        if n:
+            print()
+            print("-" * 80)
+        print(render_card(job, fig, diag))
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,435 @@
+"""The node agent of the nvml backend: sample every GPU every few seconds, publish cumulative integrals.
+
+Why an agent at all: NVML's utilization and GPM readings are short-window averages; a job's mean needs
+samples all through the job, and a Slurm Prolog/Epilog pair only runs at its two ends. The agent samples
+all GPUs of the node every ``agent.interval_s`` (5 s by default) and keeps, per GPU, *cumulative*
+integrals since it started (see :mod:`slurm_gpueff.collectors.integrals`). It knows nothing about jobs'
+GPU time; the hook-side collector (:mod:`slurm_gpueff.collectors.nvml`) snapshots the counters at job
+start and end and differences them. Files, all under ``paths.state_dir``:
+
+* ``agent/state.json`` -- rewritten atomically every tick: identity of the agent (pid, instance id,
+  start time), ``updated``, per GPU (by UUID) its identity, GPM support, the cumulative counters, the
+  energy counter, current memory used, and ``jobs``: peak memory per (job, GPU UUID).
+* ``agent/timeline/<uuid>.jsonl`` -- every ``agent.timeline_interval_s`` one line holding the cumulative
+  kernel/SM/tensor counters, so the Epilog can difference consecutive lines into a coarse timeline.
+  Lines older than ``agent.timeline_keep_h`` are dropped about once an hour.
+* ``jobs/<job_id>.json`` -- written by the Prolog (not by us); while one exists, the agent tracks that
+  job's peak memory on the GPUs it names, so a job's peak is never contaminated by an earlier job.
+
+Energy: the cumulative counter costs ~4 ms a call, so it is read every ``ENERGY_INTERVAL_S`` only;
+between reads the agent extends it with the power integral (``energy_est_mj``). A job's energy is the
+difference of that estimate: the counter difference, with at most ``ENERGY_INTERVAL_S`` of integrated
+power at each end.
+
+Run with ``gpueff agent`` (or ``python3 -m slurm_gpueff.collectors.agent``) as root. SIGTERM/SIGINT finish
+the current tick, write a final state marked ``stopped`` and exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import uuid as uuidlib
+from collections.abc import Callable
+from typing import Any
+
+from .. import spool
+from ..errors import CollectorError, GpueffError
+from . import integrals
+from .nvml_sampler import GPM_METRICS, NO_GPM_REASON, GpuInfo, GpuSample, NvmlSampler, Sampler
+
+log = logging.getLogger("slurm_gpueff.agent")
+
+STATE_VERSION = 1
+ENERGY_INTERVAL_S = 30.0
+# A kernel/power reading stands for the interval before it; across a gap longer than this many
+# intervals (agent stalled, host suspended) we do not pretend to know what happened.
+GAP_INTERVALS = 3.0
+PRUNE_EVERY_S = 3600.0
+
+
+def agent_dir(state_dir: str) -> str:
+    return os.path.join(state_dir, "agent")
+
+
+def state_path(state_dir: str) -> str:
+    return os.path.join(state_dir, "agent", "state.json")
+
+
+def timeline_path(state_dir: str, uuid: str) -> str:
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in uuid)
+    return os.path.join(state_dir, "agent", "timeline", f"{safe}.jsonl")
+
+
+def jobs_dir(state_dir: str) -> str:
+    return os.path.join(state_dir, "jobs")
+
+
+def job_file_uuids(data: Any) -> list[str]:
+    """GPU UUIDs named in a Prolog job file: ``start.uuids`` (the collector's start state) or ``gpus``."""
+    found: list[str] = []
+    if isinstance(data, dict):
+        start = data.get("start")
+        cands: list[Any] = []
+        if isinstance(start, dict) and isinstance(start.get("uuids"), list):
+            cands += start["uuids"]
+        for key in ("uuids", "gpus"):
+            if isinstance(data.get(key), list):
+                cands += data[key]
+        for c in cands:
+            if isinstance(c, str) and c.startswith(("GPU-", "MIG-")) and c not in found:
+                found.append(c)
+    return found
+
+
+class _Gpu:
+    """The agent's running state for one GPU."""
+
+    def __init__(self, info: GpuInfo):
+        self.info = info
+        self.counters = integrals.new_counters()
+        self.ticks = 0
+        self.last_t: float | None = None
+        self.energy_mj: int | None = None
+        self.energy_read_at: float | None = None
+        self.power_since_energy_mj = 0.0
+        self.energy_error: str | None = None
+        self.memory_used: int | None = None
+        self.last: dict[str, float | None] = {}
+        self.errors: dict[str, str] = {}
+
+    def energy_est_mj(self) -> float | None:
+        if self.energy_mj is None:
+            return None
+        return self.energy_mj + self.power_since_energy_mj
+
+
+class Agent:
+    """One agent instance: open the sampler, then call :meth:`tick` every interval.
+
+    ``wall_clock`` gives epoch seconds for published times; durations come from the samples' own
+    monotonic ``t``. Both are injectable so tests can drive uneven intervals deterministically.
+    """
+
+    def __init__(self, config: Any, sampler: Sampler, *, wall_clock: Callable[[], float] = time.time,
+                 energy_interval_s: float | None = None, host: str | None = None):
+        self.config = config
+        self.sampler = sampler
+        self.clock = wall_clock
+        self.interval_s = float(config.agent.interval_s)
+        self.timeline_interval_s = float(config.agent.timeline_interval_s)
+        self.keep_s = float(config.agent.timeline_keep_h) * 3600.0
+        self.energy_interval_s = float(energy_interval_s if energy_interval_s is not None
+                                       else max(ENERGY_INTERVAL_S, self.interval_s))
+        self.state_dir = config.paths.state_dir
+        self.host = host or socket.gethostname()
+        self.instance = uuidlib.uuid4().hex
+        self.pid = os.getpid()
+        self.started = self.clock()
+        self.gpus: dict[str, _Gpu] = {}
+        self.job_files: dict[str, tuple[int, int, list[str]]] = {}  # name -> (mtime_ns, size, uuids)
+        self.job_peaks: dict[str, dict[str, int]] = {}
+        self.updated: float | None = None
+        self.last_energy_t: float | None = None
+        self.last_timeline_wall: float | None = None
+        self.last_prune_wall: float | None = None
+        self.ticks = 0
+        self.tick_cpu_s: float | None = None  # cost of the previous tick (published for bench/ and ops)
+        self.tick_wall_s: float | None = None
+
+    # -- life cycle ----------------------------------------------------------------------------
+    def open(self) -> None:
+        infos = self.sampler.open()
+        self.gpus = {i.uuid: _Gpu(i) for i in infos}
+        os.makedirs(os.path.join(agent_dir(self.state_dir), "timeline"), mode=0o755, exist_ok=True)
+        desc = ", ".join(f"{i.uuid} ({i.model}, {'GPM' if i.gpm_supported else i.gpm_reason})" for i in infos)
+        log.info("gpueff agent %s on %s: %d GPU(s), interval %.1f s: %s", self.instance[:8], self.host,
+                 len(infos), self.interval_s, desc)
+
+    def close(self) -> None:
+        """Publish a final state marked ``stopped`` (so hooks can say why), then release NVML."""
+        try:
+            self.write_state(stopped=True)
+        except OSError as exc:
+            log.warning("could not write the final state: %s", exc)
+        try:
+            self.sampler.close()
+        except Exception as exc:  # noqa: BLE001 - shutting down anyway
+            log.warning("sampler close failed: %s", exc)
+
+    # -- one tick ------------------------------------------------------------------------------
+    def tick(self) -> None:
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        self._tick()
+        self.tick_cpu_s = time.process_time() - cpu0
+        self.tick_wall_s = time.perf_counter() - wall0
+
+    def _tick(self) -> None:
+        last = [g.last_t for g in self.gpus.values() if g.last_t is not None]
+        now_mono = max(last) + self.interval_s if last else None
+        read_energy = (self.last_energy_t is None or now_mono is None
+                       or now_mono - self.last_energy_t >= self.energy_interval_s - self.interval_s / 2)
+        samples = self.sampler.sample(read_energy)
+        for s in samples:
+            g = self.gpus.get(s.uuid)
+            if g is not None:
+                self._integrate(g, s, read_energy)
+        if read_energy and samples:
+            self.last_energy_t = max(s.t for s in samples)
+        self.ticks += 1
+        self.updated = self.clock()
+        self._track_jobs()
+        self.write_state()
+        self._maybe_timeline()
+
+    def _integrate(self, g: _Gpu, s: GpuSample, read_energy: bool) -> None:
+        dt = s.t - g.last_t if g.last_t is not None else None
+        gap = dt is not None and dt > GAP_INTERVALS * self.interval_s
+        held_dt = None if gap else dt  # kernel and power readings stand for [previous tick, this tick]
+        c = g.counters
+        kernel = s.kernel_pct / 100.0 if s.kernel_pct is not None else None
+        power_w = s.power_mw / 1000.0 if s.power_mw is not None else None
+        integrals.add(c, "kernel_active", _fraction(kernel), held_dt)
+        if integrals.add(c, "power_w", power_w, held_dt) and g.energy_mj is not None:
+            g.power_since_energy_mj += power_w * held_dt * 1000.0  # type: ignore[operator]
+        if s.gpm is not None:
+            for metric, pct in s.gpm.items():
+                v = pct / 100.0 if pct is not None else None
+                integrals.add(c, metric, _fraction(v), s.gpm_dt)  # GPM values are exact interval means
+        if s.energy_mj is not None:
+            g.energy_mj = int(s.energy_mj)
+            g.energy_read_at = self.clock()
+            g.power_since_energy_mj = 0.0
+            g.energy_error = None
+        elif read_energy and "energy" in s.errors:
+            g.energy_error = s.errors["energy"]
+        g.memory_used = s.memory_used_bytes
+        g.last = {"kernel_active": kernel, "power_w": power_w}
+        if s.gpm is not None:
+            g.last.update({m: (p / 100.0 if p is not None else None) for m, p in s.gpm.items()})
+        g.errors = dict(s.errors)
+        g.last_t = s.t
+        if dt is not None:
+            g.ticks += 1
+
+    # -- jobs and their peak memory ------------------------------------------------------------
+    def _track_jobs(self) -> None:
+        d = jobs_dir(self.state_dir)
+        seen: set[str] = set()
+        try:
+            entries = list(os.scandir(d))
+        except FileNotFoundError:
+            entries = []
+        except OSError as exc:
+            log.warning("cannot list %s: %s", d, exc)
+            return
+        for e in entries:
+            if not e.name.endswith(".json") or e.name.startswith("."):
+                continue
+            job_id = e.name[:-5]
+            try:
+                st = e.stat()
+            except OSError:
+                continue
+            seen.add(job_id)
+            cached = self.job_files.get(job_id)
+            if cached is None or cached[0] != st.st_mtime_ns or cached[1] != st.st_size:
+                try:
+                    with open(e.path, "rb") as fh:
+                        uuids = job_file_uuids(json.loads(fh.read()))
+                except (OSError, ValueError) as exc:
+                    log.debug("job file %s unreadable for now: %s", e.path, exc)
+                    uuids = []
+                self.job_files[job_id] = (st.st_mtime_ns, st.st_size, uuids)
+            peaks = self.job_peaks.setdefault(job_id, {})
+            for u in self.job_files[job_id][2]:
+                g = self.gpus.get(u)
+                if g is not None and g.memory_used is not None:
+                    peaks[u] = max(peaks.get(u, 0), g.memory_used)
+        for job_id in list(self.job_files):
+            if job_id not in seen:
+                del self.job_files[job_id]
+                self.job_peaks.pop(job_id, None)
+
+    # -- publishing ----------------------------------------------------------------------------
+    def state(self, stopped: bool = False) -> dict[str, Any]:
+        gpus = {}
+        for u, g in self.gpus.items():
+            i = g.info
+            gpus[u] = {
+                "index": i.index, "minor": i.minor, "pci_bus_id": i.pci_bus_id, "model": i.model,
+                "memory_total_bytes": i.memory_total_bytes, "gpm_supported": i.gpm_supported,
+                "gpm_reason": None if i.gpm_supported else (i.gpm_reason or NO_GPM_REASON),
+                "gpm_metrics": sorted(GPM_METRICS) if i.gpm_supported else [],
+                "sum": {m: _r(v) for m, v in g.counters["sum"].items()},
+                "covered_s": {m: _r(v) for m, v in g.counters["covered_s"].items()},
+                "count": dict(g.counters["count"]),
+                "ticks": g.ticks,
+                "energy_mj": g.energy_mj, "energy_read_at": g.energy_read_at,
+                "energy_est_mj": _r(g.energy_est_mj()), "energy_error": g.energy_error,
+                "memory_used_bytes": g.memory_used,
+                "last": {m: _r(v) for m, v in g.last.items()},
+                "errors": g.errors,
+            }
+        return {
+            "version": STATE_VERSION, "pid": self.pid, "instance": self.instance, "host": self.host,
+            "started": self.started, "updated": self.updated if self.updated is not None else self.clock(),
+            "interval_s": self.interval_s, "timeline_interval_s": self.timeline_interval_s,
+            "energy_interval_s": self.energy_interval_s, "ticks": self.ticks, "stopped": stopped,
+            "cpu_s": round(time.process_time(), 6), "prev_tick_cpu_s": _r(self.tick_cpu_s),
+            "prev_tick_wall_s": _r(self.tick_wall_s),
+            "gpus": gpus, "jobs": {j: dict(p) for j, p in self.job_peaks.items()},
+        }
+
+    def write_state(self, stopped: bool = False) -> None:
+        data = json.dumps(self.state(stopped), separators=(",", ":"), allow_nan=False).encode()
+        spool.atomic_write(state_path(self.state_dir), data, mode=0o644)
+
+    def _maybe_timeline(self) -> None:
+        now = self.updated if self.updated is not None else self.clock()
+        last = self.last_timeline_wall
+        if last is not None and now - last < self.timeline_interval_s - 1e-6:
+            return
+        self.last_timeline_wall = now
+        for u, g in self.gpus.items():
+            c = g.counters
+            line = {"t": round(now, 3), "instance": self.instance,
+                    "sum": {m: _r(c["sum"][m]) for m in integrals.TIMELINE_METRICS},
+                    "covered_s": {m: _r(c["covered_s"][m]) for m in integrals.TIMELINE_METRICS},
+                    "count": {m: c["count"][m] for m in integrals.TIMELINE_METRICS}}
+            path = timeline_path(self.state_dir, u)
+            try:
+                with open(path, "a") as fh:
+                    fh.write(json.dumps(line, separators=(",", ":"), allow_nan=False) + "\n")
+            except OSError as exc:
+                log.warning("cannot append to %s: %s", path, exc)
+        if self.last_prune_wall is None or now - self.last_prune_wall >= PRUNE_EVERY_S:
+            self.last_prune_wall = now
+            self.prune_timelines(now)
+
+    def prune_timelines(self, now: float) -> int:
+        """Drop timeline lines older than ``agent.timeline_keep_h``; return how many went."""
+        cutoff = now - self.keep_s
+        dropped = 0
+        d = os.path.join(agent_dir(self.state_dir), "timeline")
+        try:
+            names = [n for n in os.listdir(d) if n.endswith(".jsonl")]
+        except OSError:
+            return 0
+        for n in names:
+            path = os.path.join(d, n)
+            try:
+                with open(path) as fh:
+                    lines = fh.readlines()
+            except OSError:
+                continue
+            keep = [ln for ln in lines if (line_time(ln) or 0.0) >= cutoff]
+            if len(keep) != len(lines):
+                dropped += len(lines) - len(keep)
+                try:
+                    spool.atomic_write(path, "".join(keep).encode(), mode=0o644)
+                except OSError as exc:
+                    log.warning("cannot prune %s: %s", path, exc)
+        return dropped
+
+
+def line_time(line: str) -> float | None:
+    """The ``t`` of a timeline line without parsing all of it (lines start with ``{"t":``)."""
+    if not line.startswith('{"t":'):
+        return None
+    end = line.find(",", 5)
+    try:
+        return float(line[5:end])
+    except ValueError:
+        return None
+
+
+def _fraction(v: float | None) -> float | None:
+    if v is None or not math.isfinite(v):
+        return None
+    return min(1.0, max(0.0, v))
+
+
+def _r(v: float | None) -> float | None:
+    if v is None or not math.isfinite(v):
+        return None
+    return round(v, 6)
+
+
+def run_agent(config: Any, *, once: bool = False, sampler: Sampler | None = None,
+              energy_interval_s: float | None = None) -> int:
+    """The body of ``gpueff agent``: sample until SIGTERM/SIGINT (or one tick with ``once``); exit code.
+
+    Returns 1 (after logging why) when the GPUs cannot be read at all, e.g. no NVIDIA driver.
+    """
+    agent = Agent(config, sampler if sampler is not None else NvmlSampler(),
+                  energy_interval_s=energy_interval_s)
+    try:
+        agent.open()
+    except CollectorError as exc:
+        log.error("gpueff agent cannot start: %s", exc)
+        return 1
+    stop = threading.Event()
+    old: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        def _handler(signum: int, _frame: Any) -> None:
+            log.info("signal %d: finishing the current tick, then exiting", signum)
+            stop.set()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            old[sig] = signal.signal(sig, _handler)
+    interval = agent.interval_s
+    next_t = time.monotonic()
+    try:
+        while True:
+            try:
+                agent.tick()
+            except OSError as exc:  # a full or read-only state dir must not kill sampling
+                log.warning("tick failed: %s", exc)
+            if once or stop.is_set():
+                break
+            next_t += interval
+            now = time.monotonic()
+            while next_t <= now:  # overran: skip the missed ticks rather than bunching them
+                next_t += interval
+            if stop.wait(next_t - now):
+                break
+    finally:
+        agent.close()
+        for sig, h in old.items():
+            signal.signal(sig, h)
+    log.info("gpueff agent stopped after %d ticks", agent.ticks)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python3 -m slurm_gpueff.collectors.agent [--config PATH] [--once]`` (same as ``gpueff agent``)."""
+    from ..config import load
+
+    ap = argparse.ArgumentParser(prog="gpueff-agent", description=__doc__.split("\n")[0])
+    ap.add_argument("--config", help="TOML config (default $GPUEFF_CONFIG or /etc/slurm-gpueff/gpueff.toml)")
+    ap.add_argument("--once", action="store_true", help="sample once, write the state file, exit")
+    ap.add_argument("--energy-interval", type=float, default=None,
+                    help=f"seconds between energy-counter reads (default {ENERGY_INTERVAL_S:.0f})")
+    ap.add_argument("-v", "--verbose", action="store_true")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s gpueff-agent %(levelname)s %(message)s")
+    try:
+        cfg = load(args.config)
+    except GpueffError as exc:
+        print(f"gpueff agent: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    sys.exit(run_agent(cfg, once=args.once, energy_interval_s=args.energy_interval))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""Cumulative time integrals: the arithmetic shared by the node agent and the hook-side collector.
+
+The agent never knows which job is running; it only keeps, per GPU and metric, three running totals
+since it started: ``sum`` (value x seconds), ``covered_s`` (seconds that had a value) and ``count``
+(readings). Any window's time-weighted mean is then ``delta(sum) / delta(covered_s)`` between two
+snapshots -- exact for whatever was integrated, however uneven the sampling was, and a metric that was
+missing for part of the window is averaged over the part it covered (not diluted by zeros).
+
+Stdlib only (the Epilog imports this).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..record import FRACTIONS
+
+# Everything the agent integrates: the record's fractions plus power in watts (for mean power).
+METRICS: tuple[str, ...] = FRACTIONS + ("power_w",)
+TIMELINE_METRICS: tuple[str, ...] = ("kernel_active", "sm_active", "tensor_active")
+
+
+def new_counters() -> dict[str, dict[str, float]]:
+    return {"sum": {m: 0.0 for m in METRICS}, "covered_s": {m: 0.0 for m in METRICS},
+            "count": {m: 0 for m in METRICS}}
+
+
+def add(counters: dict[str, dict[str, Any]], metric: str, value: float | None, dt: float | None) -> bool:
+    """Add ``value`` held for ``dt`` seconds; None, NaN, infinities and non-positive dt are skipped."""
+    if value is None or dt is None or not (dt > 0) or not math.isfinite(value) or not math.isfinite(dt):
+        return False
+    counters["sum"][metric] += value * dt
+    counters["covered_s"][metric] += dt
+    counters["count"][metric] += 1
+    return True
+
+
+def window(start: dict[str, Any], end: dict[str, Any], metric: str) -> tuple[float | None, float, int]:
+    """(mean, covered seconds, readings) of ``metric`` between two counter snapshots; mean None if none."""
+    try:
+        ds = float(end["sum"][metric]) - float(start["sum"][metric])
+        dc = float(end["covered_s"][metric]) - float(start["covered_s"][metric])
+        dn = int(end["count"][metric]) - int(start["count"][metric])
+    except (KeyError, TypeError, ValueError):
+        return None, 0.0, 0
+    if dc <= 1e-9 or dn <= 0:
+        return None, max(dc, 0.0), max(dn, 0)
+    return ds / dc, dc, dn
+
+
+def clamp_fraction(v: float | None) -> float | None:
+    """Fractions may overshoot [0,1] by float rounding; clip tiny overshoots, keep None."""
+    if v is None:
+        return None
+    return min(1.0, max(0.0, v))
+
+
+def timeline_points(snapshots: list[tuple[float, dict[str, Any]]], t0: float,
+                    max_points: int = 100) -> list[list[float | None]]:
+    """Difference consecutive cumulative snapshots into ``[t_offset_s, kernel, sm, tensor]`` points.
+
+    ``snapshots`` are ``(epoch, counters)`` in time order (counters as in :func:`new_counters`, or any
+    dict with ``sum``/``covered_s``/``count`` for the timeline metrics). Each point is the mean over one
+    bucket, placed at the bucket's midpoint relative to ``t0``. When there are more than ``max_points``
+    buckets, neighbours are merged by adding their deltas, so merged means stay exact.
+    """
+    buckets: list[tuple[float, float, dict[str, tuple[float, float]]]] = []
+    for (ta, a), (tb, b) in zip(snapshots, snapshots[1:], strict=False):
+        if tb <= ta:
+            continue
+        d = {}
+        for m in TIMELINE_METRICS:
+            try:
+                d[m] = (float(b["sum"][m]) - float(a["sum"][m]),
+                        float(b["covered_s"][m]) - float(a["covered_s"][m]))
+            except (KeyError, TypeError, ValueError):
+                d[m] = (0.0, 0.0)
+        buckets.append((ta, tb, d))
+    if not buckets:
+        return []
+    group = max(1, math.ceil(len(buckets) / max_points))
+    out: list[list[float | None]] = []
+    for i in range(0, len(buckets), group):
+        chunk = buckets[i:i + group]
+        ta, tb = chunk[0][0], chunk[-1][1]
+        point: list[float | None] = [round((ta + tb) / 2 - t0, 1)]
+        for m in TIMELINE_METRICS:
+            s = sum(c[2][m][0] for c in chunk)
+            cov = sum(c[2][m][1] for c in chunk)
+            point.append(round(clamp_fraction(s / cov), 4) if cov > 1e-9 else None)  # type: ignore[arg-type]
+        out.append(point)
+    return out

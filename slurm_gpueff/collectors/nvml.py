@@ -1,0 +1,272 @@
+"""Hook side of the nvml backend: difference the node agent's cumulative counters over a job.
+
+This never imports pynvml and never talks to a GPU: the Prolog and Epilog must stay fast and must not
+depend on the driver answering. It reads the agent's ``agent/state.json`` (and timeline files) that
+:mod:`slurm_gpueff.collectors.agent` publishes.
+
+* ``start(job)``: Slurm GPU index -> ``/dev/nvidiaN`` minor -> the agent's GPU with that minor -> UUID;
+  snapshot that GPU's counters. The returned dict (saved by the Prolog under ``start`` in
+  ``<state_dir>/jobs/<job_id>.json``) carries ``uuids``; that is how the agent learns which GPUs the
+  job holds, to track its peak memory.
+* ``stop(job, start_state)``: read the state again; per GPU, mean = delta(sum) / delta(covered seconds),
+  energy = delta(energy counter), peak memory from the agent's per-job peaks, samples = delta(readings),
+  a coarse timeline from the timeline file.
+
+The window is the agent's ticks: from the last tick before the Prolog to the last tick before the
+Epilog, so each end can be off by up to one ``agent.interval_s``.
+
+Nothing here raises to the hook: every failure becomes ``None`` figures with a reason (agent not
+running, stale, restarted or stopped during the job, GPU index without a device, Prolog state missing,
+job shorter than one sampling interval).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..record import empty_gpu
+from . import integrals
+from .agent import job_file_uuids, line_time, state_path, timeline_path
+from .base import Collector, JobContext, Measurement, slurm_index_to_minor
+from .nvml_sampler import GPM_METRICS, NO_GPM_REASON
+
+log = logging.getLogger(__name__)
+
+def _no_minor(minor: int) -> str:
+    return f"the gpueff agent sees no GPU with minor number {minor} (/dev/nvidia{minor})"
+
+
+def _fmt_time(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+class NvmlCollector(Collector):
+    """Per-job figures from the gpueff node agent (NVML + GPM). Labelled ``nvml-gpm`` or ``nvml``."""
+
+    name = "nvml"
+
+    def __init__(self, config: Any, *, dev_dir: str = "/dev", now: Callable[[], float] = time.time):
+        super().__init__(config)
+        self.dev_dir = dev_dir
+        self.now = now
+        self.state_dir = config.paths.state_dir
+        self.stale_s = float(config.collector.agent_stale_s)
+
+    # -- reading the agent's state ---------------------------------------------------------------
+    def read_state(self) -> tuple[dict[str, Any] | None, str | None]:
+        """(state, None) when usable, else (state or None, reason)."""
+        path = state_path(self.state_dir)
+        try:
+            with open(path, "rb") as fh:
+                state = json.loads(fh.read())
+        except FileNotFoundError:
+            return None, f"gpueff agent not running on this node (no state file {path})"
+        except (OSError, ValueError) as exc:
+            return None, f"gpueff agent state {path} unreadable: {exc}"
+        if not isinstance(state, dict) or not isinstance(state.get("gpus"), dict):
+            return None, f"gpueff agent state {path} has an unexpected format"
+        updated = state.get("updated")
+        if not isinstance(updated, int | float):
+            return state, f"gpueff agent state {path} has no update time"
+        if state.get("stopped"):
+            return state, f"gpueff agent was stopped at {_fmt_time(updated)}"
+        age = self.now() - updated
+        if age > self.stale_s:
+            return state, (f"gpueff agent state is stale: last update {age:.0f} s ago "
+                           f"(> collector.agent_stale_s = {self.stale_s:.0f} s); agent hung or dead?")
+        return state, None
+
+    @staticmethod
+    def _by_minor(state: dict[str, Any]) -> dict[int, str]:
+        return {g["minor"]: u for u, g in state["gpus"].items()
+                if isinstance(g, dict) and g.get("minor") is not None}
+
+    @staticmethod
+    def _snapshot(g: dict[str, Any]) -> dict[str, Any]:
+        return {k: g.get(k) for k in ("sum", "covered_s", "count", "ticks", "energy_est_mj", "energy_mj")}
+
+    # -- Prolog -----------------------------------------------------------------------------------
+    def start(self, job: JobContext) -> dict[str, Any]:
+        try:
+            return self._start(job)
+        except Exception as exc:  # noqa: BLE001 - a hook must never fail on our account
+            log.exception("nvml collector start failed")
+            return {"backend": self.name, "t": self.now(), "uuids": [], "gpus": {},
+                    "error": f"nvml collector failed at job start: {exc}"}
+
+    def _start(self, job: JobContext) -> dict[str, Any]:
+        state, err = self.read_state()
+        minors = slurm_index_to_minor(job.gpu_indexes, self.dev_dir)
+        out: dict[str, Any] = {"backend": self.name, "t": self.now(), "uuids": [], "gpus": {}, "error": err}
+        if state is not None:
+            out["agent"] = {"pid": state.get("pid"), "instance": state.get("instance"),
+                            "started": state.get("started")}
+            out["updated"] = state.get("updated")
+        by_minor = self._by_minor(state) if state is not None else {}
+        for idx in job.gpu_indexes:
+            minor = minors.get(idx)
+            entry: dict[str, Any] = {"minor": minor}
+            if minor is None:
+                entry["error"] = f"Slurm GPU index {idx} has no /dev/nvidiaN device on this node"
+            elif state is not None:
+                u = by_minor.get(minor)
+                if u is None:
+                    entry["error"] = _no_minor(minor)
+                else:
+                    entry["uuid"] = u
+                    out["uuids"].append(u)
+                    if err is None:
+                        entry["snapshot"] = self._snapshot(state["gpus"][u])
+            out["gpus"][str(idx)] = entry
+        return out
+
+    # -- Epilog -----------------------------------------------------------------------------------
+    def stop(self, job: JobContext, start_state: dict[str, Any] | None) -> Measurement:
+        try:
+            return self._stop(job, start_state)
+        except Exception as exc:  # noqa: BLE001 - a hook must never fail on our account
+            log.exception("nvml collector stop failed")
+            reason = f"nvml collector failed at job end: {exc}"
+            return Measurement(self.name, [empty_gpu(i, self.name, reason) for i in job.gpu_indexes], reason)
+
+    def _stop(self, job: JobContext, start_state: dict[str, Any] | None) -> Measurement:
+        state, err = self.read_state()
+        minors = slurm_index_to_minor(job.gpu_indexes, self.dev_dir)
+        by_minor = self._by_minor(state) if state is not None else {}
+        reason = self._job_reason(start_state, state, err)
+        gpus = []
+        for idx in job.gpu_indexes:
+            entry = ((start_state or {}).get("gpus") or {}).get(str(idx)) or {}
+            minor = entry.get("minor", minors.get(idx))
+            u = entry.get("uuid") or (by_minor.get(minor) if minor is not None else None)
+            ag = state["gpus"].get(u) if (state is not None and u) else None
+            ident: dict[str, Any] = {"minor": minor, "uuid": u}
+            if isinstance(ag, dict):
+                ident.update({k: ag.get(k) for k in ("pci_bus_id", "model", "memory_total_bytes")})
+            gpu_reason = reason
+            if gpu_reason is None:
+                if minor is None:
+                    gpu_reason = f"Slurm GPU index {idx} has no /dev/nvidiaN device on this node"
+                elif entry.get("error"):
+                    gpu_reason = entry["error"]
+                elif ag is None:
+                    gpu_reason = _no_minor(minor)
+                elif not isinstance(entry.get("snapshot"), dict):
+                    gpu_reason = "no counter snapshot from job start for this GPU"
+            if gpu_reason is not None:
+                gpus.append(empty_gpu(idx, self.name, gpu_reason, **ident))
+                continue
+            gpus.append(self._gpu_figures(job, idx, ident, entry["snapshot"], ag, start_state, state))
+        backend = "nvml-gpm" if any(g["source"] == "nvml-gpm" for g in gpus) else "nvml"
+        if reason is None and backend == "nvml" and gpus:
+            reasons = {r for g in gpus for r in [g["missing"].get("sm_active")] if r}
+            reason = reasons.pop() if len(reasons) == 1 else None
+        return Measurement(backend, gpus, reason)
+
+    def _job_reason(self, start_state: dict[str, Any] | None, state: dict[str, Any] | None,
+                    err: str | None) -> str | None:
+        """Why no GPU of the job can be measured, or None."""
+        if not isinstance(start_state, dict) or "gpus" not in start_state:
+            return "no start state: the Prolog did not run or its saved state was lost"
+        if start_state.get("error"):
+            return f"at job start: {start_state['error']}"
+        if err is not None:
+            return err if state is None or state.get("stopped") else f"at job end: {err}"
+        agent = start_state.get("agent") or {}
+        if agent.get("instance") != state.get("instance") or agent.get("pid") != state.get("pid"):  # type: ignore[union-attr]
+            return (f"gpueff agent restarted during the job (pid {agent.get('pid')} -> {state.get('pid')}): "  # type: ignore[union-attr]
+                    "its counters are not comparable")
+        return None
+
+    def _gpu_figures(self, job: JobContext, idx: int, ident: dict[str, Any], snap: dict[str, Any],
+                     ag: dict[str, Any], start_state: dict[str, Any],
+                     state: dict[str, Any]) -> dict[str, Any]:
+        gpm = bool(ag.get("gpm_supported"))
+        gpu = empty_gpu(idx, "nvml-gpm" if gpm else "nvml", None, **ident)
+        missing: dict[str, str] = {}
+        interval = state.get("interval_s", self.config.agent.interval_s)
+        samples = 0
+        for m in integrals.METRICS:
+            mean, _cov, n = integrals.window(snap, ag, m)
+            samples = max(samples, n)
+            key = "power_mean_w" if m == "power_w" else m
+            if mean is not None:
+                gpu[key] = round(mean, 3) if m == "power_w" else round(integrals.clamp_fraction(mean), 6)  # type: ignore[arg-type]
+            elif m in GPM_METRICS and not gpm:
+                missing[key] = ag.get("gpm_reason") or NO_GPM_REASON
+            else:
+                missing[key] = None  # filled below once we know whether there were samples at all
+        gpu["samples"] = samples
+        if samples == 0:
+            why = (f"job shorter than one sampling interval ({interval:g} s): no agent sample fell inside it")
+            for m in list(missing):
+                if missing[m] is None:
+                    missing[m] = why
+        else:
+            for m in list(missing):
+                if missing[m] is None:
+                    missing[m] = ("GPM returned no valid value during the job" if m in GPM_METRICS
+                                  else "NVML returned no value during the job")
+        # Energy: difference of the cumulative counter (extended by integrated power between reads).
+        e0, e1 = snap.get("energy_est_mj"), ag.get("energy_est_mj")
+        if isinstance(e0, int | float) and isinstance(e1, int | float) and e1 >= e0:
+            if samples > 0 or e1 > e0:
+                gpu["energy_j"] = round((e1 - e0) / 1000.0, 3)
+            else:
+                missing["energy_j"] = f"job shorter than one sampling interval ({interval:g} s)"
+        elif isinstance(e0, int | float) and isinstance(e1, int | float):
+            missing["energy_j"] = "energy counter went backwards (driver reloaded?)"
+        else:
+            why = ag.get("energy_error") or "not supported"
+            missing["energy_j"] = f"energy counter not available ({why})"
+        # Peak memory: tracked by the agent while the job's state file existed.
+        peak = ((state.get("jobs") or {}).get(str(job.job_id)) or {}).get(ident["uuid"])
+        if isinstance(peak, int) and peak >= 0:
+            gpu["memory_used_peak_bytes"] = peak
+        else:
+            missing["memory_used_peak_bytes"] = ("the agent saw no memory sample while the job's state file "
+                                                 "existed (job shorter than one sampling interval?)")
+        if gpm and all(gpu[m] is None for m in GPM_METRICS):
+            gpu["source"] = "nvml"
+        gpu["missing"] = {k: v for k, v in missing.items() if v}
+        t_start = start_state.get("updated") or start_state.get("t")
+        t_end = state.get("updated")
+        if isinstance(t_start, int | float) and isinstance(t_end, int | float) and samples > 0:
+            t0 = job.start_time if job.start_time else t_start
+            gpu["timeline"] = self._timeline(ident["uuid"], state.get("instance"), t_start, snap,
+                                             t_end, ag, t0)
+        return gpu
+
+    def _timeline(self, uuid: str, instance: Any, t_start: float, snap: dict[str, Any], t_end: float,
+                  end: dict[str, Any], t0: float) -> list[list[float | None]]:
+        points: list[tuple[float, dict[str, Any]]] = [(t_start, snap)]
+        try:
+            with open(timeline_path(self.state_dir, uuid)) as fh:
+                for line in fh:
+                    t = line_time(line)
+                    if t is None or not t_start < t < t_end:
+                        continue
+                    try:
+                        rec = json.loads(line)
+                    except ValueError:
+                        continue
+                    if rec.get("instance") == instance:
+                        points.append((t, rec))
+        except OSError:
+            pass
+        points.append((t_end, end))
+        return integrals.timeline_points(points, t0)
+
+
+def uuids_of_job_file(path: str) -> list[str]:
+    """Convenience for tools: the GPU UUIDs a Prolog job file names (what the agent tracks)."""
+    try:
+        with open(path, "rb") as fh:
+            return job_file_uuids(json.loads(fh.read()))
+    except (OSError, ValueError):
+        return []
+

@@ -1,0 +1,323 @@
+"""Read every GPU of the node through NVML (and GPM on Hopper and newer): the node agent's only GPU access.
+
+The agent (:mod:`slurm_gpueff.collectors.agent`) talks to GPUs only through the small *sampler*
+interface below (:class:`Sampler`: ``open()``, ``sample(read_energy)``, ``close()``). That keeps the
+integration arithmetic testable on machines without a GPU: tests feed a fake sampler (the GPU mock)
+into the real agent loop. :class:`NvmlSampler` is the real one.
+
+What one sample holds, per GPU, and why:
+
+* ``kernel_pct`` -- NVML ``utilization.gpu`` (share of time any kernel ran). The driver keeps a ring
+  buffer of these readings (one per ~1/6 s); we average every reading since the previous sample
+  (``nvmlDeviceGetSamples``) so a 5 s tick sees all of its 5 s, not one 1/6 s glimpse. Where the buffer
+  is unavailable we fall back to ``nvmlDeviceGetUtilizationRates`` (the latest reading only).
+* ``gpm`` -- GPM metrics (SM active, occupancy, tensor, DRAM, FP pipes) in percent. GPM returns the
+  average over the interval between two GPM samples, so the agent integrates them exactly; NaN or a
+  per-metric error becomes ``None`` (missing), never 0.
+* ``power_mw`` (cheap, every tick), ``energy_mj`` (cumulative counter since driver load; ~4 ms a call,
+  so only when the agent asks for it), ``memory_used_bytes`` (v2 ``used``, which excludes reserved memory).
+
+pynvml is imported lazily: this module is importable (and the agent's tests run) without it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..errors import CollectorError
+
+log = logging.getLogger(__name__)
+
+# record.py metric name -> pynvml GPM metric constant name (percent 0-100 each).
+GPM_METRICS: dict[str, str] = {
+    "sm_active": "NVML_GPM_METRIC_SM_UTIL",
+    "sm_occupancy": "NVML_GPM_METRIC_SM_OCCUPANCY",
+    "tensor_active": "NVML_GPM_METRIC_ANY_TENSOR_UTIL",
+    "dram_active": "NVML_GPM_METRIC_DRAM_BW_UTIL",
+    "fp64_active": "NVML_GPM_METRIC_FP64_UTIL",
+    "fp32_active": "NVML_GPM_METRIC_FP32_UTIL",
+    "fp16_active": "NVML_GPM_METRIC_FP16_UTIL",
+}
+NO_GPM_REASON = "GPU has no GPM metrics (pre-Hopper); kernel activity only"
+
+
+@dataclass
+class GpuInfo:
+    """Identity of one GPU, fixed for the agent's life."""
+
+    uuid: str
+    index: int  # NVML index (PCI bus order), not Slurm's index
+    minor: int | None  # N of /dev/nvidiaN: what Slurm's GRES File maps to
+    pci_bus_id: str | None
+    model: str | None
+    memory_total_bytes: int | None
+    gpm_supported: bool
+    gpm_reason: str | None = None  # why GPM figures are missing, when they are
+
+
+@dataclass
+class GpuSample:
+    """One reading of one GPU. ``t`` is a monotonic clock in seconds (only differences matter)."""
+
+    uuid: str
+    t: float
+    kernel_pct: float | None = None
+    memory_used_bytes: int | None = None
+    power_mw: float | None = None
+    energy_mj: int | None = None
+    # GPM percentages averaged over the ``gpm_dt`` seconds since the previous GPM sample; None when
+    # there is no previous sample yet (first tick) or the GPU has no GPM.
+    gpm: dict[str, float | None] | None = None
+    gpm_dt: float | None = None
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+class Sampler(Protocol):
+    """What the agent needs from the GPU side. Tests implement it with a fake (the GPU mock)."""
+
+    def open(self) -> list[GpuInfo]:
+        """Initialise; return the node's GPUs. Raise CollectorError with a clear sentence if impossible."""
+        ...
+
+    def sample(self, read_energy: bool) -> list[GpuSample]:
+        """Read every GPU once; ``energy_mj`` only when ``read_energy`` (it is the expensive call)."""
+        ...
+
+    def close(self) -> None:
+        ...
+
+
+def import_pynvml() -> Any:
+    """Import pynvml or raise CollectorError saying which package to install."""
+    try:
+        import pynvml  # noqa: PLC0415 - lazy on purpose (hook path stays stdlib-only)
+    except ImportError as exc:  # pragma: no cover - the package is a declared dependency
+        raise CollectorError(f"cannot import pynvml ({exc}); install the nvidia-ml-py package") from None
+    return pynvml
+
+
+def explain_nvml_error(pynvml: Any, exc: Exception) -> str:
+    """One sentence for an NVML initialisation failure (the common ones get advice)."""
+    name = type(exc).__name__
+    if isinstance(exc, getattr(pynvml, "NVMLError_LibraryNotFound", ())):
+        return ("NVML library libnvidia-ml.so.1 not found: no NVIDIA driver on this node "
+                f"(pynvml: {name})")
+    if isinstance(exc, getattr(pynvml, "NVMLError_DriverNotLoaded", ())):
+        return f"NVIDIA kernel driver is not loaded on this node (pynvml: {name})"
+    if isinstance(exc, getattr(pynvml, "NVMLError_NoPermission", ())):
+        return f"no permission to use NVML (run the agent as root) (pynvml: {name})"
+    return f"NVML failed: {exc} (pynvml: {name})"
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class _Dev:
+    """Per-GPU handles and GPM sample buffers of the real sampler."""
+
+    __slots__ = ("handle", "info", "gpm_prev", "gpm_cur", "gpm_prev_t", "util_ts", "util_buffer_ok",
+                 "mem_v2")
+
+    def __init__(self, handle: Any, info: GpuInfo):
+        self.handle = handle
+        self.info = info
+        self.gpm_prev: Any = None
+        self.gpm_cur: Any = None
+        self.gpm_prev_t: float | None = None
+        self.util_ts = 0  # last seen utilization-sample timestamp (us)
+        self.util_buffer_ok = True
+        self.mem_v2 = True
+
+
+class NvmlSampler:
+    """The real sampler: NVML for kernel activity, memory, power and energy; GPM where the GPU has it."""
+
+    def __init__(self, use_gpm: bool = True):
+        self.use_gpm = use_gpm
+        self._nvml: Any = None
+        self._devs: list[_Dev] = []
+        self._gpm_ids: list[tuple[str, int]] = []
+
+    def open(self) -> list[GpuInfo]:
+        nv = import_pynvml()
+        try:
+            nv.nvmlInit()
+        except nv.NVMLError as exc:
+            raise CollectorError(explain_nvml_error(nv, exc)) from None
+        self._nvml = nv
+        self._gpm_ids = [(m, getattr(nv, c)) for m, c in GPM_METRICS.items() if hasattr(nv, c)]
+        try:
+            count = nv.nvmlDeviceGetCount()
+        except nv.NVMLError as exc:
+            raise CollectorError(f"NVML cannot count GPUs: {exc}") from None
+        infos = []
+        for i in range(count):
+            try:
+                h = nv.nvmlDeviceGetHandleByIndex(i)
+                uuid = _s(nv.nvmlDeviceGetUUID(h))
+            except nv.NVMLError as exc:
+                log.warning("GPU at NVML index %d is not usable, skipped: %s", i, exc)
+                continue
+            info = GpuInfo(uuid=uuid, index=i, minor=self._try(nv.nvmlDeviceGetMinorNumber, h),
+                           pci_bus_id=None, model=None, memory_total_bytes=None, gpm_supported=False)
+            pci = self._try(nv.nvmlDeviceGetPciInfo, h)
+            info.pci_bus_id = _s(pci.busId) if pci is not None else None
+            name = self._try(nv.nvmlDeviceGetName, h)
+            info.model = _s(name) if name is not None else None
+            mem = self._try(nv.nvmlDeviceGetMemoryInfo, h)
+            info.memory_total_bytes = int(mem.total) if mem is not None else None
+            dev = _Dev(h, info)
+            self._setup_gpm(dev)
+            # Prime the utilization buffer: later samples average only readings newer than this.
+            self._kernel_pct(dev)
+            self._devs.append(dev)
+            infos.append(info)
+        if not infos:
+            raise CollectorError("NVML sees no usable GPU on this node")
+        return infos
+
+    def _try(self, fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except self._nvml.NVMLError:
+            return None
+
+    def _setup_gpm(self, dev: _Dev) -> None:
+        nv = self._nvml
+        info = dev.info
+        if not self.use_gpm:
+            info.gpm_reason = "GPM disabled in the agent"
+            return
+        if not hasattr(nv, "nvmlGpmQueryDeviceSupport"):
+            info.gpm_reason = "this pynvml has no GPM API (upgrade nvidia-ml-py)"
+            return
+        try:
+            supported = bool(nv.nvmlGpmQueryDeviceSupport(dev.handle).isSupportedDevice)
+        except nv.NVMLError as exc:
+            info.gpm_reason = f"{NO_GPM_REASON} (GPM query failed: {exc})"
+            return
+        if not supported:
+            info.gpm_reason = NO_GPM_REASON
+            return
+        try:
+            dev.gpm_prev = nv.nvmlGpmSampleAlloc()
+            dev.gpm_cur = nv.nvmlGpmSampleAlloc()
+            nv.nvmlGpmSampleGet(dev.handle, dev.gpm_prev)
+            dev.gpm_prev_t = time.monotonic()
+        except nv.NVMLError as exc:
+            info.gpm_reason = f"GPM sampling refused: {exc} (profiling restricted to admin?)"
+            dev.gpm_prev = dev.gpm_cur = None
+            return
+        info.gpm_supported = True
+
+    def _kernel_pct(self, dev: _Dev) -> float | None:
+        """Mean utilization.gpu over the readings since the last call (buffer), else the latest reading."""
+        nv = self._nvml
+        if dev.util_buffer_ok:
+            try:
+                vtype, samples = nv.nvmlDeviceGetSamples(dev.handle, nv.NVML_GPU_UTILIZATION_SAMPLES,
+                                                         dev.util_ts)
+                vals = []
+                for s in samples:
+                    if s.timeStamp <= dev.util_ts:
+                        continue
+                    v = s.sampleValue.dVal if vtype == nv.NVML_VALUE_TYPE_DOUBLE else s.sampleValue.uiVal
+                    vals.append(float(v))
+                    dev.util_ts = max(dev.util_ts, int(s.timeStamp))
+                if vals:
+                    return sum(vals) / len(vals)
+            except nv.NVMLError_NotFound:
+                pass  # no reading newer than the last one: fall through to the latest reading
+            except nv.NVMLError as exc:
+                log.info("GPU %s: utilization sample buffer unavailable (%s); using latest reading",
+                         dev.info.uuid, exc)
+                dev.util_buffer_ok = False
+        try:
+            return float(nv.nvmlDeviceGetUtilizationRates(dev.handle).gpu)
+        except nv.NVMLError:
+            return None
+
+    def _memory_used(self, dev: _Dev) -> int | None:
+        nv = self._nvml
+        if dev.mem_v2 and hasattr(nv, "nvmlMemory_v2"):
+            try:
+                return int(nv.nvmlDeviceGetMemoryInfo(dev.handle, version=nv.nvmlMemory_v2).used)
+            except (nv.NVMLError, TypeError):
+                dev.mem_v2 = False
+        try:
+            return int(nv.nvmlDeviceGetMemoryInfo(dev.handle).used)
+        except nv.NVMLError:
+            return None
+
+    def _gpm(self, dev: _Dev, out: GpuSample) -> None:
+        nv = self._nvml
+        try:
+            nv.nvmlGpmSampleGet(dev.handle, dev.gpm_cur)
+        except nv.NVMLError as exc:
+            out.errors["gpm"] = f"GPM sample failed: {exc}"
+            return
+        t = time.monotonic()
+        dt = t - dev.gpm_prev_t if dev.gpm_prev_t is not None else None
+        try:
+            mg = nv.c_nvmlGpmMetricsGet_t()
+            mg.version = nv.NVML_GPM_METRICS_GET_VERSION
+            mg.numMetrics = len(self._gpm_ids)
+            mg.sample1 = dev.gpm_prev
+            mg.sample2 = dev.gpm_cur
+            for i, (_, mid) in enumerate(self._gpm_ids):
+                mg.metrics[i].metricId = mid
+            nv.nvmlGpmMetricsGet(mg)
+            values: dict[str, float | None] = {}
+            for i, (name, _) in enumerate(self._gpm_ids):
+                m = mg.metrics[i]
+                v = float(m.value)
+                values[name] = v if m.nvmlReturn == nv.NVML_SUCCESS and math.isfinite(v) else None
+            out.gpm = values
+            out.gpm_dt = dt
+        except nv.NVMLError as exc:
+            out.errors["gpm"] = f"GPM metrics failed: {exc}"
+        finally:
+            # The current sample becomes the previous one either way.
+            dev.gpm_prev, dev.gpm_cur = dev.gpm_cur, dev.gpm_prev
+            dev.gpm_prev_t = t
+
+    def sample(self, read_energy: bool) -> list[GpuSample]:
+        nv = self._nvml
+        out = []
+        for dev in self._devs:
+            s = GpuSample(uuid=dev.info.uuid, t=time.monotonic())
+            s.kernel_pct = self._kernel_pct(dev)
+            s.memory_used_bytes = self._memory_used(dev)
+            try:
+                s.power_mw = float(nv.nvmlDeviceGetPowerUsage(dev.handle))
+            except nv.NVMLError as exc:
+                s.errors["power"] = str(exc)
+            if read_energy:
+                try:
+                    s.energy_mj = int(nv.nvmlDeviceGetTotalEnergyConsumption(dev.handle))
+                except nv.NVMLError as exc:
+                    s.errors["energy"] = str(exc)
+            if dev.info.gpm_supported:
+                self._gpm(dev, s)
+            out.append(s)
+        return out
+
+    def close(self) -> None:
+        nv = self._nvml
+        if nv is None:
+            return
+        for dev in self._devs:
+            for smp in (dev.gpm_prev, dev.gpm_cur):
+                if smp is not None:
+                    with contextlib.suppress(nv.NVMLError):
+                        nv.nvmlGpmSampleFree(smp)
+        self._devs = []
+        with contextlib.suppress(nv.NVMLError):
+            nv.nvmlShutdown()
+        self._nvml = None

@@ -1,0 +1,11 @@
+"""Renderers of analysed jobs: the seff-style text card (:mod:`.text`) and the JSON document (:mod:`.json`).
+
+Render takes what analysis produced (figures, diagnosis) and the job row; it never queries the database.
+"""
+
+from __future__ import annotations
+
+from .json import document, dumps, job_document
+from .text import render_card, render_table
+
+__all__ = ["document", "dumps", "job_document", "render_card", "render_table"]

@@ -1,0 +1,284 @@
+"""The seff-style text card of one job (fits an 80-column terminal), and a short table for many jobs.
+
+Layout follows Slurm's ``seff``: ``Key: value`` lines (Job ID, Cluster, User/Account, State, ...),
+then the GPU figures, the split of the allocated GPU-hours, the verdicts with the things to try, one
+line per GPU for multi-GPU jobs, and where the figures came from. A figure that was not measured reads
+``n/a (<reason>)``, never 0. Long lines are wrapped at 80 columns.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Sequence
+
+from ..analysis.diagnose import Diagnosis
+from ..analysis.figures import JobFigures
+from ..analysis.verdicts import RULES
+from ..models import Job
+
+WIDTH = 80
+GiB = 1024**3
+
+SOURCES = {
+    "nvml-gpm": "nvml-gpm (NVML GPM: SM, tensor and DRAM activity from the GPU's performance monitor)",
+    "nvml": "nvml (NVML without GPM: kernel activity, memory and power only)",
+    "dcgm": "dcgm (NVIDIA DCGM job statistics and profiling fields)",
+    "simulated": "simulated (SIMULATED DATA \u2014 not a real GPU)",
+    "none": "none (allocation only: no GPU data was collected)",
+}
+SIM_BANNER = "*** SIMULATED DATA \u2014 figures from simulated GPUs, not a real GPU ***"
+
+
+def pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100.0 * x:.1f}%"
+
+
+def na(reason: str | None) -> str:
+    return f"n/a ({reason or 'not measured'})"
+
+
+class _Na:
+    """``n/a (reason)``, or ``n/a (as above)`` when the reason repeats the previous line's."""
+
+    def __init__(self) -> None:
+        self.last: str | None = None
+
+    def __call__(self, reason: str | None) -> str:
+        reason = reason or "not measured"
+        if reason == self.last:
+            return "n/a (as above)"
+        self.last = reason
+        return na(reason)
+
+
+def hms(seconds: float | None) -> str:
+    """Slurm's elapsed format: ``[D-]HH:MM:SS``."""
+    if seconds is None:
+        return "n/a"
+    s = int(round(seconds))
+    d, s = divmod(s, 86400)
+    h, s = divmod(s, 3600)
+    m, s = divmod(s, 60)
+    return f"{d}-{h:02d}:{m:02d}:{s:02d}" if d else f"{h:02d}:{m:02d}:{s:02d}"
+
+
+def job_label(job: Job) -> str:
+    """The id users type: ``123_4`` for an array task, ``123+1`` for a het component, else the raw id."""
+    if job.array_job_id is not None and job.array_task_id is not None:
+        return f"{job.array_job_id}_{job.array_task_id}"
+    if job.het_job_id is not None and job.het_job_offset is not None:
+        return f"{job.het_job_id}+{job.het_job_offset}"
+    return str(job.job_id)
+
+
+def state_text(job: Job) -> str:
+    """``COMPLETED (exit code 0)``, or n/a with the reason when Slurm's state is not known yet."""
+    if job.signal:
+        detail = f"killed by signal {job.signal}"
+    elif job.exit_code is not None:
+        detail = f"exit code {job.exit_code}"
+    else:
+        detail = None
+    if job.state:
+        return f"{job.state} ({detail})" if detail else job.state
+    if job.signal:
+        return na(f"{detail}; the final state comes from sacct, not fetched yet")
+    return na("not recorded yet; it comes from sacct")
+
+
+def _wrap(text: str, indent: str = "", first: str | None = None) -> list[str]:
+    return textwrap.wrap(text, WIDTH, initial_indent=indent if first is None else first,
+                         subsequent_indent=indent, break_on_hyphens=False, break_long_words=False) or [""]
+
+
+def _line(key: str, value: str) -> list[str]:
+    return _wrap(f"{key}: {value}", indent="    ", first="")
+
+
+def _figure(value: float | None, missing: str | None, na_: _Na) -> str:
+    """A job-level fraction; notes partial coverage (``measured on 3 of 4 GPUs``) after the value."""
+    if value is None:
+        return na_(missing)
+    return f"{pct(value)} (n/a: {missing})" if missing else pct(value)
+
+
+def _gpus_line(job: Job, fig: JobFigures) -> str:
+    if not fig.gpus:
+        return f"{job.gpu_count} x {job.gpu_type or 'unknown model'}" if job.gpu_count else "0"
+    counts: dict[str, int] = {}
+    for g in fig.gpus:
+        name = g.model or job.gpu_type or "unknown model"
+        counts[name] = counts.get(name, 0) + 1
+    return ", ".join(f"{n} x {m}" for m, n in counts.items())
+
+
+def _nodes_line(job: Job, fig: JobFigures) -> str:
+    nodes = list(dict.fromkeys(g.node for g in fig.gpus))
+    if not nodes:
+        return job.nodelist or "n/a"
+    return f"{len(nodes)} ({job.nodelist or ','.join(nodes)})"
+
+
+def _gib(n: int | None) -> str:
+    return f"{n / GiB:.1f}" if n is not None else "n/a"
+
+
+def _memory(fig: JobFigures, na_: _Na) -> str:
+    used, total = fig.memory_used_peak_bytes, fig.memory_total_bytes
+    if used is None:
+        return na_(fig.missing.get("memory"))
+    where = " on the fullest GPU" if fig.gpu_count > 1 else ""
+    if not total:
+        return f"{_gib(used)} GiB{where} (GPU memory size {na(fig.missing.get('memory'))})"
+    note = f"; n/a: {fig.missing['memory']}" if fig.missing.get("memory") else ""
+    return f"{_gib(used)} of {_gib(total)} GiB{where} ({pct(fig.memory_fraction)}{note})"
+
+
+def _energy(fig: JobFigures, na_: _Na) -> str:
+    if fig.energy_j is None:
+        text = na_(fig.missing.get("energy_j"))
+    else:
+        text = f"{fig.energy_j / 3.6e6:.2f} kWh ({fig.energy_j / 1e6:.2f} MJ)"
+    if fig.power_mean_w is not None:
+        per = " per GPU" if fig.gpu_count > 1 else ""
+        text += f", mean power {fig.power_mean_w:.0f} W{per}"
+    elif fig.energy_j is not None:
+        text += f", mean power {na(fig.missing.get('power_mean_w'))}"
+    return text
+
+
+def _split(fig: JobFigures, na_: _Na) -> list[str]:
+    w = fig.waste
+    if w.idle_h is None and w.underfilled_h is None and w.sm_active_h is None:
+        return _line("GPU-hours split", na_(w.reason))
+    out = ["GPU-hours split:"]
+    rows = (("idle (no kernel running)", w.idle_h), ("busy, SMs not active", w.underfilled_h),
+            ("SM-active", w.sm_active_h))
+    for label, hours in rows:
+        if hours is None:
+            out += _wrap(f"{label + ':':<28}{na_(w.reason)}", indent=" " * 30, first="  ")
+        else:
+            share = f"{100.0 * hours / fig.hours:5.1f}%" if fig.hours else "  n/a"
+            out.append(f"  {label + ':':<28}{hours:9.2f} GPU-h  {share}")
+    return out
+
+
+def _verdicts(diag: Diagnosis) -> list[str]:
+    out: list[str] = []
+    if not diag.verdicts:
+        if any(s.name == "all" for s in diag.skipped):
+            out.append("Verdict: none")
+        else:
+            out += _wrap("Verdict: none (no problem found in what was measured, but not every check could "
+                         "run, so it is not called healthy)", indent="  ", first="")
+    for n, v in enumerate(diag.verdicts):
+        out.append(f"Verdict: {v.title}" if n == 0 else f"Also: {v.title}")
+        out += _wrap(v.why, indent="  ")
+        out.append("  Things to try:")
+        for a in v.advice:
+            out += _wrap(a, indent="      ", first="    - ")
+    skipped = diag.skipped
+    if len(skipped) > 1:  # "not healthy because a check could not run" adds nothing to the others
+        skipped = [s for s in skipped if s.name != "healthy"]
+    groups: dict[str, tuple[list[str], list[str]]] = {}  # detail -> (check titles, figures)
+    for s in skipped:
+        titles, figs = groups.setdefault(s.detail or s.reason, ([], []))
+        titles.append(s.title)
+        if s.figure and s.figure not in figs:
+            figs.append(s.figure)
+    for detail, (titles, figs) in groups.items():
+        why = f"{', '.join(figs)} not measured: {detail}" if figs else detail
+        if detail == "not measured" and figs:
+            why = f"{', '.join(figs)} not measured"
+        out += _wrap(f"Not assessed: {', '.join(titles)} ({why})", indent="  ")
+    return out
+
+
+def _gpu_rows(fig: JobFigures, diag: Diagnosis) -> list[str]:
+    labels_of = {r.name: r.label for r in RULES}
+    first: dict[tuple[str, int], str] = {}
+    for v in diag.verdicts:
+        for ref in v.gpus:
+            first.setdefault(ref, labels_of.get(v.name, v.name))
+    labels = [g.label for g in fig.gpus]
+    lw = max(6, *(len(x) for x in labels))
+    out = ["Per GPU:", f"  {'GPU':<{lw}} {'GPU-h':>6} {'kernel':>6} {'SM':>6} {'tensor':>6} {'DRAM':>6}"
+           f" {'mem GiB':>8}  verdict"]
+    for g in fig.gpus:
+        def f(x: float | None) -> str:
+            return "n/a" if x is None else f"{100.0 * x:.1f}%"
+        hours = f"{g.hours:.2f}" if g.hours is not None else "n/a"
+        mem = _gib(g.memory_used_peak_bytes)
+        out.append(f"  {g.label:<{lw}} {hours:>6} {f(g.mean('kernel_active')):>6} {f(g.mean('sm_active')):>6}"
+                   f" {f(g.mean('tensor_active')):>6} {f(g.mean('dram_active')):>6} {mem:>8}  "
+                   f"{first.get((g.node, g.index), '-')}")
+    return out
+
+
+def _measured_by(job: Job, fig: JobFigures) -> list[str]:
+    out: list[str] = []
+    backends = fig.backends or [job.backend or "none"]
+    for b in backends:
+        text = SOURCES.get(b, b)
+        if b == "none" and job.reason:
+            text = f"none (allocation only: {job.reason})"
+        samples = sum(g.samples for g in fig.gpus if g.source == b)
+        if samples and b != "none":
+            text += f", {samples} samples"
+        out += _wrap(f"Measured by: {text}", indent="    ", first="")
+    return out
+
+
+def render_card(job: Job, fig: JobFigures, diag: Diagnosis) -> str:
+    """The card of one job, as printed by ``seff-gpu``."""
+    lines: list[str] = []
+    if "simulated" in fig.backends:
+        lines.append(SIM_BANNER)
+    jid = job_label(job)
+    lines += _line("Job ID", jid if jid == str(job.job_id) else f"{jid} (raw id {job.job_id})")
+    lines += _line("Cluster", job.cluster)
+    lines += _line("User/Account", f"{job.user or 'n/a'}/{job.account or 'n/a'}")
+    lines += _line("State", state_text(job))
+    lines += _line("Partition", job.partition or "n/a")
+    lines += _line("Nodes", _nodes_line(job, fig))
+    lines += _line("GPUs", _gpus_line(job, fig))
+    lines += _line("Elapsed", hms(fig.elapsed_s))
+    lines += _line("GPU-hours allocated", f"{fig.hours:.2f}" if fig.hours is not None
+                   else na(fig.missing.get("gpu_hours")))
+    m = fig.missing
+    na_ = _Na()
+    kernel = _figure(fig.mean("kernel_active"), m.get("kernel_active"), na_)
+    if fig.mean("kernel_active") is not None:
+        kernel += "  (nvidia-smi's \"GPU utilization\")"
+    lines += _line("Kernel-active", kernel)
+    sm = _figure(fig.mean("sm_active"), m.get("sm_active"), na_)
+    if fig.mean("sm_active") is not None:
+        eff = pct(fig.efficiency)
+        if fig.efficiency is None:
+            eff = f"n/a, {m.get('efficiency', 'not measured')}"
+        sm += f"  (efficiency SM/kernel: {eff})"
+    lines += _line("SM-active", sm)
+    lines += _line("Tensor-active", _figure(fig.mean("tensor_active"), m.get("tensor_active"), na_))
+    lines += _line("DRAM-active", _figure(fig.mean("dram_active"), m.get("dram_active"), na_))
+    lines += _line("Peak GPU memory", _memory(fig, na_))
+    lines += _line("Energy", _energy(fig, na_))
+    lines += _split(fig, na_)
+    lines += _verdicts(diag)
+    if fig.gpu_count > 1:
+        lines += _gpu_rows(fig, diag)
+    lines += _measured_by(job, fig)
+    return "\n".join(lines)
+
+
+def render_table(items: Sequence[tuple[Job, JobFigures, Diagnosis]]) -> str:
+    """One line per job (for an array with many tasks): id, state, GPU-hours, k, s, primary verdict."""
+    head = f"{'Job ID':<14} {'State':<10} {'GPUs':>4} {'GPU-h':>7} {'kernel':>6} {'SM':>6}  verdict"
+    out = [head, "-" * len(head)]
+    for job, fig, diag in items:
+        v = diag.primary
+        hours = f"{fig.hours:.2f}" if fig.hours is not None else "n/a"
+        out.append(f"{job_label(job):<14} {(job.state or 'n/a')[:10]:<10} {fig.gpu_count:>4} {hours:>7} "
+                   f"{pct(fig.mean('kernel_active')):>6} {pct(fig.mean('sm_active')):>6}  "
+                   f"{(v.title if v else 'none')[:36]}")
+    return "\n".join(out)
+

@@ -1,0 +1,157 @@
+"""What a Slurm hook learns about its job from the environment slurmd gives it.
+
+slurmd runs Prolog/Epilog as root with a small, fixed environment (no PATH, no HOME): SLURM_JOB_ID,
+SLURMD_NODENAME, SLURM_CLUSTER_NAME, SLURM_JOB_USER/UID, SLURM_JOB_ACCOUNT (absent when the job has
+none), SLURM_JOB_PARTITION, SLURM_JOB_GPUS and CUDA_VISIBLE_DEVICES; the Epilog adds
+SLURM_JOB_EXIT_CODE2 (``"3:0"``) and SLURM_JOB_EXIT_CODE (a raw wait status: exit 3 -> 768).
+
+Parsing never raises: a hook must run to the end whatever Slurm (or a person testing by hand) hands
+it, so every problem is kept as a sentence in :attr:`HookEnv.problems` and ends up in the record's
+reason. Stdlib only (hook path).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+# Values of the GPU variables that mean "no GPU" rather than "a GPU we cannot read".
+_NO_GPU_VALUES = ("", "NoDevFiles")
+
+
+class HookEnv:
+    """The job as the hook sees it. ``job_id`` is None when SLURM_JOB_ID is missing or not a job id."""
+
+    __slots__ = ("job_id", "job_id_raw", "node", "cluster", "user", "uid", "account", "partition",
+                 "gpu_indexes", "gpu_var", "gpu_raw", "exit_code", "signal", "array_job_id",
+                 "array_task_id", "het_job_id", "het_job_offset", "start_time", "problems")
+
+    def __init__(self) -> None:
+        self.job_id: int | None = None
+        self.job_id_raw: str | None = None
+        self.node = ""
+        self.cluster: str | None = None
+        self.user: str | None = None
+        self.uid: int | None = None
+        self.account: str | None = None
+        self.partition: str | None = None
+        self.gpu_indexes: list[int] = []
+        self.gpu_var: str | None = None  # which variable the GPU list came from
+        self.gpu_raw: str | None = None
+        self.exit_code: int | None = None
+        self.signal: int | None = None
+        self.array_job_id: int | None = None
+        self.array_task_id: int | None = None
+        self.het_job_id: int | None = None
+        self.het_job_offset: int | None = None
+        self.start_time: float | None = None  # SLURM_JOB_START_TIME where Slurm sets it (23.02+)
+        self.problems: list[str] = []
+
+    @property
+    def wants_gpus(self) -> bool:
+        """True when Slurm allocated GPUs, even ones we could not parse (MIG UUIDs etc.)."""
+        return self.gpu_raw is not None
+
+    def as_dict(self) -> dict[str, object]:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+
+def _text(env: Mapping[str, str], key: str) -> str | None:
+    v = env.get(key)
+    if v is None:
+        return None
+    v = v.strip()
+    return v or None
+
+
+def _int(env: Mapping[str, str], key: str, problems: list[str], minimum: int = 0) -> int | None:
+    v = _text(env, key)
+    if v is None:
+        return None
+    if v.isdigit() and int(v) >= minimum:
+        return int(v)
+    problems.append(f"{key}={v!r} is not an integer >= {minimum}; ignored")
+    return None
+
+
+def parse_gpu_list(value: str | None) -> list[int]:
+    """Indexes in ``"0,1,3"`` (sorted, unique); MIG UUIDs and junk are skipped.
+
+    Same rule as :func:`slurm_gpueff.collectors.base.parse_gpu_list`; kept here because this module
+    sits below ``collectors`` in the layering (tests/test_layering.py).
+    """
+    if not value:
+        return []
+    return sorted({int(p) for p in (part.strip() for part in value.split(",")) if p.isdigit()})
+
+
+def parse_exit(env: Mapping[str, str], problems: list[str] | None = None) -> tuple[int | None, int | None]:
+    """(exit_code, signal) of the job: SLURM_JOB_EXIT_CODE2 ``"3:0"`` first, else the raw wait status.
+
+    The raw status is what waitpid() returned: exit code in bits 8-15, terminating signal in bits 0-6
+    (768 -> exit 3; 9 -> killed by SIGKILL). Both None in the Prolog (the job has not run yet).
+    """
+    problems = problems if problems is not None else []
+    v2 = _text(env, "SLURM_JOB_EXIT_CODE2")
+    if v2 is not None:
+        code, sep, sig = v2.partition(":")
+        if sep and code.isdigit() and sig.isdigit():
+            return int(code), int(sig)
+        problems.append(f"SLURM_JOB_EXIT_CODE2={v2!r} is not 'exit:signal'")
+    raw = _text(env, "SLURM_JOB_EXIT_CODE")
+    if raw is not None:
+        if raw.isdigit():
+            status = int(raw)
+            return (status >> 8) & 0xFF, status & 0x7F
+        problems.append(f"SLURM_JOB_EXIT_CODE={raw!r} is not a wait status")
+    return None, None
+
+
+def parse_gpus(env: Mapping[str, str],
+               problems: list[str] | None = None) -> tuple[list[int], str | None, str | None]:
+    """(Slurm GPU indexes, variable used, raw value): SLURM_JOB_GPUS, else CUDA_VISIBLE_DEVICES.
+
+    The raw value is None when the job has no GPUs at all. A value we cannot read (a MIG UUID, junk)
+    gives an empty index list with the raw value kept, so the caller can still record the job and say why.
+    """
+    problems = problems if problems is not None else []
+    for var in ("SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES"):
+        raw = env.get(var)
+        if raw is None or raw.strip() in _NO_GPU_VALUES:
+            continue
+        raw = raw.strip()
+        indexes = parse_gpu_list(raw)
+        if not indexes:
+            problems.append(f"{var}={raw!r} names no GPU index this version understands (MIG?)")
+        return indexes, var, raw
+    return [], None, None
+
+
+def parse(env: Mapping[str, str]) -> HookEnv:
+    """Read the hook environment; never raises (problems are collected in ``problems``)."""
+    h = HookEnv()
+    p = h.problems
+    raw_id = env.get("SLURM_JOB_ID")
+    h.job_id_raw = raw_id
+    if raw_id is None or not raw_id.strip():
+        p.append("SLURM_JOB_ID is not set")
+    elif raw_id.strip().isdigit() and int(raw_id) > 0:
+        h.job_id = int(raw_id)
+    else:
+        p.append(f"SLURM_JOB_ID={raw_id!r} is not a Slurm job id")
+    h.node = _text(env, "SLURMD_NODENAME") or os.uname().nodename.split(".")[0] or "unknown"
+    h.cluster = _text(env, "SLURM_CLUSTER_NAME")
+    h.user = _text(env, "SLURM_JOB_USER")
+    h.uid = _int(env, "SLURM_JOB_UID", p)
+    h.account = _text(env, "SLURM_JOB_ACCOUNT")
+    h.partition = _text(env, "SLURM_JOB_PARTITION")
+    h.gpu_indexes, h.gpu_var, h.gpu_raw = parse_gpus(env, p)
+    h.exit_code, h.signal = parse_exit(env, p)
+    # Only the controller's hooks see array/het ids; slurmd's see the raw id alone.
+    h.array_job_id = _int(env, "SLURM_ARRAY_JOB_ID", p, 1)
+    h.array_task_id = _int(env, "SLURM_ARRAY_TASK_ID", p)
+    h.het_job_id = _int(env, "SLURM_HET_JOB_ID", p, 1)
+    h.het_job_offset = _int(env, "SLURM_HET_JOB_OFFSET", p)
+    start = _int(env, "SLURM_JOB_START_TIME", p, 1)
+    h.start_time = float(start) if start else None
+    return h

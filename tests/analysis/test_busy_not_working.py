@@ -1,0 +1,37 @@
+"""Verdict 3, busy but not working: "100 % GPU utilization" with few SMs active."""
+
+from __future__ import annotations
+
+from slurm_gpueff.analysis import assess, diagnose
+
+SPIN = dict(kernel_active=1.0, sm_active=0.0076, sm_occupancy=0.0001, tensor_active=0.0, dram_active=0.0,
+            fp32_active=0.0, memory_used_peak_bytes=40 * 1024**3)
+
+
+def test_one_block_spin_is_busy_not_working(figures):
+    verdicts = diagnose(figures(SPIN))
+    assert verdicts[0].name == "busy_not_working"
+    assert "100%" in verdicts[0].why and "0.8%" in verdicts[0].why
+
+
+def test_busy_with_many_sms_is_not(figures):
+    assert "busy_not_working" not in [v.name for v in diagnose(figures(dict(SPIN, sm_active=0.35)))]
+
+
+def test_kernel_activity_below_busy_threshold_is_not(figures):
+    names = [v.name for v in diagnose(figures(dict(SPIN, kernel_active=0.79)))]
+    assert "busy_not_working" not in names
+
+
+def test_without_sm_activity_it_is_not_assessed(figures):
+    """nvml backend on a pre-Hopper GPU: kernel activity known, SM activity not (no GPM)."""
+    no_gpm = "GPU has no GPM (pre-Hopper)"
+    gpu = dict(SPIN, sm_active=None, sm_occupancy=None, tensor_active=None, dram_active=None,
+               fp32_active=None, fp16_active=None, fp64_active=None,
+               missing={m: no_gpm for m in ("sm_active", "sm_occupancy", "tensor_active", "dram_active",
+                                            "fp32_active", "fp16_active", "fp64_active")})
+    diag = assess(figures(gpu, source="nvml"))
+    assert diag.verdicts == []  # neither busy-not-working nor healthy: we cannot tell
+    skipped = {s.name: s.reason for s in diag.skipped}
+    assert skipped["busy_not_working"] == f"SM activity: {no_gpm}"
+    assert set(skipped) == {"busy_not_working", "tensor_idle", "memory_bound", "oversized", "healthy"}

@@ -1,0 +1,119 @@
+"""The ``gpueff`` dispatcher, run as a process (``python3 -m slurm_gpueff.cli.gpueff``), with real
+config files, a real spool and a real SQLite database. GPU figures come from the simulated collector."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from slurm_gpueff import spool
+from slurm_gpueff.collectors.base import JobContext
+from slurm_gpueff.collectors.simulated import SimulatedCollector
+from slurm_gpueff.config import Config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def gpueff(*args, cwd=None, module="slurm_gpueff.cli.gpueff"):
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    env.pop("GPUEFF_CONFIG", None)
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=60,
+                          env=env, cwd=cwd)
+
+
+def site_config(tmp_path):
+    cfg = tmp_path / "gpueff.toml"
+    cfg.write_text(f'[site]\ncluster = "t"\n[paths]\nspool_dir = "{tmp_path}/spool"\n'
+                   f'state_dir = "{tmp_path}/run"\ndatabase = "{tmp_path}/db/gpueff.db"\n'
+                   '[collector]\nbackend = "simulated"\n[analysis]\nbusy_sm_pct = 25\n')
+    return cfg
+
+
+def test_version():
+    p = gpueff("version")
+    assert p.returncode == 0 and p.stdout.strip() == "slurm-gpueff 0.1.0"
+
+
+def test_config_check_prints_effective_values(tmp_path):
+    cfg = site_config(tmp_path)
+    p = gpueff("config", "check", "--config", str(cfg))  # --config also accepted after the subcommand
+    assert p.returncode == 0, p.stderr
+    assert f"# effective configuration: {cfg} (valid)" in p.stdout
+    assert "[analysis]\nnever_used_kernel_pct = 5.0" in p.stdout
+    assert "busy_sm_pct = 25.0" in p.stdout and 'backend = "simulated"' in p.stdout
+    doc = json.loads(gpueff("--config", str(cfg), "config", "check", "--json").stdout)
+    assert doc["source"] == str(cfg) and doc["config"]["analysis"]["busy_sm_pct"] == 25.0
+
+
+def test_invalid_config_exits_2_with_the_key(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[analysis]\nbusy_sm_pct = 130\n")
+    p = gpueff("--config", str(bad), "config", "check")
+    assert p.returncode == 2
+    assert "analysis.busy_sm_pct = 130.0 is not a percentage" in p.stderr and "Traceback" not in p.stderr
+    assert gpueff("--config", str(tmp_path / "missing.toml"), "ingest").returncode == 2
+
+
+def test_usage_errors_exit_2():
+    assert gpueff().returncode == 2
+    assert gpueff("frobnicate").returncode == 2
+    p = gpueff("hook", "install")
+    assert p.returncode == 2 and "needs a target directory" in p.stderr
+
+
+def test_ingest_then_seff_gpu(tmp_path):
+    """A finished job's record in the spool -> `gpueff ingest` -> `seff-gpu` shows its card."""
+    cfg = site_config(tmp_path)
+    config = Config({"site": {"cluster": "t"}})
+    job = JobContext(77, "n1", "t", [0], start_time=1_740_000_000.0, end_time=1_740_007_200.0,
+                     env={"GPUEFF_SIM_PROFILE": "tiny-kernels"})
+    col = SimulatedCollector(config)
+    meas = col.stop(job, col.start(job))
+    spool.write_record(str(tmp_path / "spool"), {
+        "schema": 1, "cluster": "t", "node": "n1", "job_id": 77, "start_time": job.start_time,
+        "end_time": job.end_time, "backend": meas.backend, "reason": None, "gpus": meas.gpus,
+        "exit_code": 0, "signal": 0, "user": "u", "account": "a", "partition": "gpu"})
+    os.makedirs(tmp_path / "spool" / "incoming", exist_ok=True)
+    (tmp_path / "spool" / "incoming" / "job-78-n1.json").write_text("{not json")
+
+    p = gpueff("--config", str(cfg), "ingest")
+    assert p.returncode == 0, p.stderr
+    assert "ingested 1, quarantined 1, failed 0" in p.stdout
+    assert "job-78-n1.json" in p.stderr  # the quarantined record is named
+    assert os.listdir(tmp_path / "spool" / "incoming") == []
+
+    card = gpueff("--config", str(cfg), "77", module="slurm_gpueff.cli.seff")
+    assert card.returncode == 0, card.stderr
+    assert "Job ID: 77" in card.stdout and "Verdict: Busy but not working" in card.stdout
+    assert "State: COMPLETED (exit code 0)" in card.stdout
+
+    again = gpueff("--config", str(cfg), "ingest", "--quiet")
+    assert again.returncode == 0 and again.stdout == ""
+
+
+def test_hook_never_fails_even_without_a_job(tmp_path):
+    """`gpueff hook epilog` with no Slurm environment logs the problem and still exits 0."""
+    cfg = site_config(tmp_path)
+    p = gpueff("--config", str(cfg), "hook", "epilog")
+    assert p.returncode == 0
+
+
+def test_hook_path_loads_no_database_or_analysis_code(tmp_path):
+    cfg = site_config(tmp_path)
+    code = ("import sys; from slurm_gpueff.cli import gpueff; rc = gpueff.main(['--config', sys.argv[1], "
+            "'hook', 'prolog']); heavy = [m for m in ('sqlalchemy', 'sqlmodel', 'slurm_gpueff.analysis', "
+            "'slurm_gpueff.storage', 'slurm_gpueff.render') if m in sys.modules]; print(rc, heavy)")
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    p = subprocess.run([sys.executable, "-c", code, str(cfg)], capture_output=True, text=True, env=env,
+                       timeout=60)
+    assert p.stdout.strip().splitlines()[-1] == "0 []", p.stderr
+
+
+def test_hook_install_writes_both_hooks(tmp_path):
+    p = gpueff("hook", "install", str(tmp_path / "hooks"))
+    assert p.returncode == 0, p.stderr
+    for kind in ("prolog", "epilog"):
+        path = tmp_path / "hooks" / kind
+        assert f"installed {path}" in p.stdout and os.access(path, os.X_OK)

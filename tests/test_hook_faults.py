@@ -1,0 +1,236 @@
+"""Fault injection: whatever breaks, a hook exits 0 within its bound and the job's record survives.
+
+Every fault is real: a missing agent, a spool path under a regular file (root ignores permission bits),
+a FIFO that blocks the collector's read, a broken config file, a lost Prolog state, a bad job id.
+The GPUs are the simulated backend's or absent (no GPU on this machine).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from hooksite import HookSite
+
+from slurm_gpueff import hook, record
+from slurm_gpueff.config import Config
+
+MARGIN_S = 3.0  # interpreter start-up and exit on a loaded 2-core CI machine
+
+
+@pytest.fixture
+def site(tmp_path) -> HookSite:
+    return HookSite(str(tmp_path))
+
+
+def _assert_allocation_only(rec: dict) -> None:
+    assert rec["gpus"], "the allocated GPUs must still be listed"
+    for g in rec["gpus"]:
+        assert all(g[m] is None for m in record.METRICS), "unmeasured figures must be None, never 0"
+        assert g["samples"] == 0 and g["missing"]
+
+
+def test_nvml_backend_without_agent_gives_allocation_only_record(tmp_path):
+    site = HookSite(str(tmp_path), backend="nvml")
+    for kind in ("prolog", "epilog"):
+        p, wall = site.run(kind, 501)
+        assert p.returncode == 0 and wall < 10 + MARGIN_S
+    rec = record.validate(site.record(501))
+    _assert_allocation_only(rec)
+    assert "agent" in rec["reason"].lower() or "nvml" in rec["reason"].lower()
+    assert not os.path.exists(site.state_file(501))
+
+
+def _block_spool(site: HookSite) -> None:
+    """Make the spool unwritable even for root: its parent is a regular file (ENOTDIR)."""
+    blocker = os.path.join(site.base, "not-a-dir")
+    with open(blocker, "w") as fh:
+        fh.write("x")
+    site.spool_ok = site.spool
+    site.write_config(paths={"spool_dir": os.path.join(blocker, "spool"), "state_dir": site.state})
+
+
+def test_unwritable_spool_falls_back_and_is_drained_by_the_next_job(site):
+    _block_spool(site)
+    site.run("prolog", 601)
+    p, _ = site.run("epilog", 601)
+    assert p.returncode == 0
+    assert "not writable" in p.stderr and "spool-fallback" in p.stderr  # logged loudly
+    fallback = os.path.join(site.state, "spool-fallback")
+    assert oct(os.stat(fallback).st_mode & 0o777) == "0o700"
+    rec = site.record(601, spool=fallback)
+    assert rec["job_id"] == 601 and rec["gpus"][0]["sm_active"] is not None
+
+    site.write_config()  # the admin fixes the spool; the next job end moves the stranded record back
+    site.run("prolog", 602)
+    p, _ = site.run("epilog", 602)
+    assert p.returncode == 0 and "moved 1 record" in p.stderr
+    assert [os.path.basename(f) for f in site.incoming()] == ["job-601-node01.json", "job-602-node01.json"]
+    assert site.incoming(fallback) == []
+    assert site.record(601) == rec
+
+
+def test_spool_and_state_dir_unwritable_fall_back_to_tmpdir(site):
+    blocker = os.path.join(site.base, "file")
+    with open(blocker, "w") as fh:
+        fh.write("x")
+    site.write_config(paths={"spool_dir": os.path.join(blocker, "spool"),
+                             "state_dir": os.path.join(blocker, "state")})
+    p1, _ = site.run("prolog", 701)
+    p2, _ = site.run("epilog", 701)
+    assert p1.returncode == p2.returncode == 0
+    assert "cannot save the job state" in p1.stderr
+    tmp_spool = os.path.join(site.tmpdir, hook.FALLBACK_NAME)
+    rec = site.record(701, spool=tmp_spool)
+    assert rec["start_time"] is None and "Prolog state" in rec["reason"]
+    assert "start time unknown" in rec["reason"]
+
+
+def test_fallback_in_shared_tmp_refuses_a_directory_owned_by_someone_else(site):
+    """A world-writable /tmp could hold an attacker's directory: it is refused, not used."""
+    planted = os.path.join(site.tmpdir, hook.FALLBACK_NAME)
+    os.makedirs(planted)
+    os.chmod(planted, 0o777)
+    assert not hook._private_dir(planted, create=True)
+
+
+def _make_fifo(site: HookSite, job_id: int) -> None:
+    """A FIFO where the simulated collector reads the job's profile: open() blocks (a real hang)."""
+    os.makedirs(os.path.join(site.state, "sim"), exist_ok=True)
+    os.mkfifo(os.path.join(site.state, "sim", f"{job_id}.profile"))
+
+
+def test_epilog_bounded_when_collector_hangs(site):
+    site.write_config(collector={"hook_timeout_s": 2.0})
+    _make_fifo(site, 801)
+    p, wall = site.run("epilog", 801, timeout=30)
+    assert p.returncode == 0
+    assert wall < 2.0 + MARGIN_S, f"epilog took {wall:.1f} s, bound is 2 s"
+    rec = record.validate(site.record(801))
+    _assert_allocation_only(rec)
+    assert rec["backend"] == "none"
+    assert "collector timed out after 1.5 s" in rec["reason"]
+    assert rec["gpus"][0]["missing"]["sm_active"] == "collector timed out after 1.5 s"
+
+
+def test_prolog_bounded_when_collector_hangs(site):
+    site.write_config(collector={"hook_timeout_s": 2.0})
+    _make_fifo(site, 802)
+    p, wall = site.run("prolog", 802, timeout=30)
+    assert p.returncode == 0 and wall < 2.0 + MARGIN_S
+    with open(site.state_file(802)) as fh:
+        saved = json.load(fh)
+    assert saved["start"] is None and "timed out" in saved["reason"] and saved["start_time"] > 0
+    os.unlink(os.path.join(site.state, "sim", "802.profile"))
+    site.run("epilog", 802)
+    rec = site.record(802)
+    assert rec["start_time"] == saved["start_time"] and "at job start: collector timed out" in rec["reason"]
+
+
+def test_config_with_bad_values_keeps_the_valid_settings(site):
+    site.write_config(text=f'[paths]\nspool_dir = "{site.spool}"\nstate_dir = "{site.state}"\n'
+                           '[collector]\nbackend = "bogus"\nhook_timeout_s = -1\n[nonsense]\nx = 1\n')
+    for kind in ("prolog", "epilog"):
+        p, _ = site.run(kind, 901)
+        assert p.returncode == 0 and "config problem" in p.stderr
+    rec = record.validate(site.record(901))
+    assert "config problem" in rec["reason"] and "unknown section [nonsense]" in rec["reason"]
+    assert rec["backend"] == "none"  # backend "bogus" dropped: auto, no agent here -> allocation-only
+
+
+def test_unparseable_or_missing_config_falls_back_to_defaults(site, tmp_path):
+    site.write_config(text="[paths\nspool_dir = ")
+    log = hook.HookLog("epilog")
+    cfg, problem = hook.load_config(site.config_path, {}, log)
+    assert "not valid TOML" in problem and cfg.as_dict() == Config().as_dict()
+    cfg, problem = hook.load_config(str(tmp_path / "absent.toml"), {}, log)
+    assert "does not exist" in problem and cfg.paths.spool_dir == Config().paths.spool_dir
+    assert any("config problem" in line for line in log.lines)
+
+
+def test_missing_prolog_state_records_unknown_start(site):
+    p, _ = site.run("epilog", 1001)
+    assert p.returncode == 0
+    rec = record.validate(site.record(1001))
+    assert rec["start_time"] is None and "no Prolog state" in rec["reason"]
+    assert "start time unknown" in rec["reason"]
+    assert rec["gpus"][0]["kernel_active"] is not None  # the collector still measured what it could
+
+    site.run("epilog", 1002, SLURM_JOB_START_TIME="1700000000")
+    rec = site.record(1002)
+    assert rec["start_time"] == 1700000000 and "SLURM_JOB_START_TIME" in rec["reason"]
+
+
+def test_corrupt_prolog_state_is_reported_not_fatal(site):
+    os.makedirs(os.path.join(site.state, "jobs"))
+    with open(site.state_file(1003), "w") as fh:
+        fh.write('{"start": {"profile": "idle"}, "start_ti')
+    p, _ = site.run("epilog", 1003)
+    assert p.returncode == 0
+    rec = site.record(1003)
+    assert "unreadable" in rec["reason"] and rec["start_time"] is None
+    assert not os.path.exists(site.state_file(1003))
+
+
+@pytest.mark.parametrize("job_id", ["abc", "0", "", "-5"])
+def test_bad_job_id_keeps_the_environment_in_quarantine(site, job_id):
+    p, _ = site.run("prolog", job_id)
+    assert p.returncode == 0 and "cannot identify the job" in p.stderr
+    p, _ = site.run("epilog", job_id)
+    assert p.returncode == 0
+    assert site.incoming() == []
+    qdir = os.path.join(site.spool, "quarantine")
+    kept = [n for n in os.listdir(qdir) if n.endswith(".json")]
+    assert len(kept) == 1
+    with open(os.path.join(qdir, kept[0])) as fh:
+        snap = json.load(fh)
+    with open(os.path.join(qdir, kept[0] + ".error")) as fh:
+        error = fh.read()
+    assert "SLURM_JOB_ID" in error and snap["env"]["SLURM_JOB_ID"] == job_id
+    assert snap["env"]["SLURM_JOB_GPUS"] == "0,1"
+
+
+def test_invalid_measurement_is_replaced_by_allocation_only(site):
+    """An unknown simulated profile is measured as nothing, with the reason: still a valid record."""
+    site.write_config(simulated={"profile": "no-such-profile"})
+    site.run("prolog", 1101)
+    p, _ = site.run("epilog", 1101)
+    assert p.returncode == 0
+    rec = record.validate(site.record(1101))
+    _assert_allocation_only(rec)
+    assert "unknown simulated profile" in rec["reason"]
+
+
+def test_unserialisable_measurement_is_caught_before_the_spool():
+    """NaN in a timeline passes the field checks but not JSON: the hook must notice, not crash."""
+    from hooksite import make_record
+
+    rec = make_record(5)
+    rec["gpus"][0]["timeline"] = [[1.0, float("nan"), 0.1, 0.0]]
+    data, problem = hook._serialise(rec)
+    assert data is None and "invalid measurement" in problem
+    rec["gpus"][0]["timeline"] = []
+    data, problem = hook._serialise(rec)
+    assert problem is None and json.loads(data)["job_id"] == 5
+
+
+def test_drain_never_clobbers_a_newer_record(site):
+    """A stranded fallback copy of a job whose newer record is already spooled goes to quarantine."""
+    from hooksite import make_record
+
+    from slurm_gpueff import spool
+
+    cfg = hook.load_config(site.config_path, {}, hook.HookLog("epilog"))[0]
+    env = {"TMPDIR": site.tmpdir}
+    fallback = hook.spool_dirs(cfg, env)[1]
+    assert hook._private_dir(fallback, create=True)
+    spool.write_record(fallback, make_record(9, user="old"))
+    spool.write_record(fallback, make_record(10))
+    spool.write_record(site.spool, make_record(9, user="new"))
+    assert hook.drain_fallbacks(cfg, env, hook.HookLog("epilog")) == 2
+    assert site.record(9)["user"] == "new" and site.record(10)["job_id"] == 10
+    q = os.path.join(site.spool, "quarantine", "fallback-job-9-node01.json")
+    with open(q) as fh:
+        assert json.load(fh)["user"] == "old"
+    assert os.path.exists(q + ".error") and site.incoming(fallback) == []

@@ -1,0 +1,176 @@
+"""The Slurm hooks on the normal path: real subprocesses with slurmd's environment (no PATH, no HOME).
+
+The GPUs are the simulated backend's (no GPU here); everything else is real: config file, state files,
+spool, interpreter start-up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from hooksite import HOOKS, ROOT, HookSite
+
+from slurm_gpueff import hook, record, slurmenv
+
+
+@pytest.fixture
+def site(tmp_path) -> HookSite:
+    return HookSite(str(tmp_path))
+
+
+def test_prolog_then_epilog_spools_a_valid_record(site):
+    p, _ = site.run("prolog", 4242)
+    assert (p.returncode, p.stdout, p.stderr) == (0, "", "")
+    with open(site.state_file(4242)) as fh:
+        saved = json.load(fh)
+    assert saved["gpus"] == [0, 1] and saved["backend"] == "simulated" and saved["start"]["profile"]
+    assert oct(os.stat(site.state_file(4242)).st_mode & 0o777) == "0o600"
+
+    p, _ = site.run("epilog", 4242, SLURM_JOB_EXIT_CODE2="3:0", SLURM_JOB_EXIT_CODE="768")
+    assert (p.returncode, p.stderr) == (0, "")
+    assert not os.path.exists(site.state_file(4242)), "epilog must remove the job state"
+    rec = record.validate(site.record(4242))
+    assert rec["job_id"] == 4242 and rec["node"] == "node01" and rec["cluster"] == "testc"
+    assert (rec["user"], rec["uid"], rec["partition"], rec["account"]) == ("alice", 1000, "gpu", None)
+    assert (rec["exit_code"], rec["signal"]) == (3, 0)
+    assert rec["start_time"] == saved["start_time"] <= rec["end_time"]
+    assert rec["backend"] == "simulated" and rec["reason"] is None
+    assert [g["index"] for g in rec["gpus"]] == [0, 1]
+    assert all(g["sm_active"] is not None and g["source"] == "simulated" for g in rec["gpus"])
+    assert rec["writer"].startswith("slurm-gpueff ")
+    assert oct(os.stat(site.incoming()[0]).st_mode & 0o777) == "0o600"
+
+
+def test_sim_now_sets_the_clock_for_the_simulated_backend_only(tmp_path):
+    sim = HookSite(str(tmp_path / "sim"))
+    sim.run("prolog", 7, GPUEFF_SIM_NOW="1700000000")
+    sim.run("epilog", 7, GPUEFF_SIM_NOW="1700007200")
+    rec = sim.record(7)
+    assert (rec["start_time"], rec["end_time"]) == (1700000000.0, 1700007200.0)
+    assert rec["gpus"][0]["energy_j"] == pytest.approx(rec["gpus"][0]["power_mean_w"] * 7200, rel=1e-3)
+
+    real = HookSite(str(tmp_path / "none"), backend="none")
+    real.run("prolog", 8, GPUEFF_SIM_NOW="1700000000")
+    real.run("epilog", 8, GPUEFF_SIM_NOW="1700007200")
+    rec = real.record(8)
+    assert rec["start_time"] > 1.75e9 and rec["end_time"] > 1.75e9, "GPUEFF_SIM_NOW leaked into real clock"
+    assert rec["backend"] == "none" and "backend = none" in rec["reason"]
+    assert all(g[m] is None for g in rec["gpus"] for m in record.METRICS)
+
+
+def test_cpu_only_job_costs_nothing_and_writes_nothing(site):
+    site.write_config(text="this is [not toml")  # proves the config is not even read
+    for kind in ("prolog", "epilog"):
+        p, _ = site.run(kind, 99, gpus=None)
+        assert (p.returncode, p.stdout, p.stderr) == (0, "", ""), kind
+    assert not os.path.exists(site.state) and not os.path.exists(site.spool)
+
+
+def test_gpus_fall_back_to_cuda_visible_devices(site):
+    env = site.env(55, gpus=None, CUDA_VISIBLE_DEVICES="2,3")
+    site.run("prolog", 55, env=dict(env))
+    site.run("epilog", 55, env=dict(env))
+    assert [g["index"] for g in site.record(55)["gpus"]] == [2, 3]
+
+
+def test_unreadable_gpu_list_still_records_the_job(site):
+    """A MIG UUID allocation is not understood yet: the job is recorded, with no GPUs and the reason."""
+    env = site.env(56, gpus="MIG-1b2c3d4e-aaaa-bbbb-cccc-0123456789ab")
+    site.run("prolog", 56, env=dict(env))
+    site.run("epilog", 56, env=dict(env))
+    rec = site.record(56)
+    assert rec["gpus"] == [] and "MIG" in rec["reason"]
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({"SLURM_JOB_EXIT_CODE2": "3:0", "SLURM_JOB_EXIT_CODE": "768"}, (3, 0)),
+    ({"SLURM_JOB_EXIT_CODE": "768"}, (3, 0)),
+    ({"SLURM_JOB_EXIT_CODE": "9"}, (0, 9)),
+    ({"SLURM_JOB_EXIT_CODE2": "0:15"}, (0, 15)),
+    ({"SLURM_JOB_EXIT_CODE2": "junk", "SLURM_JOB_EXIT_CODE": "256"}, (1, 0)),
+    ({}, (None, None)),
+])
+def test_exit_code_and_signal(env, expected):
+    assert slurmenv.parse_exit(env) == expected
+
+
+def test_env_parsing_keeps_problems_as_sentences():
+    h = slurmenv.parse({"SLURM_JOB_ID": "12x", "SLURM_JOB_UID": "-1", "SLURM_JOB_GPUS": "1,0,1",
+                        "SLURM_JOB_ACCOUNT": "", "SLURMD_NODENAME": "gpu7"})
+    assert h.job_id is None and h.uid is None and h.account is None and h.node == "gpu7"
+    assert h.gpu_indexes == [0, 1] and h.gpu_var == "SLURM_JOB_GPUS"
+    assert any("SLURM_JOB_ID='12x'" in p for p in h.problems)
+    assert any("SLURM_JOB_UID" in p for p in h.problems)
+
+
+def test_checkout_hooks_run_by_their_shebang_without_path(site, tmp_path):
+    """slurmd execs the file itself with no PATH: the shebang must be absolute and work."""
+    with open(os.path.join(HOOKS, "prolog")) as fh:
+        shebang = fh.readline()
+    assert shebang.startswith("#!/") and "env" not in shebang
+    interp = shebang[2:].split()[0]
+    if not os.path.exists(interp):  # the documented alternative must then work: install_hooks
+        interp = sys.executable
+    ok = subprocess.run([interp, "-c", "import sys; print(sys.version_info >= (3, 11))"],
+                        capture_output=True, text=True).stdout.strip() == "True"
+    hooks_dir = HOOKS if ok and interp != sys.executable else hook.install_hooks(str(tmp_path / "inst"))[0]
+    hooks_dir = os.path.dirname(hooks_dir) if hooks_dir != HOOKS else HOOKS
+    env = site.env(31)
+    for kind in ("prolog", "epilog"):
+        p = subprocess.run([os.path.join(hooks_dir, kind)], env=env, cwd=site.logdir, capture_output=True,
+                           text=True, timeout=60)
+        assert (p.returncode, p.stderr) == (0, ""), (kind, p.stderr)
+    assert record.validate(site.record(31))["start_time"] is not None
+
+
+def test_install_hooks_writes_absolute_shebang_scripts(site, tmp_path):
+    paths = hook.install_hooks(str(tmp_path / "bin"))
+    assert [os.path.basename(p) for p in paths] == ["prolog", "epilog"]
+    for p in paths:
+        with open(p) as fh:
+            assert fh.readline().strip() == f"#!{sys.executable}"
+        assert os.stat(p).st_mode & 0o755 == 0o755
+    env = site.env(32)
+    for p in paths:  # exec'd directly, no PATH, from an unrelated cwd
+        r = subprocess.run([p], env=env, cwd=site.logdir, capture_output=True, text=True, timeout=60)
+        assert (r.returncode, r.stderr) == (0, "")
+    assert site.record(32)["backend"] == "simulated"
+
+
+def test_hook_imports_stay_light(site):
+    """The Epilog's import graph has no SQLAlchemy/SQLModel/pydantic/argparse/pynvml/dataclasses."""
+    env = site.env(33)
+    site.run("prolog", 33)
+    env["SLURM_JOB_EXIT_CODE2"] = "0:0"
+    p = subprocess.run([sys.executable, "-X", "importtime", os.path.join(HOOKS, "epilog")], env=env,
+                       cwd=site.logdir, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0
+    base = subprocess.run([sys.executable, "-X", "importtime", "-c", "pass"], env=env, cwd=site.logdir,
+                          capture_output=True, text=True, timeout=60)
+
+    def modules(stderr: str) -> set[str]:
+        return {ln.split("|")[-1].strip() for ln in stderr.splitlines() if ln.startswith("import time")}
+
+    added = modules(p.stderr) - modules(base.stderr)  # what the hook itself imports beyond start-up
+    assert "slurm_gpueff.hook" in added
+    heavy = {"sqlalchemy", "sqlmodel", "pydantic", "argparse", "pynvml", "dataclasses", "logging", "tempfile"}
+    assert not heavy & {m.split(".")[0] for m in added}, heavy & added
+    assert record.validate(site.record(33))
+
+
+def test_run_in_process_always_returns_zero(site):
+    assert hook.run("bogus", {}) == 0
+    assert hook.run("epilog", site.env(34)) == 0  # no prolog ran: still a record
+    assert site.record(34)["start_time"] is None
+
+
+def test_cli_entry_points_exist():
+    """pyproject's console scripts point at functions that exist."""
+    with open(os.path.join(ROOT, "pyproject.toml")) as fh:
+        text = fh.read()
+    assert 'gpueff-prolog = "slurm_gpueff.hook:prolog_main"' in text
+    assert callable(hook.prolog_main) and callable(hook.epilog_main)

@@ -1,0 +1,270 @@
+"""``seff-gpu`` end to end: a real SQLite database built with the real models, the command run as a
+process (``python3 -m slurm_gpueff.cli.seff``, the same ``main`` the ``seff-gpu`` console script runs).
+
+GPU figures come from the simulated collector (no GPU here); ``squeue`` is a small stand-in script
+because no Slurm controller runs on this machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import tomllib
+
+import pytest
+from sqlmodel import Session
+
+from slurm_gpueff.analysis import from_record
+from slurm_gpueff.cli import seff
+from slurm_gpueff.collectors.base import JobContext
+from slurm_gpueff.collectors.simulated import SimulatedCollector
+from slurm_gpueff.config import Config
+from slurm_gpueff.jobid import parse
+from slurm_gpueff.models import Job
+from slurm_gpueff.storage.db import make_engine
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+START = 1_740_000_000.0
+NO_GPM = "GPU has no GPM (pre-Hopper)"
+
+
+def sim_record(job_id: int, profile: str, gpus: int, hours: float, **extra):
+    job = JobContext(job_id, "gpu-node01", "demo", list(range(gpus)), start_time=START,
+                     end_time=START + hours * 3600, env={"GPUEFF_SIM_PROFILE": profile})
+    col = SimulatedCollector(Config())
+    meas = col.stop(job, col.start(job))
+    rec = {"schema": 1, "cluster": "demo", "node": "gpu-node01", "job_id": job_id, "start_time": START,
+           "end_time": START + hours * 3600, "backend": meas.backend, "reason": meas.reason,
+           "gpus": meas.gpus,
+           "user": "alice", "account": "vision", "partition": "gpu", "exit_code": 0, "signal": 0}
+    rec.update(extra)
+    return rec
+
+
+def store(session: Session, rec, state: str | None = "COMPLETED") -> None:
+    job, gpus = from_record(rec)
+    job.state = state
+    session.add(job)
+    session.flush()
+    for g in gpus:
+        g.job_pk = job.id
+        session.add(g)
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    root = tmp_path_factory.mktemp("site")
+    db = root / "gpueff.db"
+    engine = make_engine(str(db))
+    with Session(engine) as s:
+        store(s, sim_record(4201, "bf16-healthy", 2, 6.0))
+        store(s, sim_record(4203, "one-sm-spin", 1, 2.0))
+        store(s, sim_record(4209, "one-of-n-gpus", 4, 4.0))
+        # nvml backend on a pre-Hopper GPU: kernel activity, memory, power; no SM/tensor/DRAM.
+        rec = sim_record(4300, "bf16-healthy", 1, 1.0, backend="nvml")
+        for m in ("sm_active", "sm_occupancy", "tensor_active", "dram_active", "fp64_active", "fp32_active",
+                  "fp16_active"):
+            rec["gpus"][0][m] = None
+            rec["gpus"][0]["missing"][m] = NO_GPM
+        rec["gpus"][0]["source"] = "nvml"
+        store(s, rec, state=None)
+        # array 5000 with 3 tasks; array 6000 with 12 tasks
+        for task in range(3):
+            store(s, sim_record(5001 + task, "starved", 1, 1.0, array_job_id=5000, array_task_id=task))
+        for task in range(12):
+            store(s, sim_record(6001 + task, "idle", 1, 0.5, array_job_id=6000, array_task_id=task))
+        s.add(Job(cluster="demo", job_id=7000, gpu_count=0, state="COMPLETED"))  # a CPU-only job
+        s.commit()
+    engine.dispose()
+    (root / "run" / "jobs").mkdir(parents=True)
+    cfg = root / "gpueff.toml"
+    cfg.write_text(f'[site]\ncluster = "demo"\n[paths]\ndatabase = "sqlite:///{db}"\n'
+                   f'state_dir = "{root}/run"\nspool_dir = "{root}/spool"\n')
+    return root, cfg
+
+
+def run(site, *args, env_extra=None, config=True):
+    root, cfg = site
+    env = dict(os.environ, PYTHONPATH=ROOT, PATH=f"{root}/bin:/usr/bin:/bin")
+    env.pop("GPUEFF_CONFIG", None)
+    env.update(env_extra or {})
+    argv = [sys.executable, "-m", "slurm_gpueff.cli.seff", *args] + (["--config", str(cfg)] if config else [])
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env, cwd=root)
+
+
+def test_card_of_a_healthy_two_gpu_job(site):
+    p = run(site, "4201")
+    assert p.returncode == 0, p.stderr
+    out = p.stdout
+    for line in ("Job ID: 4201", "Cluster: demo", "User/Account: alice/vision",
+                 "State: COMPLETED (exit code 0)", "Partition: gpu", "Nodes: 1 (gpu-node01)",
+                 "GPUs: 2 x Simulated H100 80GB", "Elapsed: 06:00:00",
+                 "GPU-hours allocated: 12.00", "Verdict: Healthy", "Per GPU:",
+                 "Measured by: simulated (SIMULATED DATA \u2014 not a real GPU)"):
+        assert line in out, line
+    assert out.startswith("*** SIMULATED DATA")
+    assert "(efficiency SM/kernel:" in out
+    assert "Peak GPU memory: 68.0 of 80.0 GiB on the fullest GPU" in out
+    assert "gpu-node01:0" in out and "gpu-node01:1" in out
+    assert max(len(line) for line in out.splitlines()) <= 80
+
+
+def test_busy_not_working_card_shows_the_split(site):
+    out = run(site, "4203").stdout
+    assert "Verdict: Busy but not working" in out
+    assert "Also: Oversized" in out
+    assert "busy, SMs not active:" in out and "Things to try:" in out
+    assert "Per GPU:" not in out  # one GPU: no per-GPU table
+
+
+def test_three_of_four_gpus_never_used(site):
+    out = run(site, "4209").stdout
+    assert "Verdict: 3 of 4 GPUs never used" in out
+    rows = [line for line in out.splitlines() if line.startswith("  gpu-node01:")]
+    assert len(rows) == 4 and sum("GPU never used" in r for r in rows) == 3
+
+
+def test_unmeasured_figures_read_na_with_reason(site):
+    p = run(site, "4300")
+    assert p.returncode == 0, p.stderr
+    out = p.stdout
+    assert f"SM-active: n/a ({NO_GPM})" in out
+    assert "Tensor-active: n/a (as above)" in out
+    assert "SM-active: 0" not in out
+    assert "State: n/a (" in out
+    assert "Verdict: none (no problem found in what was measured" in out
+    assert "Not assessed: Busy but not working, Tensor cores idle" in out
+    assert "nvml (NVML without GPM" in out
+    assert "SIMULATED" not in out
+    assert max(len(line) for line in out.splitlines()) <= 80
+
+
+def test_json_document(site):
+    p = run(site, "4209", "--json")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["schema"] == "slurm-gpueff/seff-gpu" and doc["schema_version"] == 1
+    (job,) = doc["jobs"]
+    assert set(job) == {"job", "figures", "waste", "verdicts", "not_assessed", "gpus"}
+    assert job["job"]["job_id"] == 4209 and job["job"]["gpu_count"] == 4
+    assert job["figures"]["gpu_hours"]["value"] == pytest.approx(16.0)
+    assert job["figures"]["sm_active"]["source"] == "simulated"
+    w = job["waste"]
+    assert w["idle_gpu_hours"] + w["underfilled_gpu_hours"] + w["sm_active_gpu_hours"] == pytest.approx(16.0)
+    v = job["verdicts"][0]
+    assert v["name"] == "never_used" and v["title"] == "3 of 4 GPUs never used"
+    assert v["gpus"] == [{"node": "gpu-node01", "index": i} for i in (1, 2, 3)]
+    assert len(job["gpus"]) == 4 and job["gpus"][1]["kernel_active"] == 0.0
+
+
+def test_json_keeps_unknowns_null(site):
+    job = json.loads(run(site, "4300", "--json").stdout)["jobs"][0]
+    assert job["figures"]["sm_active"] == {"value": None, "source": "none", "missing": NO_GPM}
+    assert job["waste"]["sm_active_gpu_hours"] is None and job["waste"]["idle_gpu_hours"] is not None
+    assert job["verdicts"] == []
+    assert {s["name"] for s in job["not_assessed"]} >= {"busy_not_working", "healthy"}
+
+
+def test_array_job_prints_one_card_per_task(site):
+    out = run(site, "5000").stdout
+    assert out.startswith("3 jobs match 5000")
+    assert out.count("Verdict: Starved") == 3
+    assert "Job ID: 5000_2 (raw id 5003)" in out
+    one = run(site, "5000_1").stdout
+    assert one.count("Job ID:") == 1 and "5000_1 (raw id 5002)" in one
+
+
+def test_large_array_prints_a_table(site):
+    out = run(site, "6000").stdout
+    assert out.startswith("12 jobs match 6000")
+    assert "Job ID:" not in out
+    assert out.count("GPU never used") == 12 and "6000_11" in out
+
+
+@pytest.mark.parametrize("args, code, message", [
+    (["12x"], 2, "invalid job id"),
+    (["99999"], 3, "not in the GPU job database"),
+    (["7000"], 5, "had no GPUs"),
+])
+def test_exit_codes(site, args, code, message):
+    p = run(site, *args)
+    assert p.returncode == code
+    assert message in p.stderr and p.stdout == ""
+
+
+def test_bad_config_is_usage_error(site, tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[paths]\ndatabse = 'x'\n")
+    p = run(site, "4201", "--config", str(bad), config=False)
+    assert p.returncode == 2 and "did you mean 'database'" in p.stderr
+
+
+def test_running_job_by_prolog_state_file(site):
+    root, _ = site
+    state = root / "run" / "jobs" / "8100.json"
+    state.write_text("{}")
+    try:
+        p = run(site, "8100")
+    finally:
+        state.unlink()
+    assert p.returncode == 4 and "has not finished" in p.stderr
+
+
+def test_running_job_by_squeue(site):
+    root, _ = site
+    bindir = root / "bin"
+    bindir.mkdir(exist_ok=True)
+    squeue = bindir / "squeue"
+    squeue.write_text('#!/bin/sh\n[ "$3" = "8200_3" ] && echo RUNNING\nexit 0\n')
+    squeue.chmod(0o755)
+    try:
+        p = run(site, "8200_3")
+        q = run(site, "8201")
+    finally:
+        squeue.unlink()
+    assert p.returncode == 4 and "squeue reports it RUNNING" in p.stderr
+    assert q.returncode == 3
+
+
+def test_squeue_is_bounded_by_a_timeout(tmp_path, monkeypatch):
+    slow = tmp_path / "squeue"
+    slow.write_text("#!/bin/sh\nsleep 30\necho RUNNING\n")
+    slow.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    t0 = time.monotonic()
+    assert seff.still_running(parse("1"), str(tmp_path), timeout=0.5) is None
+    assert time.monotonic() - t0 < 5
+
+
+def test_missing_database_is_a_clear_error(site, tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[paths]\ndatabase = "{tmp_path}/nope.db"\nstate_dir = "{tmp_path}/run"\n')
+    p = run(site, "4201", "--config", str(cfg), config=False)
+    assert p.returncode == 1 and "does not exist yet" in p.stderr
+    assert not (tmp_path / "nope.db").exists()  # looking never creates an empty database
+
+
+def test_unreadable_database_is_a_clear_error(site, tmp_path):
+    db = tmp_path / "junk.db"
+    db.write_bytes(b"this is not a database" * 100)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[paths]\ndatabase = "{db}"\nstate_dir = "{tmp_path}/run"\n')
+    p = run(site, "4201", "--config", str(cfg), config=False)
+    assert p.returncode == 1 and "cannot read the job database" in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_help_explains_ids_and_exit_codes(site):
+    p = run(site, "--help", config=False)
+    assert p.returncode == 0
+    assert "123_4" in p.stdout and "exit status" in p.stdout and "5 job had no GPUs" in p.stdout
+
+
+def test_console_script_points_at_main():
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as fh:
+        scripts = tomllib.load(fh)["project"]["scripts"]
+    assert scripts["seff-gpu"] == "slurm_gpueff.cli.seff:main"
+    assert scripts["gpueff"] == "slurm_gpueff.cli.gpueff:main"

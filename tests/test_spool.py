@@ -1,0 +1,84 @@
+"""The durable spool: atomic, private, ordered, and nothing deleted that a person might need."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+from hooksite import make_record
+
+from slurm_gpueff import spool
+
+
+def test_write_record_is_atomic_private_and_complete(tmp_path):
+    d = str(tmp_path / "s")
+    path = spool.write_record(d, make_record(1))
+    assert os.path.basename(path) == "job-1-node01.json"
+    with open(path) as fh:
+        assert json.load(fh)["job_id"] == 1
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    for sub in ("", "incoming", "quarantine"):
+        assert os.stat(os.path.join(d, sub)).st_mode & 0o777 == 0o700, sub
+    assert [n for n in os.listdir(os.path.join(d, "incoming")) if n.startswith(".")] == []
+
+
+def test_atomic_write_replaces_whole_file_and_cleans_up_on_failure(tmp_path):
+    p = str(tmp_path / "f.json")
+    spool.atomic_write(p, b"old")
+    spool.atomic_write(p, b"new")
+    with open(p, "rb") as fh:
+        assert fh.read() == b"new"
+    missing_dir = str(tmp_path / "nope" / "f.json")
+    with pytest.raises(FileNotFoundError):
+        spool.atomic_write(missing_dir, b"x")
+    assert sorted(os.listdir(tmp_path)) == ["f.json"]
+
+
+def test_node_names_never_become_paths(tmp_path):
+    assert spool.record_name(5, "../../etc/passwd") == "job-5-.._.._etc_passwd.json"
+    assert spool.record_name(5, "") == "job-5-node.json"
+    path = spool.write_record(str(tmp_path), make_record(5, node="a/b"))
+    assert os.path.dirname(path) == os.path.join(str(tmp_path), "incoming")
+
+
+def test_pending_is_oldest_first_and_skips_temp_files(tmp_path):
+    d = str(tmp_path)
+    a = spool.write_record(d, make_record(1))
+    b = spool.write_record(d, make_record(2))
+    os.utime(a, (time.time(), time.time() + 10))  # a is now the newest
+    with open(os.path.join(d, "incoming", ".tmp-123-abc"), "w") as fh:
+        fh.write("{")
+    with open(os.path.join(d, "incoming", "notes.txt"), "w") as fh:
+        fh.write("x")
+    assert list(spool.pending(d)) == [b, a]
+    assert list(spool.pending(str(tmp_path / "absent"))) == []
+
+
+def test_quarantine_keeps_file_and_reason_and_never_overwrites(tmp_path):
+    d = str(tmp_path)
+    first = spool.write_record(d, make_record(1))
+    q1 = spool.quarantine(d, first, "bad thing")
+    second = spool.write_record(d, make_record(1, user="bob"))
+    q2 = spool.quarantine(d, second, "other thing")
+    assert q1 != q2 and not os.path.exists(first)
+    with open(q1 + ".error") as fh:
+        assert fh.read() == "bad thing\n"
+    with open(q2) as fh:
+        assert json.load(fh)["user"] == "bob"
+
+
+def test_clean_stale_tmp_removes_only_old_temp_files(tmp_path):
+    d = str(tmp_path)
+    spool.ensure_dirs(d)
+    inc = os.path.join(d, "incoming")
+    old, new = os.path.join(inc, ".tmp-old"), os.path.join(inc, ".tmp-new")
+    for p in (old, new):
+        with open(p, "w") as fh:
+            fh.write("{")
+    os.utime(old, (time.time() - 7200, time.time() - 7200))
+    rec = spool.write_record(d, make_record(1))
+    os.utime(rec, (time.time() - 7200, time.time() - 7200))
+    assert spool.clean_stale_tmp(d) == 1
+    assert sorted(os.listdir(inc)) == [".tmp-new", "job-1-node01.json"]
