@@ -9,7 +9,6 @@ that the user named explicitly is. The annotated example in ``etc/gpueff.toml`` 
 
 from __future__ import annotations
 
-import difflib
 import os
 import tomllib
 from typing import Any
@@ -130,6 +129,8 @@ class Config:
 
 
 def _hint(word: str, choices: Any) -> str:
+    import difflib  # only on the error path: keeps the hooks' start-up lean
+
     close = difflib.get_close_matches(word, list(choices), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
 

@@ -22,7 +22,8 @@ def test_example_in_etc_is_valid_and_equals_defaults():
     """etc/gpueff.toml documents every key with its default value; keep the two in step."""
     cfg = config.load(os.path.join(ROOT, "etc", "gpueff.toml"))
     assert cfg.as_dict() == config.Config().as_dict()
-    text = open(os.path.join(ROOT, "etc", "gpueff.toml")).read()
+    with open(os.path.join(ROOT, "etc", "gpueff.toml")) as fh:
+        text = fh.read()
     for section, keys in config.SCHEMA.items():
         assert f"[{section}]" in text
         for key in keys:

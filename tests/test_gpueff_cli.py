@@ -102,9 +102,11 @@ def test_hook_never_fails_even_without_a_job(tmp_path):
 
 def test_hook_path_loads_no_database_or_analysis_code(tmp_path):
     cfg = site_config(tmp_path)
-    code = ("import sys; from slurm_gpueff.cli import gpueff; rc = gpueff.main(['--config', sys.argv[1], "
-            "'hook', 'prolog']); heavy = [m for m in ('sqlalchemy', 'sqlmodel', 'slurm_gpueff.analysis', "
-            "'slurm_gpueff.storage', 'slurm_gpueff.render') if m in sys.modules]; print(rc, heavy)")
+    # hook.main() ends the process (exit 0, after its watchdog); report what was loaded at that point.
+    code = ("import sys\nfrom slurm_gpueff.cli import gpueff\ntry:\n    gpueff.main(['--config', sys.argv[1], "
+            "'hook', 'prolog'])\nexcept SystemExit as e:\n    rc = e.code\n"
+            "heavy = [m for m in ('sqlalchemy', 'sqlmodel', 'slurm_gpueff.analysis', "
+            "'slurm_gpueff.storage', 'slurm_gpueff.render') if m in sys.modules]\nprint(rc, heavy)")
     env = dict(os.environ, PYTHONPATH=ROOT)
     p = subprocess.run([sys.executable, "-c", code, str(cfg)], capture_output=True, text=True, env=env,
                        timeout=60)

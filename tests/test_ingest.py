@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import sqlite3
+from datetime import UTC, datetime
 
 import pytest
 from hooksite import HookSite, make_record
@@ -57,7 +58,7 @@ def test_ingest_stores_job_gpus_and_timelines_then_empties_the_spool(db, spool_d
     assert (job.user, job.uid, job.account, job.partition) == ("alice", 1000, "proj", "gpu")
     assert job.gpu_count == 2 and job.nodelist == "node01" and job.backend == "simulated"
     assert job.state == "COMPLETED" and job.elapsed_s == 3600.0 and job.gpu_type == "Sim H100"
-    assert job.start_time.replace(tzinfo=None).isoformat() == "2023-11-14T22:13:20"
+    assert job.start_time == datetime(2023, 11, 14, 22, 13, 20)  # naive UTC
     assert [g.gpu_index for g in gpus] == [0, 1] and gpus[1].sm_active == pytest.approx(0.51)
     assert gpus[0].missing == {} and gpus[0].memory_used_peak_bytes == 2**30
     with Session(db) as s:
@@ -92,7 +93,8 @@ def test_multi_node_job_merges_in_any_order(db, spool_dir, order):
         assert ingest_spool(db, spool_dir).ingested == 1
     job, gpus = the_job(db, 12)
     assert job.nodelist == "gpu-a,gpu-b" and job.gpu_count == 3 == len(gpus)
-    assert job.start_time.timestamp() == 1.7e9 - 5 and job.end_time.timestamp() == 1.7e9 + 100
+    assert job.start_time == datetime.fromtimestamp(1.7e9 - 5, UTC).replace(tzinfo=None)
+    assert job.end_time == datetime.fromtimestamp(1.7e9 + 100, UTC).replace(tzinfo=None)
     assert job.elapsed_s == 105 and job.exit_code == 2 and job.state == "FAILED"
     assert job.backend == "simulated"  # the most capable backend that measured any GPU
     assert job.reason == "agent stale on gpu-a; no GPU collector"

@@ -35,6 +35,11 @@ for name in BASE:
     FORBIDDEN[name] = {"storage", "analysis", "render", "cli", "models", "collectors", "hook", "demo"}
 
 
+def read(path: str) -> str:
+    with open(path) as fh:
+        return fh.read()
+
+
 def modules():
     for dirpath, _dirs, files in os.walk(PKG):
         for f in files:
@@ -76,7 +81,7 @@ def layer_of(rel: list[str]) -> str:
 def test_layers_import_one_way():
     bad = []
     for rel, path in modules():
-        tree = ast.parse(open(path).read(), path)
+        tree = ast.parse(read(path), path)
         forbidden = FORBIDDEN.get(layer_of(rel), set())
         for name, internal in imported_packages(rel, tree):
             if internal and name in forbidden:
@@ -93,7 +98,7 @@ def test_hook_path_is_stdlib_only_at_import_time():
     for rel, path in modules():
         if layer_of(rel) not in HOOK_PATH:
             continue
-        tree = ast.parse(open(path).read(), path)
+        tree = ast.parse(read(path), path)
         for name, internal in imported_packages(rel, tree, top_level_only=True):
             if not internal and name not in stdlib and name != "__future__":
                 bad.append(f"{'/'.join(rel)}.py imports {name} at module level")

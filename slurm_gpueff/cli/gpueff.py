@@ -80,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "hook" and args.kind in ("prolog", "epilog"):
         from .. import hook  # the hook path: stdlib only, loads its own config and never fails the job
 
-        return hook.run(args.kind, config_path=config_path)
+        hook.main(args.kind, config_path)  # arms the watchdog; always exits 0
     from ..errors import ConfigError, GpueffError
 
     try:
@@ -133,14 +133,7 @@ def _hook_install(args: argparse.Namespace) -> int:
         return 2
     from .. import hook
 
-    install = getattr(hook, "install_hooks", None)
-    if install is None:
-        _err("`hook install` is not available in this version; copy hooks/prolog and hooks/epilog by hand")
-        return 1
-    result = install(args.dir)
-    if isinstance(result, int):
-        return result
-    for path in result or []:
+    for path in hook.install_hooks(args.dir):
         print(f"installed {path}")
     return 0
 

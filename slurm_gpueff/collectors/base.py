@@ -90,15 +90,3 @@ def slurm_index_to_minor(indexes: list[int], dev_dir: str = "/dev") -> dict[int,
     """
     minors = device_minors(dev_dir)
     return {i: (minors[i] if 0 <= i < len(minors) else None) for i in indexes}
-
-
-def parse_gpu_list(value: str | None) -> list[int]:
-    """Parse SLURM_JOB_GPUS / CUDA_VISIBLE_DEVICES (``"0,1,3"``); MIG UUIDs and junk are skipped."""
-    if not value:
-        return []
-    out: list[int] = []
-    for part in value.split(","):
-        part = part.strip()
-        if part.isdigit():
-            out.append(int(part))
-    return sorted(set(out))

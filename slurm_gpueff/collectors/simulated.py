@@ -108,7 +108,8 @@ class SimulatedCollector(Collector):
             return Measurement(self.name, [empty_gpu(i, self.name, reason) for i in job.gpu_indexes], reason)
         start = job.start_time
         end = job.end_time
-        elapsed = max(0.0, (end or 0) - (start or 0)) if start and end else 0.0
+        # Without both ends of the window (Prolog state lost) there is no energy to report: None, not 0.
+        elapsed = max(0.0, end - start) if start and end else None
         total = int(80 * GiB)
         gpus = []
         for pos, index in enumerate(job.gpu_indexes):
@@ -122,10 +123,14 @@ class SimulatedCollector(Collector):
                 gpu[m] = base if base == 0.0 else min(1.0, max(0.0, base + _jitter(job.job_id, index, m)))
             power = spec["power"] * (1 + _jitter(job.job_id, index, "power"))
             gpu["power_mean_w"] = round(power, 1)
-            gpu["energy_j"] = round(power * elapsed, 1)
+            if elapsed is None:
+                gpu["energy_j"] = None
+                gpu["missing"]["energy_j"] = "job start unknown (Prolog state lost): no energy window"
+            else:
+                gpu["energy_j"] = round(power * elapsed, 1)
             gpu["memory_used_peak_bytes"] = int(total * spec["mem"])
             gpu["samples"] = max(1, int(elapsed // 5)) if elapsed else 0
-            gpu["timeline"] = _timeline(gpu, elapsed, job.job_id, index)
+            gpu["timeline"] = _timeline(gpu, elapsed or 0.0, job.job_id, index)
             gpus.append(gpu)
         return Measurement(self.name, gpus, None)
 

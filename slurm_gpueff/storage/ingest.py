@@ -196,21 +196,11 @@ def _quarantine(spool_dir: str, path: str, error: str, res: IngestResult) -> Non
 
 
 # --------------------------------------------------------------------------------------------------
-# Times are UTC. Whether the column wants them naive or aware depends on the SQLModel version (0.0.50
-# maps ``datetime`` fields to its UTCDateTime, which refuses naive values); follow the column's type.
-_AWARE = bool(getattr(Job.__table__.c.start_time.type, "timezone", False))
-
-
 def _utc(epoch: float | None) -> datetime | None:
+    """Epoch seconds -> naive UTC datetime (how models.py stores every time)."""
     if epoch is None:
         return None
-    t = datetime.fromtimestamp(float(epoch), UTC)
-    return t if _AWARE else t.replace(tzinfo=None)
-
-
-def _now() -> datetime:
-    t = datetime.now(UTC)
-    return t if _AWARE else t.replace(tzinfo=None)
+    return datetime.fromtimestamp(float(epoch), UTC).replace(tzinfo=None)
 
 
 def _cut(value: Any, n: int) -> Any:
@@ -312,7 +302,7 @@ def ingest_record(session: Session, rec: dict[str, Any]) -> Job:
         job.signal = _merge([job.signal, rec.get("signal")], max)
         job.state = _state(job.exit_code, job.signal)
     if job.ingested_at is None:
-        job.ingested_at = _now()
+        job.ingested_at = datetime.now(UTC).replace(tzinfo=None)
     session.add(job)
     session.flush()
     return job
