@@ -7,7 +7,7 @@ In one run:
 1. the agent at its default interval (5 s) for ``--cpu-seconds`` (60): CPU seconds from
    /proc/<pid>/stat and from the agent's own ``cpu_s``; reported as CPU-s per GPU-hour and % of one core
    per GPU (goal <= 0.1 %);
-2. bf16 8192x8192 matmul TFLOP/s without the agent (A) and with it (B), interleaved A/B/A/B/A/B in the
+2. bf16 8192x8192 matmul TFLOP/s without the agent (A) and with it (B), interleaved A/B/B/A/A/B/B/A in the
    same run; the ratio B/A (goal >= 99.5 % kept), against baselines measured in this run.
 
 Run (repo root, on a GPU node):  ``PYTHONPATH=. python3 bench/agent_overhead.py``
@@ -81,12 +81,82 @@ def nvml_call_costs(reps: int = 200) -> dict[str, dict[str, float]]:
         for _ in range(n):
             fn()
         out[name] = {"wall_us": 1e6 * (time.perf_counter() - w0) / n, "cpu_us": 1e6 * (time.process_time() - c0) / n}
+    _, buf = nv.nvmlDeviceGetSamples(h, nv.NVML_GPU_UTILIZATION_SAMPLES, 0)
+    span = (buf[-1].timeStamp - buf[0].timeStamp) / 1e6 if len(buf) > 1 else 0.0
     nv.nvmlGpmSampleFree(s1)
     nv.nvmlGpmSampleFree(s2)
     n_gpus = nv.nvmlDeviceGetCount()
     nv.nvmlShutdown()
     out["_gpus"] = {"count": n_gpus}
+    out["_util_buffer"] = {"samples": len(buf), "span_s": span}
+    # The agent's own code paths (one GPU): what a tick spends in NVML.
+    from slurm_gpueff.collectors.nvml_sampler import NvmlSampler
+
+    smp = NvmlSampler()
+    smp.open()
+    dev = smp._devs[0]
+    for name, fn in (("agent_kernel_pct", lambda: smp._kernel_pct(dev)),
+                     ("agent_sample_all", lambda: smp.sample(False)),
+                     ("agent_sample_all_energy", lambda: smp.sample(True))):
+        n = 20
+        time.sleep(0.3)
+        c0, w0 = time.process_time(), time.perf_counter()
+        for _ in range(n):
+            fn()
+            time.sleep(0.05)
+        w = time.perf_counter() - w0 - 0.05 * n
+        out[name] = {"wall_us": 1e6 * w / n, "cpu_us": 1e6 * (time.process_time() - c0) / n}
+    smp.close()
     return out
+
+
+def state_write_costs(reps: int = 50) -> dict[str, dict[str, float]]:
+    """CPU and wall per state-file write: spool.atomic_write (2 fsyncs) vs the agent's replace_file."""
+    from slurm_gpueff import spool
+    from slurm_gpueff.collectors.agent import replace_file
+
+    data = b"x" * 6000  # about a 1-GPU state file
+    out = {}
+    for base in ("/tmp", "/dev/shm"):
+        if not os.path.isdir(base):
+            continue
+        d = tempfile.mkdtemp(dir=base)
+        for name, fn in (("atomic_write_fsync", lambda p: spool.atomic_write(p, data, 0o644)),
+                         ("replace_file", lambda p: replace_file(p, data))):
+            c0, w0 = time.process_time(), time.perf_counter()
+            for _ in range(reps):
+                fn(os.path.join(d, "state.json"))
+            out[f"{base}:{name}"] = {"wall_us": 1e6 * (time.perf_counter() - w0) / reps,
+                                     "cpu_us": 1e6 * (time.process_time() - c0) / reps}
+    return out
+
+
+def tick_profile(tmp: str, ticks: int = 20) -> dict[str, Any]:
+    """Where a real agent tick's CPU goes (cProfile, one GPU, state dir on /tmp)."""
+    import cProfile
+    import io
+    import pstats
+
+    from slurm_gpueff.collectors.agent import Agent
+    from slurm_gpueff.collectors.nvml_sampler import NvmlSampler
+    from slurm_gpueff.config import Config
+
+    ag = Agent(Config({"paths": {"state_dir": os.path.join(tmp, "prof")}}), NvmlSampler())
+    ag.open()
+    ag.tick()
+    cpu = []
+    prof = cProfile.Profile()
+    for _ in range(ticks):
+        time.sleep(0.25)
+        prof.enable()
+        ag.tick()
+        prof.disable()
+        cpu.append(ag.tick_cpu_s)
+    ag.close()
+    s = io.StringIO()
+    pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(8)
+    return {"tick_cpu_ms_mean": 1e3 * statistics.mean(cpu), "tick_cpu_ms_median": 1e3 * statistics.median(cpu),
+            "profile": s.getvalue()}
 
 
 def proc_cpu_s(pid: int) -> float:
@@ -168,7 +238,7 @@ def agent_cpu(tmp: str, interval: float, seconds: float, n_gpus: int) -> dict[st
     return res
 
 
-def matmul_phases(tmp: str, interval: float, phase_s: float, pairs: int) -> dict[str, Any]:
+def matmul_phases(tmp: str, interval: float, phase_s: float, pairs: int, warm_s: float = 15.0) -> dict[str, Any]:
     import torch
 
     n = 8192
@@ -196,14 +266,23 @@ def matmul_phases(tmp: str, interval: float, phase_s: float, pairs: int) -> dict
 
     cfg = write_config(tmp, interval)
     state = os.path.join(tmp, f"state-{interval:g}")
+    end = time.time() + warm_s  # reach thermal/clock steady state before the first baseline
+    while time.time() < end:
+        for _ in range(50):
+            torch.matmul(x, y, out=out)
+        torch.cuda.synchronize()
     seq: list[dict[str, Any]] = []
+    # A B B A per pair: a linear drift (the GPU warming up) cancels out of mean(B)/mean(A).
     for _ in range(pairs):
-        seq.append({"agent": False, "tflops": phase()})
-        proc = start_agent(cfg, state)
-        try:
-            seq.append({"agent": True, "tflops": phase()})
-        finally:
-            stop_agent(proc)
+        for with_agent in (False, True, True, False):
+            if with_agent:
+                proc = start_agent(cfg, state)
+                try:
+                    seq.append({"agent": True, "tflops": phase()})
+                finally:
+                    stop_agent(proc)
+            else:
+                seq.append({"agent": False, "tflops": phase()})
     a = [p["tflops"] for p in seq if not p["agent"]]
     b = [p["tflops"] for p in seq if p["agent"]]
     return {"interval_s": interval, "phase_s": phase_s, "sequence": seq, "mean_without": statistics.mean(a),
@@ -214,9 +293,9 @@ def matmul_phases(tmp: str, interval: float, phase_s: float, pairs: int) -> dict
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cpu-seconds", type=float, default=60.0)
-    ap.add_argument("--phase-seconds", type=float, default=10.0)
-    ap.add_argument("--pairs", type=int, default=3)
-    ap.add_argument("--stress-interval", type=float, default=1.0,
+    ap.add_argument("--phase-seconds", type=float, default=8.0)
+    ap.add_argument("--pairs", type=int, default=2, help="A-B-B-A groups")
+    ap.add_argument("--stress-interval", type=float, default=0.0,
                     help="also measure CPU at this (shorter) interval; 0 to skip")
     ap.add_argument("--out", default=os.environ.get("OUT", ""))
     args = ap.parse_args()
@@ -225,10 +304,19 @@ def main() -> int:
     costs = nvml_call_costs()
     res["nvml_call_costs"] = costs
     n_gpus = costs["_gpus"]["count"]
-    print(f"{'NVML call':22} {'wall us':>9} {'CPU us':>9}")
+    print(f"{'call (per call)':40} {'wall us':>9} {'CPU us':>9}")
     for k, v in costs.items():
         if not k.startswith("_"):
-            print(f"{k:22} {v['wall_us']:9.1f} {v['cpu_us']:9.1f}")
+            print(f"{k:40} {v['wall_us']:9.1f} {v['cpu_us']:9.1f}")
+    ub = costs["_util_buffer"]
+    print(f"utilization sample buffer: {ub['samples']} readings over {ub['span_s']:.1f} s")
+    res["state_write"] = state_write_costs()
+    for k, v in res["state_write"].items():
+        print(f"{'write ' + k:40} {v['wall_us']:9.1f} {v['cpu_us']:9.1f}")
+    res["tick_profile"] = tick_profile(tmp)
+    print(f"\nagent tick (1 GPU, in-process): CPU mean {res['tick_profile']['tick_cpu_ms_mean']:.2f} ms, "
+          f"median {res['tick_profile']['tick_cpu_ms_median']:.2f} ms")
+    print("\n".join(res["tick_profile"]["profile"].splitlines()[:22]))
     print(flush=True)
     res["cpu_default"] = agent_cpu(tmp, 5.0, args.cpu_seconds, n_gpus)
     if args.stress_interval:

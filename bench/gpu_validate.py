@@ -151,7 +151,8 @@ def start_agent(cfg_path: str, state_dir: str, log_path: str) -> subprocess.Pope
     deadline = time.time() + 60
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"agent exited with {proc.returncode}; see {log_path}:\n" + open(log_path).read())
+            with open(log_path) as fh:
+                raise SystemExit(f"agent exited with {proc.returncode}; see {log_path}:\n" + fh.read())
         try:
             with open(path) as fh:
                 if json.load(fh).get("ticks", 0) >= 2:
@@ -267,9 +268,8 @@ def measure_pipeline(cfg: Any, cfg_path: str, workload: str, gpu: int, slurm_idx
     path = os.path.join(cfg.paths.spool_dir, spool.INCOMING, spool.record_name(job_id, "gpuval"))
     with open(path) as fh:
         rec = json.load(fh)
-    shutil.copy(path, os.path.join(out_dir, f"record-{workload}.json")) if out_dir else None
     res = {"workload": workload, "backend": rec["backend"], "reason": rec["reason"], "gpu": rec["gpus"][0],
-           "window_s": rec["end_time"] - rec["start_time"], "record": path}
+           "window_s": rec["end_time"] - rec["start_time"], "record": rec}
     return res
 
 
@@ -279,7 +279,8 @@ def ingest_and_seff(cfg_path: str, job_ids: dict[str, int], out_dir: str) -> dic
     except ImportError:
         print("\n(sqlmodel is not importable here: skipping `gpueff ingest` and `seff-gpu`)")
         return {"skipped": "sqlmodel not importable"}
-    env = dict(os.environ, PYTHONPATH=ROOT, GPUEFF_CONFIG=cfg_path)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
+               GPUEFF_CONFIG=cfg_path)
     r = subprocess.run([sys.executable, "-m", "slurm_gpueff.cli.gpueff", "ingest"], env=env,
                        capture_output=True, text=True, timeout=120)
     print("\n$ gpueff ingest\n" + r.stdout + r.stderr)

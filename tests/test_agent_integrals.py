@@ -37,6 +37,11 @@ def _agent(tmp_path, gpus, **agent_cfg):
     return ag, sampler, clock
 
 
+def _read(path):
+    with open(path) as fh:
+        return json.load(fh)
+
+
 def _state(cfg_or_agent):
     with open(state_path(cfg_or_agent.state_dir)) as fh:
         return json.load(fh)
@@ -265,7 +270,7 @@ def test_sigterm_finishes_the_tick_and_exits_zero(tmp_path, repo_root):
     path = state_path(str(state_dir))
     deadline = time.time() + 20
     while time.time() < deadline:
-        if os.path.exists(path) and json.load(open(path))["ticks"] >= 2:
+        if os.path.exists(path) and _read(path)["ticks"] >= 2:
             break
         time.sleep(0.1)
     else:
@@ -274,7 +279,7 @@ def test_sigterm_finishes_the_tick_and_exits_zero(tmp_path, repo_root):
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=10)
     assert proc.returncode == 0, err
-    st = json.load(open(path))
+    st = _read(path)
     assert st["stopped"] is True and st["ticks"] >= 2
     gpu = st["gpus"][U0]
     assert gpu["count"]["kernel_active"] >= 1 and math.isclose(gpu["covered_s"]["kernel_active"],

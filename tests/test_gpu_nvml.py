@@ -85,7 +85,8 @@ def test_real_sampler_reads_identity_and_metrics(node):
     assert info.uuid.startswith("GPU-") and info.minor is not None and info.memory_total_bytes > 0
     agent.tick()
     _ticks(agent, 2.5)
-    st = json.load(open(os.path.join(agent.state_dir, "agent", "state.json")))
+    with open(os.path.join(agent.state_dir, "agent", "state.json")) as fh:
+        st = json.load(fh)
     g = st["gpus"][info.uuid]
     assert g["count"]["kernel_active"] >= 2 and g["count"]["power_w"] >= 2
     assert g["memory_used_bytes"] is not None and g["energy_mj"] is not None and g["energy_mj"] > 0

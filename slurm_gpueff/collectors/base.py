@@ -16,7 +16,11 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any
+
+# Annotation-only imports: typing costs ~2 ms at start-up, which every Prolog/Epilog would pay.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class JobContext:

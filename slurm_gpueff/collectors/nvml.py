@@ -30,7 +30,7 @@ from typing import Any
 
 from ..record import empty_gpu
 from . import integrals
-from .agent import job_file_uuids, line_time, state_path, timeline_path
+from .agent_files import job_file_uuids, line_time, state_path, timeline_path
 from .base import Collector, JobContext, Measurement, slurm_index_to_minor
 from .nvml_sampler import GPM_METRICS, NO_GPM_REASON
 

@@ -134,11 +134,20 @@ def _memory(fig: JobFigures, na_: _Na) -> str:
     return f"{_gib(used)} of {_gib(total)} GiB{where} ({pct(fig.memory_fraction)}{note})"
 
 
+def gpu_hours(h: float) -> str:
+    """GPU-hours with enough digits that a short job does not read 0.00."""
+    return f"{h:.2f}" if h >= 0.995 or h == 0 else f"{h:.3g}"
+
+
+def energy(j: float) -> str:
+    """Energy in the unit that fits: kWh (and MJ) for real jobs, kJ for short ones."""
+    if j >= 36_000:  # 0.01 kWh
+        return f"{j / 3.6e6:.2f} kWh ({j / 1e6:.2f} MJ)"
+    return f"{j / 1e3:.1f} kJ"
+
+
 def _energy(fig: JobFigures, na_: _Na) -> str:
-    if fig.energy_j is None:
-        text = na_(fig.missing.get("energy_j"))
-    else:
-        text = f"{fig.energy_j / 3.6e6:.2f} kWh ({fig.energy_j / 1e6:.2f} MJ)"
+    text = na_(fig.missing.get("energy_j")) if fig.energy_j is None else energy(fig.energy_j)
     if fig.power_mean_w is not None:
         per = " per GPU" if fig.gpu_count > 1 else ""
         text += f", mean power {fig.power_mean_w:.0f} W{per}"
@@ -159,7 +168,7 @@ def _split(fig: JobFigures, na_: _Na) -> list[str]:
             out += _wrap(f"{label + ':':<28}{na_(w.reason)}", indent=" " * 30, first="  ")
         else:
             share = f"{100.0 * hours / fig.hours:5.1f}%" if fig.hours else "  n/a"
-            out.append(f"  {label + ':':<28}{hours:9.2f} GPU-h  {share}")
+            out.append(f"  {label + ':':<28}{gpu_hours(hours):>9} GPU-h  {share}")
     return out
 
 
@@ -243,7 +252,7 @@ def render_card(job: Job, fig: JobFigures, diag: Diagnosis) -> str:
     lines += _line("Nodes", _nodes_line(job, fig))
     lines += _line("GPUs", _gpus_line(job, fig))
     lines += _line("Elapsed", hms(fig.elapsed_s))
-    lines += _line("GPU-hours allocated", f"{fig.hours:.2f}" if fig.hours is not None
+    lines += _line("GPU-hours allocated", gpu_hours(fig.hours) if fig.hours is not None
                    else na(fig.missing.get("gpu_hours")))
     m = fig.missing
     na_ = _Na()
@@ -276,7 +285,7 @@ def render_table(items: Sequence[tuple[Job, JobFigures, Diagnosis]]) -> str:
     out = [head, "-" * len(head)]
     for job, fig, diag in items:
         v = diag.primary
-        hours = f"{fig.hours:.2f}" if fig.hours is not None else "n/a"
+        hours = gpu_hours(fig.hours) if fig.hours is not None else "n/a"
         out.append(f"{job_label(job):<14} {(job.state or 'n/a')[:10]:<10} {fig.gpu_count:>4} {hours:>7} "
                    f"{pct(fig.mean('kernel_active')):>6} {pct(fig.mean('sm_active')):>6}  "
                    f"{(v.title if v else 'none')[:36]}")
