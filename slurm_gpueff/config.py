@@ -54,6 +54,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
         "starved_kernel_pct": (float, 50.0),
         "busy_kernel_pct": (float, 80.0),
         "busy_sm_pct": (float, 30.0),
+        "busy_efficiency_pct": (float, 10.0),
         "tensor_idle_sm_pct": (float, 30.0),
         "tensor_idle_tensor_pct": (float, 2.0),
         "tensor_idle_fp32_pct": (float, 10.0),

@@ -30,7 +30,11 @@ SIM_BANNER = "*** SIMULATED DATA \u2014 figures from simulated GPUs, not a real 
 
 
 def pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{100.0 * x:.1f}%"
+    """One decimal; two below 1 % so that a small measured value (SM 0.05 %) never reads as 0.0 %."""
+    if x is None:
+        return "n/a"
+    v = 100.0 * x
+    return f"{v:.2f}%" if 0 < v < 1 else f"{v:.1f}%"
 
 
 def na(reason: str | None) -> str:

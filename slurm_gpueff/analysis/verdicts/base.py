@@ -95,6 +95,8 @@ def pct(x: float | None) -> str:
     if x is None:
         return "n/a"
     v = 100.0 * x
+    if 0 < v < 1:  # 0.05 % must not read as 0.1 % or 0 %: a measured small value is not zero
+        return f"{v:.2f}%"
     return f"{v:.1f}%" if v < 10 else f"{v:.0f}%"
 
 

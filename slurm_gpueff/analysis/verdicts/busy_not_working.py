@@ -2,6 +2,10 @@
 
 The case nvidia-smi cannot see: one block on one SM reads 100 % utilization on an H100 with 131 of
 132 SMs idle. Needs SM activity (GPM / DCGM profiling); not assessed without it.
+
+Also raised when the kernels that did run filled almost nothing (SM-active / kernel-active below
+``busy_efficiency_pct``), however often they ran: on an H100 a Python loop of 1000-element adds reads
+kernel-active 33 %, SM-active 0.05 % -- starved by launch overhead *and* underfilled.
 """
 
 from __future__ import annotations
@@ -20,8 +24,15 @@ class BusyNotWorking(Rule):
         measured = self.need(ctx.used, "kernel_active", "sm_active")
         k_min = ctx.thresholds.pct("busy_kernel_pct")
         s_max = ctx.thresholds.pct("busy_sm_pct")
-        hit = [g for g in measured
-               if (g.mean("kernel_active") or 0.0) >= k_min and (g.mean("sm_active") or 0.0) < s_max]
+        eff_max = ctx.thresholds.pct("busy_efficiency_pct")
+        k_used = ctx.thresholds.pct("never_used_kernel_pct")
+
+        def busy(g: GpuFigures) -> bool:
+            k = g.mean("kernel_active") or 0.0
+            s = g.mean("sm_active") or 0.0
+            return (k >= k_min and s < s_max) or (k >= k_used and s < eff_max * k)
+
+        hit = [g for g in measured if busy(g)]
         if not hit:
             return None
         return self.values(ctx, hit), hit
