@@ -160,6 +160,7 @@ def run(args: Any) -> int:
     from .config import load
     from .storage.db import make_engine
     from .storage.ingest import ingest_spool
+    from .summarize import summarize_pending
 
     root = os.path.abspath(getattr(args, "dir", None) or "gpueff-demo")
     config_path = prepare(root)
@@ -169,6 +170,7 @@ def run(args: Any) -> int:
     config = load(config_path)
     engine = make_engine(config.paths.database)
     result = ingest_spool(engine, config.paths.spool_dir)
+    summarize_pending(engine, config.analysis)
     print(f"  ingested {result.ingested} spool records into {config.paths.database}"
           f" (quarantined {result.quarantined}, failed {result.failed})")
     engine.dispose()

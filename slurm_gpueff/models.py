@@ -65,6 +65,21 @@ class Job(SQLModel, table=True):
     record_source: str = Field(default="hook", max_length=16)
     enriched: bool = False
     ingested_at: datetime | None = Field(default=None, sa_type=UTC_NAIVE)
+    # --- The job's summary, written by slurm_gpueff.summarize from the analysis, so rollups, reports and
+    # Prometheus aggregate in SQL. NULL until analysed (analyzed_at NULL = needs (re)analysis: ingest and
+    # enrichment reset it). A NULL part means "unknown", exactly as in the analysis; never 0 for unknown.
+    gpu_hours: float | None = None
+    idle_gpu_hours: float | None = None
+    underfilled_gpu_hours: float | None = None
+    sm_active_gpu_hours: float | None = None
+    tensor_active_gpu_hours: float | None = None
+    kernel_active: float | None = None
+    sm_active: float | None = None
+    tensor_active: float | None = None
+    energy_j: float | None = None
+    verdict: str | None = Field(default=None, max_length=32, index=True)
+    verdict_title: str | None = Field(default=None, max_length=128)
+    analyzed_at: datetime | None = Field(default=None, sa_type=UTC_NAIVE, index=True)
 
 
 class JobGpu(SQLModel, table=True):

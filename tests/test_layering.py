@@ -33,6 +33,9 @@ FORBIDDEN = {
 }
 for name in BASE:
     FORBIDDEN[name] = {"storage", "analysis", "render", "cli", "models", "collectors", "hook", "demo"}
+# summarize sits above storage and analysis (it writes the analysis back to the job rows).
+for layer in ("collectors", "hook", "models", "storage", "analysis", "render", *BASE):
+    FORBIDDEN[layer] = FORBIDDEN[layer] | {"summarize"}
 
 
 def read(path: str) -> str:

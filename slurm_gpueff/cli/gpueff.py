@@ -198,17 +198,24 @@ def _ingest(config: Any, args: argparse.Namespace) -> int:
     except Exception as exc:
         _err(f"cannot open the job database {config.paths.database}: {exc}")
         return 1
+    from ..summarize import summarize_pending
+
     progress = Progress(enabled=not args.quiet and sys.stderr.isatty())
+    analysed = 0
     try:
         result = ingest_spool(engine, config.paths.spool_dir, limit=args.limit, progress=progress)
+        try:  # the stored per-job summaries that rollups and reports aggregate
+            analysed = summarize_pending(engine, config.analysis)
+        except Exception as exc:  # the records are safely in the DB; the next run retries the summaries
+            _err(f"ingested, but could not update job summaries (next run retries): {exc}")
     finally:
         progress.close()
         engine.dispose()
     for e in result.errors:
         _err(e)
     if not args.quiet or result.quarantined or result.failed:
-        print(f"ingested {result.ingested}, quarantined {result.quarantined}, failed {result.failed} "
-              f"(spool {config.paths.spool_dir})")
+        print(f"ingested {result.ingested}, quarantined {result.quarantined}, failed {result.failed}, "
+              f"analysed {analysed} (spool {config.paths.spool_dir})")
     return 1 if result.failed else 0
 
 

@@ -303,6 +303,7 @@ def ingest_record(session: Session, rec: dict[str, Any]) -> Job:
         job.state = _state(job.exit_code, job.signal)
     if job.ingested_at is None:
         job.ingested_at = datetime.now(UTC).replace(tzinfo=None)
+    job.analyzed_at = None  # new data: the stored summary (slurm_gpueff.summarize) must be recomputed
     session.add(job)
     session.flush()
     return job

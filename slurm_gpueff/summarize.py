@@ -1,0 +1,77 @@
+"""Store each job's analysis summary on its ``job`` row, so that aggregates are plain SQL.
+
+Rollups, Prometheus counters, the monthly report and multi-job tables all need per-job GPU-hours, the
+waste split and the primary verdict. Computing them in Python for a million rows a month would be slow,
+so the analysis runs once per job (when its data changes: ingest and enrichment set ``analyzed_at`` to
+NULL) and its results are written to the job's summary columns. This module sits above storage and
+analysis (it imports both; neither imports it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, col, select
+
+from .analysis.diagnose import assess
+from .analysis.figures import JobFigures, job_figures
+from .models import Job, JobGpu
+
+
+def _tensor_hours(fig: JobFigures) -> float | None:
+    """Σ A·t over the job's GPUs; unknown (None) if any GPU's hours or tensor activity is unknown."""
+    total = 0.0
+    for g in fig.gpus:
+        t = g.mean("tensor_active")
+        if g.hours is None or t is None:
+            return None
+        total += g.hours * t
+    return total
+
+
+def apply_summary(job: Job, gpus: Sequence[JobGpu], thresholds: Any = None) -> Job:
+    """Analyse one job and write its summary columns (in memory; the caller commits)."""
+    fig = job_figures(job, gpus)
+    diag = assess(fig, thresholds)
+    primary = diag.primary
+    job.gpu_hours = fig.hours
+    job.idle_gpu_hours = fig.waste.idle_h
+    job.underfilled_gpu_hours = fig.waste.underfilled_h
+    job.sm_active_gpu_hours = fig.waste.sm_active_h
+    job.tensor_active_gpu_hours = _tensor_hours(fig)
+    job.kernel_active = fig.mean("kernel_active")
+    job.sm_active = fig.mean("sm_active")
+    job.tensor_active = fig.mean("tensor_active")
+    job.energy_j = fig.energy_j
+    job.verdict = primary.name if primary else None
+    job.verdict_title = primary.title[:128] if primary else None
+    job.analyzed_at = datetime.now(UTC).replace(tzinfo=None)
+    return job
+
+
+def summarize_pending(engine: Engine, thresholds: Any = None, *, batch: int = 500,
+                      progress: Callable[[int], None] | None = None) -> int:
+    """Analyse every job whose summary is missing or stale; return how many were summarised."""
+    done = 0
+    while True:
+        with Session(engine) as session:
+            jobs = session.exec(select(Job).where(col(Job.analyzed_at).is_(None)).order_by(col(Job.id))
+                                .limit(batch)).all()
+            if not jobs:
+                return done
+            ids = [j.id for j in jobs]
+            rows = session.exec(select(JobGpu).where(col(JobGpu.job_pk).in_(ids))
+                                .order_by(col(JobGpu.node), col(JobGpu.gpu_index))).all()
+            by_job: dict[int, list[JobGpu]] = {}
+            for r in rows:
+                by_job.setdefault(r.job_pk, []).append(r)
+            for job in jobs:
+                apply_summary(job, by_job.get(job.id or 0, []), thresholds)
+                session.add(job)
+            session.commit()
+            done += len(jobs)
+            if progress:
+                progress(done)

@@ -1,0 +1,64 @@
+"""The stored job summary equals the analysis, and is recomputed when a job's data changes."""
+
+from __future__ import annotations
+
+from sqlmodel import Session, select
+
+from slurm_gpueff import spool
+from slurm_gpueff.analysis.diagnose import assess
+from slurm_gpueff.analysis.figures import job_figures
+from slurm_gpueff.collectors.base import JobContext
+from slurm_gpueff.collectors.simulated import PROFILES, SimulatedCollector
+from slurm_gpueff.config import Config
+from slurm_gpueff.models import Job, JobGpu
+from slurm_gpueff.storage.db import make_engine
+from slurm_gpueff.storage.ingest import ingest_spool
+from slurm_gpueff.summarize import summarize_pending
+
+
+def spool_job(spool_dir: str, job_id: int, profile: str, gpus: int, node: str = "n1") -> None:
+    cfg = Config()
+    col = SimulatedCollector(cfg)
+    job = JobContext(job_id, node, "c", list(range(gpus)), 1.7e9, 1.7e9 + 7200,
+                     {"GPUEFF_SIM_PROFILE": profile})
+    m = col.stop(job, col.start(job))
+    spool.write_record(spool_dir, {"schema": 1, "cluster": "c", "node": node, "job_id": job_id,
+                                   "start_time": 1.7e9, "end_time": 1.7e9 + 7200, "backend": m.backend,
+                                   "reason": m.reason, "gpus": m.gpus, "user": "u", "exit_code": 0,
+                                   "signal": 0})
+
+
+def test_summary_matches_analysis_for_every_profile(tmp_path):
+    engine = make_engine(str(tmp_path / "db.sqlite"))
+    for n, profile in enumerate(PROFILES):
+        spool_job(str(tmp_path / "spool"), 100 + n, profile, 4 if profile == "one-of-n-gpus" else 1)
+    ingest_spool(engine, str(tmp_path / "spool"))
+    assert summarize_pending(engine) == len(PROFILES)
+    assert summarize_pending(engine) == 0  # nothing stale left
+    with Session(engine) as s:
+        for job in s.exec(select(Job)).all():
+            gpus = s.exec(select(JobGpu).where(JobGpu.job_pk == job.id)).all()
+            fig = job_figures(job, gpus)
+            diag = assess(fig)
+            assert job.verdict == diag.primary.name
+            assert abs(job.gpu_hours - fig.hours) < 1e-9
+            parts = job.idle_gpu_hours + job.underfilled_gpu_hours + job.sm_active_gpu_hours
+            assert abs(parts - job.gpu_hours) < 1e-9
+            expected_t = sum(g.hours * g.mean("tensor_active") for g in fig.gpus)
+            assert abs(job.tensor_active_gpu_hours - expected_t) < 1e-9
+            assert job.analyzed_at is not None
+
+
+def test_reingest_of_another_node_marks_job_stale(tmp_path):
+    engine = make_engine(str(tmp_path / "db.sqlite"))
+    spool_job(str(tmp_path / "spool"), 7, "bf16-healthy", 1, node="n1")
+    ingest_spool(engine, str(tmp_path / "spool"))
+    summarize_pending(engine)
+    spool_job(str(tmp_path / "spool"), 7, "idle", 1, node="n2")  # second node of the same job
+    ingest_spool(engine, str(tmp_path / "spool"))
+    assert summarize_pending(engine) == 1
+    with Session(engine) as s:
+        job = s.exec(select(Job)).one()
+        assert job.gpu_count == 2
+        assert job.verdict == "never_used"  # the idle second node is now part of the job
+        assert abs(job.gpu_hours - 4.0) < 1e-9
