@@ -44,6 +44,16 @@ SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
         "timeline_interval_s": (float, 60.0),
         "timeline_keep_h": (float, 168.0),
     },
+    "dcgm": {
+        "bindings_path": (str, ""),
+        "hostengine": (str, "127.0.0.1:5555"),
+        "connect_timeout_s": (float, 1.0),
+        "update_interval_s": (float, 5.0),
+        "keep_age_s": (float, 691200.0),
+        "profiling": (bool, True),
+        "exporter_mapping": (bool, False),
+        "exporter_mapping_dir": (str, "/run/dcgm-exporter/job-mapping"),
+    },
     "simulated": {
         "profile": (str, "bf16-healthy"),
         "gpus_per_node": (int, 4),
@@ -64,7 +74,75 @@ SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
         "oversized_sm_pct": (float, 40.0),
         "min_gpu_hours": (float, 0.0),
     },
+    # Reports (issue 5): SMTP delivery, then who gets which per-job card and monthly summary.
+    "mail": {
+        "host": (str, "localhost"),
+        "port": (int, 25),
+        "security": (str, "none"),
+        "username": (str, ""),
+        "password_file": (str, ""),
+        "from_address": (str, "slurm-gpueff@localhost"),
+        "reply_to": (str, ""),
+        "timeout_s": (float, 30.0),
+        "retries": (int, 3),
+        "backoff_s": (float, 2.0),
+        "retry_after_s": (float, 900.0),
+        "max_attempts": (int, 8),
+        "dry_run": (bool, False),
+    },
+    "reports": {
+        "dir": (str, "/var/lib/slurm-gpueff/reports"),
+        "cards": (bool, False),
+        "address_pattern": (str, "{user}"),
+        "addresses": (dict, {}),
+        "card_min_gpu_hours": (float, 1.0),
+        "card_only_unhealthy": (bool, True),
+        "card_max_per_user_per_day": (int, 3),
+        "card_lookback_h": (float, 48.0),
+        "optout_file": (str, ""),
+        "monthly": (bool, False),
+        "leads": (dict, {}),
+        "admins": (list, []),
+        "price_per_gpu_hour": (dict, {}),
+        "currency": (str, "EUR"),
+        "contact": (str, ""),
+    },
+    # Slurm accounting (issue 3): the sacct reader behind `gpueff enrich` / `gpueff backfill`.
+    "sacct": {
+        "command": (str, "sacct"),
+        "format": (str, "auto"),
+        "timeout_s": (float, 60.0),
+        "batch_size": (int, 500),
+        "enrich_window_days": (float, 14.0),
+        "backfill_grace_s": (float, 600.0),
+    },
+    # seff-gpu privacy (issue 3): like sacct with PrivateData=jobs.
+    "privacy": {
+        "enabled": (bool, True),
+        "admins": (list, []),
+    },
+    # The service host (issue 4): `gpueff serve` schedules (seconds; 0 disables a task), /metrics, and the
+    # node-side `gpueff forward`.
+    "service": {
+        "ingest_interval_s": (float, 60.0),
+        "enrich_interval_s": (float, 300.0),
+        "rollup_interval_s": (float, 600.0),
+        "rollup_full_interval_s": (float, 86400.0),
+        "retention_interval_s": (float, 86400.0),
+        "timeline_retention_days": (float, 180.0),
+        "cards_interval_s": (float, 300.0),
+        "monthly_report_hour": (int, 6),
+        "misfire_grace_s": (float, 3600.0),
+        "plugins": (list, []),
+        "metrics_address": (str, "127.0.0.1"),
+        "metrics_port": (int, 9817),
+        "metrics_top_users": (int, 50),
+        "metrics_top_accounts": (int, 200),
+        "forward_interval_s": (float, 30.0),
+        "forward_max_backoff_s": (float, 600.0),
+    },
 }
+MAIL_SECURITY = ("none", "starttls", "ssl")
 
 
 class Section:
@@ -88,8 +166,14 @@ class Config:
     paths: Section
     collector: Section
     agent: Section
+    dcgm: Section
     simulated: Section
     analysis: Section
+    service: Section
+    mail: Section
+    reports: Section
+    sacct: Section
+    privacy: Section
 
     def __init__(self, data: dict[str, Any] | None = None, source: str = "<defaults>"):
         self.source = source
@@ -126,8 +210,76 @@ class Config:
         for key, value in self.analysis.as_dict().items():
             if key.endswith("_pct") and not 0 <= value <= 100:
                 raise ConfigError(f"{where}: analysis.{key} = {value} is not a percentage (0-100)")
+        for key in ("connect_timeout_s", "update_interval_s", "keep_age_s"):
+            if self.dcgm.__dict__[key] <= 0:
+                raise ConfigError(f"{where}: dcgm.{key} must be > 0")
         if self.simulated.gpus_per_node < 1:
             raise ConfigError(f"{where}: simulated.gpus_per_node must be >= 1")
+        self._validate_reports(where)
+        self._validate_service(where)
+        self._validate_slurm(where)
+
+    def _validate_slurm(self, where: str) -> None:
+        """[sacct] and [privacy] (issue 3)."""
+        if self.sacct.format not in ("auto", "json", "parsable"):
+            raise ConfigError(f"{where}: sacct.format = {self.sacct.format!r}; expected auto, json or parsable")
+        if self.sacct.timeout_s <= 0 or self.sacct.batch_size < 1 or self.sacct.enrich_window_days <= 0:
+            raise ConfigError(f"{where}: sacct.timeout_s, sacct.batch_size and sacct.enrich_window_days must be > 0")
+        if self.sacct.backfill_grace_s < 0:
+            raise ConfigError(f"{where}: sacct.backfill_grace_s must be >= 0")
+        if not all(isinstance(a, str) and a for a in self.privacy.admins):
+            raise ConfigError(f"{where}: privacy.admins must be a list of user names")
+
+    def _validate_service(self, where: str) -> None:
+        """[service] (issue 4): non-negative schedules, a real port, positive caps."""
+        sv = self.service
+        for key, value in sv.as_dict().items():
+            if isinstance(value, float) and value < 0:
+                raise ConfigError(f"{where}: service.{key} must be >= 0")
+        if not 0 <= sv.metrics_port < 65536:
+            raise ConfigError(f"{where}: service.metrics_port = {sv.metrics_port} is not a TCP port (0 = off)")
+        if not 0 <= sv.monthly_report_hour <= 23:
+            raise ConfigError(f"{where}: service.monthly_report_hour must be 0-23")
+        if sv.metrics_top_users < 0 or sv.metrics_top_accounts < 0:
+            raise ConfigError(f"{where}: service.metrics_top_users and metrics_top_accounts must be >= 0")
+        if sv.forward_interval_s <= 0:
+            raise ConfigError(f"{where}: service.forward_interval_s must be > 0")
+        if not all(isinstance(m, str) and m for m in sv.plugins):
+            raise ConfigError(f"{where}: service.plugins must be a list of module names")
+
+    def _validate_reports(self, where: str) -> None:
+        """[mail] and [reports]: choices, ranges, and the shapes of the maps (issue 5)."""
+        mail, rep = self.mail, self.reports
+        if mail.security not in MAIL_SECURITY:
+            raise ConfigError(f"{where}: mail.security = {mail.security!r}; expected one of "
+                              f"{', '.join(MAIL_SECURITY)}")
+        if not 0 < mail.port < 65536:
+            raise ConfigError(f"{where}: mail.port = {mail.port} is not a TCP port")
+        for key in ("retries", "max_attempts"):
+            if getattr(mail, key) < 1:
+                raise ConfigError(f"{where}: mail.{key} must be >= 1")
+        for key in ("timeout_s", "backoff_s", "retry_after_s"):
+            if getattr(mail, key) < 0:
+                raise ConfigError(f"{where}: mail.{key} must be >= 0")
+        if rep.card_max_per_user_per_day < 0 or rep.card_min_gpu_hours < 0 or rep.card_lookback_h <= 0:
+            raise ConfigError(f"{where}: reports.card_max_per_user_per_day and card_min_gpu_hours must be "
+                              ">= 0, card_lookback_h > 0")
+        if "{user}" not in rep.address_pattern:
+            raise ConfigError(f"{where}: reports.address_pattern must contain {{user}}, e.g. "
+                              "\"{user}@example.org\"")
+        for user, addr in rep.addresses.items():
+            if not isinstance(addr, str) or "\n" in addr:
+                raise ConfigError(f"{where}: reports.addresses.{user} must be one address (a string)")
+        for account, addrs in rep.leads.items():
+            if isinstance(addrs, str):
+                addrs = [addrs]
+            if not isinstance(addrs, list) or not all(isinstance(a, str) for a in addrs):
+                raise ConfigError(f"{where}: reports.leads.{account} must be an address or a list of them")
+        if not all(isinstance(a, str) for a in rep.admins):
+            raise ConfigError(f"{where}: reports.admins must be a list of addresses")
+        for model, price in rep.price_per_gpu_hour.items():
+            if isinstance(price, bool) or not isinstance(price, int | float) or price < 0:
+                raise ConfigError(f"{where}: reports.price_per_gpu_hour.{model!r} must be a number >= 0")
 
     def as_dict(self) -> dict[str, dict[str, Any]]:
         return {s: getattr(self, s).as_dict() for s in SCHEMA}

@@ -46,6 +46,9 @@ backend = "simulated"   # fake GPUs: every figure is labelled "simulated"
 [simulated]
 gpus_per_node = 4
 model = "Simulated H100 80GB"
+
+[privacy]
+enabled = false         # the demo's jobs belong to made-up users; show them to whoever runs the demo
 """
 
 

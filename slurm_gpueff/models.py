@@ -12,9 +12,9 @@ Design notes, so later migrations (Alembic) and PostgreSQL stay easy:
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import date, datetime
 
-from sqlalchemy import JSON, BigInteger, Column, DateTime, MetaData, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Column, Date, DateTime, Index, MetaData, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
 NAMING_CONVENTION = {
@@ -113,6 +113,15 @@ class JobGpu(SQLModel, table=True):
     source: str = Field(default="none", max_length=16)
     samples: int = 0
     missing: dict | None = Field(default=None, sa_column=Column(JSON))
+    # DCGM job statistics (NULL on other backends): XID errors, seconds of clock throttling per cause,
+    # compute PIDs. MIG: the slice the job held (uuid is then the parent GPU's).
+    xid_errors: int | None = None
+    throttle_s: dict | None = Field(default=None, sa_column=Column(JSON))
+    processes: list | None = Field(default=None, sa_column=Column(JSON))
+    mig_uuid: str | None = Field(default=None, max_length=96)
+    mig_profile: str | None = Field(default=None, max_length=32)
+    mig_gi_id: int | None = None
+    mig_ci_id: int | None = None
 
 
 class JobGpuTimeline(SQLModel, table=True):
@@ -122,3 +131,76 @@ class JobGpuTimeline(SQLModel, table=True):
 
     job_gpu_id: int = Field(foreign_key="job_gpu.id", primary_key=True, ondelete="CASCADE")
     points: list = Field(default_factory=list, sa_column=Column(JSON))
+
+
+class ReportLog(SQLModel, table=True):
+    """The reports' sent-log: one row per message (a job's card, a monthly summary), so none goes twice.
+
+    ``subject`` is the message's natural key (``card``: ``<cluster>:<raw job id>``; ``monthly``:
+    ``<YYYY-MM>:<account or *>``); it is unique per ``kind`` and ``dry_run``, so a dry run never blocks a
+    real send and neither ever repeats. The row is claimed (status ``sending``) and committed *before*
+    the SMTP conversation: two runners cannot both send. ``failed`` rows are retried from the archived
+    ``.eml`` (``archive``) after ``next_try_at``; ``skipped`` rows say why no card went (opt-out, rate
+    limit, no address). Written by slurm_gpueff.reports (issue 5).
+    """
+
+    __tablename__ = "report_log"
+    __table_args__ = (UniqueConstraint("kind", "subject", "dry_run", name="uq_report_log_kind_subject_dry_run"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    kind: str = Field(max_length=16)
+    subject: str = Field(max_length=256)
+    dry_run: bool = False
+    job_pk: int | None = Field(default=None, index=True)
+    user: str | None = Field(default=None, max_length=128, index=True)
+    recipients: str = Field(default="", max_length=2048)
+    status: str = Field(default="sending", max_length=16, index=True)
+    reason: str | None = Field(default=None, max_length=1024)
+    attempts: int = 0
+    created_at: datetime = Field(sa_type=UTC_NAIVE, index=True)
+    sent_at: datetime | None = Field(default=None, sa_type=UTC_NAIVE)
+    next_try_at: datetime | None = Field(default=None, sa_type=UTC_NAIVE)
+    archive: str | None = Field(default=None, max_length=1024)
+
+
+class ReportOptOut(SQLModel, table=True):
+    """Users who asked for no per-job efficiency cards (``gpueff report optout USER``)."""
+
+    __tablename__ = "report_optout"
+
+    user: str = Field(primary_key=True, max_length=128)
+    created_at: datetime = Field(sa_type=UTC_NAIVE)
+    note: str | None = Field(default=None, max_length=512)
+
+
+class UsageRollup(SQLModel, table=True):
+    """Per-day and per-month sums of the job summaries, by (cluster, user, account, verdict).
+
+    Written by slurm_gpueff.storage.rollups (issue 4) with INSERT ... SELECT ... GROUP BY; per-user,
+    per-account and site totals are GROUP BYs over these few rows instead of over every job. A job
+    counts on the UTC day (and month) it ended. A sum is NULL when no job of the group had that figure
+    measured; ``*_measured_gpu_hours`` are the GPU-hours behind each sum (the right denominator for a
+    percentage when only some jobs were measured).
+    """
+
+    __tablename__ = "usage_rollup"
+    __table_args__ = (Index("ix_usage_rollup_period_start", "period", "period_start"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    period: str = Field(max_length=8)  # "day" | "month"
+    period_start: date = Field(sa_type=Date)
+    cluster: str = Field(max_length=64)
+    user: str | None = Field(default=None, max_length=128)
+    account: str | None = Field(default=None, max_length=128)
+    verdict: str | None = Field(default=None, max_length=32)
+    jobs: int = 0
+    gpu_hours: float | None = None
+    idle_gpu_hours: float | None = None
+    underfilled_gpu_hours: float | None = None
+    sm_active_gpu_hours: float | None = None
+    tensor_active_gpu_hours: float | None = None
+    energy_j: float | None = None
+    kernel_measured_gpu_hours: float | None = None
+    sm_measured_gpu_hours: float | None = None
+    tensor_measured_gpu_hours: float | None = None
+    refreshed_at: datetime = Field(sa_type=UTC_NAIVE)

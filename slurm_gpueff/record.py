@@ -49,6 +49,14 @@ METRICS = FRACTIONS + QUANTITIES
 
 BACKENDS = ("nvml-gpm", "nvml", "dcgm", "simulated", "none")
 
+# Optional per-GPU fields (absent or null when unknown). DCGM job statistics: XID error count,
+# seconds the clocks were held back per cause (power, thermal, reliability, board_limit,
+# low_utilization, sync_boost), compute PIDs seen. MIG: the slice a job held; ``uuid`` is then the
+# parent GPU's UUID and ``memory_total_bytes`` the slice's memory.
+OPTIONAL_INTS = ("xid_errors", "mig_gi_id", "mig_ci_id")
+OPTIONAL_STRS = ("mig_uuid", "mig_profile")
+OPTIONAL_GPU = OPTIONAL_INTS + OPTIONAL_STRS + ("throttle_s", "processes")
+
 _JOB_INTS = ("job_id", "array_job_id", "array_task_id", "het_job_id", "het_job_offset", "uid", "exit_code",
              "signal")
 _JOB_STRS = ("cluster", "node", "user", "account", "partition", "reason", "writer")
@@ -133,6 +141,7 @@ def _validate_gpu(i: int, gpu: Any) -> None:
             continue
         if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
             raise RecordError(f"{where}.{m} must be a non-negative number or null, got {v!r}")
+    _validate_optional(where, gpu)
     samples = gpu.get("samples", 0)
     if not isinstance(samples, int) or samples < 0:
         raise RecordError(f"{where}.samples must be a non-negative integer")
@@ -141,3 +150,24 @@ def _validate_gpu(i: int, gpu: Any) -> None:
     tl = gpu.get("timeline", [])
     if not isinstance(tl, list) or any(not isinstance(p, list) or len(p) != 4 for p in tl):
         raise RecordError(f"{where}.timeline must be a list of [t, kernel, sm, tensor] points")
+
+
+def _validate_optional(where: str, gpu: dict[str, Any]) -> None:
+    """The optional DCGM / MIG fields: absent or null, else well-typed (see OPTIONAL_GPU)."""
+    for k in OPTIONAL_INTS:
+        v = gpu.get(k)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+            raise RecordError(f"{where}.{k} must be a non-negative integer or null, got {v!r}")
+    for k, longest in zip(OPTIONAL_STRS, (96, 32), strict=True):
+        v = gpu.get(k)
+        if v is not None and (not isinstance(v, str) or len(v) > longest):
+            raise RecordError(f"{where}.{k} must be a string of at most {longest} characters or null, got {v!r}")
+    th = gpu.get("throttle_s")
+    if th is not None and (not isinstance(th, dict) or any(
+            not isinstance(k, str) or not isinstance(v, int | float) or isinstance(v, bool)
+            or not math.isfinite(v) or v < 0 for k, v in th.items())):
+        raise RecordError(f"{where}.throttle_s must map causes to non-negative seconds, got {th!r}")
+    procs = gpu.get("processes")
+    if procs is not None and (not isinstance(procs, list) or any(
+            not isinstance(p, int) or isinstance(p, bool) or p <= 0 for p in procs)):
+        raise RecordError(f"{where}.processes must be a list of process ids, got {procs!r}")

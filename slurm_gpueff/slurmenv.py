@@ -125,7 +125,7 @@ def parse_gpus(env: Mapping[str, str],
             continue
         raw = raw.strip()
         indexes = parse_gpu_list(raw)
-        if not indexes:
+        if not indexes and not all(p.strip().startswith("MIG-") for p in raw.split(",")):
             problems.append(f"{var}={raw!r} names no GPU index this version understands (MIG?)")
         return indexes, var, raw
     return [], None, None

@@ -81,9 +81,15 @@ def pending(spool_dir: str) -> Iterator[str]:
                    and not e.name.startswith(".")]
     except FileNotFoundError:
         return
-    entries.sort(key=lambda e: (e.stat().st_mtime, e.name))
+    keyed = []
     for e in entries:
-        yield e.path
+        try:
+            keyed.append((e.stat().st_mtime, e.name, e.path))
+        except FileNotFoundError:  # taken by a concurrent ingest/forwarder since the scandir
+            continue
+    keyed.sort()
+    for _mtime, _name, path in keyed:
+        yield path
 
 
 def quarantine(spool_dir: str, path: str, error: str) -> str:

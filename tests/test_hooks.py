@@ -77,13 +77,22 @@ def test_gpus_fall_back_to_cuda_visible_devices(site):
     assert [g["index"] for g in site.record(55)["gpus"]] == [2, 3]
 
 
-def test_unreadable_gpu_list_still_records_the_job(site):
-    """A MIG UUID allocation is not understood yet: the job is recorded, with no GPUs and the reason."""
+def test_mig_uuid_gpu_list_records_the_slice(site):
+    """A MIG UUID allocation (no index list): the slice is recorded under its position, by MIG UUID."""
     env = site.env(56, gpus="MIG-1b2c3d4e-aaaa-bbbb-cccc-0123456789ab")
     site.run("prolog", 56, env=dict(env))
     site.run("epilog", 56, env=dict(env))
     rec = site.record(56)
-    assert rec["gpus"] == [] and "MIG" in rec["reason"]
+    assert [(g["index"], g["mig_uuid"]) for g in rec["gpus"]] == [(0, "MIG-1b2c3d4e-aaaa-bbbb-cccc-0123456789ab")]
+
+
+def test_unreadable_gpu_list_still_records_the_job(site):
+    """Junk in the GPU list: the job is recorded, with no GPUs and the reason."""
+    env = site.env(57, gpus="gpu-a,gpu-b")
+    site.run("prolog", 57, env=dict(env))
+    site.run("epilog", 57, env=dict(env))
+    rec = site.record(57)
+    assert rec["gpus"] == [] and "names no GPU index" in rec["reason"]
 
 
 @pytest.mark.parametrize("env, expected", [

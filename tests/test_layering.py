@@ -33,6 +33,19 @@ FORBIDDEN = {
 }
 for name in BASE:
     FORBIDDEN[name] = {"storage", "analysis", "render", "cli", "models", "collectors", "hook", "demo"}
+# doctor (gpueff doctor) sits with cli: it probes collectors and storage; nothing below may import it.
+for layer in ("collectors", "hook", "models", "storage", "analysis", "render", *BASE):
+    FORBIDDEN[layer] = FORBIDDEN[layer] | {"doctor"}
+# reports (mail cards, monthly summaries; issue 5) sit above storage, analysis and render, beside cli:
+# nothing below them may import them, and summarize (run by ingest) must not pull in mail or Jinja2.
+for layer in ("collectors", "hook", "models", "storage", "analysis", "render", "summarize", *BASE):
+    FORBIDDEN[layer] = FORBIDDEN.get(layer, set()) | {"reports"}
+# service (gpueff serve/forward, /metrics; issue 4) sits beside cli: nothing below may import it.
+# migrations (Alembic scripts) see only models; only storage.migrate points Alembic at them.
+for layer in ("collectors", "hook", "models", "storage", "analysis", "render", "summarize", "reports", *BASE):
+    FORBIDDEN[layer] = FORBIDDEN.get(layer, set()) | {"service"}
+FORBIDDEN["migrations"] = {"storage", "analysis", "render", "cli", "collectors", "hook", "demo", "summarize",
+                           "service", "reports"}
 # summarize sits above storage and analysis (it writes the analysis back to the job rows).
 for layer in ("collectors", "hook", "models", "storage", "analysis", "render", *BASE):
     FORBIDDEN[layer] = FORBIDDEN[layer] | {"summarize"}

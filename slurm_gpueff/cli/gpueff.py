@@ -7,6 +7,14 @@
     gpueff [--config PATH] ingest [--limit N] [--quiet]   spool -> database
     gpueff demo [--dir DIR] [--keep]                 the whole product on simulated GPUs
     gpueff [--config PATH] config check [--json]     validate and print the effective config
+    gpueff [--config PATH] enrich [--since DATE]    complete job rows from sacct (array ids, state, ...)
+    gpueff [--config PATH] backfill --since DATE [--until DATE]   records for GPU jobs the hooks missed
+    gpueff [--config PATH] doctor [--json]           what this node offers: NVML, GPM, MIG, DCGM, hooks, dirs, DB
+    gpueff [--config PATH] report cards|monthly|retry|optout|status   mail efficiency cards and summaries
+    gpueff [--config PATH] db upgrade|current        database schema (Alembic migrations)
+    gpueff [--config PATH] serve                     the service: scheduler + Prometheus /metrics
+    gpueff [--config PATH] forward [--once]          node: ship the spool to the central PostgreSQL
+    gpueff [--config PATH] rollup [--full]           refresh the per-day/per-month rollups
     gpueff version
 
 Exit status: 0 ok; 1 error; 2 bad usage or invalid config (the message names file, section and key).
@@ -66,6 +74,22 @@ def build_parser() -> argparse.ArgumentParser:
     cc = csub.add_parser("check", parents=[common], help="validate the config and print the effective values")
     cc.add_argument("--json", action="store_true", help="print as JSON")
 
+    from . import slurm_cmds  # enrich, backfill (issue 3): sacct -> job database
+
+    slurm_cmds.add_parsers(sub, common)
+
+    dr = sub.add_parser("doctor", parents=[common], help="check this node: NVML, GPM, MIG, DCGM, agent, Slurm "
+                                                         "hooks, spool, database (PASS/WARN/FAIL per line)")
+    dr.add_argument("--json", action="store_true", help="print as JSON")
+
+    from . import report  # report cards|monthly|retry|optout|status (issue 5): mail and archive
+
+    report.add_parsers(sub, common)
+
+    from . import service_cmds  # db, serve, forward, rollup (issue 4): the service host and PostgreSQL
+
+    service_cmds.add_parsers(sub, common)
+
     sub.add_parser("version", help="print the version")
     return p
 
@@ -104,7 +128,7 @@ def _dispatch(args: argparse.Namespace, config_path: str | None) -> int:
         print(f"slurm-gpueff {__version__}")
         return 0
     if args.command == "hook":  # install
-        return _hook_install(args)
+        return _hook_install(args, config_path)
     if args.command == "demo":
         from .. import demo
 
@@ -112,6 +136,10 @@ def _dispatch(args: argparse.Namespace, config_path: str | None) -> int:
     from ..config import load
 
     config = load(config_path)
+    if args.command == "doctor":
+        from .. import doctor
+
+        return doctor.run(config, args.json)
     if args.command == "config":
         return _config_check(config, args.json)
     if args.command == "agent":
@@ -122,18 +150,31 @@ def _dispatch(args: argparse.Namespace, config_path: str | None) -> int:
         logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
                             format="%(asctime)s gpueff-agent %(levelname)s %(message)s")
         return int(run_agent(config, once=args.once))
+    if args.command in ("enrich", "backfill"):
+        from . import slurm_cmds
+
+        return slurm_cmds.run(args, config)
     if args.command == "ingest":
         return _ingest(config, args)
+    if args.command in ("db", "serve", "forward", "rollup"):
+        from . import service_cmds
+
+        return service_cmds.run(args, config)
+    if args.command == "report":
+        from . import report
+
+        return report.run(args, config)
     raise AssertionError(f"unhandled command {args.command}")  # pragma: no cover - argparse guards this
 
 
-def _hook_install(args: argparse.Namespace) -> int:
+def _hook_install(args: argparse.Namespace, config_path: str | None = None) -> int:
     if not args.dir:
         _err("hook install needs a target directory: gpueff hook install DIR")
         return 2
     from .. import hook
 
-    for path in hook.install_hooks(args.dir):
+    # `gpueff --config PATH hook install DIR`: the scripts read PATH (slurmd passes no GPUEFF_CONFIG).
+    for path in hook.install_hooks(args.dir, config_path=config_path):
         print(f"installed {path}")
     return 0
 

@@ -3,7 +3,8 @@
 Reads the job database (``paths.database``); never talks to the GPUs. Exit codes (also in ``--help``):
 
     0 ok; 1 other error (e.g. database unreachable); 2 bad usage / invalid job id / bad config;
-    3 job unknown; 4 job still running (or pending); 5 the job had no GPUs.
+    3 job unknown; 4 job still running (or pending); 5 the job had no GPUs;
+    6 the job belongs to another user ([privacy] in the config).
 
 An id that names several jobs (array ``123`` with its tasks, het job ``123`` with its components) prints
 one card per job, or a one-line-per-job table when there are more than ``MAX_CARDS``; ``--json``
@@ -26,6 +27,7 @@ EXIT_USAGE = 2
 EXIT_UNKNOWN = 3
 EXIT_RUNNING = 4
 EXIT_NO_GPUS = 5
+EXIT_DENIED = 6  # another user's job, and privacy is on (slurm_gpueff.privacy)
 
 MAX_CARDS = 10
 SQUEUE_TIMEOUT_S = 5.0
@@ -54,7 +56,8 @@ examples:
 
 exit status:
   0 ok, 1 error (e.g. database unreachable), 2 bad usage or job id,
-  3 job unknown, 4 job still running or pending, 5 job had no GPUs
+  3 job unknown, 4 job still running or pending, 5 job had no GPUs,
+  6 another user's job (non-admins see only their own; [privacy] in the config)
 
 The config file is --config, else $GPUEFF_CONFIG, else /etc/slurm-gpueff/gpueff.toml."""
 
@@ -62,8 +65,16 @@ The config file is --config, else $GPUEFF_CONFIG, else /etc/slurm-gpueff/gpueff.
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="seff-gpu", description=DESCRIPTION, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("jobid", help="Slurm job id: 123, 123_4 (array task) or 123+1 (het component)")
+    p.add_argument("jobid", nargs="?", help="Slurm job id: 123, 123_4 (array task) or 123+1 (het component)")
+    # Many jobs (issue 4): a reportseff-style table from the stored summaries (slurm_gpueff.cli.seff_table).
+    p.add_argument("-u", "--user", help="list this user's jobs (one line each, with totals) instead of a card")
+    p.add_argument("-A", "--account", help="list this account's jobs (with -u: that user's jobs in it)")
+    p.add_argument("-S", "--starttime", dest="start", metavar="TIME", help="jobs that ended from TIME (local; "
+                   "YYYY-MM-DD[THH:MM]; default 7 days ago)")
+    p.add_argument("-E", "--endtime", dest="end", metavar="TIME", help="jobs that ended before TIME (default now)")
     p.add_argument("--json", action="store_true", help="print a machine-readable JSON document instead")
+    p.add_argument("--html", metavar="FILE", help="also write the card as an HTML page (the mailed card, one "
+                   "self-contained file; several jobs: FILE-<jobid>.html)")
     p.add_argument("--config", metavar="PATH", help="config file (default: $GPUEFF_CONFIG or "
                    "/etc/slurm-gpueff/gpueff.toml)")
     p.add_argument("--cluster", metavar="NAME", help="only jobs of this cluster (default: any cluster in the "
@@ -115,8 +126,9 @@ def lookup(database: str, spec: Any, cluster: str | None) -> list[tuple[Any, lis
     from sqlalchemy.exc import SQLAlchemyError
     from sqlmodel import Session
 
-    from ..storage.db import database_url, make_engine
+    from ..storage.db import database_url
     from ..storage.queries import find_jobs, job_gpus
+    from ..storage.readonly import make_read_engine
 
     url = database_url(database)
     if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
@@ -125,7 +137,7 @@ def lookup(database: str, spec: Any, cluster: str | None) -> list[tuple[Any, lis
             raise RuntimeError(f"the job database {path} does not exist yet (paths.database in the config; "
                                "`gpueff ingest` creates it)")
     try:
-        engine = make_engine(database, create=False)
+        engine = make_read_engine(database)  # ordinary users cannot write a SQLite DB's directory
     except Exception as exc:  # bad URL, missing driver
         raise RuntimeError(f"cannot open the job database {_safe_url(url)}: {exc}") from None
     try:
@@ -140,8 +152,21 @@ def lookup(database: str, spec: Any, cluster: str | None) -> list[tuple[Any, lis
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.jobid is None and not (args.user or args.account):
+        parser.error("give a JOBID, or -u USER / -A ACCOUNT for a table of jobs")
     from ..errors import ConfigError, JobIdError
+
+    if args.jobid is None:  # the many-jobs table
+        from ..config import load
+        from .seff_table import run as run_table
+
+        try:
+            return run_table(args, load(args.config))
+        except ConfigError as exc:
+            _err(str(exc))
+            return EXIT_USAGE
     from ..jobid import parse
 
     try:
@@ -171,6 +196,12 @@ def _show(args: argparse.Namespace, spec: Any, config: Any) -> int:
         found = lookup(config.paths.database, spec, args.cluster)
     except RuntimeError as exc:
         error = str(exc)
+    from ..privacy import current_user, denied_message, visible  # like sacct's PrivateData=jobs
+
+    found, hidden = visible(found, config.privacy)
+    if hidden and not found:
+        _err(denied_message(str(spec), current_user()[1]))
+        return EXIT_DENIED
     if not found:
         running = still_running(spec, config.paths.state_dir)
         if running:
@@ -179,6 +210,12 @@ def _show(args: argparse.Namespace, spec: Any, config: Any) -> int:
         if error:
             _err(error)
             return EXIT_ERROR
+        from ..sacct import no_gpus_note  # CPU-only jobs have no record by design: ask accounting
+
+        note = no_gpus_note(str(spec), config)
+        if note:
+            _err(note)
+            return EXIT_NO_GPUS
         where = f" on cluster {args.cluster}" if args.cluster else ""
         _err(f"job {spec} is not in the GPU job database{where} (it had no GPUs, has not been ingested yet, "
              "or the id is wrong)")
@@ -195,6 +232,15 @@ def _show(args: argparse.Namespace, spec: Any, config: Any) -> int:
     for job, gpus in with_gpus:
         fig = job_figures(job, gpus)
         items.append((job, fig, assess(fig, config.analysis)))
+    if args.html:  # the mailed card as a file (issue 5); the terminal output below is unchanged
+        from ..reports.standalone import write_html
+
+        try:
+            for path in write_html(config, with_gpus, items, args.html):
+                print(f"wrote {path}", file=sys.stderr)
+        except OSError as exc:
+            _err(f"cannot write {args.html}: {exc.strerror or exc}")
+            return EXIT_ERROR
     if args.json:
         print(dumps(items))
         return EXIT_OK

@@ -16,6 +16,14 @@ start and end and differences them. Files, all under ``paths.state_dir``:
 * ``jobs/<job_id>.json`` -- written by the Prolog (not by us); while one exists, the agent tracks that
   job's peak memory on the GPUs it names, so a job's peak is never contaminated by an earlier job.
 
+MIG: for a GPU in MIG mode the parent GPU's entry also holds ``mig``: per GPU instance id the same
+cumulative counters for the GPM metrics (from ``nvmlGpmMigSampleGet``), its memory used, its devices
+(MIG UUID -> compute instance id), profile and a generation id ``gen`` that changes when the GPU
+instance is destroyed and re-created (its counters then restart and are not comparable). The top-level
+``mig`` maps every MIG device UUID to its parent GPU, GPU/compute instance, profile and memory (what
+:mod:`slurm_gpueff.collectors.mig` resolves slices with). Kernel activity, power and energy are per
+physical GPU only: a slice has none. Slice timelines go to ``agent/timeline/<parent uuid>_gi<N>.jsonl``.
+
 Energy: the cumulative counter costs ~4 ms a call, so it is read every ``ENERGY_INTERVAL_S`` only;
 between reads the agent extends it with the power integral (``energy_est_mj``). A job's energy is the
 difference of that estimate: the counter difference, with at most ``ENERGY_INTERVAL_S`` of integrated
@@ -45,8 +53,9 @@ from typing import Any
 from .. import spool
 from ..errors import CollectorError, GpueffError
 from . import integrals
-from .agent_files import agent_dir, job_file_uuids, jobs_dir, line_time, state_path, timeline_path
-from .nvml_sampler import GPM_METRICS, NO_GPM_REASON, GpuInfo, GpuSample, NvmlSampler, Sampler
+from .agent_files import agent_dir, job_file_uuids, jobs_dir, line_time, mig_key, state_path, timeline_path
+from .gpu_ids import parse_legacy_mig
+from .nvml_sampler import GPM_METRICS, NO_GPM_REASON, GpuInfo, GpuSample, MigInfo, MigSample, NvmlSampler, Sampler
 
 log = logging.getLogger("slurm_gpueff.agent")
 
@@ -56,6 +65,24 @@ ENERGY_INTERVAL_S = 30.0
 # intervals (agent stalled, host suspended) we do not pretend to know what happened.
 GAP_INTERVALS = 3.0
 PRUNE_EVERY_S = 3600.0
+
+
+class _Slice:
+    """The agent's running state for one GPU instance (MIG slice) of a GPU in MIG mode."""
+
+    def __init__(self, gi_id: int, devices: list[MigInfo], since: float):
+        self.gi_id = gi_id
+        self.devices = devices
+        self.key = frozenset(d.uuid for d in devices)
+        self.gen = uuidlib.uuid4().hex[:12]
+        self.since = since
+        self.counters = integrals.new_counters()
+        self.ticks = 0
+        self.seen = False
+        self.memory_used: int | None = None
+        self.gpm_reason: str | None = None
+        self.last: dict[str, float | None] = {}
+        self.errors: dict[str, str] = {}
 
 
 class _Gpu:
@@ -73,6 +100,7 @@ class _Gpu:
         self.memory_used: int | None = None
         self.last: dict[str, float | None] = {}
         self.errors: dict[str, str] = {}
+        self.mig: dict[int, _Slice] = {}  # GPU instance id -> slice (MIG mode only)
 
     def energy_est_mj(self) -> float | None:
         if self.energy_mj is None:
@@ -187,6 +215,49 @@ class Agent:
         g.last_t = s.t
         if dt is not None:
             g.ticks += 1
+        if s.mig_devices is not None:
+            self._integrate_mig(g, s.mig_devices, s.mig or {})
+
+    def _integrate_mig(self, g: _Gpu, devices: list[MigInfo], readings: dict[int, MigSample]) -> None:
+        """Per GPU instance: follow (re)configuration, then add its GPM interval means like a GPU's."""
+        by_gi: dict[int, list[MigInfo]] = {}
+        for d in devices:
+            by_gi.setdefault(d.gi_id, []).append(d)
+        for gi in [gi for gi in g.mig if gi not in by_gi]:
+            log.info("GPU %s: MIG GPU instance %d is gone (MIG reconfigured)", g.info.uuid, gi)
+            del g.mig[gi]
+        for gi, devs in by_gi.items():
+            sl = g.mig.get(gi)
+            if sl is None or sl.key != frozenset(d.uuid for d in devs):
+                if sl is not None:
+                    log.info("GPU %s: MIG GPU instance %d was re-created; its counters restart", g.info.uuid, gi)
+                sl = g.mig[gi] = _Slice(gi, sorted(devs, key=lambda d: (d.ci_id or 0, d.uuid)), self.clock())
+            ms = readings.get(gi)
+            if ms is None:
+                sl.errors = {"sample": "no reading of this GPU instance at this tick"}
+                continue
+            if ms.gpm is not None:
+                for metric, pct in ms.gpm.items():
+                    v = pct / 100.0 if pct is not None else None
+                    integrals.add(sl.counters, metric, _fraction(v), ms.gpm_dt)
+                sl.last = {m: (p / 100.0 if p is not None else None) for m, p in ms.gpm.items()}
+            sl.gpm_reason = ms.gpm_reason
+            sl.memory_used = ms.memory_used_bytes
+            sl.errors = dict(ms.errors)
+            if sl.seen:
+                sl.ticks += 1
+            sl.seen = True
+
+    def _mig_slice(self, mig_uuid: str) -> _Slice | None:
+        """The slice a MIG device UUID (opaque or legacy ``MIG-GPU-<parent>/<gi>/<ci>``) belongs to now."""
+        for g in self.gpus.values():
+            for sl in g.mig.values():
+                if mig_uuid in sl.key:
+                    return sl
+        legacy = parse_legacy_mig(mig_uuid)
+        if legacy is not None and legacy["parent_uuid"] in self.gpus:
+            return self.gpus[legacy["parent_uuid"]].mig.get(legacy["gi_id"])
+        return None
 
     # -- jobs and their peak memory ------------------------------------------------------------
     def _track_jobs(self) -> None:
@@ -220,8 +291,12 @@ class Agent:
             peaks = self.job_peaks.setdefault(job_id, {})
             for u in self.job_files[job_id][2]:
                 g = self.gpus.get(u)
-                if g is not None and g.memory_used is not None:
-                    peaks[u] = max(peaks.get(u, 0), g.memory_used)
+                used = g.memory_used if g is not None else None
+                if g is None and u.startswith("MIG-"):
+                    sl = self._mig_slice(u)
+                    used = sl.memory_used if sl is not None else None
+                if used is not None:
+                    peaks[u] = max(peaks.get(u, 0), used)
         for job_id in list(self.job_files):
             if job_id not in seen:
                 del self.job_files[job_id]
@@ -246,7 +321,14 @@ class Agent:
                 "memory_used_bytes": g.memory_used,
                 "last": {m: _r(v) for m, v in g.last.items()},
                 "errors": g.errors,
+                "mig_enabled": i.mig_enabled,
             }
+            if i.mig_enabled:
+                gpus[u]["mig"] = {str(gi): self._slice_state(i, sl) for gi, sl in sorted(g.mig.items())}
+        inventory = {d.uuid: {"parent_uuid": d.parent_uuid, "parent_minor": g.info.minor, "gi_id": d.gi_id,
+                              "ci_id": d.ci_id, "profile": d.profile, "memory_total_bytes": d.memory_total_bytes,
+                              "gen": sl.gen}
+                     for g in self.gpus.values() for sl in g.mig.values() for d in sl.devices}
         return {
             "version": STATE_VERSION, "pid": self.pid, "instance": self.instance, "host": self.host,
             "started": self.started, "updated": self.updated if self.updated is not None else self.clock(),
@@ -254,7 +336,22 @@ class Agent:
             "energy_interval_s": self.energy_interval_s, "ticks": self.ticks, "stopped": stopped,
             "cpu_s": round(time.process_time(), 6), "prev_tick_cpu_s": _r(self.tick_cpu_s),
             "prev_tick_wall_s": _r(self.tick_wall_s),
-            "gpus": gpus, "jobs": {j: dict(p) for j, p in self.job_peaks.items()},
+            "gpus": gpus, "mig": inventory, "jobs": {j: dict(p) for j, p in self.job_peaks.items()},
+        }
+
+    @staticmethod
+    def _slice_state(parent: GpuInfo, sl: _Slice) -> dict[str, Any]:
+        d0 = sl.devices[0]
+        gpm = sl.gpm_reason is None
+        return {
+            "gi_id": sl.gi_id, "gen": sl.gen, "since": sl.since, "profile": d0.profile,
+            "memory_total_bytes": d0.memory_total_bytes, "devices": {d.uuid: d.ci_id for d in sl.devices},
+            "gpm_supported": gpm, "gpm_reason": None if gpm else sl.gpm_reason,
+            "sum": {m: _r(v) for m, v in sl.counters["sum"].items()},
+            "covered_s": {m: _r(v) for m, v in sl.counters["covered_s"].items()},
+            "count": dict(sl.counters["count"]), "ticks": sl.ticks,
+            "memory_used_bytes": sl.memory_used, "last": {m: _r(v) for m, v in sl.last.items()},
+            "errors": sl.errors,
         }
 
     def write_state(self, stopped: bool = False) -> None:
@@ -267,9 +364,12 @@ class Agent:
         if last is not None and now - last < self.timeline_interval_s - 1e-6:
             return
         self.last_timeline_wall = now
+        series: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
         for u, g in self.gpus.items():
-            c = g.counters
-            line = {"t": round(now, 3), "instance": self.instance,
+            series.append((u, g.counters, {}))
+            series += [(mig_key(u, gi), sl.counters, {"gen": sl.gen}) for gi, sl in g.mig.items()]
+        for u, c, extra in series:
+            line = {"t": round(now, 3), "instance": self.instance, **extra,
                     "sum": {m: _r(c["sum"][m]) for m in integrals.TIMELINE_METRICS},
                     "covered_s": {m: _r(c["covered_s"][m]) for m in integrals.TIMELINE_METRICS},
                     "count": {m: c["count"][m] for m in integrals.TIMELINE_METRICS}}

@@ -23,6 +23,11 @@ def timeline_path(state_dir: str, uuid: str) -> str:
     return os.path.join(state_dir, "agent", "timeline", f"{safe}.jsonl")
 
 
+def mig_key(parent_uuid: str, gi_id: int | str) -> str:
+    """Name of a MIG slice's (GPU instance's) series: its timeline file is ``timeline_path(dir, mig_key(...))``."""
+    return f"{parent_uuid}_gi{gi_id}"
+
+
 def jobs_dir(state_dir: str) -> str:
     return os.path.join(state_dir, "jobs")
 

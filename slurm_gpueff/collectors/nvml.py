@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..record import empty_gpu
-from . import integrals
+from . import integrals, nvml_mig
 from .agent_files import job_file_uuids, line_time, state_path, timeline_path
 from .base import Collector, JobContext, Measurement, slurm_index_to_minor
 from .nvml_sampler import GPM_METRICS, NO_GPM_REASON
@@ -100,6 +100,8 @@ class NvmlCollector(Collector):
 
     def _start(self, job: JobContext) -> dict[str, Any]:
         state, err = self.read_state()
+        if nvml_mig.slices(job):  # MIG slices: the slice's own counters, never the whole GPU's (see nvml_mig)
+            return nvml_mig.start(self.state_dir, job, self.name, state=state, err=err, now=self.now)
         minors = slurm_index_to_minor(job.gpu_indexes, self.dev_dir)
         out: dict[str, Any] = {"backend": self.name, "t": self.now(), "uuids": [], "gpus": {}, "error": err}
         if state is not None:
@@ -135,6 +137,13 @@ class NvmlCollector(Collector):
 
     def _stop(self, job: JobContext, start_state: dict[str, Any] | None) -> Measurement:
         state, err = self.read_state()
+        if nvml_mig.slices(job):
+            reason = self._job_reason(start_state, state, err)
+            interval = float((state or {}).get("interval_s") or self.config.agent.interval_s)
+            gpus = nvml_mig.stop(job, start_state, self.name, state=state, reason=reason, interval_s=interval,
+                                 state_dir=self.state_dir)
+            backend = "nvml-gpm" if any(g["source"] == "nvml-gpm" for g in gpus) else "nvml"
+            return Measurement(backend, gpus, reason)
         minors = slurm_index_to_minor(job.gpu_indexes, self.dev_dir)
         by_minor = self._by_minor(state) if state is not None else {}
         reason = self._job_reason(start_state, state, err)

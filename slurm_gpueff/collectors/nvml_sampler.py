@@ -17,6 +17,12 @@ What one sample holds, per GPU, and why:
   per-metric error becomes ``None`` (missing), never 0.
 * ``power_mw`` (cheap, every tick), ``energy_mj`` (cumulative counter since driver load; ~4 ms a call,
   so only when the agent asks for it), ``memory_used_bytes`` (v2 ``used``, which excludes reserved memory).
+* ``mig_devices`` / ``mig`` -- only for a GPU in MIG mode: the MIG devices that exist now (enumerated
+  every tick with ``nvmlDeviceGetMigDeviceHandleByIndex``, because GPU instances can be destroyed and
+  re-created without a GPU reset) and, per GPU instance, its memory used (``nvmlDeviceGetMemoryInfo``
+  on the MIG device handle) and GPM metrics from ``nvmlGpmMigSampleGet(parent, gpuInstanceId, sample)``.
+  GPM samples per GPU instance, not per compute instance: all compute instances of one GPU instance
+  share one reading. NVML has no per-slice utilization.gpu, power or energy.
 
 pynvml is imported lazily: this module is importable (and the agent's tests run) without it.
 """
@@ -31,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..errors import CollectorError
+from .mig import profile_from_name
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +66,31 @@ class GpuInfo:
     memory_total_bytes: int | None
     gpm_supported: bool
     gpm_reason: str | None = None  # why GPM figures are missing, when they are
+    mig_enabled: bool = False  # MIG mode on: jobs get slices; see GpuSample.mig
+
+
+@dataclass
+class MigInfo:
+    """One MIG device (a compute instance inside a GPU instance) of a GPU in MIG mode."""
+
+    uuid: str  # the MIG device UUID, what CUDA_VISIBLE_DEVICES holds
+    parent_uuid: str
+    gi_id: int
+    ci_id: int | None
+    profile: str | None  # e.g. 1g.10gb (from the MIG device's name)
+    memory_total_bytes: int | None  # the GPU instance's memory
+
+
+@dataclass
+class MigSample:
+    """One reading of one GPU instance (GPM and memory are per GPU instance, shared by its compute instances)."""
+
+    gi_id: int
+    memory_used_bytes: int | None = None
+    gpm: dict[str, float | None] | None = None  # as GpuSample.gpm; None on the GI's first sample or without GPM
+    gpm_dt: float | None = None
+    gpm_reason: str | None = None  # why there is no GPM for this GPU instance at all
+    errors: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -76,6 +108,10 @@ class GpuSample:
     gpm: dict[str, float | None] | None = None
     gpm_dt: float | None = None
     errors: dict[str, str] = field(default_factory=dict)
+    # MIG mode only (None otherwise): the MIG devices that exist at this tick, and per GPU instance id
+    # its reading. A GPU instance missing here was destroyed since the previous tick.
+    mig_devices: list[MigInfo] | None = None
+    mig: dict[int, MigSample] | None = None
 
 
 class Sampler(Protocol):
@@ -119,11 +155,23 @@ def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+class _GpmBuf:
+    """Two GPM sample buffers (previous, current) and when the previous one was taken."""
+
+    __slots__ = ("gpm_prev", "gpm_cur", "gpm_prev_t", "key")
+
+    def __init__(self) -> None:
+        self.gpm_prev: Any = None
+        self.gpm_cur: Any = None
+        self.gpm_prev_t: float | None = None
+        self.key: frozenset[str] = frozenset()  # MIG: the GPU instance's device UUIDs (new set = new GI)
+
+
 class _Dev:
     """Per-GPU handles and GPM sample buffers of the real sampler."""
 
     __slots__ = ("handle", "info", "gpm_prev", "gpm_cur", "gpm_prev_t", "util_ts", "util_buffer_ok",
-                 "mem_v2")
+                 "mem_v2", "gpm_capable", "mig_gpm_reason", "mig_bufs", "mig_cache")
 
     def __init__(self, handle: Any, info: GpuInfo):
         self.handle = handle
@@ -134,6 +182,10 @@ class _Dev:
         self.util_ts = 0  # last seen utilization-sample timestamp (us)
         self.util_buffer_ok = True
         self.mem_v2 = True
+        self.gpm_capable = False  # the GPU supports GPM (even if device-level sampling is refused)
+        self.mig_gpm_reason: str | None = None  # why GPU instances get no GPM, when they do not
+        self.mig_bufs: dict[int, _GpmBuf] = {}  # GPU instance id -> its GPM buffers
+        self.mig_cache: dict[str, MigInfo] = {}  # MIG device UUID -> identity (asked once per device)
 
 
 class NvmlSampler:
@@ -174,7 +226,10 @@ class NvmlSampler:
             mem = self._try(nv.nvmlDeviceGetMemoryInfo, h)
             info.memory_total_bytes = int(mem.total) if mem is not None else None
             dev = _Dev(h, info)
+            info.mig_enabled = self._mig_enabled(h)
             self._setup_gpm(dev)
+            if info.mig_enabled:
+                dev.mig_gpm_reason = info.gpm_reason if not dev.gpm_capable else None
             # Prime the utilization buffer: later samples average only readings newer than this.
             self._kernel_pct(dev)
             self._devs.append(dev)
@@ -206,6 +261,7 @@ class NvmlSampler:
         if not supported:
             info.gpm_reason = NO_GPM_REASON
             return
+        dev.gpm_capable = True
         try:
             dev.gpm_prev = nv.nvmlGpmSampleAlloc()
             dev.gpm_cur = nv.nvmlGpmSampleAlloc()
@@ -256,22 +312,28 @@ class NvmlSampler:
         dev.util_ts = newest
         return vals
 
-    def _memory_used(self, dev: _Dev) -> int | None:
+    def _memory_used(self, dev: _Dev, handle: Any = None) -> int | None:
+        """Memory used of the GPU, or of a MIG device when ``handle`` is one (its GPU instance's memory)."""
         nv = self._nvml
+        h = dev.handle if handle is None else handle
         if dev.mem_v2 and hasattr(nv, "nvmlMemory_v2"):
             try:
-                return int(nv.nvmlDeviceGetMemoryInfo(dev.handle, version=nv.nvmlMemory_v2).used)
+                return int(nv.nvmlDeviceGetMemoryInfo(h, version=nv.nvmlMemory_v2).used)
             except (nv.NVMLError, TypeError):
                 dev.mem_v2 = False
         try:
-            return int(nv.nvmlDeviceGetMemoryInfo(dev.handle).used)
+            return int(nv.nvmlDeviceGetMemoryInfo(h).used)
         except nv.NVMLError:
             return None
 
-    def _gpm(self, dev: _Dev, out: GpuSample) -> None:
+    def _gpm(self, dev: _Dev | _GpmBuf, out: GpuSample | MigSample, take: Any = None) -> None:
+        """One GPM reading into ``out``: ``take(sample)`` fills the current buffer (default: whole GPU)."""
         nv = self._nvml
         try:
-            nv.nvmlGpmSampleGet(dev.handle, dev.gpm_cur)
+            if take is None:
+                nv.nvmlGpmSampleGet(dev.handle, dev.gpm_cur)  # type: ignore[union-attr]
+            else:
+                take(dev.gpm_cur)
         except nv.NVMLError as exc:
             out.errors["gpm"] = f"GPM sample failed: {exc}"
             return
@@ -300,6 +362,101 @@ class NvmlSampler:
             dev.gpm_prev, dev.gpm_cur = dev.gpm_cur, dev.gpm_prev
             dev.gpm_prev_t = t
 
+    # -- MIG -------------------------------------------------------------------------------------------
+    def _mig_enabled(self, handle: Any) -> bool:
+        """MIG mode is on now (changing it needs a GPU reset, so once at open is enough)."""
+        nv = self._nvml
+        try:
+            current, _pending = nv.nvmlDeviceGetMigMode(handle)
+        except (nv.NVMLError, AttributeError):  # NotSupported on GPUs without MIG
+            return False
+        return current == getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1)
+
+    def _mig_devices(self, dev: _Dev) -> list[tuple[Any, MigInfo]]:
+        """The MIG devices that exist now, with their handles; identity asked once per MIG device UUID."""
+        nv = self._nvml
+        try:
+            count = int(nv.nvmlDeviceGetMaxMigDeviceCount(dev.handle))
+        except nv.NVMLError:
+            return []
+        out = []
+        for i in range(count):
+            try:
+                mh = nv.nvmlDeviceGetMigDeviceHandleByIndex(dev.handle, i)
+                uuid = _s(nv.nvmlDeviceGetUUID(mh))
+            except nv.NVMLError:  # NotFound: no MIG device at this index
+                continue
+            info = dev.mig_cache.get(uuid)
+            if info is None:
+                try:
+                    gi = int(nv.nvmlDeviceGetGpuInstanceId(mh))
+                except nv.NVMLError as exc:
+                    log.warning("MIG device %s of %s: no GPU instance id (%s); skipped", uuid, dev.info.uuid, exc)
+                    continue
+                ci = self._try(nv.nvmlDeviceGetComputeInstanceId, mh)
+                name = self._try(nv.nvmlDeviceGetName, mh)
+                mem = self._try(nv.nvmlDeviceGetMemoryInfo, mh)
+                info = MigInfo(uuid=uuid, parent_uuid=dev.info.uuid, gi_id=gi,
+                               ci_id=int(ci) if ci is not None else None,
+                               profile=profile_from_name(_s(name)) if name is not None else None,
+                               memory_total_bytes=int(mem.total) if mem is not None else None)
+                dev.mig_cache[uuid] = info
+            out.append((mh, info))
+        return out
+
+    def _sample_mig(self, dev: _Dev, s: GpuSample) -> None:
+        nv = self._nvml
+        devices = self._mig_devices(dev)
+        s.mig_devices = [info for _, info in devices]
+        by_gi: dict[int, list[tuple[Any, MigInfo]]] = {}
+        for mh, info in devices:
+            by_gi.setdefault(info.gi_id, []).append((mh, info))
+        s.mig = {}
+        for gi, members in by_gi.items():
+            ms = MigSample(gi_id=gi, memory_used_bytes=self._memory_used(dev, members[0][0]))
+            key = frozenset(info.uuid for _, info in members)
+            if dev.mig_gpm_reason is not None or not self.use_gpm:
+                ms.gpm_reason = dev.mig_gpm_reason or "GPM disabled in the agent"
+            else:
+                buf = dev.mig_bufs.get(gi)
+                if buf is not None and buf.key != key:  # GPU instance re-created: old samples are another GI's
+                    self._free(buf)
+                    buf = None
+                if buf is None:
+                    buf = self._new_mig_buf(dev, gi, key, ms)
+                else:
+                    self._gpm(buf, ms, take=lambda smp, gi=gi: nv.nvmlGpmMigSampleGet(dev.handle, gi, smp))
+            s.mig[gi] = ms
+        for gi in [g for g in dev.mig_bufs if g not in by_gi]:  # destroyed GPU instances
+            self._free(dev.mig_bufs.pop(gi))
+        for u in [u for u, i in dev.mig_cache.items() if i.gi_id not in by_gi]:
+            del dev.mig_cache[u]
+
+    def _new_mig_buf(self, dev: _Dev, gi: int, key: frozenset[str], ms: MigSample) -> _GpmBuf | None:
+        """First GPM sample of a GPU instance (its figures start at the next tick)."""
+        nv = self._nvml
+        buf = _GpmBuf()
+        buf.key = key
+        try:
+            buf.gpm_prev = nv.nvmlGpmSampleAlloc()
+            buf.gpm_cur = nv.nvmlGpmSampleAlloc()
+            nv.nvmlGpmMigSampleGet(dev.handle, gi, buf.gpm_prev)
+            buf.gpm_prev_t = time.monotonic()
+        except nv.NVMLError as exc:
+            ms.errors["gpm"] = f"GPM MIG sampling refused for GPU instance {gi}: {exc}"
+            self._free(buf)
+            return None
+        dev.mig_bufs[gi] = buf
+        return buf
+
+    def _free(self, buf: _GpmBuf) -> None:
+        nv = self._nvml
+        for smp in (buf.gpm_prev, buf.gpm_cur):
+            if smp is not None:
+                with contextlib.suppress(nv.NVMLError):
+                    nv.nvmlGpmSampleFree(smp)
+        buf.gpm_prev = buf.gpm_cur = None
+
     def sample(self, read_energy: bool) -> list[GpuSample]:
         nv = self._nvml
         out = []
@@ -318,6 +475,8 @@ class NvmlSampler:
                     s.errors["energy"] = str(exc)
             if dev.info.gpm_supported:
                 self._gpm(dev, s)
+            if dev.info.mig_enabled:
+                self._sample_mig(dev, s)
             out.append(s)
         return out
 
@@ -330,6 +489,8 @@ class NvmlSampler:
                 if smp is not None:
                     with contextlib.suppress(nv.NVMLError):
                         nv.nvmlGpmSampleFree(smp)
+            for buf in dev.mig_bufs.values():
+                self._free(buf)
         self._devs = []
         with contextlib.suppress(nv.NVMLError):
             nv.nvmlShutdown()

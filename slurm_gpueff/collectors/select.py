@@ -28,12 +28,21 @@ def get_collector(config: Any) -> Collector:
     if backend == "none":
         return NoneCollector(config)
     if backend == "dcgm":
-        return NoneCollector(config, "dcgm backend is not available in this version; use nvml")
+        from .dcgm import DcgmCollector
+
+        return DcgmCollector(config)
     if backend == "nvml":
         from .nvml import NvmlCollector
 
         return NvmlCollector(config)
-    # auto: the nvml agent publishes a state file; if it is there, use it (it says if it is stale).
+    # auto: dcgm if a hostengine accepts a connection (a bounded TCP connect, no bindings imported)...
+    from .dcgm_bindings import probe
+
+    if probe(config.dcgm.hostengine, config.dcgm.connect_timeout_s) is None:
+        from .dcgm import DcgmCollector
+
+        return DcgmCollector(config)
+    # ...else the nvml agent publishes a state file; if it is there, use it (it says if it is stale).
     if os.path.exists(agent_state_path(config)):
         from .nvml import NvmlCollector
 

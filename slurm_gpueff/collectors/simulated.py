@@ -16,6 +16,7 @@ import os
 import zlib
 
 from ..record import FRACTIONS, empty_gpu
+from . import nvml_mig
 from .base import Collector, JobContext, Measurement
 
 # Annotation-only imports: typing costs ~2 ms at start-up, which every Prolog/Epilog would pay.
@@ -110,6 +111,8 @@ class SimulatedCollector(Collector):
         if profile is None:
             reason = f"unknown simulated profile {profile_name!r} (known: {', '.join(PROFILES)})"
             return Measurement(self.name, [empty_gpu(i, self.name, reason) for i in job.gpu_indexes], reason)
+        if nvml_mig.slices(job):
+            return Measurement(self.name, _mig_slices(job, profile, self.config), None)
         start = job.start_time
         end = job.end_time
         # Without both ends of the window (Prolog state lost) there is no energy to report: None, not 0.
@@ -150,4 +153,30 @@ def _timeline(gpu: dict[str, Any], elapsed: float, job_id: int, index: int, poin
         ramp = 0.5 if p == 0 else 1.0
         out.append([round(t, 1)] + [round(min(1.0, (gpu[m] or 0.0) * ramp * wobble), 4)
                                     for m in ("kernel_active", "sm_active", "tensor_active")])
+    return out
+
+
+def _mig_slices(job: JobContext, profile: dict[str, Any], config: Any) -> list[dict[str, Any]]:
+    """MIG jobs: one entry per slice, attributed to (parent GPU, GPU instance), as a real MIG node would
+    report them: per-slice activity (as GPM MIG sampling gives it) and the slice's memory; the
+    whole-GPU-only figures (utilization, energy, power) None with the reason."""
+    from .gpu_ids import parse_legacy_mig
+    from .mig import UTIL_REASON
+
+    out = []
+    for pos, (index, mig_uuid) in enumerate(nvml_mig.slices(job)):
+        spec = profile["first"] if pos == 0 else profile.get("rest", profile["first"])
+        legacy = parse_legacy_mig(mig_uuid) or {}
+        total = 10 * GiB
+        gpu = empty_gpu(index, "simulated", None, uuid=legacy.get("parent_uuid") or f"GPU-5171a7ed-{index:04d}",
+                        model=config.simulated.model, memory_total_bytes=total, mig_uuid=mig_uuid,
+                        mig_gi_id=legacy.get("gi_id", pos + 1), mig_ci_id=legacy.get("ci_id", 0),
+                        mig_profile="1g.10gb")
+        for m in FRACTIONS:
+            if m != "kernel_active":
+                gpu[m] = spec[m]
+        gpu["memory_used_peak_bytes"] = int(total * spec["mem"])
+        gpu["missing"] = {m: UTIL_REASON for m in ("kernel_active", "energy_j", "power_mean_w")}
+        gpu["samples"] = 1
+        out.append(gpu)
     return out

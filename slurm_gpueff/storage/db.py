@@ -2,7 +2,8 @@
 
 ``paths.database`` may be a SQLAlchemy URL (``sqlite:///...``, ``postgresql+psycopg://...``) or a
 plain file path, which means SQLite. SQLite runs in WAL mode with a busy timeout so that ingest and
-``seff-gpu`` readers do not block each other.
+``seff-gpu`` readers do not block each other. The schema comes from Alembic migrations
+(:mod:`slurm_gpueff.storage.migrate`), not ``create_all``.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import os
 
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
-from sqlmodel import SQLModel, create_engine
+from sqlmodel import create_engine
 
 from .. import models  # noqa: F401  (registers the tables on SQLModel.metadata)
 
@@ -24,7 +25,9 @@ def database_url(value: str) -> str:
 
 
 def make_engine(value: str, create: bool = True) -> Engine:
-    """Create the engine; with ``create`` the schema is created if missing (SQLite parent dir too)."""
+    """Create the engine. With ``create``: SQLite is migrated to the current schema (parent dir created
+    too); a server database is only checked and raises ``migrate.SchemaError`` until ``gpueff db upgrade``
+    has run (policy in :mod:`slurm_gpueff.storage.migrate`)."""
     url = database_url(value)
     kwargs: dict = {}
     if url.startswith("sqlite"):
@@ -36,7 +39,9 @@ def make_engine(value: str, create: bool = True) -> Engine:
     if url.startswith("sqlite"):
         event.listen(engine, "connect", _sqlite_pragmas)
     if create:
-        SQLModel.metadata.create_all(engine)
+        from .migrate import ensure_schema  # imports Alembic: only for writers, never for seff-gpu
+
+        ensure_schema(engine)
     return engine
 
 

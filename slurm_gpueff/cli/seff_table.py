@@ -1,0 +1,78 @@
+"""``seff-gpu -u USER [-A ACCOUNT] [-S START] [-E END] [--json]``: one line per job, with totals.
+
+Reads only the per-job summary columns (written at ingest by slurm_gpueff.summarize), so a month of a
+user's jobs is one indexed query. Times are local (like sacct) and select jobs by their end time;
+defaults: the last 7 days up to now.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+DEFAULT_DAYS = 7
+
+
+def parse_time(text: str) -> datetime:
+    """``YYYY-MM-DD`` or ``YYYY-MM-DDTHH:MM[:SS]`` in local time -> naive UTC (how the DB stores times)."""
+    try:
+        local = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"bad time {text!r}: use YYYY-MM-DD or YYYY-MM-DDTHH:MM[:SS]") from None
+    if local.tzinfo is None:
+        local = local.astimezone()  # interpret as this host's local time
+    return local.astimezone(UTC).replace(tzinfo=None)
+
+
+def run(args: argparse.Namespace, config: Any) -> int:
+    from sqlalchemy.exc import SQLAlchemyError
+    from sqlmodel import Session
+
+    from ..render.jobs_table import as_json, render
+    from ..storage.db import make_engine
+    from ..storage.job_list import list_jobs
+
+    try:
+        end = parse_time(args.end) if args.end else datetime.now(UTC).replace(tzinfo=None)
+        start = parse_time(args.start) if args.start else end - timedelta(days=DEFAULT_DAYS)
+    except ValueError as exc:
+        print(f"seff-gpu: {exc}", file=sys.stderr)
+        return 2
+    user = args.user
+    try:  # privacy like sacct (issue 3's module): non-admins see only their own jobs
+        from ..privacy import current_user, sees_everything
+
+        uid, name = current_user()
+        if not sees_everything(config.privacy, uid, name):
+            if user is None:
+                user = name
+            elif user != name:
+                print(f"seff-gpu: you may only list your own jobs (user {name}); [privacy] in the config",
+                      file=sys.stderr)
+                return 6
+    except ImportError:
+        pass
+    try:
+        engine = make_engine(config.paths.database, create=False)
+        with Session(engine) as session:
+            jobs = list_jobs(session, user=user, account=args.account, start=start, end=end, cluster=args.cluster)
+        engine.dispose()
+    except SQLAlchemyError as exc:
+        print(f"seff-gpu: cannot read the job database: {str(getattr(exc, 'orig', exc)).splitlines()[0]}",
+              file=sys.stderr)
+        return 1
+    query = {"user": user, "account": args.account, "cluster": args.cluster,
+             "start_utc": start.isoformat(), "end_utc": end.isoformat()}
+    if args.json:
+        print(json.dumps(as_json(jobs, query), indent=2))
+        return 0
+    who = " ".join(f"{k} {v}" for k, v in (("user", user), ("account", args.account)) if v) or "all users"
+    print(f"GPU jobs of {who} that ended {start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC")
+    if not jobs:
+        print("(none)")
+        return 0
+    print(render(jobs))
+    return 0

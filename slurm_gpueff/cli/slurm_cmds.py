@@ -1,0 +1,155 @@
+"""``gpueff enrich`` and ``gpueff backfill``: join Slurm accounting (sacct) into the job database.
+
+    gpueff enrich [--since DATE] [--limit N] [--quiet]
+    gpueff backfill --since DATE [--until DATE] [--quiet]
+
+Exit status: 0 ok; 1 sacct or the database failed (nothing lost: the next run retries); 2 bad usage.
+Dates are ``YYYY-MM-DD``, ``YYYY-MM-DDTHH:MM[:SS]`` (local time, like sacct) or ``now-2d`` / ``now-6h``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+
+def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
+    """Register the subcommands on ``gpueff``'s subparsers."""
+    e = sub.add_parser("enrich", parents=[common], help="complete job rows from Slurm accounting (sacct)",
+                       description="Fill array/het ids, job name, QOS, submit time, final state and exit code "
+                                   "from sacct into jobs not enriched yet. Safe to run any time; a sacct "
+                                   "failure changes nothing.")
+    e.add_argument("--since", metavar="DATE", help="only jobs that ended since DATE "
+                   "(default: [sacct] enrich_window_days ago)")
+    e.add_argument("--limit", type=int, metavar="N", help="at most N jobs")
+    e.add_argument("--quiet", action="store_true", help="no progress bar and no summary unless errors")
+    b = sub.add_parser("backfill", parents=[common], help="allocation-only records for GPU jobs without one",
+                       description="Find jobs that held GPUs according to sacct but have no record from the "
+                                   "hooks (node crash, hooks not installed yet, collector or spool lost) and "
+                                   "record their allocation, with the reason.")
+    b.add_argument("--since", metavar="DATE", required=True, help="start of the window (sacct -S)")
+    b.add_argument("--until", metavar="DATE", help="end of the window (default: now minus [sacct] "
+                   "backfill_grace_s, so records still in the spool are not pre-empted)")
+    b.add_argument("--cluster", metavar="NAME", help="Slurm cluster to ask (sacct -M; default: the local one)")
+    b.add_argument("--quiet", action="store_true", help="no progress bar and no summary unless errors")
+
+
+def parse_date(text: str, now: float | None = None) -> float:
+    """Epoch seconds from ``YYYY-MM-DD[THH:MM[:SS]]`` (local time), ``now``, ``now-3d``/``-6h``/``-30m``."""
+    now = time.time() if now is None else now
+    s = text.strip()
+    m = re.fullmatch(r"now(?:-(\d+)([dhm]))?", s)
+    if m:
+        if not m.group(1):
+            return now
+        return now - int(m.group(1)) * {"d": 86400, "h": 3600, "m": 60}[m.group(2)]
+    for fmt in ("%Y-%m-%d", "%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M", "%Y-%m-%d %H:%M:%S"):
+        try:
+            return time.mktime(time.strptime(s, fmt))
+        except ValueError:
+            continue
+    raise ValueError(f"invalid date {text!r}: expected YYYY-MM-DD, YYYY-MM-DDTHH:MM[:SS] or now-2d")
+
+
+class Bar:
+    """A one-line progress bar on stderr, only on a terminal."""
+
+    def __init__(self, label: str, enabled: bool, width: int = 30):
+        self.label, self.enabled, self.width, self.shown = label, enabled, width, False
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled or not total:
+            return
+        filled = int(self.width * min(done, total) / total)
+        sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (self.width - filled)}] {done}/{total}")
+        sys.stderr.flush()
+        self.shown = True
+
+    def close(self) -> None:
+        if self.shown:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+def _err(msg: str) -> None:
+    print(f"gpueff: {msg}", file=sys.stderr)
+
+
+def run(args: argparse.Namespace, config: Any) -> int:
+    from ..sacct import SacctError, SacctReader
+    from ..storage.db import make_engine
+
+    try:
+        since = parse_date(args.since) if args.since else None
+        until = parse_date(args.until) if getattr(args, "until", None) else None
+    except ValueError as exc:
+        _err(str(exc))
+        return 2
+    if getattr(args, "limit", None) is not None and args.limit < 1:
+        _err("--limit must be at least 1")
+        return 2
+    reader = SacctReader.from_config(config)
+    try:
+        engine = make_engine(config.paths.database)
+    except Exception as exc:
+        _err(f"cannot open the job database {config.paths.database}: {exc}")
+        return 1
+    bar = Bar(args.command, enabled=not args.quiet and sys.stderr.isatty())
+    try:
+        if args.command == "enrich":
+            return _enrich(engine, reader, config, since, args, bar)
+        try:
+            return _backfill(engine, reader, config, since or 0.0, until, args, bar)
+        except SacctError as exc:
+            bar.close()
+            _err(str(exc))
+            return 1
+    finally:
+        bar.close()
+        engine.dispose()
+
+
+def _enrich(engine: Any, reader: Any, config: Any, since: float | None, args: argparse.Namespace, bar: Bar) -> int:
+    from ..storage.enrich import enrich_jobs
+
+    if since is None:
+        since = time.time() - config.sacct.enrich_window_days * 86400
+    since_dt = datetime.fromtimestamp(since, UTC).replace(tzinfo=None)
+    res = enrich_jobs(engine, reader, since=since_dt, limit=args.limit, progress=bar)
+    bar.close()
+    for e in res.errors:
+        _err(e)
+    if not args.quiet or res.errors:
+        print(f"enriched {res.enriched} of {res.checked} job(s) checked; {res.not_final} not finished in sacct "
+              f"yet, {res.not_found} unknown to sacct (retried next run)")
+    return 1 if res.errors else 0
+
+
+def _backfill(engine: Any, reader: Any, config: Any, since: float, until: float | None, args: argparse.Namespace,
+              bar: Bar) -> int:
+    from ..storage.enrich import backfill_jobs
+
+    if until is None:
+        until = time.time() - config.sacct.backfill_grace_s
+    if until <= since:
+        _err("backfill: --until is not after --since (without --until the window ends "
+             f"[sacct] backfill_grace_s = {config.sacct.backfill_grace_s:g} s before now)")
+        return 2
+    jobs = reader.window(since, until, cluster=args.cluster)
+    # sacct lists jobs *active* in the window; keep those that ended inside it
+    jobs = [j for j in jobs if j.end is None or since <= j.end <= until]
+    res = backfill_jobs(engine, jobs, default_cluster=config.site.cluster, progress=bar)
+    bar.close()
+    for e in res.errors:
+        _err(e)
+    if not args.quiet or res.errors:
+        print(f"backfill: {res.seen} job(s) in sacct; created {res.created} allocation-only record(s)"
+              + (f" ({', '.join(res.created_ids[:20])}{' ...' if len(res.created_ids) > 20 else ''})"
+                 if res.created_ids else "")
+              + f"; {res.had_record} already recorded ({res.enriched} enriched now), {res.no_gpus} without "
+                f"GPUs, {res.not_final} not finished")
+    return 1 if res.errors else 0

@@ -1,0 +1,527 @@
+"""The dcgm backend: DCGM job statistics and profiling fields per allocation, through nv-hostengine.
+
+Prolog (:meth:`DcgmCollector.start`), with a hostengine connection that persists after we disconnect:
+
+1. find the job's GPUs in DCGM by UUID / PCI bus id (Slurm index -> /dev/nvidiaN minor -> the driver's
+   ``/proc`` entry -> UUID -> DCGM gpu id; never by assuming ordinals match), or, for MIG slices, the
+   GPU-instance entity (parent UUID + GPU instance id);
+2. a DCGM group of exactly those GPUs; job-field watches with a keep age above the job's time limit;
+   profiling-field watches (SM active 1002, occupancy 1003, tensor 1004, DRAM 1005, FP64/32/16 pipes
+   1006/1007/1008, by numeric id: DCGM 4.6 renamed the symbols); ``dcgmJobStartStats``.
+
+Epilog (:meth:`DcgmCollector.stop`): ``dcgmJobStopStats`` + ``dcgmJobGetStats`` (energy, power, peak
+memory, kernel activity, XID errors, violation/throttle times, processes), each profiling field's
+average over the job's window (``dcgmGetFieldSummary``), then the job, watches and group are removed.
+
+Labels: DCGM's job-stats "SM Utilization" is NVML's utilization.gpu (share of time a kernel ran,
+NVIDIA/DCGM#305), so it is stored as ``kernel_active``; SM activity comes only from field 1002.
+Blank sentinels (int32 >= 0x7ffffff0, int64 >= 0x7ffffffffffffff0, fp64 >= 2**47) become None with
+a reason. Job statistics do not work on MIG: those figures are None with the reason, the profiling
+fields are read per GPU instance.
+
+Failures never fail the hook. Hostengine down, bindings missing, duplicate job id that cannot be
+cleared, no data, root required: the job falls back to the nvml path (the gpueff agent's counters,
+snapshotted at job start alongside DCGM for exactly this reason) when the agent runs, else to an
+allocation-only record; the reason says what happened. A profiling watch refused because the GPU
+cannot collect all fields in one pass (PROFILING_MULTI_PASS, pre-Hopper) is retried with fewer
+fields; the dropped ones are None with the reason.
+
+Optionally (``dcgm.exporter_mapping``) the Prolog writes dcgm-exporter's HPC job-mapping files and the
+Epilog removes them (:mod:`slurm_gpueff.collectors.exporter_map`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import time
+
+from ..record import METRICS, empty_gpu
+from . import dcgm_bindings as dcgmb
+from . import exporter_map
+from . import mig as migmod
+from .base import Collector, JobContext, Measurement, slurm_index_to_minor
+from .gpu_ids import PROC_GPUS, job_slices, normalize_bus_id, proc_gpus
+
+# Annotation-only imports: typing costs ~2 ms at start-up, which every Prolog/Epilog would pay.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+log = logging.getLogger(__name__)
+
+# Profiling field id -> record metric (values are ratios 0-1).
+PROF_FIELDS: dict[int, str] = {1002: "sm_active", 1003: "sm_occupancy", 1004: "tensor_active",
+                               1005: "dram_active", 1006: "fp64_active", 1007: "fp32_active",
+                               1008: "fp16_active"}
+# What to retry with when a GPU cannot watch every field in one pass (pre-Hopper).
+PROF_FALLBACKS: tuple[tuple[int, ...], ...] = (tuple(PROF_FIELDS), (1002, 1003, 1004, 1005), (1002,))
+JOBSTATS_METRICS = ("kernel_active", "energy_j", "power_mean_w", "memory_used_peak_bytes")
+# record key of throttle_s -> field of DCGM's per-GPU job stats (microseconds).
+VIOLATIONS = {"power": "powerViolationTime", "thermal": "thermalViolationTime",
+              "reliability": "reliabilityViolationTime", "board_limit": "boardLimitViolationTime",
+              "low_utilization": "lowUtilizationTime", "sync_boost": "syncBoostTime"}
+
+INT32_BLANK = 0x7FFFFFF0
+INT64_BLANK = 0x7FFFFFFFFFFFFFF0
+FP64_BLANK = 140737488355328.0
+BLANK_REASON = "DCGM returned a blank value (not supported or not recorded on this GPU)"
+NO_SAMPLES = "DCGM has no samples of this field in the job's window (job shorter than dcgm.update_interval_s?)"
+
+
+class _Fallback(Exception):
+    """DCGM could not measure the job; the message is the reason."""
+
+
+def i32(v: Any) -> int | None:
+    """An int32 DCGM value, or None for blanks (>= 0x7ffffff0) and negatives."""
+    return int(v) if isinstance(v, int) and 0 <= v < INT32_BLANK else None
+
+
+def i64(v: Any) -> int | None:
+    return int(v) if isinstance(v, int) and 0 <= v < INT64_BLANK else None
+
+
+def fp64(v: Any) -> float | None:
+    if not isinstance(v, int | float) or isinstance(v, bool):
+        return None
+    v = float(v)
+    return v if math.isfinite(v) and 0 <= v < FP64_BLANK else None
+
+
+def _handle_int(x: Any) -> int:
+    v = getattr(x, "value", x)
+    return int(v or 0)
+
+
+def _handle(v: int) -> Any:
+    import ctypes
+
+    return ctypes.c_void_p(v)
+
+
+def agent_state_file(config: Any) -> str:
+    return os.path.join(config.paths.state_dir, "agent", "state.json")
+
+
+class DcgmCollector(Collector):
+    """DCGM through nv-hostengine; falls back to the gpueff agent (nvml) or allocation-only."""
+
+    name = "dcgm"
+
+    def __init__(self, config: Any, *, proc_dir: str = PROC_GPUS, dev_dir: str = "/dev",
+                 now: Callable[[], float] = time.time,
+                 mig_lookup: Callable[[str], dict[str, Any]] | None = migmod.nvml_lookup):
+        super().__init__(config)
+        self.proc_dir = proc_dir
+        self.dev_dir = dev_dir
+        self.now = now
+        self.mig_lookup = mig_lookup
+        self.dc = config.dcgm
+
+    # -- plumbing ---------------------------------------------------------------------------------
+    def _fallback(self, wanted: bool = False) -> Any:
+        """The nvml hook collector when the gpueff agent publishes on this node (or was used at start)."""
+        if wanted or os.path.exists(agent_state_file(self.config)):
+            from .nvml import NvmlCollector
+
+            return NvmlCollector(self.config, dev_dir=self.dev_dir)
+        return None
+
+    def _with_dcgm(self, fn: Callable[[Any, Any], Any]) -> Any:
+        why = dcgmb.probe(self.dc.hostengine, self.dc.connect_timeout_s)
+        if why is not None:
+            raise dcgmb.DcgmUnavailable(why)
+        b = dcgmb.import_bindings(self.dc.bindings_path)
+        try:
+            h = dcgmb.connect(b, self.dc.hostengine, self.dc.connect_timeout_s)
+        except Exception as exc:  # noqa: BLE001 - DCGMError or library load failure
+            raise dcgmb.DcgmUnavailable(f"cannot connect to nv-hostengine at {self.dc.hostengine}: "
+                                        f"{dcgmb.describe(exc)}") from None
+        try:
+            return fn(b, h)
+        finally:
+            dcgmb.disconnect(b, h)
+
+    @staticmethod
+    def _why(exc: BaseException) -> str:
+        if isinstance(exc, dcgmb.DcgmUnavailable | _Fallback):
+            return str(exc)
+        return dcgmb.describe(exc)
+
+    # -- Prolog -----------------------------------------------------------------------------------
+    def start(self, job: JobContext) -> dict[str, Any]:
+        state: dict[str, Any] = {"backend": self.name, "t": self.now()}
+        fb = self._fallback()
+        if fb is not None:
+            try:
+                fb_state = fb.start(job)
+                state.update({k: v for k, v in fb_state.items() if k not in ("backend", "t")})
+                state["fallback"] = fb.name
+            except Exception as exc:  # noqa: BLE001
+                log.warning("nvml fallback start failed: %s", exc)
+        try:
+            state["dcgm"] = self._with_dcgm(lambda b, h: self._dcgm_start(job, b, h))
+        except Exception as exc:  # noqa: BLE001 - every DCGM failure becomes a reason
+            state["dcgm_error"] = f"DCGM unavailable at job start: {self._why(exc)}"
+            log.warning("job %s: %s", job.job_id, state["dcgm_error"])
+        if self.dc.exporter_mapping:
+            state["exporter"] = self._exporter_add(job, state)
+        return state
+
+    def _dcgm_gpus(self, b: Any, h: Any) -> list[dict[str, Any]]:
+        """Every GPU DCGM supports here, with the identity we match on."""
+        out = []
+        for gid in b.agent.dcgmGetAllSupportedDevices(h):
+            attrs = b.agent.dcgmGetDeviceAttributes(h, gid)
+            ident = attrs.identifiers
+            mem_mb = i64(getattr(attrs.memoryUsage, "fbTotal", None))
+            out.append({"gpu_id": int(gid), "uuid": str(ident.uuid) or None,
+                        "pci_bus_id": normalize_bus_id(str(ident.pciBusId)),
+                        "model": str(ident.deviceName) or None,
+                        "memory_total_bytes": mem_mb * 1024 * 1024 if mem_mb else None})
+        return out
+
+    def _agent_minors(self) -> dict[int, dict[str, Any]]:
+        import json
+
+        try:
+            with open(agent_state_file(self.config), "rb") as fh:
+                gpus = json.loads(fh.read()).get("gpus") or {}
+        except (OSError, ValueError, AttributeError):
+            return {}
+        return {g["minor"]: {"uuid": u, "pci_bus_id": normalize_bus_id(g.get("pci_bus_id")), "index": g.get("index")}
+                for u, g in gpus.items() if isinstance(g, dict) and isinstance(g.get("minor"), int)}
+
+    def _gpu_targets(self, job: JobContext, dcgm_gpus: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        minors = slurm_index_to_minor(job.gpu_indexes, self.dev_dir)
+        procs = proc_gpus(self.proc_dir)
+        agent = self._agent_minors()
+        by_uuid = {g["uuid"]: g for g in dcgm_gpus if g["uuid"]}
+        by_bus = {g["pci_bus_id"]: g for g in dcgm_gpus if g["pci_bus_id"]}
+        fe_gpu = 1
+        targets = {}
+        for idx in job.gpu_indexes:
+            minor = minors.get(idx)
+            t: dict[str, Any] = {"minor": minor, "entity_group": fe_gpu}
+            known = procs.get(minor) or agent.get(minor) if minor is not None else None
+            if minor is None:
+                t["error"] = f"Slurm GPU index {idx} has no /dev/nvidiaN device on this node"
+            elif not known:
+                t["error"] = (f"cannot identify /dev/nvidia{minor}: no {self.proc_dir}/*/information entry "
+                              "with that minor and no gpueff agent state")
+            else:
+                g = by_uuid.get(known.get("uuid")) or by_bus.get(known.get("pci_bus_id"))
+                if g is None:
+                    t["error"] = (f"DCGM does not list the GPU at /dev/nvidia{minor} "
+                                  f"({known.get('uuid') or known.get('pci_bus_id')})")
+                    t.update({"uuid": known.get("uuid"), "pci_bus_id": known.get("pci_bus_id")})
+                else:
+                    t.update({k: g[k] for k in ("gpu_id", "uuid", "pci_bus_id", "model", "memory_total_bytes")})
+                    t["entity_id"] = g["gpu_id"]
+            targets[str(idx)] = t
+        return targets
+
+    def _mig_targets(self, slices: list[tuple[int, str]], b: Any, h: Any,
+                     dcgm_gpus: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        inventory = migmod.agent_inventory(self.config.paths.state_dir)
+        by_uuid = {g["uuid"]: g for g in dcgm_gpus if g["uuid"]}
+        fe_gpu_i = int(getattr(b.fields, "DCGM_FE_GPU_I", 4))
+        hierarchy = b.agent.dcgmGetGpuInstanceHierarchy(h)
+        entities = list(hierarchy.entityList[: int(hierarchy.count)])
+        targets = {}
+        for idx, mig_uuid in slices:
+            desc, why = migmod.resolve(mig_uuid, inventory, self.mig_lookup)
+            t: dict[str, Any] = {"entity_group": fe_gpu_i, **migmod.slice_ident(desc, mig_uuid)}
+            parent = by_uuid.get(t["uuid"]) if desc else None
+            if why:
+                t["error"] = why
+            elif parent is None:
+                t["error"] = f"DCGM does not list the parent GPU {t['uuid']} of MIG device {mig_uuid}"
+            else:
+                t["gpu_id"] = parent["gpu_id"]
+                t["model"] = parent["model"]
+                t["pci_bus_id"] = parent["pci_bus_id"]
+                for e in entities:
+                    if (int(e.entity.entityGroupId) == fe_gpu_i and int(e.parent.entityId) == parent["gpu_id"]
+                            and int(e.info.nvmlInstanceId) == t["mig_gi_id"]):
+                        t["entity_id"] = int(e.entity.entityId)
+                        break
+                else:
+                    t["error"] = (f"DCGM has no GPU instance {t['mig_gi_id']} on GPU {parent['gpu_id']} "
+                                  f"for MIG device {mig_uuid}")
+            targets[str(idx)] = t
+        return targets
+
+    def _keep_age(self, job: JobContext) -> float:
+        """Seconds DCGM keeps the job's samples: the configured age, or longer if the job may run longer."""
+        keep = float(self.dc.keep_age_s)
+        end = job.env.get("SLURM_JOB_END_TIME", "")
+        if end.isdigit():
+            keep = max(keep, float(end) - self.now() + 3600.0)
+        return keep
+
+    def _dcgm_start(self, job: JobContext, b: Any, h: Any) -> dict[str, Any]:
+        slices = job_slices(job.env)
+        dcgm_gpus = self._dcgm_gpus(b, h)
+        targets = self._mig_targets(slices, b, h, dcgm_gpus) if slices else self._gpu_targets(job, dcgm_gpus)
+        members = [t for t in targets.values() if "entity_id" in t]
+        if not members:
+            errors = "; ".join(sorted({t.get("error") or "?" for t in targets.values()})) or "job has no GPUs"
+            raise _Fallback(f"none of the job's GPUs could be found in DCGM ({errors})")
+        key = f"gpueff-{job.job_id}"
+        stamp = f"{key}-{int(self.now())}"
+        group_empty = int(getattr(b.structs, "DCGM_GROUP_EMPTY", 1))
+        gid = _handle_int(b.agent.dcgmGroupCreate(h, group_empty, stamp))
+        out: dict[str, Any] = {"key": key, "group_id": gid, "field_group_id": None, "prof_fields": [],
+                               "prof_reason": None, "jobstats": not slices, "t0_us": int(self.now() * 1e6),
+                               "targets": targets, "notes": []}
+        try:
+            for t in members:
+                if t["entity_group"] == 1:
+                    b.agent.dcgmGroupAddDevice(h, _handle(gid), t["entity_id"])
+                else:
+                    b.agent.dcgmGroupAddEntity(h, _handle(gid), t["entity_group"], t["entity_id"])
+            keep = self._keep_age(job)
+            freq_us = int(float(self.dc.update_interval_s) * 1e6)
+            if out["jobstats"]:
+                b.agent.dcgmWatchJobFields(h, _handle(gid), freq_us, keep, 0)
+                self._job_start(b, h, gid, key, out)
+            if self.dc.profiling:
+                self._watch_prof(b, h, gid, stamp, freq_us, keep, out)
+            else:
+                out["prof_reason"] = "profiling fields disabled (dcgm.profiling = false)"
+        except BaseException:
+            self._cleanup(b, h, out)
+            raise
+        return out
+
+    def _job_start(self, b: Any, h: Any, gid: int, key: str, out: dict[str, Any]) -> None:
+        try:
+            b.agent.dcgmJobStartStats(h, _handle(gid), key)
+        except Exception as exc:  # noqa: BLE001
+            if dcgmb.status(exc) != dcgmb.ST_DUPLICATE_KEY:
+                raise
+            # A job of the same id is still registered: the job was requeued and its earlier Epilog
+            # never ran. The key carries our prefix, so the stale entry is ours to drop.
+            try:
+                b.agent.dcgmJobRemove(h, key)
+                b.agent.dcgmJobStartStats(h, _handle(gid), key)
+            except Exception as again:  # noqa: BLE001
+                raise _Fallback(f"{dcgmb.describe(exc)}; removing the stale DCGM job {key} did not help "
+                                f"({dcgmb.describe(again)})") from None
+            out["notes"].append("a stale DCGM job with this id was removed (job requeued?)")
+
+    def _watch_prof(self, b: Any, h: Any, gid: int, stamp: str, freq_us: int, keep: float,
+                    out: dict[str, Any]) -> None:
+        dropped_why = None
+        for attempt, ids in enumerate(PROF_FALLBACKS):
+            fg = _handle_int(b.agent.dcgmFieldGroupCreate(h, list(ids), f"{stamp}-prof{attempt}"))
+            try:
+                b.agent.dcgmWatchFields(h, _handle(gid), _handle(fg), freq_us, keep, 0)
+            except Exception as exc:  # noqa: BLE001
+                with contextlib.suppress(Exception):
+                    b.agent.dcgmFieldGroupDestroy(h, _handle(fg))
+                if dcgmb.status(exc) == dcgmb.ST_PROFILING_MULTI_PASS:
+                    dropped_why = ("DCGM cannot collect this profiling field together with the others on "
+                                   "this GPU (PROFILING_MULTI_PASS, pre-Hopper)")
+                    continue
+                out["prof_reason"] = f"DCGM profiling fields not available: {dcgmb.describe(exc)}"
+                return
+            out["field_group_id"] = fg
+            out["prof_fields"] = list(ids)
+            if dropped_why and len(ids) < len(PROF_FIELDS):
+                out["prof_dropped"] = {PROF_FIELDS[f]: dropped_why for f in PROF_FIELDS if f not in ids}
+            return
+        out["prof_reason"] = f"DCGM profiling fields not available: {dropped_why}"
+
+    # -- Epilog -----------------------------------------------------------------------------------
+    def stop(self, job: JobContext, start_state: dict[str, Any] | None) -> Measurement:
+        st = start_state if isinstance(start_state, dict) else {}
+        try:
+            if st.get("exporter"):
+                self._exporter_remove(job, st["exporter"])
+        except Exception as exc:  # noqa: BLE001
+            log.warning("job %s: cannot remove dcgm-exporter job mapping: %s", job.job_id, exc)
+        d = st.get("dcgm")
+        if st.get("backend") in ("nvml", "nvml-gpm") and "gpus" in st:
+            fb = self._fallback(wanted=True)
+            return fb.stop(job, st)  # the Prolog ran another backend (auto chose nvml then): finish it
+        if not isinstance(d, dict):
+            why = st.get("dcgm_error") or ("no start state: the Prolog did not run or its saved state was lost"
+                                           if not st else "DCGM was not used at job start")
+            return self._fall_back(job, st, why)
+        try:
+            gpus, reason = self._with_dcgm(lambda b, h: self._dcgm_stop(job, d, b, h))
+        except Exception as exc:  # noqa: BLE001
+            return self._fall_back(job, st, f"DCGM failed at job end: {self._why(exc)}")
+        return Measurement(self.name, gpus, reason)
+
+    def _fall_back(self, job: JobContext, st: dict[str, Any], why: str) -> Measurement:
+        fb = self._fallback(wanted=st.get("fallback") == "nvml")
+        if fb is None:
+            from .none import NoneCollector
+
+            meas = NoneCollector(self.config, f"{why}; no gpueff agent on this node to fall back to").stop(job, None)
+            return meas
+        meas = fb.stop(job, st if "gpus" in st else None)
+        meas.reason = f"{why}; figures from the gpueff agent (nvml) instead" + (
+            f"; {meas.reason}" if meas.reason else "")
+        return meas
+
+    def _dcgm_stop(self, job: JobContext, d: dict[str, Any], b: Any,
+                   h: Any) -> tuple[list[dict[str, Any]], str | None]:
+        key = d["key"]
+        t1_us = int(self.now() * 1e6)
+        try:
+            stats = None
+            if d.get("jobstats"):
+                b.agent.dcgmJobStopStats(h, key)
+                stats = b.agent.dcgmJobGetStats(h, key)
+            per_gpu = {}
+            if stats is not None:
+                per_gpu = {int(g.gpuId): g for g in stats.gpus[: max(0, int(stats.numGpus))]}
+            gpus = []
+            for idx_s, t in sorted(d["targets"].items(), key=lambda kv: int(kv[0])):
+                gpus.append(self._gpu_record(b, h, int(idx_s), t, d, per_gpu, t1_us))
+        finally:
+            self._cleanup(b, h, d)
+        notes = list(d.get("notes") or [])
+        reasons = {r for g in gpus for r in [g["missing"].get("sm_active")] if r}
+        if len(reasons) == 1 and all(g["sm_active"] is None for g in gpus):
+            notes.append(reasons.pop())
+        return gpus, "; ".join(notes) or None
+
+    def _gpu_record(self, b: Any, h: Any, idx: int, t: dict[str, Any], d: dict[str, Any],
+                    per_gpu: dict[int, Any], t1_us: int) -> dict[str, Any]:
+        ident = {k: t.get(k) for k in ("minor", "uuid", "pci_bus_id", "model", "memory_total_bytes")}
+        if t.get("mig_uuid"):
+            ident.update({k: t.get(k) for k in ("mig_uuid", "mig_gi_id", "mig_ci_id", "mig_profile")})
+        if "entity_id" not in t:
+            return empty_gpu(idx, self.name, t.get("error") or "GPU not found in DCGM", **ident)
+        gpu = empty_gpu(idx, self.name, None, **ident)
+        missing: dict[str, str] = {}
+        if t.get("mig_uuid"):
+            for m in JOBSTATS_METRICS:
+                missing[m] = migmod.JOBSTATS_REASON
+        else:
+            self._fill_jobstats(gpu, missing, per_gpu.get(int(t["gpu_id"])))
+        samples = self._fill_prof(b, h, gpu, missing, t, d, t1_us)
+        gpu["samples"] = samples
+        for m in METRICS:
+            if gpu[m] is None and m not in missing:
+                missing[m] = "not measured"
+        gpu["missing"] = missing
+        return gpu
+
+    @staticmethod
+    def _fill_jobstats(gpu: dict[str, Any], missing: dict[str, str], g: Any) -> None:
+        if g is None:
+            for m in JOBSTATS_METRICS:
+                missing[m] = "DCGM job statistics have no entry for this GPU"
+            return
+        util = i32(g.smUtilization.average)  # util.gpu, i.e. kernel activity (NVIDIA/DCGM#305)
+        if util is not None:
+            gpu["kernel_active"] = round(min(100, util) / 100.0, 6)
+        energy = i64(g.energyConsumed)  # mJ
+        if energy is not None:
+            gpu["energy_j"] = round(energy / 1000.0, 3)
+        power = fp64(g.powerUsage.average)  # W
+        if power is not None:
+            gpu["power_mean_w"] = round(power, 3)
+        peak = i64(g.maxGpuMemoryUsed)  # bytes
+        if peak is not None:
+            gpu["memory_used_peak_bytes"] = peak
+        for m in JOBSTATS_METRICS:
+            if gpu[m] is None:
+                missing[m] = BLANK_REASON
+        gpu["xid_errors"] = i32(g.numXidCriticalErrors)
+        throttle = {}
+        for k, attr in VIOLATIONS.items():
+            us = i64(getattr(g, attr, None))
+            if us is not None:
+                throttle[k] = round(us / 1e6, 3)
+        gpu["throttle_s"] = throttle or None
+        n = i32(g.numComputePids) or 0
+        pids = sorted({int(p.pid) for p in g.computePids[: min(n, len(g.computePids))] if int(p.pid) > 0})
+        gpu["processes"] = pids
+        for k in ("xid_errors", "throttle_s"):
+            if gpu[k] is None:
+                missing[k] = BLANK_REASON
+
+    def _fill_prof(self, b: Any, h: Any, gpu: dict[str, Any], missing: dict[str, str], t: dict[str, Any],
+                   d: dict[str, Any], t1_us: int) -> int:
+        fields = d.get("prof_fields") or []
+        for f, m in PROF_FIELDS.items():
+            if f not in fields:
+                missing[m] = (d.get("prof_dropped") or {}).get(m) or d.get("prof_reason") or "not watched"
+        avg_mask = int(getattr(b.structs, "DCGM_SUMMARY_AVG", 4))
+        count_mask = int(getattr(b.structs, "DCGM_SUMMARY_COUNT", 0x10))
+        samples = 0
+        for f in fields:
+            m = PROF_FIELDS[f]
+            try:
+                req = b.agent.dcgmGetFieldSummary(h, f, t["entity_group"], t["entity_id"], avg_mask,
+                                                  d["t0_us"], t1_us)
+                avg = fp64(req.response.values[0].dbl)
+                cnt = b.agent.dcgmGetFieldSummary(h, f, t["entity_group"], t["entity_id"], count_mask,
+                                                  d["t0_us"], t1_us)
+                n = i64(cnt.response.values[0].i64)
+            except Exception as exc:  # noqa: BLE001
+                code = dcgmb.status(exc)
+                missing[m] = NO_SAMPLES if code == dcgmb.ST_NO_DATA else f"DCGM summary failed: {dcgmb.describe(exc)}"
+                continue
+            if avg is None:
+                missing[m] = BLANK_REASON
+                continue
+            gpu[m] = round(min(1.0, avg), 6)
+            samples = max(samples, n or 0)
+        return samples
+
+    def _cleanup(self, b: Any, h: Any, d: dict[str, Any]) -> None:
+        """Remove the job, the watches and the group; each step on its own (one failing must not stop the rest)."""
+        gid = d.get("group_id")
+        fg = d.get("field_group_id")
+        steps: list[tuple[str, Callable[[], Any]]] = []
+        if d.get("jobstats"):
+            steps.append(("job remove", lambda: b.agent.dcgmJobRemove(h, d["key"])))
+        if fg is not None and gid is not None:
+            steps.append(("unwatch", lambda: b.agent.dcgmUnwatchFields(h, _handle(gid), _handle(fg))))
+            steps.append(("field group destroy", lambda: b.agent.dcgmFieldGroupDestroy(h, _handle(fg))))
+        if gid is not None:
+            steps.append(("group destroy", lambda: b.agent.dcgmGroupDestroy(h, _handle(gid))))
+        for what, step in steps:
+            try:
+                step()
+            except Exception as exc:  # noqa: BLE001
+                log.warning("DCGM cleanup (%s) for %s failed: %s", what, d.get("key"), dcgmb.describe(exc))
+
+    # -- dcgm-exporter job mapping ----------------------------------------------------------------
+    def _exporter_add(self, job: JobContext, state: dict[str, Any]) -> dict[str, Any]:
+        """Write the mapping files; DCGM gpu ids when known, else the agent's NVML index (DCGM numbers
+        GPUs in NVML order). MIG slices are skipped: the exporter labels whole GPUs only."""
+        directory = self.dc.exporter_mapping_dir
+        ids: list[int] = []
+        d = state.get("dcgm")
+        if isinstance(d, dict):
+            ids = [int(t["gpu_id"]) for t in d["targets"].values()
+                   if t.get("gpu_id") is not None and not t.get("mig_uuid")]
+        elif not job_slices(job.env):
+            minors = slurm_index_to_minor(job.gpu_indexes, self.dev_dir)
+            agent = self._agent_minors()
+            ids = [int(agent[m]["index"]) for m in minors.values()
+                   if m is not None and m in agent and isinstance(agent[m].get("index"), int)]
+        out: dict[str, Any] = {"dir": directory, "gpu_ids": ids, "job": str(job.job_id)}
+        try:
+            exporter_map.add_job(directory, ids, str(job.job_id))
+        except OSError as exc:
+            out["error"] = str(exc)
+            log.warning("job %s: cannot write dcgm-exporter job mapping in %s: %s", job.job_id, directory, exc)
+        return out
+
+    @staticmethod
+    def _exporter_remove(job: JobContext, ex: dict[str, Any]) -> None:
+        exporter_map.remove_job(ex["dir"], ex.get("gpu_ids") or [], str(ex.get("job") or job.job_id))

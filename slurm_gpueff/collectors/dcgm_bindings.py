@@ -1,0 +1,192 @@
+"""Finding DCGM's own Python bindings and reaching nv-hostengine, fast and bounded. Stdlib only at import.
+
+DCGM has no PyPI package: its bindings (``dcgm_agent``, ``dcgm_structs``, ``dcgm_fields``,
+``dcgmvalue``) ship with the DCGM install, at ``/usr/share/datacenter-gpu-manager-4/bindings/python3``
+(4.x) or ``/usr/local/dcgm/bindings/python3`` (3.x); ``dcgm.bindings_path`` overrides both. They are
+imported only inside functions, only when the dcgm backend is used.
+
+Connecting: nv-hostengine keeps the job's group, watches and job statistics between the Prolog and the
+Epilog (two separate processes), so we connect with ``persistAfterDisconnect = 1``; embedded mode
+cannot work across hooks. Before importing anything (``auto`` asks on every job start), :func:`probe`
+does a plain TCP (or unix-socket) connect with a short timeout: a dead hostengine costs at most
+``dcgm.connect_timeout_s``, never a hung hook.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+
+# Annotation-only imports: typing costs ~2 ms at start-up, which every Prolog/Epilog would pay.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+DEFAULT_PORT = 5555
+BINDING_DIRS = (
+    "/usr/share/datacenter-gpu-manager-4/bindings/python3",  # DCGM 4.x packages
+    "/usr/local/dcgm/bindings/python3",  # DCGM 3.x packages
+)
+MODULES = ("dcgm_structs", "dcgm_fields", "dcgm_agent")
+
+# DCGM status codes we treat specially (dcgm_structs.DCGM_ST_*; numeric so we need no import to name them).
+ST_NO_DATA = -14
+ST_NOT_WATCHED = -16
+ST_CONNECTION_NOT_VALID = -21
+ST_DUPLICATE_KEY = -26
+ST_REQUIRES_ROOT = -29
+ST_MODULE_NOT_LOADED = -33
+ST_PROFILING_NOT_SUPPORTED = -36
+ST_PROFILING_MULTI_PASS = -38
+
+_ST_WORDS = {
+    ST_NO_DATA: "no data",
+    ST_NOT_WATCHED: "field not watched",
+    ST_CONNECTION_NOT_VALID: "connection to the hostengine lost",
+    ST_DUPLICATE_KEY: "duplicate job id",
+    ST_REQUIRES_ROOT: "nv-hostengine must run as root for this",
+    ST_MODULE_NOT_LOADED: "DCGM module not loaded",
+    ST_PROFILING_NOT_SUPPORTED: "profiling not supported on this GPU",
+    ST_PROFILING_MULTI_PASS: "profiling fields need several passes on this GPU",
+}
+
+
+class DcgmUnavailable(Exception):
+    """DCGM cannot be used here; ``str()`` is the sentence that goes into the record's reason."""
+
+
+class Bindings:
+    """The imported binding modules and where they came from."""
+
+    def __init__(self, agent: Any, structs: Any, fields: Any, path: str | None):
+        self.agent = agent
+        self.structs = structs
+        self.fields = fields
+        self.path = path
+
+
+def status(exc: BaseException) -> int | None:
+    """The DCGM status code of a ``dcgm_structs.DCGMError`` (its ``value``), else None."""
+    v = getattr(exc, "value", None)
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def describe(exc: BaseException) -> str:
+    """``DCGM error -26 (duplicate job id: Duplicate key passed to function)``-style text."""
+    code = status(exc)
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001 - DCGMError.__str__ calls into the library
+        text = type(exc).__name__
+    if code is None:
+        return f"{type(exc).__name__}: {text}"
+    words = _ST_WORDS.get(code)
+    return f"DCGM error {code} ({words}: {text})" if words else f"DCGM error {code} ({text})"
+
+
+def binding_dirs(configured: str = "") -> list[str]:
+    """Where to look for the bindings: the configured dir alone if set, else the 4.x then the 3.x path."""
+    return [configured] if configured else list(BINDING_DIRS)
+
+
+def import_bindings(configured: str = "") -> Bindings:
+    """Import DCGM's bindings (lazily, from the first dir that has them); DcgmUnavailable if none does."""
+    dirs = binding_dirs(configured)
+    found = next((d for d in dirs if os.path.isfile(os.path.join(d, "dcgm_agent.py"))), None)
+    if found is None:
+        raise DcgmUnavailable("DCGM Python bindings not found (looked in " + ", ".join(dirs)
+                              + "; set dcgm.bindings_path)")
+    if found not in sys.path:
+        sys.path.insert(0, found)
+    try:
+        import importlib
+
+        structs = importlib.import_module("dcgm_structs")
+        fields = importlib.import_module("dcgm_fields")
+        agent = importlib.import_module("dcgm_agent")
+    except Exception as exc:  # noqa: BLE001 - ImportError, or a broken install raising anything
+        raise DcgmUnavailable(f"cannot import DCGM bindings from {found}: {type(exc).__name__}: {exc}") from None
+    return Bindings(agent, structs, fields, found)
+
+
+def parse_address(address: str) -> tuple[str, str, int]:
+    """``"host"``, ``"host:port"``, ``"[v6]:port"`` or ``"unix:/path"`` -> (kind, host-or-path, port)."""
+    a = address.strip()
+    if a.startswith("unix:"):
+        path = a[5:]
+        while path.startswith("//"):
+            path = path[1:]
+        return "unix", path, 0
+    if a.startswith("/"):
+        return "unix", a, 0
+    if a.startswith("["):
+        host, _, rest = a[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else ""
+        return "tcp", host, int(port) if port.isdigit() else DEFAULT_PORT
+    host, sep, port = a.rpartition(":")
+    if sep and port.isdigit() and host:
+        return "tcp", host, int(port)
+    return "tcp", a, DEFAULT_PORT
+
+
+def probe(address: str, timeout_s: float) -> str | None:
+    """None if something accepts connections at ``address`` within ``timeout_s``, else why not.
+
+    A TCP/unix connect only (a few hundred microseconds when the hostengine is up): ``auto`` runs it on
+    every job start, before paying for the bindings' import and the library load.
+    """
+    try:
+        kind, where, port = parse_address(address)
+    except ValueError as exc:
+        return f"bad dcgm.hostengine address {address!r}: {exc}"
+    family = socket.AF_UNIX if kind == "unix" else None
+    try:
+        if family is not None:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(timeout_s)
+            try:
+                s.connect(where)
+            finally:
+                s.close()
+        else:
+            socket.create_connection((where, port), timeout=timeout_s).close()
+    except OSError as exc:
+        target = where if kind == "unix" else f"{where}:{port}"
+        return f"no nv-hostengine answering at {target} ({exc.strerror or exc})"
+    return None
+
+
+def connect(b: Bindings, address: str, timeout_s: float) -> Any:
+    """A hostengine handle whose groups, watches and job stats persist after we disconnect."""
+    kind, where, port = parse_address(address)
+    b.structs._dcgmInit()
+    b.agent.dcgmInit()
+    params = b.structs.c_dcgmConnectV2Params_v2()
+    params.version = b.structs.c_dcgmConnectV2Params_version2
+    params.persistAfterDisconnect = 1
+    params.timeoutMs = max(1, int(timeout_s * 1000))
+    params.addressIsUnixSocket = 1 if kind == "unix" else 0
+    target = where if kind == "unix" else f"{where}:{port}"
+    return b.agent.dcgmConnect_v2(target, params, b.structs.c_dcgmConnectV2Params_version2)
+
+
+def disconnect(b: Bindings, handle: Any) -> None:
+    try:  # noqa: SIM105 - contextlib would be one more import on the hook path
+        b.agent.dcgmDisconnect(handle)
+    except Exception:  # noqa: BLE001,S110 - nothing useful to do about a failed disconnect
+        pass
+
+
+def version(b: Bindings) -> str | None:
+    """The DCGM library version (``dcgmVersionInfo``'s ``version:`` entry), or None."""
+    try:
+        raw = b.agent.dcgmVersionInfo().rawBuildInfoString
+    except Exception:  # noqa: BLE001 - old bindings or library not loaded
+        return None
+    raw = raw.decode() if isinstance(raw, bytes) else str(raw)
+    for part in raw.split(";"):
+        key, _, value = part.partition(":")
+        if key.strip() == "version":
+            return value.strip()
+    return raw or None

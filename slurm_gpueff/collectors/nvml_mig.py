@@ -1,0 +1,217 @@
+"""MIG jobs on the nvml backend: each slice's own figures from the agent's per-GPU-instance counters.
+
+A job given MIG slices must never be charged the whole GPU's figures: Slurm's index of a MIG slice is
+not a /dev/nvidiaN minor, and NVML's utilization, energy and power are whole-GPU readings. Each slice is
+attributed to (parent GPU UUID, GPU instance id) via :mod:`slurm_gpueff.collectors.mig`; the record
+names the parent's UUID, the slice's MIG UUID, GPU/compute instance ids, profile and memory.
+
+Figures: the gpueff agent samples GPM per GPU instance (``nvmlGpmMigSampleGet``) and keeps cumulative
+integrals per slice under the parent GPU in ``agent/state.json`` (``gpus[parent].mig[gi]``), exactly
+as per GPU; the Prolog snapshots the slice's counters and the Epilog differences them (SM activity,
+occupancy, tensor, DRAM, FP64/32/16). Peak memory is the slice's (GPU instance's) memory used, tracked
+by the agent while the job's state file exists. ``kernel_active``, ``energy_j`` and ``power_mean_w``
+are None with the reason (whole-GPU only). Also None with a clear reason: the slice disappeared or was
+re-created between Prolog and Epilog (MIG reconfigured), the GPU instance holds several compute
+instances (GPM cannot tell them apart), the GPU has no GPM, the agent is down or restarted.
+
+Stdlib only (hook path).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from ..record import METRICS, empty_gpu
+from . import integrals
+from . import mig as migmod
+from .agent_files import line_time, mig_key, timeline_path
+from .gpu_ids import job_slices, parse_legacy_mig
+
+# Annotation-only imports: typing costs ~2 ms at start-up, which every Prolog/Epilog would pay.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+GPM_MIG_METRICS = ("sm_active", "sm_occupancy", "tensor_active", "dram_active", "fp64_active", "fp32_active",
+                   "fp16_active")
+WHOLE_GPU_ONLY = ("kernel_active", "energy_j", "power_mean_w")
+# Kept for callers that list what a slice never gets from NVML directly (peak memory comes from the agent).
+SLICE_FIGURES = GPM_MIG_METRICS + ("memory_used_peak_bytes",)
+
+
+def slices(job: Any) -> list[tuple[int, str]]:
+    return job_slices(job.env)
+
+
+def _slice_entry(state: dict[str, Any] | None, desc: dict[str, Any]) -> dict[str, Any] | None:
+    """The agent's per-GPU-instance entry for a resolved slice, or None."""
+    if not isinstance(state, dict):
+        return None
+    parent = (state.get("gpus") or {}).get(desc.get("parent_uuid"))
+    if not isinstance(parent, dict):
+        return None
+    sl = (parent.get("mig") or {}).get(str(desc.get("gi_id")))
+    return sl if isinstance(sl, dict) else None
+
+
+def _not_seen(state: dict[str, Any], desc: dict[str, Any]) -> str:
+    parent = (state.get("gpus") or {}).get(desc.get("parent_uuid"))
+    if not isinstance(parent, dict):
+        return f"the gpueff agent does not see the parent GPU {desc.get('parent_uuid')} of this MIG slice"
+    if not parent.get("mig_enabled"):
+        return f"the gpueff agent sees GPU {desc.get('parent_uuid')} without MIG mode (agent older or started before?)"
+    return f"the gpueff agent sees no GPU instance {desc.get('gi_id')} on GPU {desc.get('parent_uuid')}"
+
+
+def _snapshot(sl: dict[str, Any]) -> dict[str, Any]:
+    return {k: sl.get(k) for k in ("sum", "covered_s", "count", "ticks", "gen")} | {
+        "n_ci": len(sl.get("devices") or {})}
+
+
+def start(state_dir: str, job: Any, backend: str,
+          lookup: Callable[[str], dict[str, Any]] | None = migmod.nvml_lookup,
+          state: dict[str, Any] | None = None, err: str | None = None,
+          now: Callable[[], float] = time.time) -> dict[str, Any]:
+    """Prolog state for a MIG job: each slice resolved (while it exists) and its counters snapshotted.
+
+    ``state``/``err`` are the agent state and why it is unusable (from NvmlCollector.read_state); without
+    a state the agent inventory is read from ``state_dir`` for identity only. ``uuids`` lists the MIG
+    UUIDs so the agent tracks the job's peak memory per slice.
+    """
+    inventory = (state.get("mig") if isinstance(state, dict) else None) or migmod.agent_inventory(state_dir)
+    out: dict[str, Any] = {"backend": backend, "t": now(), "mig": {}, "uuids": [], "gpus": {}, "error": err}
+    if isinstance(state, dict):
+        out["agent"] = {"pid": state.get("pid"), "instance": state.get("instance"), "started": state.get("started")}
+        out["updated"] = state.get("updated")
+    for idx, mig_uuid in slices(job):
+        desc, why = migmod.resolve(mig_uuid, inventory if isinstance(inventory, dict) else {}, lookup)
+        entry: dict[str, Any] = {"uuid": mig_uuid, "desc": desc, "error": why}
+        out["uuids"].append(mig_uuid)
+        if desc is not None and err is None and isinstance(state, dict):
+            sl = _slice_entry(state, desc)
+            if sl is None:
+                entry["slice_error"] = _not_seen(state, desc)
+            else:
+                entry["snapshot"] = _snapshot(sl)
+        out["mig"][str(idx)] = entry
+    return out
+
+
+def stop(job: Any, start_state: dict[str, Any] | None, backend: str,
+         lookup: Callable[[str], dict[str, Any]] | None = None, *, state: dict[str, Any] | None = None,
+         reason: str | None = None, interval_s: float = 5.0, state_dir: str | None = None) -> list[dict[str, Any]]:
+    """One record entry per slice: identity from the Prolog's state (or resolved now), figures from the
+    difference of the slice's counters; ``reason`` (agent down, restarted, no Prolog state) voids them all."""
+    saved = (start_state or {}).get("mig") or {}
+    gpus = []
+    for idx, mig_uuid in slices(job):
+        entry = saved.get(str(idx)) or {}
+        desc, why = entry.get("desc"), entry.get("error")
+        if desc is None and why is None:
+            inventory = (state or {}).get("mig") if isinstance(state, dict) else None
+            desc, why = migmod.resolve(mig_uuid, inventory if isinstance(inventory, dict) else None, lookup)
+            if desc is None and parse_legacy_mig(mig_uuid) is None:
+                why = why or "no Prolog state for this slice"
+        ident = migmod.slice_ident(desc, mig_uuid)
+        gpu = empty_gpu(idx, backend, None, **ident)
+        missing: dict[str, str] = {}
+        for m in METRICS:
+            if why:
+                missing[m] = why
+            elif m == "kernel_active":
+                missing[m] = migmod.KERNEL_MIG_REASON
+            elif m in WHOLE_GPU_ONLY:
+                missing[m] = migmod.ENERGY_MIG_REASON
+        if not why:
+            slice_reason = reason or _slice_reason(entry, state, desc)
+            if slice_reason:
+                for m in SLICE_FIGURES:
+                    missing[m] = slice_reason
+            else:
+                _figures(job, gpu, missing, entry, mig_uuid, desc, start_state, state, interval_s,  # type: ignore[arg-type]
+                         backend, state_dir)
+        gpu["missing"] = missing
+        gpus.append(gpu)
+    return gpus
+
+
+def _slice_reason(entry: dict[str, Any], state: dict[str, Any] | None, desc: dict[str, Any]) -> str | None:
+    """Why this slice's counters cannot be differenced, or None."""
+    if entry.get("slice_error"):
+        return f"at job start: {entry['slice_error']}"
+    snap = entry.get("snapshot")
+    if not isinstance(snap, dict):
+        return "no counter snapshot from job start for this MIG slice"
+    end = _slice_entry(state, desc)
+    gi, parent = desc.get("gi_id"), desc.get("parent_uuid")
+    if end is None:
+        return (f"MIG slice gone at job end: GPU instance {gi} no longer exists on GPU {parent} "
+                "(MIG reconfigured during the job); its figures are lost")
+    if end.get("gen") != snap.get("gen"):
+        return (f"MIG slice reconfigured during the job: GPU instance {gi} on GPU {parent} was destroyed and "
+                "re-created, so its counters are not comparable")
+    n_ci = max(int(snap.get("n_ci") or 0), len(end.get("devices") or {}))
+    if n_ci > 1:
+        return (f"GPU instance {gi} is shared by {n_ci} compute instances: GPM and memory are per GPU "
+                "instance and cannot be attributed to one compute instance")
+    return None
+
+
+def _figures(job: Any, gpu: dict[str, Any], missing: dict[str, str], entry: dict[str, Any], mig_uuid: str,
+             desc: dict[str, Any], start_state: dict[str, Any], state: dict[str, Any], interval_s: float,
+             backend: str, state_dir: str | None) -> None:
+    snap = entry["snapshot"]
+    end = _slice_entry(state, desc)
+    assert end is not None  # _slice_reason checked
+    gpm = bool(end.get("gpm_supported"))
+    samples = 0
+    for m in GPM_MIG_METRICS:
+        mean, _cov, n = integrals.window(snap, end, m)
+        samples = max(samples, n)
+        if mean is not None:
+            gpu[m] = round(integrals.clamp_fraction(mean), 6)  # type: ignore[arg-type]
+        elif not gpm:
+            missing[m] = end.get("gpm_reason") or migmod.NO_GPM_MIG_REASON
+    ticks = int(end.get("ticks") or 0) - int(snap.get("ticks") or 0)
+    for m in GPM_MIG_METRICS:
+        if gpu[m] is None and m not in missing:
+            missing[m] = (f"job shorter than one sampling interval ({interval_s:g} s): no agent sample fell inside it"
+                          if ticks <= 0 else "GPM MIG sampling returned no valid value during the job")
+    gpu["samples"] = samples if samples else max(ticks, 0)
+    peak = ((state.get("jobs") or {}).get(str(job.job_id)) or {}).get(mig_uuid)
+    if isinstance(peak, int) and peak >= 0:
+        gpu["memory_used_peak_bytes"] = peak
+    else:
+        missing["memory_used_peak_bytes"] = ("the agent saw no memory sample of this slice while the job's state "
+                                             "file existed (job shorter than one sampling interval?)")
+    if any(gpu[m] is not None for m in GPM_MIG_METRICS):
+        gpu["source"] = "nvml-gpm"
+    t_start = start_state.get("updated") or start_state.get("t")
+    t_end = state.get("updated")
+    if state_dir and samples > 0 and isinstance(t_start, int | float) and isinstance(t_end, int | float):
+        t0 = job.start_time if job.start_time else t_start
+        gpu["timeline"] = _timeline(state_dir, mig_key(desc["parent_uuid"], desc["gi_id"]), state.get("instance"),
+                                    snap.get("gen"), t_start, snap, t_end, end, t0)
+
+
+def _timeline(state_dir: str, key: str, instance: Any, gen: Any, t_start: float, snap: dict[str, Any],
+              t_end: float, end: dict[str, Any], t0: float) -> list[list[float | None]]:
+    points: list[tuple[float, dict[str, Any]]] = [(t_start, snap)]
+    try:
+        with open(timeline_path(state_dir, key)) as fh:
+            for line in fh:
+                t = line_time(line)
+                if t is None or not t_start < t < t_end:
+                    continue
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if rec.get("instance") == instance and rec.get("gen") == gen:
+                    points.append((t, rec))
+    except OSError:
+        pass
+    points.append((t_end, end))
+    return integrals.timeline_points(points, t0)

@@ -1,0 +1,310 @@
+"""``gpueff doctor``: what this node has, line by line, PASS / WARN / FAIL.
+
+An admin installing slurm-gpueff (or wondering why a job's card reads "n/a") needs one command that says
+what the node offers and which backend the hooks will use: NVML and the GPUs (with GPM and MIG), the
+driver's /proc identity table the hooks map Slurm indexes with, DCGM's bindings, version and
+hostengine, the gpueff agent's freshness, the Slurm Prolog/Epilog lines, the spool and state
+directories, and the database. FAIL is reserved for what breaks the configured setup (e.g. no
+hostengine with ``backend = "dcgm"``); what merely limits it is WARN. Exit status 1 if any line FAILs.
+
+Every probe is bounded (short timeouts, subprocesses with a time limit) and none raises: a doctor that
+crashes on the broken node it is meant to diagnose is no use.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import time
+from collections.abc import Callable
+from typing import Any
+
+PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
+
+
+class Report:
+    def __init__(self) -> None:
+        self.lines: list[dict[str, str]] = []
+
+    def add(self, status: str, check: str, detail: str) -> None:
+        self.lines.append({"status": status, "check": check, "detail": detail})
+
+    @property
+    def failures(self) -> int:
+        return sum(1 for ln in self.lines if ln["status"] == FAIL)
+
+    def text(self) -> str:
+        width = max((len(ln["check"]) for ln in self.lines), default=10)
+        out = [f"{ln['status']}  {ln['check']:<{width}}  {ln['detail']}" for ln in self.lines]
+        n_warn = sum(1 for ln in self.lines if ln["status"] == WARN)
+        out.append(f"{len(self.lines)} checks: {self.failures} failed, {n_warn} warnings")
+        return "\n".join(out)
+
+    def as_json(self) -> str:
+        return json.dumps({"schema": "slurm-gpueff/doctor", "checks": self.lines, "failures": self.failures},
+                          indent=1)
+
+
+def _guard(rep: Report, check: str, fn: Callable[[], None]) -> None:
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 - a probe that crashes is itself a finding
+        rep.add(FAIL, check, f"check crashed: {type(exc).__name__}: {exc}")
+
+
+# --------------------------------------------------------------------------------------------------
+def check_nvml(rep: Report, cfg: Any) -> None:
+    must = cfg.collector.backend == "nvml"
+    try:
+        import pynvml as nv
+    except ImportError as exc:
+        rep.add(FAIL if must else WARN, "nvml", f"pynvml not importable ({exc}); install nvidia-ml-py")
+        return
+    try:
+        nv.nvmlInit()
+    except nv.NVMLError as exc:
+        from .collectors.nvml_sampler import explain_nvml_error
+
+        rep.add(FAIL if must else WARN, "nvml", explain_nvml_error(nv, exc))
+        return
+    try:
+        drv = nv.nvmlSystemGetDriverVersion()
+        n = nv.nvmlDeviceGetCount()
+        rep.add(PASS if n else (FAIL if must else WARN), "nvml", f"driver {_s(drv)}, {n} GPU(s)")
+        for i in range(n):
+            _nvml_gpu(rep, nv, i)
+    finally:
+        nv.nvmlShutdown()
+
+
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _nvml_gpu(rep: Report, nv: Any, i: int) -> None:
+    h = nv.nvmlDeviceGetHandleByIndex(i)
+    name, uuid = _s(nv.nvmlDeviceGetName(h)), _s(nv.nvmlDeviceGetUUID(h))
+    try:
+        minor: Any = nv.nvmlDeviceGetMinorNumber(h)
+    except nv.NVMLError:
+        minor = "?"
+    bus = _s(nv.nvmlDeviceGetPciInfo(h).busId)
+    rep.add(PASS, f"gpu{i}", f"{name} {uuid} /dev/nvidia{minor} {bus}")
+    try:
+        gpm = bool(nv.nvmlGpmQueryDeviceSupport(h).isSupportedDevice)
+        rep.add(PASS if gpm else WARN, f"gpu{i} gpm",
+                "GPM supported: SM/tensor/DRAM/FP activity measurable" if gpm
+                else "no GPM (pre-Hopper): kernel activity only on the nvml backend")
+    except (nv.NVMLError, AttributeError) as exc:
+        rep.add(WARN, f"gpu{i} gpm", f"GPM query failed: {exc}")
+    try:
+        cur, _pending = nv.nvmlDeviceGetMigMode(h)
+    except nv.NVMLError as exc:
+        rep.add(PASS, f"gpu{i} mig", f"MIG not supported ({exc})")
+        return
+    if not cur:
+        rep.add(PASS, f"gpu{i} mig", "MIG supported, disabled (whole-GPU jobs)")
+        return
+    slices = []
+    for j in range(nv.nvmlDeviceGetMaxMigDeviceCount(h)):
+        try:
+            m = nv.nvmlDeviceGetMigDeviceHandleByIndex(h, j)
+        except nv.NVMLError:
+            continue
+        slices.append(f"{_s(nv.nvmlDeviceGetUUID(m))} gi={nv.nvmlDeviceGetGpuInstanceId(m)}")
+    rep.add(PASS, f"gpu{i} mig", f"MIG enabled, {len(slices)} slice(s): " + (", ".join(slices) or "none created"))
+
+
+def check_proc(rep: Report, cfg: Any) -> None:
+    from .collectors.gpu_ids import PROC_GPUS, proc_gpus
+
+    gpus = proc_gpus()
+    if not gpus:
+        rep.add(WARN, "driver ids", f"no GPUs in {PROC_GPUS}: the dcgm backend cannot map Slurm indexes here")
+        return
+    rep.add(PASS, "driver ids", ", ".join(f"/dev/nvidia{m}={g['uuid']}" for m, g in sorted(gpus.items())))
+
+
+def check_dcgm(rep: Report, cfg: Any) -> None:
+    from .collectors import dcgm_bindings as dcgmb
+
+    must = cfg.collector.backend == "dcgm"
+    bad = FAIL if must else WARN
+    try:
+        b = dcgmb.import_bindings(cfg.dcgm.bindings_path)
+    except dcgmb.DcgmUnavailable as exc:
+        rep.add(bad, "dcgm bindings", str(exc))
+        b = None
+    else:
+        try:
+            b.structs._dcgmInit()
+            ver = dcgmb.version(b)
+            rep.add(PASS, "dcgm bindings", f"{b.path} (DCGM {ver or 'version unknown'})")
+        except Exception as exc:  # noqa: BLE001 - libdcgm missing etc.
+            rep.add(bad, "dcgm bindings", f"{b.path}: library not loadable: {dcgmb.describe(exc)}")
+            b = None
+    why = dcgmb.probe(cfg.dcgm.hostengine, cfg.dcgm.connect_timeout_s)
+    if why:
+        rep.add(bad, "dcgm hostengine", why)
+        return
+    if b is None:
+        rep.add(WARN, "dcgm hostengine", f"{cfg.dcgm.hostengine} accepts connections, but no usable bindings")
+        return
+    try:
+        h = dcgmb.connect(b, cfg.dcgm.hostengine, cfg.dcgm.connect_timeout_s)
+        try:
+            ids = list(b.agent.dcgmGetAllSupportedDevices(h))
+        finally:
+            dcgmb.disconnect(b, h)
+        rep.add(PASS, "dcgm hostengine", f"{cfg.dcgm.hostengine}: {len(ids)} GPU(s) supported by DCGM")
+    except Exception as exc:  # noqa: BLE001
+        rep.add(bad, "dcgm hostengine", f"{cfg.dcgm.hostengine}: {dcgmb.describe(exc)}")
+
+
+def check_backend(rep: Report, cfg: Any) -> None:
+    from .collectors.select import get_collector
+
+    name = get_collector(cfg).name
+    what = {"dcgm": "DCGM via nv-hostengine", "nvml": "the gpueff agent (NVML/GPM)",
+            "simulated": "SIMULATED GPUs", "none": "allocation-only records (no GPU figures)"}.get(name, name)
+    rep.add(WARN if name == "none" else PASS, "backend",
+            f"collector.backend = {cfg.collector.backend!r}: the hooks would use {what}")
+
+
+def check_agent(rep: Report, cfg: Any) -> None:
+    from .collectors.agent_files import state_path
+
+    must = cfg.collector.backend == "nvml"
+    path = state_path(cfg.paths.state_dir)
+    try:
+        with open(path, "rb") as fh:
+            st = json.loads(fh.read())
+    except FileNotFoundError:
+        rep.add(FAIL if must else WARN, "agent", f"not running (no {path}); start etc/gpueff-agent.service")
+        return
+    except (OSError, ValueError) as exc:
+        rep.add(FAIL, "agent", f"{path} unreadable: {exc}")
+        return
+    age = time.time() - float(st.get("updated") or 0)
+    gpus = len(st.get("gpus") or {})
+    if st.get("stopped"):
+        rep.add(FAIL if must else WARN, "agent", f"stopped {age:.0f} s ago (pid {st.get('pid')})")
+    elif age > cfg.collector.agent_stale_s:
+        rep.add(FAIL, "agent", f"stale: last update {age:.0f} s ago (> collector.agent_stale_s)")
+    else:
+        rep.add(PASS, "agent", f"pid {st.get('pid')}, {gpus} GPU(s), updated {age:.1f} s ago")
+
+
+def slurm_config(run: Callable[..., Any] = subprocess.run) -> tuple[str | None, dict[str, str]]:
+    """(source, {Prolog, Epilog, PrologFlags}) from ``scontrol show config``, else slurm.conf."""
+    keys = ("Prolog", "Epilog", "PrologFlags")
+    exe = shutil.which("scontrol")
+    if exe:
+        try:
+            p = run([exe, "show", "config"], capture_output=True, text=True, timeout=10)
+            if p.returncode == 0:
+                out = {}
+                for line in p.stdout.splitlines():
+                    k, sep, v = line.partition("=")
+                    if sep and k.strip() in keys:
+                        out[k.strip()] = v.strip()
+                return "scontrol show config", out
+        except (OSError, subprocess.SubprocessError):
+            pass
+    for path in (os.environ.get("SLURM_CONF") or "", "/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf"):
+        if path and os.path.isfile(path):
+            out = {}
+            with open(path, errors="replace") as fh:
+                for line in fh:
+                    line = line.split("#", 1)[0].strip()
+                    k, sep, v = line.partition("=")
+                    if sep and k.strip() in keys:
+                        out[k.strip()] = v.strip()
+            return path, out
+    return None, {}
+
+
+def check_slurm(rep: Report, cfg: Any) -> None:
+    source, conf = slurm_config()
+    if source is None:
+        rep.add(WARN, "slurm", "no scontrol and no slurm.conf found: cannot check Prolog/Epilog")
+        return
+    for key in ("Prolog", "Epilog"):
+        v = conf.get(key)
+        if not v or v == "(null)":
+            rep.add(FAIL, f"slurm {key}", f"not set ({source}); see etc/slurm.conf.snippet")
+        else:
+            rep.add(PASS if "gpueff" in v else WARN, f"slurm {key}",
+                    f"{v} ({source})" + ("" if "gpueff" in v else ": does not look like slurm-gpueff's hook"))
+    flags = conf.get("PrologFlags", "")
+    rep.add(PASS if "alloc" in flags.lower() else WARN, "slurm PrologFlags",
+            f"{flags or '(none)'}" + ("" if "alloc" in flags.lower()
+                                      else ": add Alloc so the Prolog runs at allocation, before the job"))
+
+
+def _dir_check(rep: Report, check: str, path: str, private: bool) -> None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        parent = os.path.dirname(path.rstrip("/")) or "/"
+        ok = os.access(parent, os.W_OK)
+        rep.add(WARN if ok else FAIL, check, f"{path} missing; " + (
+            "the hooks create it" if ok else f"and {parent} is not writable by uid {os.geteuid()}"))
+        return
+    except OSError as exc:
+        rep.add(FAIL, check, f"{path}: {exc}")
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        rep.add(FAIL, check, f"{path} is not a directory")
+        return
+    mode = stat.S_IMODE(st.st_mode)
+    if not os.access(path, os.W_OK):
+        rep.add(FAIL, check, f"{path} not writable by uid {os.geteuid()} (mode {mode:04o}, owner {st.st_uid})")
+    elif private and mode & 0o077:
+        rep.add(WARN, check, f"{path} mode {mode:04o}: records name users and accounts; 0700 recommended")
+    else:
+        rep.add(PASS, check, f"{path} writable, mode {mode:04o}, owner uid {st.st_uid}")
+
+
+def check_dirs(rep: Report, cfg: Any) -> None:
+    _dir_check(rep, "spool dir", cfg.paths.spool_dir, private=True)
+    _dir_check(rep, "state dir", cfg.paths.state_dir, private=False)
+
+
+def check_db(rep: Report, cfg: Any) -> None:
+    from sqlalchemy import text
+
+    from .storage.db import database_url, make_engine
+
+    url = database_url(cfg.paths.database)
+    if url.startswith("sqlite") and "///" in url:
+        path = url.split("///", 1)[1]
+        if path and path != ":memory:" and not os.path.exists(path):
+            rep.add(WARN, "database", f"{path} does not exist (yet): `gpueff ingest` creates it on the ingest host")
+            return
+    try:
+        engine = make_engine(cfg.paths.database, create=False)
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+        rep.add(PASS, "database", f"{engine.url.render_as_string(hide_password=True)} reachable")
+    except Exception as exc:  # noqa: BLE001
+        rep.add(WARN, "database", f"{cfg.paths.database}: not reachable from here ({type(exc).__name__}: "
+                                  f"{str(exc).splitlines()[0][:200]}); only the ingest host needs it")
+
+
+CHECKS: tuple[tuple[str, Callable[[Report, Any], None]], ...] = (
+    ("nvml", check_nvml), ("driver ids", check_proc), ("dcgm", check_dcgm), ("backend", check_backend),
+    ("agent", check_agent), ("slurm", check_slurm), ("dirs", check_dirs), ("database", check_db),
+)
+
+
+def run(cfg: Any, as_json: bool = False) -> int:
+    rep = Report()
+    rep.add(PASS, "config", f"{cfg.source}: collector.backend = {cfg.collector.backend!r}")
+    for name, fn in CHECKS:
+        _guard(rep, name, lambda fn=fn: fn(rep, cfg))
+    print(rep.as_json() if as_json else rep.text())
+    return 1 if rep.failures else 0

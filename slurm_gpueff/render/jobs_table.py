@@ -1,0 +1,108 @@
+"""A reportseff-style table of many jobs from their stored summaries, with totals; and its JSON.
+
+Per job: id, state, elapsed, GPUs, kernel %, SM %, tensor %, waste GPU-h (idle + underfilled), verdict.
+Totals weight each percentage by GPU-hours over the jobs where it was measured; an unmeasured figure
+reads ``n/a`` (``null`` in JSON), never 0. A job not analysed yet shows ``(pending analysis)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+SCHEMA = "slurm-gpueff/seff-gpu-jobs"
+VERSION = 1
+
+
+def job_label(job: Any) -> str:
+    if job.array_job_id is not None and job.array_task_id is not None:
+        return f"{job.array_job_id}_{job.array_task_id}"
+    if job.het_job_id is not None and job.het_job_offset is not None:
+        return f"{job.het_job_id}+{job.het_job_offset}"
+    return str(job.job_id)
+
+
+def _waste(job: Any) -> float | None:
+    if job.idle_gpu_hours is None or job.underfilled_gpu_hours is None:
+        return None
+    return job.idle_gpu_hours + job.underfilled_gpu_hours
+
+
+def _elapsed(seconds: float | None) -> str:
+    if seconds is None:
+        return "n/a"
+    s = int(round(seconds))
+    d, s = divmod(s, 86400)
+    h, s = divmod(s, 3600)
+    m, s = divmod(s, 60)
+    return (f"{d}-" if d else "") + f"{h:02d}:{m:02d}:{s:02d}"
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def _hours(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.2f}"
+
+
+def totals(jobs: Sequence[Any]) -> dict[str, Any]:
+    """Sums and GPU-hour-weighted means over the jobs (each over the jobs where it was measured)."""
+    def wmean(getter) -> float | None:  # type: ignore[no-untyped-def]
+        num = den = 0.0
+        for j in jobs:
+            v = getter(j)
+            if v is not None and j.gpu_hours:
+                num += v
+                den += j.gpu_hours
+        return num / den if den else None
+
+    hours = [j.gpu_hours for j in jobs if j.gpu_hours is not None]
+    wastes = [w for w in map(_waste, jobs) if w is not None]
+    return {
+        "jobs": len(jobs),
+        "gpu_hours": sum(hours) if hours else None,
+        "kernel_active": wmean(lambda j: None if j.idle_gpu_hours is None else j.gpu_hours - j.idle_gpu_hours),
+        "sm_active": wmean(lambda j: j.sm_active_gpu_hours),
+        "tensor_active": wmean(lambda j: j.tensor_active_gpu_hours),
+        "waste_gpu_hours": sum(wastes) if wastes else None,
+        "energy_j": sum(e) if (e := [j.energy_j for j in jobs if j.energy_j is not None]) else None,
+    }
+
+
+def render(jobs: Sequence[Any]) -> str:
+    head = ("JobID", "State", "Elapsed", "GPUs", "GPU-h", "Kernel%", "SM%", "Tensor%", "WasteGPU-h", "Verdict")
+    rows = []
+    for j in jobs:
+        verdict = j.verdict_title or j.verdict or ("(pending analysis)" if j.analyzed_at is None else "-")
+        rows.append((job_label(j), j.state or "unknown", _elapsed(j.elapsed_s), str(j.gpu_count),
+                     _hours(j.gpu_hours), _pct(j.kernel_active), _pct(j.sm_active), _pct(j.tensor_active),
+                     _hours(_waste(j)), verdict))
+    t = totals(jobs)
+    foot = (f"Total ({t['jobs']} jobs)", "", "", str(sum(j.gpu_count for j in jobs)), _hours(t["gpu_hours"]),
+            _pct(t["kernel_active"]), _pct(t["sm_active"]), _pct(t["tensor_active"]),
+            _hours(t["waste_gpu_hours"]), "")
+    widths = [max(len(r[i]) for r in (head, *rows, foot)) for i in range(len(head))]
+    right = {3, 4, 5, 6, 7, 8}
+
+    def line(r: Sequence[str]) -> str:
+        cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))]
+        return "  ".join(cells).rstrip()
+
+    sep = "  ".join("-" * w for w in widths)
+    return "\n".join([line(head), sep, *map(line, rows), sep, line(foot)])
+
+
+def as_json(jobs: Sequence[Any], query: dict[str, Any]) -> dict[str, Any]:
+    out = []
+    for j in jobs:
+        out.append({
+            "job_id": job_label(j), "raw_job_id": j.job_id, "cluster": j.cluster, "user": j.user,
+            "account": j.account, "state": j.state, "end_time": j.end_time.isoformat() if j.end_time else None,
+            "elapsed_s": j.elapsed_s, "gpus": j.gpu_count, "gpu_hours": j.gpu_hours,
+            "kernel_active": j.kernel_active, "sm_active": j.sm_active, "tensor_active": j.tensor_active,
+            "idle_gpu_hours": j.idle_gpu_hours, "underfilled_gpu_hours": j.underfilled_gpu_hours,
+            "waste_gpu_hours": _waste(j), "energy_j": j.energy_j, "verdict": j.verdict,
+            "verdict_title": j.verdict_title, "analyzed": j.analyzed_at is not None,
+        })
+    return {"schema": SCHEMA, "schema_version": VERSION, "query": query, "jobs": out, "totals": totals(jobs)}

@@ -1,0 +1,138 @@
+"""Small PNG charts for the reports (matplotlib, Agg backend: no display needed).
+
+- The job chart: kernel-active (nvidia-smi's "GPU utilization") vs SM-active vs tensor-active over
+  the job's time, from the coarse per-GPU timelines; for a multi-GPU job the job-wide mean at each
+  time (a GPU that never ran a kernel pulls it down, which is the point).
+- The monthly chart: where each user's (or account's) GPU-hours went, as stacked horizontal bars.
+
+Unmeasured points (None) are gaps, never zeros. Charts are drawn at 2x and shown at half size, so they
+stay sharp on high-DPI screens. matplotlib is imported inside the functions: only reports pay for it.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Sequence
+from typing import Any
+
+COLORS = {"kernel": "#8a94a6", "sm": "#1b7f3b", "tensor": "#7b3fa0",
+          "idle": "#c9ced6", "underfilled": "#e8a33d", "active": "#1b7f3b", "unmeasured": "#eef0f3"}
+WIDTH_PX = 600  # the size the HTML shows; the PNG has twice as many pixels
+DPI = 200
+
+
+def _figure(width_px: int, height_px: int):  # type: ignore[no-untyped-def]
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update({"font.family": "DejaVu Sans", "font.size": 8, "axes.edgecolor": "#b0b6c0",
+                         "axes.labelcolor": "#333a44", "xtick.color": "#555c66", "ytick.color": "#555c66"})
+    return plt, plt.figure(figsize=(width_px / 100, height_px / 100), dpi=DPI)
+
+
+def _png(plt, fig) -> bytes:  # type: ignore[no-untyped-def]
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI, facecolor="white")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def job_series(timelines: Sequence[Sequence[Sequence[Any]]]) -> tuple[list[float], dict[str, list[float]]]:
+    """Job-wide series (hours since start; kernel, SM, tensor as fractions, NaN where unmeasured).
+
+    Each GPU's points are ``[t_offset_s, k, s, t]``. GPUs are put on the first GPU's time grid by linear
+    interpolation (GPUs of one job are sampled together, so the grids nearly agree) and averaged; a
+    metric is NaN at a time where no GPU measured it.
+    """
+    import numpy as np
+
+    series = [sorted((p for p in tl if p and p[0] is not None), key=lambda p: float(p[0]))
+              for tl in timelines if tl]
+    series = [s for s in series if s]
+    if not series:
+        return [], {}
+    grid = np.array([float(p[0]) for p in max(series, key=len)])
+    out: dict[str, list[float]] = {}
+    for col, name in ((1, "kernel"), (2, "sm"), (3, "tensor")):
+        stacked = []
+        for s in series:
+            ts = np.array([float(p[0]) for p in s])
+            vals = np.array([float(p[col]) if len(p) > col and p[col] is not None else math.nan for p in s])
+            ok = ~np.isnan(vals)
+            if ok.sum() == 0:
+                continue
+            stacked.append(np.interp(grid, ts[ok], vals[ok]))
+        out[name] = (np.mean(stacked, axis=0) * 100.0).tolist() if stacked else [math.nan] * len(grid)
+    return (grid / 3600.0).tolist(), out
+
+
+def job_chart(timelines: Sequence[Sequence[Sequence[Any]]], gpu_count: int) -> bytes | None:
+    """The job's activity chart as PNG bytes, or None when the job has no timeline to draw.
+
+    A multi-GPU job (up to 16 GPUs) also gets each GPU's SM-active as a thin line, so "1 of 4 GPUs did
+    all the work" is visible, not averaged away.
+    """
+    hours, s = job_series(timelines)
+    if len(hours) < 2 or all(math.isnan(v) for vals in s.values() for v in vals):
+        return None
+    height = 210
+    plt, fig = _figure(WIDTH_PX, height)
+    ax = fig.add_axes((0.075, 64 / height, 0.905, 1 - 96 / height))
+    if 1 < gpu_count <= 16 and len(timelines) > 1:
+        for n, tl in enumerate(timelines):
+            h1, s1 = job_series([tl])
+            if h1 and not all(math.isnan(v) for v in s1["sm"]):
+                ax.plot(h1, s1["sm"], color=COLORS["sm"], lw=0.8, alpha=0.35,
+                        label="each GPU's SM-active" if n == 0 else None)
+    ax.plot(hours, s["kernel"], color=COLORS["kernel"], lw=1.6, ls=(0, (4, 2)),
+            label='kernel-active ("GPU util")')
+    ax.plot(hours, s["sm"], color=COLORS["sm"], lw=2.0, label="SM-active")
+    ax.plot(hours, s["tensor"], color=COLORS["tensor"], lw=1.4, label="tensor-active")
+    ax.set_ylim(0, 105)
+    ax.set_xlim(0, max(hours[-1], 1e-9))
+    ax.set_yticks([0, 25, 50, 75, 100])
+    ax.set_yticklabels(["0", "25", "50", "75", "100%"])
+    ax.set_xlabel("hours since the job started", labelpad=2)
+    ax.grid(axis="y", color="#e3e6ea", lw=0.6)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    what = f" (mean of its {gpu_count} GPUs)" if gpu_count > 1 else ""
+    fig.text(0.075, 1 - 14 / height, f"Activity over the job{what}", fontsize=8.5, color="#333a44",
+             weight="bold", va="center")
+    fig.legend(loc="lower center", bbox_to_anchor=(0.5, 0.0), ncol=4, frameon=False, fontsize=7,
+               columnspacing=1.2, handlelength=1.8)
+    return _png(plt, fig)
+
+
+def split_chart(rows: Sequence[dict[str, Any]], title: str) -> bytes | None:
+    """Stacked horizontal bars: per row (``label``, ``active``, ``underfilled``, ``idle``, ``unmeasured``
+    GPU-hours), largest first as given. None when there is nothing to draw."""
+    rows = [r for r in rows if (r.get("allocated") or 0) > 0][:12]
+    if not rows:
+        return None
+    height = 80 + 30 * len(rows)
+    plt, fig = _figure(WIDTH_PX, height)
+    ax = fig.add_axes((0.2, 56 / height, 0.76, 1 - 86 / height))
+    labels = [str(r["label"])[:20] for r in rows][::-1]
+    left = [0.0] * len(rows)
+    parts = (("active", "SM-active"), ("underfilled", "busy, SMs not active"), ("idle", "idle"),
+             ("unmeasured", "not measured"))
+    for key, name in parts:
+        vals = [float(r.get(key) or 0.0) for r in rows][::-1]
+        if not any(vals) and key == "unmeasured":
+            continue
+        ax.barh(labels, vals, left=left, color=COLORS[key], label=name, height=0.62,
+                edgecolor="#9aa1ab" if key == "unmeasured" else "none", lw=0.5)
+        left = [a + b for a, b in zip(left, vals, strict=True)]
+    ax.set_xlabel("GPU-hours")
+    ax.grid(axis="x", color="#e3e6ea", lw=0.6)
+    ax.set_axisbelow(True)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    fig.text(0.02, 1 - 16 / height, title, fontsize=8.5, color="#333a44", weight="bold", va="center")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.4, -30 / (height * (1 - 86 / height))), ncol=4,
+              frameon=False, fontsize=7.5)
+    return _png(plt, fig)

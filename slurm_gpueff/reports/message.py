@@ -1,0 +1,101 @@
+"""One report as a MIME message, and its archive copy on disk.
+
+Shape (what mail clients expect for an HTML mail with an inline image)::
+
+    multipart/alternative
+      text/plain                 the plain-text part (reads well alone)
+      multipart/related
+        text/html                <img src="cid:...">
+        image/png                Content-ID: <...>, Content-Disposition: inline
+
+Headers carry no untrusted text unchecked: the subject is passed through :func:`card.clean` (control
+characters out), and Python's ``email`` policy refuses CR/LF in any header value, so a job name cannot
+add a header. ``Auto-Submitted: auto-generated`` (RFC 3834) keeps vacation responders quiet.
+
+The archive keeps, per message, ``message.eml`` (exactly what was or would be sent, and what a later
+retry re-sends), ``<name>.html`` with the chart as a file next to it (opens in any browser), the
+plain-text part and ``chart.png``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from email import policy
+from email.message import EmailMessage
+from email.utils import formatdate, make_msgid
+
+from ..spool import atomic_write
+from .card import clean
+
+FILE_MODE = 0o640
+
+
+@dataclass
+class Parts:
+    """What a report renders to: subject, text, HTML with ``cid:`` links, images by Content-ID, and the
+    HTML again with ``<cid>.png`` file links for the archive."""
+
+    subject: str
+    text: str
+    html_mail: str
+    html_file: str
+    images: Mapping[str, bytes]
+    name: str  # "card" or "summary": the archive's file names
+
+
+def new_cid(prefix: str, domain: str = "slurm-gpueff") -> str:
+    """A unique Content-ID (without angle brackets), e.g. ``activity-chart.1f2e...@slurm-gpueff``."""
+    return f"{prefix}.{os.urandom(8).hex()}@{domain}"
+
+
+def build(parts: Parts, *, sender: str, to: Sequence[str], reply_to: str = "",
+          extra_headers: Mapping[str, str] | None = None) -> EmailMessage:
+    msg = EmailMessage(policy=policy.SMTP)
+    msg["Subject"] = clean(parts.subject, 200)
+    msg["From"] = sender
+    msg["To"] = ", ".join(to)
+    if reply_to:
+        msg["Reply-To"] = reply_to
+    msg["Date"] = formatdate(localtime=False, usegmt=True)
+    domain = sender.rpartition("@")[2] or "slurm-gpueff"
+    msg["Message-ID"] = make_msgid("gpueff", domain=domain)
+    msg["Auto-Submitted"] = "auto-generated"
+    msg["X-Auto-Response-Suppress"] = "All"
+    for key, value in (extra_headers or {}).items():
+        msg[key] = clean(value, 200)
+    msg.set_content(parts.text, subtype="plain", charset="utf-8", cte="quoted-printable")
+    msg.add_alternative(parts.html_mail, subtype="html", charset="utf-8", cte="quoted-printable")
+    html = msg.get_payload()[1]
+    for cid, png in parts.images.items():
+        html.add_related(png, maintype="image", subtype="png", cid=f"<{cid}>", disposition="inline",
+                         filename=f"{cid.split('@')[0].split('.')[0]}.png")
+    return msg
+
+
+def to_bytes(msg: EmailMessage) -> bytes:
+    return msg.as_bytes(policy=policy.SMTP)
+
+
+def file_html(html: str, images: Mapping[str, bytes]) -> str:
+    """The mail's HTML with each ``cid:`` link turned into the archived PNG's file name."""
+    for cid in images:
+        html = html.replace(f"cid:{cid}", f"{_image_name(cid)}")
+    return html
+
+
+def _image_name(cid: str) -> str:
+    return cid.split("@")[0].split(".")[0] + ".png"
+
+
+def archive(folder: str, parts: Parts, msg: EmailMessage) -> str:
+    """Write the message and its viewable copies into ``folder``; return the ``.eml`` path."""
+    os.makedirs(folder, mode=0o750, exist_ok=True)
+    eml = os.path.join(folder, "message.eml")
+    atomic_write(eml, to_bytes(msg), FILE_MODE)
+    atomic_write(os.path.join(folder, f"{parts.name}.html"), parts.html_file.encode("utf-8"), FILE_MODE)
+    atomic_write(os.path.join(folder, f"{parts.name}.txt"), parts.text.encode("utf-8"), FILE_MODE)
+    for cid, png in parts.images.items():
+        atomic_write(os.path.join(folder, _image_name(cid)), png, FILE_MODE)
+    return eml

@@ -1,0 +1,270 @@
+"""Who gets what, and when: the per-job card run, the monthly run and the retry of failed sends.
+
+These are what ``gpueff report cards|monthly|retry`` and the scheduler call. Each run is independent of
+ingest (it reads analysed jobs only, holds no transaction during SMTP, and bounds every conversation),
+so a slow or dead mail server delays reports and never blocks ingest.
+
+Cards (``send_cards``): jobs that ended within ``reports.card_lookback_h``, analysed, with at least
+``card_min_gpu_hours`` and (``card_only_unhealthy``) a verdict other than healthy, that have no sent-log
+row yet; most wasteful first, so the per-user daily limit keeps the cards that matter. Opted-out users,
+users over the limit and users without an address get a ``skipped`` row with the reason (so the job is
+not reconsidered on every run).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from email.utils import parseaddr
+from typing import Any
+
+from sqlalchemy import and_, exists, func
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, col, select
+
+from ..analysis.diagnose import assess
+from ..analysis.figures import job_figures, naive_utc
+from ..models import Job, ReportLog
+from ..render.text import job_label
+from ..storage.queries import gpu_timelines, job_gpus
+from . import message, sentlog, smtp
+from .card import CHART_CID, Card, build_card, clean
+from .monthly import build_summary, month_bounds, previous_month
+
+
+@dataclass
+class RunResult:
+    sent: int = 0
+    written: int = 0  # dry-run
+    skipped: int = 0
+    failed: int = 0
+    retried: int = 0
+    lines: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        return (f"sent {self.sent}, written (dry-run) {self.written}, skipped {self.skipped}, "
+                f"failed {self.failed} (kept for retry), retried {self.retried}")
+
+    __str__ = summary  # the scheduler logs ``f"{result}"``
+
+
+def owner_address(job: Job, rep: Any) -> str | None:
+    """addresses[user], else Slurm's MailUser where the record has it, else the pattern; None if unusable."""
+    user = job.user
+    if not user:
+        return None
+    addr = rep.addresses.get(user) or getattr(job, "mail_user", None) or rep.address_pattern.format(user=user)
+    return valid_address(addr)
+
+
+def valid_address(addr: str | None) -> str | None:
+    """One plain address, or None: no display names, lists, spaces or control characters."""
+    if not addr or any(c in addr for c in "\r\n\t ,;<>\"") or clean(addr, 320) != addr:
+        return None
+    name, parsed = parseaddr(addr)
+    return parsed if parsed == addr and not name else None
+
+
+def _archive_dir(rep: Any, kind: str, when: datetime, slug: str, dry_run: bool) -> str:
+    root = os.path.join(rep.dir, "dry-run") if dry_run else rep.dir
+    safe = "".join(c if c.isalnum() or c in "-_.+" else "_" for c in slug)
+    return os.path.join(root, kind, when.strftime("%Y-%m"), safe)
+
+
+def card_parts(card: Card) -> message.Parts:
+    cid = message.new_cid(CHART_CID)
+    images = {cid: card.chart} if card.chart else {}
+    html_mail = card.html(f"cid:{cid}")
+    return message.Parts(subject=card.subject, text=card.text, html_mail=html_mail,
+                         html_file=message.file_html(html_mail, images), images=images, name="card")
+
+
+def render_job_card(session: Session, job: Job, config: Any) -> Card:
+    gpus = job_gpus(session, job)
+    timelines = gpu_timelines(session, gpus)
+    fig = job_figures(job, gpus)
+    diag = assess(fig, config.analysis)
+    return build_card(job, fig, diag, [timelines[g.id] for g in gpus if g.id in timelines], config)
+
+
+def _deliver(session: Session, row: ReportLog, config: Any, parts: message.Parts, to: list[str], folder: str,
+             dry_run: bool, now: datetime, result: RunResult, sleep: Callable[[float], None],
+             headers: dict[str, str] | None = None) -> None:
+    mail = config.mail
+    msg = message.build(parts, sender=mail.from_address, to=to, reply_to=mail.reply_to, extra_headers=headers)
+    eml = message.archive(folder, parts, msg)
+    if dry_run:
+        sentlog.finish(session, row, "dry-run", now=now, archive=eml, attempted=False)
+        result.written += 1
+        result.lines.append(f"wrote {eml}")
+        return
+    try:
+        smtp.send(mail, mail.from_address, to, message.to_bytes(msg), sleep=sleep)
+    except smtp.DeliveryError as exc:
+        status = "abandoned" if exc.permanent else "failed"
+        sentlog.finish(session, row, status, now=now, reason=str(exc), archive=eml,
+                       retry_after_s=mail.retry_after_s, max_attempts=mail.max_attempts)
+        result.failed += 1
+        result.lines.append(f"{row.kind} {row.subject} to {', '.join(to)}: {status}: {exc}")
+        return
+    sentlog.finish(session, row, "sent", now=now, archive=eml)
+    result.sent += 1
+    result.lines.append(f"sent {row.kind} {row.subject} to {', '.join(to)}")
+
+
+def card_candidates(session: Session, config: Any, now: datetime, dry_run: bool, limit: int | None = None
+                    ) -> list[Job]:
+    rep = config.reports
+    logged = exists().where(and_(ReportLog.kind == "card", ReportLog.job_pk == Job.id,
+                                 ReportLog.dry_run == dry_run))
+    stmt = select(Job).where(col(Job.analyzed_at).is_not(None), col(Job.end_time).is_not(None),
+                             col(Job.end_time) >= now - timedelta(hours=rep.card_lookback_h),
+                             col(Job.gpu_hours) >= rep.card_min_gpu_hours, ~logged)
+    if rep.card_only_unhealthy:
+        stmt = stmt.where(col(Job.verdict).is_not(None), Job.verdict != "healthy")
+    wasted = func.coalesce(Job.idle_gpu_hours, 0.0) + func.coalesce(Job.underfilled_gpu_hours, 0.0)
+    stmt = stmt.order_by(wasted.desc(), col(Job.end_time), col(Job.id))
+    if limit:
+        stmt = stmt.limit(limit)
+    return list(session.exec(stmt).all())
+
+
+def send_cards(config: Any, engine: Engine, *, dry_run: bool | None = None, now: datetime | None = None,
+               limit: int | None = None, sleep: Callable[[float], None] = time.sleep) -> RunResult:
+    """Send (or in dry-run write) the cards of recently ended jobs; see the module docstring for who."""
+    dry = config.mail.dry_run if dry_run is None else dry_run
+    now = now or sentlog.utcnow()
+    rep = config.reports
+    result = RunResult()
+    if not dry:
+        result = retry_failed(config, engine, now=now, sleep=sleep)
+    with Session(engine) as session:
+        optouts = sentlog.opted_out(session, rep.optout_file)
+        for job in card_candidates(session, config, now, dry, limit):
+            subject = f"{job.cluster}:{job.job_id}"
+            user = job.user or ""
+            skip = None
+            addr = owner_address(job, rep)
+            if user in optouts:
+                skip = "opted out"
+            elif addr is None:
+                skip = f"no usable address for user {user!r} (reports.address_pattern / addresses)"
+            elif rep.card_max_per_user_per_day and sentlog.cards_in_last_day(session, user, dry, now) >= \
+                    rep.card_max_per_user_per_day:
+                skip = f"rate limit: {rep.card_max_per_user_per_day} cards per user per day"
+            row = sentlog.claim(session, kind="card", subject=subject, dry_run=dry, now=now, job_pk=job.id,
+                                user=user or None, recipients=addr or "", status="skipped" if skip else "sending",
+                                reason=skip)
+            if row is None:  # another runner took it
+                continue
+            if skip:
+                result.skipped += 1
+                result.lines.append(f"skipped card {subject} ({user}): {skip}")
+                continue
+            try:
+                card = render_job_card(session, job, config)
+                parts = card_parts(card)
+            except Exception as exc:  # a bad row must not stop the other cards
+                sentlog.finish(session, row, "abandoned", now=now, reason=f"could not render: {exc}",
+                               max_attempts=1)
+                result.failed += 1
+                result.lines.append(f"card {subject}: could not render: {exc}")
+                continue
+            folder = _archive_dir(rep, "cards", naive_utc(job.end_time) or now, f"{job.cluster}-{job_label(job)}",
+                                  dry)
+            _deliver(session, row, config, parts, [addr], folder, dry, now, result, sleep,  # type: ignore[list-item]
+                     {"X-Gpueff-Job": f"{job.cluster}:{job_label(job)}"})
+    return result
+
+
+def retry_failed(config: Any, engine: Engine, *, now: datetime | None = None,
+                 sleep: Callable[[float], None] = time.sleep) -> RunResult:
+    """Re-send failed messages whose next try is due, from their archived .eml."""
+    now = now or sentlog.utcnow()
+    mail = config.mail
+    result = RunResult()
+    with Session(engine) as session:
+        for row in sentlog.due_retries(session, now):
+            to = [a for a in row.recipients.split(",") if a.strip()]
+            try:
+                if not row.archive or not os.path.exists(row.archive):
+                    raise smtp.DeliveryError(f"archived message {row.archive} is gone", permanent=True)
+                with open(row.archive, "rb") as fh:
+                    data = fh.read()
+                smtp.send(mail, mail.from_address, [a.strip() for a in to], data, sleep=sleep)
+            except smtp.DeliveryError as exc:
+                sentlog.finish(session, row, "abandoned" if exc.permanent else "failed", now=now, reason=str(exc),
+                               retry_after_s=mail.retry_after_s, max_attempts=mail.max_attempts)
+                result.failed += 1
+                result.lines.append(f"retry {row.kind} {row.subject}: {exc}")
+                continue
+            sentlog.finish(session, row, "sent", now=now)
+            result.retried += 1
+            result.sent += 1
+            result.lines.append(f"sent {row.kind} {row.subject} on retry")
+    return result
+
+
+def default_month(now: datetime | None = None) -> str:
+    """The month before ``now`` (the one a summary on the 1st is about)."""
+    now = now or sentlog.utcnow()
+    return previous_month(f"{now.year}-{now.month:02d}")
+
+
+def _leads(rep: Any, account: str) -> list[str]:
+    value = rep.leads.get(account) or []
+    addrs = [value] if isinstance(value, str) else list(value)
+    return [a for a in (valid_address(x) for x in addrs) if a]
+
+
+def send_monthly(config: Any, engine: Engine, *, month: str | None = None, account: str | None = None,
+                 site: bool | None = None, dry_run: bool | None = None, now: datetime | None = None,
+                 sleep: Callable[[float], None] = time.sleep) -> RunResult:
+    """Monthly summaries: one per account with leads (or just ``account``), plus the site-wide one for
+    ``reports.admins``. In dry-run, accounts without leads are written too (addressed to nobody), so a
+    site can look at them before configuring leads."""
+    dry = config.mail.dry_run if dry_run is None else dry_run
+    now = now or sentlog.utcnow()
+    month = month or default_month(now)
+    start, end = month_bounds(month)
+    rep = config.reports
+    result = RunResult()
+    with Session(engine) as session:
+        if account is not None:
+            targets: list[str | None] = [account]
+        else:
+            with_jobs = session.exec(select(Job.account).where(col(Job.end_time) >= start, col(Job.end_time) < end,
+                                                               col(Job.gpu_hours).is_not(None))
+                                     .distinct()).all()
+            targets = sorted({a for a in with_jobs if a} | set(rep.leads))
+        if site is None:
+            site = account is None
+        if site:
+            targets.append(None)
+        for acc in targets:
+            to = _leads(rep, acc) if acc is not None else [a for a in (valid_address(x) for x in rep.admins) if a]
+            label = acc if acc is not None else "*"
+            if not to and not dry:
+                result.lines.append(f"no recipients for {'account ' + acc if acc else 'the site summary'} "
+                                    f"({'reports.leads' if acc else 'reports.admins'}); not sent")
+                continue
+            summary = build_summary(session, config, month, acc)
+            if summary.jobs == 0 and acc is not None and acc not in rep.leads:
+                continue
+            row = sentlog.claim(session, kind="monthly", subject=f"{month}:{label}", dry_run=dry, now=now,
+                                user=None, recipients=",".join(to))
+            if row is None:
+                result.lines.append(f"monthly {month} {label}: already {'written' if dry else 'sent'}")
+                continue
+            cid = message.new_cid("monthly-chart")
+            images = {cid: summary.chart} if summary.chart else {}
+            html_mail = summary.html(f"cid:{cid}")
+            parts = message.Parts(subject=summary.subject, text=summary.text, html_mail=html_mail,
+                                  html_file=message.file_html(html_mail, images), images=images, name="summary")
+            folder = _archive_dir(rep, "monthly", start, label if acc is not None else "site", dry)
+            _deliver(session, row, config, parts, to or ["undisclosed-recipients:;"], folder, dry, now, result,
+                     sleep, {"X-Gpueff-Month": month})
+    return result

@@ -1,0 +1,94 @@
+"""SMTP delivery with retries and backoff (settings in ``[mail]``).
+
+A message is tried ``mail.retries`` times in one run, waiting ``backoff_s``, ``2*backoff_s``, ... in
+between; permanent refusals (5xx, bad credentials) are not retried in the run. Whatever still fails is
+the caller's to keep for a later run (the sent-log marks it ``failed`` and the archived ``.eml`` is
+re-sent), so a mail server outage delays reports but never blocks ingest or loses a message. Every SMTP
+conversation is bounded by ``timeout_s``.
+"""
+
+from __future__ import annotations
+
+import smtplib
+import ssl
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+
+class DeliveryError(Exception):
+    """The message could not be delivered; ``permanent`` when retrying cannot help (5xx, auth)."""
+
+    def __init__(self, message: str, permanent: bool = False):
+        super().__init__(message)
+        self.permanent = permanent
+
+
+def _password(mail: Any) -> str | None:
+    if not mail.password_file:
+        return None
+    try:
+        with open(mail.password_file, encoding="utf-8") as fh:
+            return fh.read().strip()
+    except OSError as exc:
+        raise DeliveryError(f"cannot read mail.password_file {mail.password_file}: {exc.strerror}",
+                            permanent=True) from None
+
+
+def _permanent(exc: BaseException) -> bool:
+    if isinstance(exc, smtplib.SMTPAuthenticationError):
+        return True
+    if isinstance(exc, smtplib.SMTPRecipientsRefused):
+        return all(500 <= code < 600 for code, _ in exc.recipients.values())
+    code = getattr(exc, "smtp_code", None)
+    return isinstance(code, int) and 500 <= code < 600
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, smtplib.SMTPRecipientsRefused):
+        return "recipients refused: " + "; ".join(
+            f"{rcpt} ({code} {msg.decode(errors='replace') if isinstance(msg, bytes) else msg})"
+            for rcpt, (code, msg) in exc.recipients.items())
+    if isinstance(exc, smtplib.SMTPResponseException):
+        err = exc.smtp_error.decode(errors="replace") if isinstance(exc.smtp_error, bytes) else exc.smtp_error
+        return f"SMTP {exc.smtp_code} {err}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def send_once(mail: Any, sender: str, recipients: Sequence[str], data: bytes) -> None:
+    """One SMTP conversation: connect (plain, STARTTLS or SSL), log in if configured, send."""
+    context = ssl.create_default_context()
+    password = _password(mail)
+    cls = smtplib.SMTP_SSL if mail.security == "ssl" else smtplib.SMTP
+    kwargs: dict[str, Any] = {"timeout": mail.timeout_s}
+    if mail.security == "ssl":
+        kwargs["context"] = context
+    with cls(mail.host, mail.port, **kwargs) as smtp:
+        smtp.ehlo()
+        if mail.security == "starttls":
+            smtp.starttls(context=context)
+            smtp.ehlo()
+        if mail.username:
+            smtp.login(mail.username, password or "")
+        refused = smtp.sendmail(sender, list(recipients), data)
+        if refused:  # some recipients took it, others not: report, but do not resend to everybody
+            raise DeliveryError("some recipients refused: " + ", ".join(refused), permanent=True)
+
+
+def send(mail: Any, sender: str, recipients: Sequence[str], data: bytes, *,
+         sleep: Callable[[float], None] = time.sleep) -> int:
+    """Deliver with up to ``mail.retries`` tries; return the number of tries. Raises DeliveryError."""
+    last: BaseException | None = None
+    for attempt in range(1, mail.retries + 1):
+        try:
+            send_once(mail, sender, recipients, data)
+            return attempt
+        except DeliveryError:
+            raise
+        except (smtplib.SMTPException, OSError) as exc:
+            last = exc
+            if _permanent(exc):
+                raise DeliveryError(_describe(exc), permanent=True) from None
+            if attempt < mail.retries:
+                sleep(mail.backoff_s * 2 ** (attempt - 1))
+    raise DeliveryError(f"{_describe(last)} (after {mail.retries} tries)" if last else "not sent")

@@ -1,0 +1,93 @@
+"""``gpueff forward``: ship this node's spooled records to the central database (PostgreSQL).
+
+The forwarder is ingest run on the node: :func:`slurm_gpueff.storage.ingest.ingest_spool` commits a batch
+and only then unlinks its files, and re-ingesting a record is harmless (natural keys), so:
+
+- database down for hours: every attempt fails before the commit, the files stay; retries back off
+  (doubling up to ``service.forward_max_backoff_s``);
+- killed at any point (even ``kill -9`` between commit and unlink): the next run re-sends what is left
+  and the rows come out the same; nothing is lost, nothing is duplicated.
+
+Nodes never change the schema (``make_engine(create=False)``); job summaries and rollups are computed
+by ``gpueff serve`` on the service host. With SQLite there is no network database to forward to: use
+the shared-spool layout instead (README, "From nodes to the centre").
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+log = logging.getLogger("gpueff.forward")
+
+
+class ForwardError(Exception):
+    """Forwarding cannot work with this configuration."""
+
+
+def forward_once(config: Any, engine: Any = None, *, batch: int | None = None) -> Any:
+    """One pass over the spool; returns the IngestResult (``failed`` > 0: left for the next pass)."""
+    from ..storage.db import database_url, make_engine
+    from ..storage.ingest import ingest_spool
+
+    url = database_url(config.paths.database)
+    if url.startswith("sqlite"):
+        raise ForwardError(f"paths.database is SQLite ({url}): forwarding needs a database server "
+                           "(postgresql+psycopg://...); with SQLite use a shared spool instead")
+    own = engine is None
+    engine = engine or make_engine(url, create=False)
+    try:
+        kwargs = {"batch": batch} if batch else {}
+        return ingest_spool(engine, config.paths.spool_dir, **kwargs)
+    finally:
+        if own:
+            engine.dispose()
+
+
+def run_forwarder(config: Any, *, once: bool = False, stop: threading.Event | None = None,
+                  batch: int | None = None) -> int:
+    """Loop: forward, sleep ``service.forward_interval_s`` (longer after failures). Exit status."""
+    from ..storage.db import make_engine
+
+    stop = stop or threading.Event()
+    interval = config.service.forward_interval_s
+    delay = interval
+    engine = None
+    try:
+        while True:
+            try:
+                engine = engine or make_engine(config.paths.database, create=False)
+                res = forward_once(config, engine, batch=batch)
+            except ForwardError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - bad URL, driver missing: report and retry
+                log.error("cannot reach the database: %s", exc)
+                res = None
+            ok = res is not None and res.failed == 0
+            if res is not None:
+                for e in res.errors:
+                    log.warning("%s", e)
+                if res.ingested or res.quarantined or res.failed:
+                    log.info("forwarded %d, quarantined %d, left in the spool %d", res.ingested, res.quarantined,
+                             res.failed)
+            if once:
+                return 0 if ok else 1
+            delay = interval if ok else min(max(delay, interval) * 2, config.service.forward_max_backoff_s)
+            if stop.wait(delay):
+                return 0
+    finally:
+        if engine is not None:
+            engine.dispose()
+
+
+def _main_loop(config: Any, once: bool) -> int:  # pragma: no cover - signal wiring
+    import signal
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        return run_forwarder(config, once=once, stop=stop)
+    except ForwardError as exc:
+        log.error("%s", exc)
+        return 2

@@ -1,0 +1,146 @@
+"""Prometheus ``/metrics``: per-account and per-user GPU-hour counters and jobs by verdict.
+
+Read at scrape time from the month rows of ``usage_rollup`` (a few thousand rows at most), so a scrape
+costs one small GROUP BY, not a scan of the jobs. Counters are all-time totals (they only grow, except
+when a job is re-analysed with smaller figures: Prometheus treats that as a reset).
+
+Label cardinality is bounded: no job labels; accounts and users are capped to the top
+``service.metrics_top_accounts`` / ``service.metrics_top_users`` by allocated GPU-hours, the rest summed
+under ``other``; an unknown user or account reads ``unknown``. A figure nobody measured has no sample
+(never a 0). ``wasted`` = idle + underfilled over the GPU-hours where those were measured; the
+``*_measured`` counters give that coverage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+from sqlalchemy import func, select
+
+from ..models import UsageRollup
+
+OTHER = "other"
+UNKNOWN = "unknown"
+# metric suffix -> (rollup measure(s), help)
+FIGURES: dict[str, tuple[tuple[str, ...], str]] = {
+    "gpu_hours_allocated": (("gpu_hours",), "GPU-hours allocated to finished jobs"),
+    "gpu_hours_sm_active": (("sm_active_gpu_hours",), "SM-active GPU-hours (GPM; where measured)"),
+    "gpu_hours_tensor_active": (("tensor_active_gpu_hours",), "Tensor-active GPU-hours (where measured)"),
+    "gpu_hours_idle": (("idle_gpu_hours",), "GPU-hours with no kernel running (where measured)"),
+    "gpu_hours_underfilled": (("underfilled_gpu_hours",), "GPU-hours busy but SMs not active (where measured)"),
+    "gpu_hours_wasted": (("idle_gpu_hours", "underfilled_gpu_hours"),
+                         "Idle + underfilled GPU-hours (where measured)"),
+    "gpu_hours_kernel_measured": (("kernel_measured_gpu_hours",), "GPU-hours with kernel activity measured"),
+    "gpu_hours_sm_measured": (("sm_measured_gpu_hours",), "GPU-hours with SM activity measured"),
+}
+MEASURES = sorted({m for ms, _h in FIGURES.values() for m in ms})
+
+
+def _add(acc: dict[str, Any], row: Any) -> None:
+    acc["jobs"] += int(row.jobs or 0)
+    for m in MEASURES:
+        v = getattr(row, m)
+        if v is not None:
+            acc[m] = (acc.get(m) or 0.0) + float(v)
+
+
+def _capped(rows: list[Any], key: str, top: int) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """(cluster, name, verdict) -> sums, names outside the top ``top`` by GPU-hours folded into OTHER."""
+    totals: dict[tuple[str, str], float] = defaultdict(float)
+    for r in rows:
+        totals[(r.cluster, getattr(r, key) or UNKNOWN)] += float(r.gpu_hours or 0.0)
+    keep = {k for k, _v in sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))[:max(0, top)]}
+    out: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for r in rows:
+        name = getattr(r, key) or UNKNOWN
+        if (r.cluster, name) not in keep:
+            name = OTHER
+        acc = out.setdefault((r.cluster, name, r.verdict or "none"), {"jobs": 0})
+        _add(acc, r)
+    return out
+
+
+class UsageCollector(Collector):
+    """A prometheus_client collector over the rollups (and the service's own task bookkeeping)."""
+
+    def __init__(self, engine: Any, config: Any, ctx: Any = None):
+        self.engine, self.config, self.ctx = engine, config, ctx
+
+    def _rows(self, key: str) -> list[Any]:
+        r = UsageRollup
+        stmt = (select(r.cluster, getattr(r, key), r.verdict, func.sum(r.jobs).label("jobs"),
+                       *[func.sum(getattr(r, m)).label(m) for m in MEASURES])
+                .where(r.period == "month").group_by(r.cluster, getattr(r, key), r.verdict))
+        with self.engine.connect() as conn:
+            return list(conn.execute(stmt))
+
+    def collect(self) -> Iterator[Any]:
+        s = self.config.service
+        up = GaugeMetricFamily("gpueff_database_up", "1 if the last scrape could read the job database")
+        try:
+            groups = {"account": _capped(self._rows("account"), "account", s.metrics_top_accounts),
+                      "user": _capped(self._rows("user"), "user", s.metrics_top_users)}
+        except Exception:  # noqa: BLE001 - a scrape must answer even with the database down
+            up.add_metric([], 0)
+            yield up
+            yield from self._service()
+            return
+        up.add_metric([], 1)
+        yield up
+        for scope, data in groups.items():
+            prefix = "gpueff" if scope == "account" else "gpueff_user"
+            jobs = CounterMetricFamily(f"{prefix}_jobs", f"Finished jobs by {scope} and primary verdict",
+                                       labels=["cluster", scope, "verdict"])
+            for (cluster, name, verdict), acc in sorted(data.items()):
+                jobs.add_metric([cluster, name, verdict], acc["jobs"])
+            yield jobs
+            merged: dict[tuple[str, str], dict[str, Any]] = {}
+            for (cluster, name, _verdict), acc in data.items():
+                m = merged.setdefault((cluster, name), {"jobs": 0})
+                for k, v in acc.items():
+                    if k != "jobs" and v is not None:
+                        m[k] = (m.get(k) or 0.0) + v
+            for suffix, (measures, text) in FIGURES.items():
+                fam = CounterMetricFamily(f"{prefix}_{suffix}", f"{text}, by {scope}", labels=["cluster", scope])
+                for (cluster, name), acc in sorted(merged.items()):
+                    known = [acc[m] for m in measures if acc.get(m) is not None]
+                    if known:
+                        fam.add_metric([cluster, name], sum(known))
+                yield fam
+        yield from self._service()
+
+    def _service(self) -> Iterator[Any]:
+        spool_dir = self.config.paths.spool_dir
+        pending = GaugeMetricFamily("gpueff_spool_pending_records", "Records waiting in this host's spool")
+        with contextlib.suppress(OSError):
+            pending.add_metric([], sum(1 for n in os.listdir(os.path.join(spool_dir, "incoming"))
+                                       if n.endswith(".json")))
+        yield pending
+        if self.ctx is None:
+            return
+        ok = GaugeMetricFamily("gpueff_task_last_success_timestamp_seconds", "When a scheduled task last succeeded",
+                               labels=["task"])
+        for name, t in sorted(self.ctx.last_ok.items()):
+            ok.add_metric([name], t)
+        yield ok
+        err = GaugeMetricFamily("gpueff_task_last_failure_timestamp_seconds", "When a scheduled task last failed",
+                                labels=["task"])
+        for name, t in sorted(self.ctx.last_error.items()):
+            err.add_metric([name], t)
+        yield err
+        yield GaugeMetricFamily("gpueff_service_scrape_timestamp_seconds", "Time of this scrape", value=time.time())
+
+
+def registry_for(engine: Any, config: Any, ctx: Any = None) -> Any:
+    from prometheus_client import CollectorRegistry
+
+    reg = CollectorRegistry()
+    reg.register(UsageCollector(engine, config, ctx))
+    return reg

@@ -1,0 +1,88 @@
+"""``gpueff serve``: APScheduler 3 runs the tasks of :mod:`.tasks`; prometheus_client serves /metrics.
+
+Scheduling rules, the same for every task:
+
+- ``max_instances = 1``: a run that is still going when the next is due makes that one skipped, never
+  overlapping (two ingests of one spool, two rollups of one month);
+- ``coalesce = True`` + ``misfire_grace_time``: runs missed while the process was busy or suspended are
+  run once, not once per missed slot;
+- every task also runs once right after start (staggered by a few seconds): what was missed while the
+  service was down is caught up once (the monthly report too; its sent-log keeps it from repeating).
+
+SIGTERM / SIGINT: no new runs start; running ones finish (``shutdown(wait=True)``); exit status 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from datetime import datetime, timedelta
+from typing import Any
+
+from .tasks import REGISTRY, Context, Task, builtin_tasks, load_plugins, run_task
+
+log = logging.getLogger("gpueff.serve")
+
+
+def build_scheduler(ctx: Context, tasks: list[Task], *, start_now: bool = True) -> Any:
+    from apscheduler.schedulers.background import BackgroundScheduler
+    from apscheduler.triggers.cron import CronTrigger
+    from apscheduler.triggers.interval import IntervalTrigger
+
+    grace = max(1, int(ctx.config.service.misfire_grace_s))
+    sched = BackgroundScheduler(timezone="UTC", job_defaults={"max_instances": 1, "coalesce": True,
+                                                              "misfire_grace_time": grace})
+    now = datetime.now().astimezone()
+    for n, task in enumerate(tasks):
+        trigger = (IntervalTrigger(seconds=task.interval_s) if task.interval_s
+                   else CronTrigger(timezone="UTC", **(task.cron or {})))
+        sched.add_job(run_task, trigger, args=(ctx, task), id=task.name, name=task.name, replace_existing=True)
+        if start_now:  # catch up once after a restart
+            sched.add_job(run_task, "date", args=(ctx, task), id=f"{task.name}@start", name=f"{task.name}@start",
+                          run_date=now + timedelta(seconds=1 + 2 * n))
+    return sched
+
+
+def serve(config: Any, *, engine: Any = None, stop: threading.Event | None = None) -> int:
+    """Run until SIGTERM/SIGINT (or ``stop`` is set). Returns the exit status."""
+    from ..storage.db import make_engine
+
+    engine = engine or make_engine(config.paths.database)  # SQLite: migrated; server: checked
+    ctx = Context(config, engine)
+    for problem in load_plugins(config):
+        log.error(problem)
+    tasks = builtin_tasks(config) + [t for t in REGISTRY.values()]
+    sched = build_scheduler(ctx, tasks)
+    stop = stop or threading.Event()
+    server = None
+    s = config.service
+    if s.metrics_port:
+        from prometheus_client import start_http_server
+
+        from .metrics import registry_for
+
+        registry = registry_for(engine, config, ctx)
+        server, _thread = start_http_server(s.metrics_port, addr=s.metrics_address, registry=registry)
+        log.info("metrics on http://%s:%d/metrics", s.metrics_address, s.metrics_port)
+
+    def _on_signal(signum: int, _frame: Any) -> None:
+        log.info("%s: finishing running tasks, then exiting", signal.Signals(signum).name)
+        stop.set()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _on_signal)
+        signal.signal(signal.SIGINT, _on_signal)
+    sched.start()
+    for t in tasks:
+        log.info("task %s: %s", t.name, f"every {t.interval_s:g} s" if t.interval_s else f"cron {t.cron}")
+    try:
+        while not stop.wait(1.0):
+            pass
+    finally:
+        sched.shutdown(wait=True)
+        if server is not None:
+            server.shutdown()
+        engine.dispose()
+        log.info("stopped")
+    return 0

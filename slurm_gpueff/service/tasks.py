@@ -1,0 +1,184 @@
+"""What the service runs on schedule. Each task is a plain function ``task(ctx) -> str`` (a one-line
+summary for the log); failures raise and are logged by the scheduler, never stop it.
+
+Built in: ``ingest`` (spool -> DB, then job summaries), ``enrich`` (sacct, when slurm_gpueff.sacct is
+installed), ``rollups`` (changed months), ``rollups_full`` (every month), ``retention`` (raw timelines
+older than ``service.timeline_retention_days``), ``report_cards`` / ``report_monthly`` (when
+slurm_gpueff.reports is installed and enabled in ``[reports]``). Other code can add tasks with
+:func:`register_task` from a module named in ``service.plugins``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import delete, select
+from sqlalchemy.engine import Engine
+
+from ..models import Job, JobGpu, JobGpuTimeline
+
+log = logging.getLogger("gpueff.serve")
+
+
+@dataclass
+class Context:
+    config: Any
+    engine: Engine
+    last_ok: dict[str, float] = field(default_factory=dict)  # task -> epoch of last success (metrics)
+    last_error: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Task:
+    """``interval_s`` (> 0) or ``cron`` (APScheduler CronTrigger fields, e.g. {"day": 1, "hour": 6})."""
+
+    name: str
+    func: Callable[[Context], str | None]
+    interval_s: float | None = None
+    cron: dict[str, Any] | None = None
+
+
+REGISTRY: dict[str, Task] = {}
+
+
+def register_task(name: str, func: Callable[[Context], str | None], *, interval_s: float | None = None,
+                  cron: dict[str, Any] | None = None) -> None:
+    """Add a scheduled task (e.g. from a plugin module listed in ``service.plugins``)."""
+    if (interval_s is None) == (cron is None):
+        raise ValueError(f"task {name}: give exactly one of interval_s and cron")
+    REGISTRY[name] = Task(name, func, interval_s, cron)
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+# ------------------------------------------------------------------------------------------ built-ins
+def ingest(ctx: Context) -> str:
+    from ..storage.ingest import ingest_spool
+    from ..summarize import summarize_pending
+
+    res = ingest_spool(ctx.engine, ctx.config.paths.spool_dir)
+    for e in res.errors:
+        log.warning("ingest: %s", e)
+    analysed = summarize_pending(ctx.engine, ctx.config.analysis)  # also records forwarded by nodes
+    return f"ingested {res.ingested}, quarantined {res.quarantined}, failed {res.failed}, analysed {analysed}"
+
+
+def enrich(ctx: Context) -> str:
+    try:
+        from ..sacct import SacctReader
+        from ..storage.enrich import enrich_jobs
+    except ImportError as exc:
+        return f"skipped: sacct enrichment is not available in this installation ({exc})"
+    from ..summarize import summarize_pending
+
+    since = _utcnow() - timedelta(days=ctx.config.sacct.enrich_window_days)
+    res = enrich_jobs(ctx.engine, SacctReader.from_config(ctx.config), since=since)
+    for e in getattr(res, "errors", []):
+        log.warning("enrich: %s", e)
+    analysed = summarize_pending(ctx.engine, ctx.config.analysis)
+    return f"enriched {getattr(res, 'enriched', '?')}, analysed {analysed}"
+
+
+def rollups(ctx: Context) -> str:
+    from ..storage.rollups import refresh
+
+    res = refresh(ctx.engine)
+    return f"{len(res.months)} month(s), {res.rows} rows in {res.seconds:.2f} s"
+
+
+def rollups_full(ctx: Context) -> str:
+    from ..storage.rollups import refresh
+
+    res = refresh(ctx.engine, full=True)
+    return f"{len(res.months)} month(s), {res.rows} rows in {res.seconds:.2f} s"
+
+
+def retention(ctx: Context, now: datetime | None = None) -> str:
+    days = ctx.config.service.timeline_retention_days
+    if days <= 0:
+        return "timelines are kept forever (service.timeline_retention_days = 0)"
+    return f"deleted {prune_timelines(ctx.engine, (now or _utcnow()) - timedelta(days=days))} timeline(s)"
+
+
+def prune_timelines(engine: Engine, before: datetime, batch: int = 5000) -> int:
+    """Delete raw timelines of jobs that ended before ``before`` (figures and summaries stay)."""
+    gone = 0
+    while True:
+        with engine.begin() as conn:
+            ids = [r[0] for r in conn.execute(
+                select(JobGpuTimeline.job_gpu_id).join(JobGpu, JobGpu.id == JobGpuTimeline.job_gpu_id)
+                .join(Job, Job.id == JobGpu.job_pk).where(Job.end_time < before).limit(batch))]
+            if not ids:
+                return gone
+            conn.execute(delete(JobGpuTimeline).where(JobGpuTimeline.job_gpu_id.in_(ids)))  # type: ignore[attr-defined]
+            gone += len(ids)
+
+
+def _reports_runner() -> Any:
+    try:
+        return importlib.import_module("slurm_gpueff.reports.runner")
+    except ImportError:
+        return None
+
+
+def report_cards(ctx: Context) -> str:
+    runner = _reports_runner()
+    if runner is None:
+        return "skipped: reports are not available in this installation"
+    if not ctx.config.reports.cards:
+        return "skipped: reports.cards is off"
+    sent = runner.send_cards(ctx.config, ctx.engine)
+    retried = runner.retry_failed(ctx.config, ctx.engine)
+    return f"cards: {sent}; retries: {retried}"
+
+
+def report_monthly(ctx: Context) -> str:
+    runner = _reports_runner()
+    if runner is None:
+        return "skipped: reports are not available in this installation"
+    if not ctx.config.reports.monthly:
+        return "skipped: reports.monthly is off"
+    return f"monthly: {runner.send_monthly(ctx.config, ctx.engine)}"
+
+
+def builtin_tasks(config: Any) -> list[Task]:
+    """The built-in tasks with the schedules from ``[service]`` (an interval of 0 disables a task)."""
+    s = config.service
+    out = [Task("ingest", ingest, s.ingest_interval_s), Task("enrich", enrich, s.enrich_interval_s),
+           Task("rollups", rollups, s.rollup_interval_s), Task("rollups_full", rollups_full, s.rollup_full_interval_s),
+           Task("retention", retention, s.retention_interval_s),
+           Task("report_cards", report_cards, s.cards_interval_s),
+           Task("report_monthly", report_monthly, cron={"day": 1, "hour": s.monthly_report_hour})]
+    return [t for t in out if t.cron is not None or (t.interval_s or 0) > 0]
+
+
+def load_plugins(config: Any) -> list[str]:
+    """Import the modules of ``service.plugins`` (they call :func:`register_task`); returns problems."""
+    problems = []
+    for name in config.service.plugins:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001 - a broken plugin must not stop the service
+            problems.append(f"plugin {name}: {type(exc).__name__}: {exc}")
+    return problems
+
+
+def run_task(ctx: Context, task: Task) -> None:
+    """Run one task with logging and the bookkeeping /metrics exports; never raises."""
+    t0 = time.monotonic()
+    try:
+        summary = task.func(ctx)
+    except Exception:  # noqa: BLE001 - logged; the next run tries again
+        ctx.last_error[task.name] = time.time()
+        log.exception("task %s failed after %.1f s", task.name, time.monotonic() - t0)
+        return
+    ctx.last_ok[task.name] = time.time()
+    log.info("task %s: %s (%.2f s)", task.name, summary or "done", time.monotonic() - t0)

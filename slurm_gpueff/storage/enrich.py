@@ -1,0 +1,257 @@
+"""Join Slurm accounting into the job rows: enrichment of hook records, and backfill of missing ones.
+
+**Enrich.** A hook record knows what slurmd told the Epilog: the raw job id, user, account, GPUs and a
+provisional exit status (a cancelled job's Epilog sees ``0:0``). Accounting knows the rest: array and
+het ids (so ``seff-gpu 123_4`` finds a task the hooks recorded as raw id 130), job name, QOS, submit
+time, the final state (``CANCELLED``, ``TIMEOUT``, ``OUT_OF_MEMORY``) and exit code. :func:`enrich_jobs`
+asks the reader for every not-yet-enriched job in batches and writes what it learns; once a row is
+``enriched`` ingest no longer overwrites those fields. A job sacct still reports as running, or does
+not know yet (slurmdbd lags the controller), stays unenriched and is retried by the next run; a
+reader failure (sacct absent, slow, slurmdbd down) changes nothing and is reported.
+
+**Backfill.** Jobs that held GPUs according to sacct but have no hook record (node crashed, hooks
+not installed yet, spool lost) get an allocation-only record with ``record_source = "backfill"``
+and the reason, so site totals do not silently miss them. sacct keeps no GPU indexes, so the GPU
+rows are numbered positions per node; when the hook's own record turns up later, ingest replaces
+the backfilled one (storage/ingest.py).
+
+The reader is passed in (anything with ``jobs(ids, cluster)``, e.g. ``slurm_gpueff.sacct.SacctReader``),
+so this module needs no Slurm and the scheduler can drive it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, col, select
+
+from .. import record as recmod
+from ..models import Job
+from ..sacct import SacctError, SacctJob
+from .ingest import UNAVAILABLE, ingest_record
+
+log = logging.getLogger(__name__)
+
+BACKFILL_REASON = ("no GPU record from the Slurm hooks (node crash, hooks not installed, collector or spool "
+                   "lost); allocation only, from Slurm accounting")
+BACKFILL_WRITER = "slurm-gpueff backfill"
+
+
+@dataclass
+class EnrichResult:
+    """What one enrich run did. ``errors`` non-empty means the run stopped early (retry later)."""
+
+    checked: int = 0
+    enriched: int = 0
+    not_final: int = 0
+    not_found: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass
+class BackfillResult:
+    """What one backfill run did with the sacct jobs it was given."""
+
+    seen: int = 0
+    created: int = 0
+    enriched: int = 0        # had a hook record that was not enriched yet: enriched on the way
+    had_record: int = 0
+    no_gpus: int = 0
+    not_final: int = 0
+    created_ids: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+def _utc(epoch: float | None) -> datetime | None:
+    if epoch is None:
+        return None
+    return datetime.fromtimestamp(float(epoch), UTC).replace(tzinfo=None)
+
+
+def _cut(value: str | None, n: int) -> str | None:
+    return value[:n] if isinstance(value, str) else value
+
+
+def apply_sacct(job: Job, sj: SacctJob) -> None:
+    """Write what accounting says into ``job`` (a finished job): accounting wins where it knows."""
+    for attr, value, size in (("user", sj.user, 128), ("account", sj.account, 128), ("partition", sj.partition, 128),
+                              ("qos", sj.qos, 128), ("job_name", sj.job_name, 512)):
+        if value is not None:
+            setattr(job, attr, _cut(value, size))
+    if sj.uid is not None:
+        job.uid = sj.uid
+    # array / het ids: what the slurmd hooks cannot see
+    job.array_job_id, job.array_task_id = sj.array_job_id, sj.array_task_id
+    job.het_job_id, job.het_job_offset = sj.het_job_id, sj.het_job_offset
+    nodes = sj.nodes
+    if nodes and not job.nodelist:
+        job.nodelist = _cut(",".join(nodes), 1024)
+    if sj.gpu_count:
+        job.gpu_count = max(job.gpu_count or 0, sj.gpu_count)
+    if sj.gpu_type and not job.gpu_type:
+        job.gpu_type = _cut(sj.gpu_type, 128)
+    job.submit_time = _utc(sj.submit) or job.submit_time
+    job.start_time = _utc(sj.start) or job.start_time
+    job.end_time = _utc(sj.end) or job.end_time
+    if sj.elapsed_s is not None:
+        job.elapsed_s = sj.elapsed_s
+    elif job.start_time is not None and job.end_time is not None:
+        job.elapsed_s = (job.end_time - job.start_time).total_seconds()
+    job.state = _cut(sj.state, 32) or job.state  # replaces the hook's provisional state
+    if sj.exit_code is not None:
+        job.exit_code, job.signal = sj.exit_code, sj.signal
+    job.enriched = True
+    if hasattr(job, "analyzed_at"):  # the stored summary (issue 4) depends on state and times
+        job.analyzed_at = None
+
+
+def jobs_to_enrich(session: Session, since: datetime | None = None, limit: int | None = None) -> list[Job]:
+    """Unenriched jobs that ended at or after ``since`` (jobs without an end time too), oldest first."""
+    stmt = select(Job).where(col(Job.enriched).is_(False))
+    if since is not None:
+        stmt = stmt.where((col(Job.end_time) >= since) | col(Job.end_time).is_(None))
+    stmt = stmt.order_by(col(Job.id))
+    if limit is not None:
+        stmt = stmt.limit(max(0, limit))
+    return list(session.exec(stmt).all())
+
+
+def enrich_jobs(engine: Engine, reader: Any, *, since: datetime | None = None, limit: int | None = None,
+                progress: Callable[[int, int], None] | None = None) -> EnrichResult:
+    """Enrich every unenriched job (ended since ``since``) from ``reader``; commit batch by batch.
+
+    Never raises for sacct or database trouble: the run stops, says why in ``errors``, and what was
+    committed before stays; the rest is retried by the next run.
+    """
+    res = EnrichResult()
+    batch = max(1, int(getattr(reader, "batch_size", 500)))
+    try:
+        with Session(engine) as session:
+            todo = [(j.id, j.cluster, j.job_id) for j in jobs_to_enrich(session, since, limit)]
+    except UNAVAILABLE as exc:
+        res.errors.append(f"database unavailable ({_first_line(exc)}); nothing enriched")
+        return res
+    total = len(todo)
+    by_cluster: dict[str, list[tuple[int, int]]] = {}
+    for pk, cluster, job_id in todo:
+        by_cluster.setdefault(cluster, []).append((pk, job_id))
+    done = 0
+    for cluster, rows in sorted(by_cluster.items()):
+        for k in range(0, len(rows), batch):
+            chunk = rows[k:k + batch]
+            try:
+                found = {sj.job_id: sj for sj in reader.jobs([j for _pk, j in chunk], cluster)}
+            except SacctError as exc:
+                res.errors.append(str(exc))
+                return res
+            try:
+                with Session(engine) as session:
+                    for pk, job_id in chunk:
+                        res.checked += 1
+                        sj = found.get(job_id)
+                        if sj is None:
+                            res.not_found += 1
+                            continue
+                        if not sj.final:
+                            res.not_final += 1
+                            continue
+                        job = session.get(Job, pk)
+                        if job is None or job.enriched:
+                            continue
+                        apply_sacct(job, sj)
+                        session.add(job)
+                        res.enriched += 1
+                    session.commit()
+            except UNAVAILABLE as exc:
+                res.errors.append(f"database unavailable ({_first_line(exc)}); the next run retries")
+                return res
+            done += len(chunk)
+            if progress is not None:
+                progress(done, total)
+    return res
+
+
+def backfill_jobs(engine: Engine, sacct_jobs: Iterable[SacctJob], *, default_cluster: str,
+                  progress: Callable[[int, int], None] | None = None) -> BackfillResult:
+    """Allocation-only records for finished GPU jobs in ``sacct_jobs`` that have no job row yet."""
+    res = BackfillResult()
+    todo = list(sacct_jobs)
+    total = len(todo)
+    for n, sj in enumerate(todo, 1):
+        res.seen += 1
+        if not sj.gpu_count or sj.start is None:
+            res.no_gpus += 1
+        elif not sj.final:
+            res.not_final += 1
+        else:
+            try:
+                _backfill_one(engine, sj, default_cluster, res)
+            except UNAVAILABLE as exc:
+                res.errors.append(f"database unavailable ({_first_line(exc)}); the next run retries")
+                return res
+            except (sa_exc.SQLAlchemyError, ValueError) as exc:
+                res.errors.append(f"job {sj.job_id_text}: {type(exc).__name__}: {_first_line(exc)}")
+        if progress is not None and (n % 50 == 0 or n == total):
+            progress(n, total)
+    return res
+
+
+def _backfill_one(engine: Engine, sj: SacctJob, default_cluster: str, res: BackfillResult) -> None:
+    cluster = _cut(sj.cluster or default_cluster, 64)
+    with Session(engine) as session:
+        job = session.exec(select(Job).where(Job.cluster == cluster, Job.job_id == sj.job_id)).first()
+        if job is not None:
+            res.had_record += 1
+            if not job.enriched:
+                apply_sacct(job, sj)
+                session.add(job)
+                session.commit()
+                res.enriched += 1
+            return
+        for rec in backfill_records(sj, cluster):
+            job = ingest_record(session, rec)
+        assert job is not None
+        job.record_source = "backfill"
+        apply_sacct(job, sj)
+        session.add(job)
+        session.commit()
+    res.created += 1
+    res.created_ids.append(sj.job_id_text)
+
+
+def backfill_records(sj: SacctJob, cluster: str) -> list[dict[str, Any]]:
+    """Allocation-only spool records (record.py schema) for a GPU job that has none, one per node.
+
+    GPUs are spread evenly over the job's nodes when they divide, else all on the first node;
+    their indexes are positions (0..n-1), because accounting does not keep Slurm's GPU indexes.
+    """
+    nodes = sj.nodes or ["unknown"]
+    if sj.gpu_count % len(nodes):
+        nodes = nodes[:1]
+    per = max(1, sj.gpu_count // len(nodes))
+    why = f"{BACKFILL_REASON}: {sj.gpu_count} GPU(s) in AllocTRES, GPU indexes unknown"
+    out = []
+    for node in nodes:
+        out.append({
+            "schema": recmod.SCHEMA_VERSION, "cluster": cluster, "node": node, "job_id": sj.job_id,
+            "array_job_id": sj.array_job_id, "array_task_id": sj.array_task_id,
+            "het_job_id": sj.het_job_id, "het_job_offset": sj.het_job_offset,
+            "user": sj.user, "uid": sj.uid, "account": sj.account, "partition": sj.partition,
+            "start_time": sj.start, "end_time": sj.end if sj.end is not None else sj.start,
+            "exit_code": sj.exit_code, "signal": sj.signal, "backend": "none", "reason": why,
+            "gpus": [recmod.empty_gpu(i, "none", why) for i in range(per)],
+            "written_at": time.time(), "writer": BACKFILL_WRITER,
+        })
+    return out
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(getattr(exc, "orig", None) or exc)
+    return text.splitlines()[0] if text else type(exc).__name__

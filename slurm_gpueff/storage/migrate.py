@@ -1,0 +1,151 @@
+"""Schema migrations (Alembic), configured in code: no alembic.ini to install or find.
+
+Policy (README "Database"):
+
+- **SQLite** (the zero-setup default): :func:`ensure_schema` upgrades the file to the newest revision
+  when ``make_engine(create=True)`` opens it, so ``gpueff ingest`` / ``gpueff demo`` just work. A file
+  made by an older version with ``create_all`` (no ``alembic_version`` table) is adopted (stamped) when
+  its tables already match the models, otherwise the error says what differs.
+- **PostgreSQL** (and any other server): nothing changes the schema behind the administrator's back.
+  ``gpueff db upgrade`` migrates; until then ``make_engine(create=True)`` raises :class:`SchemaError`
+  naming the command, so a node or service never writes into an old schema.
+
+Alembic is imported only here, lazily: ``seff-gpu`` (``create=False``) never pays for it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from sqlalchemy import inspect
+from sqlalchemy.engine import Connection, Engine
+
+from ..errors import GpueffError
+
+MIGRATIONS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "migrations")
+
+
+class SchemaError(GpueffError):
+    """The database schema is not the one this version needs (run ``gpueff db upgrade``)."""
+
+    exit_code = 1
+
+
+def alembic_config(connection: Connection | None = None, url: str | None = None) -> Any:
+    """An Alembic Config pointing at the packaged migrations (and at ``connection`` when given)."""
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", MIGRATIONS)
+    if url:
+        cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    if connection is not None:
+        cfg.attributes["connection"] = connection
+    return cfg
+
+
+_HEAD: str | None = None
+
+
+def head() -> str:
+    """The newest revision of the packaged migrations."""
+    global _HEAD
+    if _HEAD is None:
+        from alembic.script import ScriptDirectory
+
+        heads = ScriptDirectory.from_config(alembic_config()).get_heads()
+        if len(heads) != 1:
+            raise SchemaError(f"the migrations have {len(heads)} heads ({', '.join(heads)}): merge them")
+        _HEAD = heads[0]
+    return _HEAD
+
+
+def current(conn: Connection) -> str | None:
+    """The database's revision (None: not under Alembic, e.g. empty or made by create_all)."""
+    from alembic.runtime.migration import MigrationContext
+
+    return MigrationContext.configure(conn).get_current_revision()
+
+
+def upgrade(engine: Engine, revision: str = "head") -> tuple[str | None, str | None]:
+    """Migrate to ``revision``; returns (before, after). Adopts a matching pre-Alembic schema first."""
+    from alembic import command
+
+    with engine.begin() as conn:
+        before = current(conn)
+        if before is None and _has_tables(conn):
+            _adopt(conn)
+        command.upgrade(alembic_config(conn), revision)
+    with engine.connect() as conn:
+        return before, current(conn)
+
+
+def diffs(conn: Connection) -> list[Any]:
+    """Differences between the database and models.py (Alembic autogenerate's view); [] = identical."""
+    from alembic.autogenerate import compare_metadata
+    from alembic.runtime.migration import MigrationContext
+
+    from ..models import SQLModel
+
+    ctx = MigrationContext.configure(conn, opts={"compare_type": True})
+    return list(compare_metadata(ctx, SQLModel.metadata))
+
+
+def ensure_schema(engine: Engine) -> None:
+    """``make_engine(create=True)``: upgrade SQLite on open; on a server only check (see module doc)."""
+    with engine.connect() as conn:
+        rev = current(conn)
+    if rev == head():
+        return
+    if engine.dialect.name == "sqlite":
+        upgrade(engine)
+        return
+    url = engine.url.render_as_string(hide_password=True)
+    state = f"is at revision {rev}" if rev else "has no slurm-gpueff schema yet"
+    raise SchemaError(f"the database {url} {state}; this version needs {head()}: run `gpueff db upgrade` "
+                      "on the service host")
+
+
+def _has_tables(conn: Connection) -> bool:
+    return "job" in inspect(conn).get_table_names()
+
+
+def _adopt(conn: Connection) -> None:
+    """A database made by create_all before migrations existed: stamp it if it matches, else refuse."""
+    from alembic import command
+
+    from ..models import SQLModel
+
+    missing = set(SQLModel.metadata.tables) - set(inspect(conn).get_table_names())
+    if missing:  # older create_all schema: tables that later versions added are simply created
+        SQLModel.metadata.create_all(conn, tables=[SQLModel.metadata.tables[t] for t in sorted(missing)])
+    left = diffs(conn)
+    if left:
+        shown = "; ".join(str(d) for d in left[:5])
+        raise SchemaError(f"this database was created without migrations and differs from the current schema "
+                          f"({len(left)} difference(s): {shown}); export and re-ingest, or migrate it by hand")
+    command.stamp(alembic_config(conn), "head")
+
+
+def _revision(message: str) -> None:  # pragma: no cover - a developer tool
+    """``python3 -m slurm_gpueff.storage.migrate revision MESSAGE``: autogenerate against a migrated SQLite."""
+    import tempfile
+
+    from alembic import command
+
+    from .db import make_engine
+
+    with tempfile.TemporaryDirectory() as d:
+        url = "sqlite:///" + os.path.join(d, "rev.db")
+        engine = make_engine(url, create=False)
+        upgrade(engine)
+        with engine.begin() as conn:
+            command.revision(alembic_config(conn, url), message=message, autogenerate=True)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    if len(sys.argv) != 3 or sys.argv[1] != "revision":
+        sys.exit("usage: python3 -m slurm_gpueff.storage.migrate revision MESSAGE")
+    _revision(sys.argv[2])

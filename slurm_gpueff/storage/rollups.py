@@ -1,0 +1,177 @@
+"""Rollups: per-day and per-month sums of the job summaries, in SQL (INSERT ... SELECT ... GROUP BY).
+
+The grain stored in ``usage_rollup`` is (period, period_start, cluster, user, account, verdict); per user,
+per account or site-wide figures are :func:`usage` queries over those few rows. Only analysed jobs
+(``analyzed_at`` set by slurm_gpueff.summarize) with an end time count, on the UTC day they ended.
+
+Refresh works by whole months: delete the month's rows, re-aggregate its jobs into day rows, then sum the
+day rows into the month row. Which months: the current one, plus every month holding a job analysed
+since the last refresh (minus a safety margin for clock skew and in-flight commits), or all of them on a
+full refresh. A recomputed month is exact whatever happened before (re-ingest, enrichment, deletes).
+A job whose end time moved to another month (sacct correcting it) leaves its old month stale until that
+month is refreshed again: ``gpueff rollup --full`` (the scheduler runs one daily) settles everything.
+
+Sums follow SQL: NULL when no job of the group had the figure measured (never a made-up 0); the
+``*_measured_gpu_hours`` columns carry the GPU-hours behind each sum.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Date, String, and_, case, cast, delete, func, insert, literal, select
+from sqlalchemy.engine import Connection, Engine
+
+from ..models import Job, UsageRollup
+
+MEASURES = ("gpu_hours", "idle_gpu_hours", "underfilled_gpu_hours", "sm_active_gpu_hours",
+            "tensor_active_gpu_hours", "energy_j", "kernel_measured_gpu_hours", "sm_measured_gpu_hours",
+            "tensor_measured_gpu_hours")
+KEYS = ("cluster", "user", "account", "verdict")
+SAFETY_MARGIN = timedelta(hours=1)
+
+
+@dataclass
+class RefreshResult:
+    months: list[date]
+    rows: int
+    seconds: float
+
+
+def month_start(d: date | datetime) -> date:
+    return date(d.year, d.month, 1)
+
+
+def next_month(d: date) -> date:
+    return date(d.year + (d.month == 12), d.month % 12 + 1, 1)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+def _day_expr(conn: Connection, col: Any) -> Any:
+    """The UTC calendar day of a naive-UTC timestamp column, as a DATE on every backend."""
+    if conn.dialect.name == "sqlite":
+        return func.date(col)  # 'YYYY-MM-DD': SQLAlchemy's own storage format for Date on SQLite
+    return cast(col, Date)
+
+
+def _month_expr(conn: Connection, col: Any) -> Any:
+    if conn.dialect.name == "sqlite":
+        return func.strftime("%Y-%m-01", col)
+    return cast(func.date_trunc("month", col), Date)
+
+
+def _known(col: Any, gpu_hours: Any) -> Any:
+    """GPU-hours of the jobs where ``col`` was measured."""
+    return func.sum(case((col.is_not(None), gpu_hours), else_=None))
+
+
+def refresh_month(conn: Connection, month: date, now: datetime | None = None) -> int:
+    """Recompute one month's day and month rows; returns the number of rows written."""
+    m0, m1 = month_start(month), next_month(month_start(month))
+    now = now or _now()
+    r, j = UsageRollup.__table__, Job.__table__
+    conn.execute(delete(r).where(r.c.period_start >= m0, r.c.period_start < m1))
+    day = _day_expr(conn, j.c.end_time)
+    cols = ["period", "period_start", *KEYS, "jobs", *MEASURES, "refreshed_at"]
+    sel = (select(literal("day", String), day, j.c.cluster, j.c.user, j.c.account, j.c.verdict,
+                  func.count(), func.sum(j.c.gpu_hours), func.sum(j.c.idle_gpu_hours),
+                  func.sum(j.c.underfilled_gpu_hours), func.sum(j.c.sm_active_gpu_hours),
+                  func.sum(j.c.tensor_active_gpu_hours), func.sum(j.c.energy_j),
+                  _known(j.c.idle_gpu_hours, j.c.gpu_hours), _known(j.c.sm_active_gpu_hours, j.c.gpu_hours),
+                  _known(j.c.tensor_active_gpu_hours, j.c.gpu_hours), literal(now, r.c.refreshed_at.type))
+           .where(j.c.end_time >= datetime(m0.year, m0.month, 1), j.c.end_time < datetime(m1.year, m1.month, 1),
+                  j.c.analyzed_at.is_not(None))
+           .group_by(day, j.c.cluster, j.c.user, j.c.account, j.c.verdict))
+    conn.execute(insert(r).from_select(cols, sel))
+    msel = (select(literal("month", String), literal(m0, Date), r.c.cluster, r.c.user, r.c.account, r.c.verdict,
+                   func.sum(r.c.jobs), *[func.sum(r.c[m]) for m in MEASURES], literal(now, r.c.refreshed_at.type))
+            .where(r.c.period == "day", r.c.period_start >= m0, r.c.period_start < m1)
+            .group_by(r.c.cluster, r.c.user, r.c.account, r.c.verdict))
+    conn.execute(insert(r).from_select(cols, msel))
+    return conn.execute(select(func.count()).select_from(r)  # rowcount of INSERT..SELECT is -1 on psycopg
+                        .where(r.c.period_start >= m0, r.c.period_start < m1)).scalar() or 0
+
+
+def dirty_months(conn: Connection, now: datetime | None = None, full: bool = False) -> list[date]:
+    """The months a refresh must recompute (see the module docstring)."""
+    now = now or _now()
+    r, j = UsageRollup.__table__, Job.__table__
+    last = conn.execute(select(func.max(r.c.refreshed_at))).scalar()
+    month = _month_expr(conn, j.c.end_time)
+    stmt = select(month).distinct().where(j.c.end_time.is_not(None), j.c.analyzed_at.is_not(None))
+    if not full and last is not None:
+        stmt = stmt.where(j.c.analyzed_at >= last - SAFETY_MARGIN)
+    months = {_as_date(m) for (m,) in conn.execute(stmt)}
+    months.add(month_start(now))
+    if full:  # months that lost all their jobs still hold rows: clear them too
+        months |= {_as_date(m) for (m,) in conn.execute(select(r.c.period_start).distinct()
+                                                         .where(r.c.period == "month"))}
+    return sorted(months)
+
+
+def _as_date(v: Any) -> date:
+    if isinstance(v, datetime):
+        return v.date()
+    if isinstance(v, date):
+        return v
+    return date.fromisoformat(str(v)[:10])
+
+
+def refresh(engine: Engine, *, full: bool = False, months: Iterable[date] | None = None,
+            now: datetime | None = None) -> RefreshResult:
+    """Refresh the rollups; each month in its own transaction (readers see a month whole or not yet)."""
+    import time
+
+    t0 = time.perf_counter()
+    now = now or _now()
+    with engine.connect() as conn:
+        todo = sorted({month_start(m) for m in months}) if months is not None else dirty_months(conn, now, full)
+    rows = 0
+    for m in todo:
+        with engine.begin() as conn:
+            rows += refresh_month(conn, m, now)
+    return RefreshResult(months=todo, rows=rows, seconds=time.perf_counter() - t0)
+
+
+# ---------------------------------------------------------------------------------------------- queries
+BY = {"user": ("user",), "account": ("account",), "site": (), "verdict": ("verdict",),
+      "user_account": ("user", "account"), "account_verdict": ("account", "verdict"),
+      "user_verdict": ("user", "verdict")}
+
+
+def usage(conn: Connection, *, period: str = "month", by: str = "user", start: date | None = None,
+          end: date | None = None, cluster: str | None = None, per_period: bool = True) -> list[dict[str, Any]]:
+    """Summed rollup rows grouped by ``by`` (a key of :data:`BY`) and, with ``per_period``, by period.
+
+    ``start``/``end`` bound ``period_start`` (inclusive/exclusive). Each dict has the group keys, maybe
+    ``period_start``, ``cluster``, ``jobs`` and every measure (None when nothing was measured).
+    """
+    if period not in ("day", "month"):
+        raise ValueError(f"period must be day or month, not {period!r}")
+    r = UsageRollup.__table__
+    keys = [r.c.cluster, *[r.c[k] for k in BY[by]]]
+    if per_period:
+        keys.insert(0, r.c.period_start)
+    conds = [r.c.period == period]
+    if start is not None:
+        conds.append(r.c.period_start >= start)
+    if end is not None:
+        conds.append(r.c.period_start < end)
+    if cluster is not None:
+        conds.append(r.c.cluster == cluster)
+    stmt = (select(*keys, func.sum(r.c.jobs).label("jobs"), *[func.sum(r.c[m]).label(m) for m in MEASURES])
+            .where(and_(*conds)).group_by(*keys).order_by(*keys))
+    out = []
+    for row in conn.execute(stmt).mappings():
+        d = dict(row)
+        if "period_start" in d:
+            d["period_start"] = _as_date(d["period_start"])
+        d["jobs"] = int(d["jobs"] or 0)
+        out.append(d)
+    return out

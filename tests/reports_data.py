@@ -1,0 +1,63 @@
+"""A small job database for the report tests: simulated jobs through the real spool, ingest and summarize.
+
+The GPU figures come from the simulated collector (no GPU here); everything after it is the real code.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from sqlmodel import Session, select
+
+from slurm_gpueff import spool
+from slurm_gpueff.collectors.base import JobContext
+from slurm_gpueff.collectors.simulated import SimulatedCollector
+from slurm_gpueff.config import Config
+from slurm_gpueff.models import Job
+from slurm_gpueff.storage.db import make_engine
+from slurm_gpueff.storage.ingest import ingest_spool
+from slurm_gpueff.summarize import summarize_pending
+
+EVIL_NAME = 'train<script>alert("x")</script>\r\nBcc: victim@evil.example'
+
+
+def add_job(spool_dir: str, job_id: int, profile: str, *, user: str, account: str, gpus: int = 1,
+            hours: float = 2.0, ended_ago_h: float = 1.0, now: float | None = None) -> None:
+    now = time.time() if now is None else now
+    end = now - ended_ago_h * 3600.0
+    start = end - hours * 3600.0
+    col = SimulatedCollector(Config())
+    ctx = JobContext(job_id, "gpu-n1", "c", list(range(gpus)), start, end, {"GPUEFF_SIM_PROFILE": profile})
+    m = col.stop(ctx, col.start(ctx))
+    spool.write_record(spool_dir, {"schema": 1, "cluster": "c", "node": "gpu-n1", "job_id": job_id,
+                                   "start_time": start, "end_time": end, "backend": m.backend,
+                                   "reason": m.reason, "gpus": m.gpus, "user": user, "account": account,
+                                   "partition": "gpu", "exit_code": 0, "signal": 0})
+
+
+def make_db(tmp_path: Any, jobs: list[dict[str, Any]], names: dict[int, str] | None = None):  # type: ignore[no-untyped-def]
+    """Engine of a fresh SQLite DB holding ``jobs`` (kwargs of :func:`add_job`), analysed."""
+    engine = make_engine(str(tmp_path / "jobs.db"))
+    spool_dir = str(tmp_path / "spool")
+    for j in jobs:
+        add_job(spool_dir, **j)
+    result = ingest_spool(engine, spool_dir)
+    assert result.ingested == len(jobs), result.errors
+    summarize_pending(engine)
+    if names:
+        with Session(engine) as s:
+            for job in s.exec(select(Job)).all():
+                if job.job_id in names:
+                    job.job_name = names[job.job_id]
+                    s.add(job)
+            s.commit()
+    return engine
+
+
+def config(tmp_path: Any, **reports: Any) -> Config:
+    """A config whose reports go to tmp_path/reports; ``reports`` overrides [reports] keys."""
+    data = {"site": {"cluster": "c"}, "paths": {"database": str(tmp_path / "jobs.db")},
+            "reports": {"dir": str(tmp_path / "reports"), **reports},
+            "mail": {"backoff_s": 0.0, "timeout_s": 5.0}}
+    return Config(data)

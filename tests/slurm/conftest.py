@@ -1,0 +1,289 @@
+"""A real Slurm 22.05 cluster for the ``slurm`` tests: munged, a private MariaDB, slurmdbd, slurmctld and
+slurmd on this machine, four fake GPUs (gres/gpu on mknod'ed /dev/nvidiaN), and the project's own hooks
+(``install_hooks`` with this Python's absolute path) as Prolog and Epilog.
+
+Only the GPUs are fake: the collector is the ``simulated`` backend, selected by the test config. The
+daemons, accounting, the hooks under slurmd, the spool, ingest, sacct, enrich and seff-gpu are real.
+
+The cluster is started once for the package (``tests/slurm/start-slurm.sh``) and stopped at its end by
+PID (``stop-slurm.sh``), which also removes the device nodes it created, so the rest of the suite sees
+the machine as before. Needs root (CI runs as root); a failure to start is a test error, never a skip.
+
+``alice`` runs ``seff-gpu`` through ``runuser``. The test interpreter may live where alice cannot go
+(``/root/.pyenv``, 0700), so she gets this checkout's package and its dependencies copied into a
+world-readable folder, run by a same-version Python she can execute (``/usr/bin/python3.X``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+CLUSTER = "gpueffci"
+GPU_TYPE = "simh100"
+ACCOUNT = "research"
+USER = "alice"
+FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "DEADLINE",
+         "BOOT_FAIL"}
+SYS_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+CONFIG = """# slurm-gpueff config of the tests/slurm cluster (rewritten by tests that inject faults)
+[site]
+cluster = "{cluster}"
+
+[paths]
+spool_dir = "{base}/gpueff/spool"
+state_dir = "{base}/gpueff/state"
+database = "sqlite:///{base}/gpueff/db/gpueff.db"
+
+[collector]
+backend = "{backend}"
+hook_timeout_s = 10.0
+
+[sacct]
+timeout_s = {sacct_timeout}
+batch_size = {batch_size}
+
+[privacy]
+enabled = true
+admins = {admins}
+"""
+
+
+class SlurmCluster:
+    """Handle on the running test cluster: submit, wait, inspect, and run the project's commands."""
+
+    def __init__(self, base: str):
+        self.base = base
+        self.config_path = os.path.join(base, "gpueff.toml")
+        self.admin_config_path = os.path.join(base, "gpueff-admins.toml")
+        self.hooks_dir = os.path.join(base, "hooks")
+        self.out = os.path.join(base, "out")
+        self.spool = os.path.join(base, "gpueff", "spool")
+        self.state = os.path.join(base, "gpueff", "state")
+        self.db_path = os.path.join(base, "gpueff", "db", "gpueff.db")
+        self.node = os.uname().nodename.split(".")[0]
+        self.user_python = sys.executable
+        self.user_pythonpath = ROOT
+        self.env = dict(os.environ, PATH=SYS_PATH + ":" + os.environ.get("PATH", ""))
+        self.env.pop("GPUEFF_CONFIG", None)
+        self.env.pop("SLURM_TIME_FORMAT", None)
+
+    # -- config
+    def write_config(self, *, backend: str = "simulated", admins: Sequence[str] = (), sacct_timeout: float = 30.0,
+                     batch_size: int = 500, path: str | None = None) -> str:
+        text = CONFIG.format(cluster=CLUSTER, base=self.base, backend=backend, sacct_timeout=sacct_timeout,
+                             batch_size=batch_size, admins="[" + ", ".join(f'"{a}"' for a in admins) + "]")
+        path = path or self.config_path
+        with open(path + ".tmp", "w") as fh:
+            fh.write(text)
+        os.chmod(path + ".tmp", 0o644)
+        os.replace(path + ".tmp", path)
+        return path
+
+    # -- running things
+    def run(self, argv: Sequence[str], *, user: str | None = None, timeout: float = 60, check: bool = False,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        argv = list(argv)
+        if user:
+            argv = ["runuser", "-u", user, "--", *argv]
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env or self.env,
+                           cwd=self.out)
+        if check and p.returncode != 0:
+            raise AssertionError(f"{argv} -> {p.returncode}\n{p.stdout}\n{p.stderr}")
+        return p
+
+    def sbatch(self, *args: str, user: str | None = None) -> int:
+        p = self.run(["sbatch", "--parsable", "-o", f"{self.out}/%j.out", *args], user=user, check=True)
+        return int(p.stdout.strip().split(";")[0])
+
+    def job_info(self, job_id: int) -> dict[str, str]:
+        p = self.run(["scontrol", "show", "job", "-o", str(job_id)])
+        return dict(re.findall(r"(\w+)=(\S*)", p.stdout)) if p.returncode == 0 else {}
+
+    def wait_state(self, job_ids: Sequence[int], states: set[str] = FINAL, timeout: float = 90) -> dict[int, str]:
+        """Poll ``scontrol show job -o`` (sbatch --wait polls only every ~10 s) until each job is in ``states``."""
+        deadline = time.monotonic() + timeout
+        seen: dict[int, str] = {}
+        while True:
+            for j in job_ids:
+                seen[j] = self.job_info(j).get("JobState", "?")
+            if all(s in states for s in seen.values()):
+                return seen
+            if time.monotonic() > deadline:
+                raise AssertionError(f"jobs did not reach {sorted(states)} within {timeout} s: {seen}")
+            time.sleep(0.2)
+
+    def node_state(self) -> str:
+        return self.run(["sinfo", "-h", "-n", self.node, "-o", "%T"], check=True).stdout.strip()
+
+    def wait_node_idle(self, timeout: float = 30) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            st = self.node_state()
+            if st == "idle" or time.monotonic() > deadline:
+                return st
+            time.sleep(0.2)
+
+    def node_reason(self) -> str:
+        return self.run(["scontrol", "show", "node", self.node], check=True).stdout
+
+    def wait_accounted(self, job_ids: Sequence[int], timeout: float = 60) -> None:
+        """slurmdbd lags the controller: wait until sacct reports every job in a final state."""
+        ids = ",".join(map(str, job_ids))
+        deadline = time.monotonic() + timeout
+        while True:
+            p = self.run(["sacct", "-X", "-P", "-n", "-o", "JobIDRaw,State", "-j", ids])
+            states = dict(line.split("|", 1) for line in p.stdout.splitlines() if "|" in line)
+            if all(states.get(str(j), "").split(" ")[0] in FINAL for j in job_ids):
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"sacct did not report {ids} as finished within {timeout} s: {states}")
+            time.sleep(0.3)
+
+    def gpueff(self, *args: str, check: bool = True, config: str | None = None,
+               timeout: float = 120) -> subprocess.CompletedProcess:
+        argv = [sys.executable, "-m", "slurm_gpueff.cli.gpueff", "--config", config or self.config_path, *args]
+        env = dict(self.env, PYTHONPATH=ROOT)
+        return self.run(argv, check=check, env=env, timeout=timeout)
+
+    def seff(self, jobid: str | int, *extra: str, user: str | None = None,
+             config: str | None = None) -> subprocess.CompletedProcess:
+        """``seff-gpu`` as root, or as ``user`` through runuser with a Python that user can run."""
+        python = self.user_python if user else sys.executable
+        argv = [python, "-m", "slurm_gpueff.cli.seff", "--config", config or self.config_path, str(jobid), *extra]
+        env = dict(self.env, PYTHONPATH=self.user_pythonpath if user else ROOT, HOME=self.out)
+        return self.run(argv, user=user, env=env)
+
+    # -- the database
+    def rows(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        con = sqlite3.connect(f"file:{self.db_path}?mode=ro", uri=True, timeout=30)
+        con.row_factory = sqlite3.Row
+        try:
+            return list(con.execute(sql, args))
+        finally:
+            con.close()
+
+    def job_row(self, job_id: int) -> sqlite3.Row | None:
+        found = self.rows("SELECT * FROM job WHERE cluster = ? AND job_id = ?", (CLUSTER, job_id))
+        return found[0] if found else None
+
+    def gpu_indexes(self, job_id: int) -> list[int]:
+        return [r["gpu_index"] for r in self.rows(
+            "SELECT g.gpu_index FROM job_gpu g JOIN job j ON j.id = g.job_pk WHERE j.cluster = ? AND j.job_id = ? "
+            "ORDER BY g.gpu_index", (CLUSTER, job_id))]
+
+    def spool_files(self) -> list[str]:
+        d = os.path.join(self.spool, "incoming")
+        return sorted(os.listdir(d)) if os.path.isdir(d) else []
+
+    def job_gpus_seen(self, job_id: int) -> list[int]:
+        """The GPU indexes the job itself saw (SLURM_JOB_GPUS, echoed by the job scripts)."""
+        path = os.path.join(self.out, f"{job_id}.out")
+        assert os.path.exists(path), f"no {path}: {sorted(os.listdir(self.out))}\n{self.log_tail()}"
+        with open(path) as fh:
+            m = re.search(r"GPUS=([\d,]*)", fh.read())
+        return [int(x) for x in m.group(1).split(",") if x] if m else []
+
+    def log_tail(self, n: int = 40) -> str:
+        out = []
+        for name in ("slurmctld.log", "slurmd.log"):
+            path = os.path.join(self.base, "log", name)
+            if os.path.exists(path):
+                with open(path, errors="replace") as fh:
+                    out.append(f"--- {name}\n" + "".join(fh.readlines()[-n:]))
+        return "\n".join(out)
+
+
+def _user_runtime(c: SlurmCluster) -> None:
+    """Give ``alice`` a Python with this package and its dependencies (see the module docstring)."""
+    probe = ["runuser", "-u", USER, "--", sys.executable, "-c", "import sqlmodel, slurm_gpueff.cli.seff"]
+    if subprocess.run(probe, env=dict(c.env, PYTHONPATH=ROOT), capture_output=True, cwd=c.out).returncode == 0:
+        return
+    ver = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    python = shutil.which(ver, path=SYS_PATH)
+    if not python:
+        raise RuntimeError(f"alice cannot run {sys.executable} and there is no system {ver}")
+    lib = os.path.join(c.base, "pylib")
+    code = ("import sys, importlib.metadata as md, slurm_gpueff.cli.seff, slurm_gpueff.storage.queries, "
+            "slurm_gpueff.storage.db, slurm_gpueff.analysis, slurm_gpueff.render, sqlalchemy.dialects.sqlite\n"
+            "tops = {m.split('.')[0] for m in sys.modules}\n"
+            "for name, mod in list(sys.modules.items()):\n"
+            "    f = getattr(mod, '__file__', None) or ''\n"
+            "    if '.' not in name and 'site-packages' in f: print('M', name, f)\n"
+            "pd = md.packages_distributions()\n"
+            "for t in tops:\n"
+            "    for d in pd.get(t, []):\n"
+            "        dist = md.distribution(d); print('D', d, dist._path)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env=dict(c.env, PYTHONPATH=ROOT), cwd=ROOT).stdout
+    os.makedirs(lib, exist_ok=True)
+    for line in out.splitlines():
+        kind, _name, path = line.split(" ", 2)
+        src = os.path.dirname(path) if kind == "M" and path.endswith("__init__.py") else path
+        if kind == "M" and not path.endswith("__init__.py"):
+            src = path
+        dest = os.path.join(lib, os.path.basename(src))
+        if os.path.exists(dest):
+            continue
+        if os.path.isdir(src):
+            shutil.copytree(src, dest, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(src, dest)
+    shutil.copytree(os.path.join(ROOT, "slurm_gpueff"), os.path.join(lib, "slurm_gpueff"),
+                    ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
+    subprocess.run(["chmod", "-R", "a+rX", lib], check=True)
+    c.user_python, c.user_pythonpath = python, lib
+    p = subprocess.run(["runuser", "-u", USER, "--", python, "-c", "import sqlmodel, slurm_gpueff.cli.seff"],
+                       env=dict(c.env, PYTHONPATH=lib), capture_output=True, text=True, cwd=c.out)
+    if p.returncode != 0:
+        raise RuntimeError(f"alice cannot import the package from {lib}: {p.stderr[-2000:]}")
+
+
+@pytest.fixture(scope="package")
+def slurm() -> Iterator[SlurmCluster]:
+    if os.geteuid() != 0:
+        pytest.fail("the slurm tests start slurmd and create /dev/nvidiaN: run them as root (CI does)")
+    from slurm_gpueff.hook import install_hooks
+
+    t0 = time.monotonic()
+    base = tempfile.mkdtemp(prefix="gpueff-slurm-")
+    os.chmod(base, 0o755)  # alice reads the config and the database below it
+    c = SlurmCluster(base)
+    os.makedirs(c.out)
+    os.chmod(c.out, 0o1777)  # job output of every user
+    for d in ("gpueff", os.path.join("gpueff", "db")):
+        os.makedirs(os.path.join(base, d), exist_ok=True)
+        os.chmod(os.path.join(base, d), 0o755)
+    c.write_config()
+    c.write_config(admins=[USER], path=c.admin_config_path)
+    prolog, epilog = install_hooks(c.hooks_dir, config_path=c.config_path)
+    env = dict(c.env, BASE=base, PROLOG=prolog, EPILOG=epilog, CLUSTER=CLUSTER, GPU_TYPE=GPU_TYPE,
+               ACCOUNT=ACCOUNT, TEST_USERS=USER)
+    started = subprocess.run([os.path.join(HERE, "start-slurm.sh")], env=env, capture_output=True, text=True,
+                             timeout=900)
+    try:
+        if started.returncode != 0:
+            pytest.fail(f"start-slurm.sh failed ({started.returncode}):\n{started.stdout}\n{started.stderr}\n"
+                        f"{c.log_tail()}")
+        _user_runtime(c)
+        c.startup_s = time.monotonic() - t0  # type: ignore[attr-defined]
+        sys.stderr.write(f"\n[slurm] cluster up in {c.startup_s:.1f} s\n{started.stdout}")
+        yield c
+    finally:
+        stop = subprocess.run([os.path.join(HERE, "stop-slurm.sh"), "--purge"], env=env, capture_output=True,
+                              text=True, timeout=300)
+        sys.stderr.write(f"\n[slurm] {stop.stdout}{stop.stderr}")
+        shutil.rmtree(base, ignore_errors=True)

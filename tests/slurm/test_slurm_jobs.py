@@ -1,0 +1,254 @@
+"""End to end on a real Slurm: the project's hooks under slurmd, spool, ingest, sacct enrichment, seff-gpu.
+
+Jobs: 1 GPU, 2 GPUs, CPU only, exit 3, cancelled while running, a 2-task array. Each is checked in the
+database (GPU count and indexes, user, account, state, exit code, array ids) and through ``seff-gpu``
+as root and as the ordinary user ``alice``. Only the GPUs are simulated (fake /dev/nvidiaN devices and
+the ``simulated`` collector backend); see conftest.py.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pty
+import re
+import signal
+import sys
+import time
+
+import pytest
+
+from .conftest import ACCOUNT, CLUSTER, GPU_TYPE, ROOT, USER, SlurmCluster
+
+pytestmark = pytest.mark.slurm
+
+ECHO = "echo GPUS=$SLURM_JOB_GPUS; sleep 1"
+
+
+def array_tasks(c: SlurmCluster, array_id: int, n: int, timeout: float = 90) -> dict[int, int]:
+    """{task id: raw job id} once all ``n`` tasks of the array have finished."""
+    deadline = time.monotonic() + timeout
+    while True:
+        p = c.run(["scontrol", "show", "job", "-o", str(array_id)])
+        recs = [dict(re.findall(r"(\w+)=(\S*)", line)) for line in p.stdout.splitlines() if line.strip()]
+        done = {int(r["ArrayTaskId"]): int(r["JobId"]) for r in recs
+                if r.get("ArrayTaskId", "").isdigit() and r.get("JobState") in ("COMPLETED", "FAILED")}
+        if len(done) == n:
+            return done
+        if time.monotonic() > deadline:
+            raise AssertionError(f"array {array_id} not finished: {p.stdout}")
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def jobs(slurm: SlurmCluster) -> dict:
+    """Submit the job set, wait for the end, ingest; keep the hook-only view, then enrich."""
+    c = slurm
+    t0 = time.monotonic()
+    ids = {
+        "one": c.sbatch("--gres=gpu:1", "-J", "one-gpu", "--wrap", ECHO, user=USER),
+        "two": c.sbatch(f"--gres=gpu:{GPU_TYPE}:2", "-J", "two-gpu", "--wrap", ECHO),
+        "cpu": c.sbatch("-J", "cpu-only", "--wrap", ECHO, user=USER),
+        "fail": c.sbatch("--gres=gpu:1", "-J", "exits|3", "--wrap", "echo GPUS=$SLURM_JOB_GPUS; exit 3", user=USER),
+        "cancel": c.sbatch("--gres=gpu:1", "-J", "cancelled", "--wrap", "echo GPUS=$SLURM_JOB_GPUS; sleep 300"),
+        "array": c.sbatch("--array=0-1", "--gres=gpu:1", "-J", "arr", "-o", f"{c.out}/%j.out", "--wrap", ECHO,
+                          user=USER),
+    }
+    c.wait_state([ids["cancel"]], {"RUNNING"})
+    c.run(["scancel", str(ids["cancel"])], check=True)
+    states = c.wait_state([ids[k] for k in ("one", "two", "cpu", "fail", "cancel")])
+    tasks = array_tasks(c, ids["array"], 2)
+    node = c.wait_node_idle()
+    jobs_s = time.monotonic() - t0
+    ing = c.gpueff("ingest")
+    unenriched = c.rows("SELECT count(*) AS n FROM job WHERE NOT enriched")[0]["n"]
+    hook_rows = {k: c.job_row(v) for k, v in ids.items() if k != "array"}
+    hook_rows.update({f"task{t}": c.job_row(raw) for t, raw in tasks.items()})
+    c.wait_accounted([ids[k] for k in ("one", "two", "cpu", "fail", "cancel")] + list(tasks.values()))
+    enr = c.gpueff("enrich", "--since", "now-1d")
+    sys.stderr.write(f"\n[slurm] job set ran in {jobs_s:.1f} s\n")
+    return {"ids": ids, "states": states, "tasks": tasks, "node": node, "ingest": ing, "enrich": enr, "unenriched": unenriched,
+            "hook_rows": hook_rows}
+
+
+def test_every_job_ends_as_slurm_says_and_the_node_stays_idle(slurm, jobs):
+    ids, st = jobs["ids"], jobs["states"]
+    assert st[ids["one"]] == st[ids["two"]] == st[ids["cpu"]] == "COMPLETED"
+    assert st[ids["fail"]] == "FAILED" and st[ids["cancel"]] == "CANCELLED"
+    assert jobs["node"] == "idle", slurm.node_reason()
+    assert "Reason=" not in slurm.node_reason()  # never drained by a hook
+
+
+def test_hook_records_reach_the_database(slurm, jobs):
+    ids, rows = jobs["ids"], jobs["hook_rows"]
+    assert "ingested 6," in jobs["ingest"].stdout, jobs["ingest"].stdout  # the 6 GPU jobs and tasks
+    assert rows["cpu"] is None  # CPU-only: no record by design
+    for key, n in (("one", 1), ("two", 2), ("fail", 1), ("cancel", 1), ("task0", 1), ("task1", 1)):
+        assert rows[key] is not None and rows[key]["gpu_count"] == n, key
+        assert rows[key]["record_source"] == "hook" and rows[key]["backend"] == "simulated"
+        assert not rows[key]["enriched"]
+    for key in ("one", "two", "fail", "cancel"):
+        assert slurm.gpu_indexes(ids[key]) == slurm.job_gpus_seen(ids[key]), key
+    assert rows["fail"]["state"] == "FAILED" and rows["fail"]["exit_code"] == 3
+    # slurmd hooks see only the raw id of an array task, and a cancelled job's Epilog sees exit 0:0
+    assert rows["task0"]["array_job_id"] is None and rows["task1"]["array_task_id"] is None
+    assert (rows["cancel"]["exit_code"], rows["cancel"]["signal"]) == (0, 0)
+
+
+def test_enrichment_fills_what_only_accounting_knows(slurm, jobs):
+    ids, tasks = jobs["ids"], jobs["tasks"]
+    n = jobs["unenriched"]  # these 6, and the fault tests' jobs when they ran first
+    assert n >= 6 and jobs["enrich"].returncode == 0 and f"enriched {n} of {n}" in jobs["enrich"].stdout, jobs["enrich"]
+    expect = {"one": (USER, "COMPLETED", 0, 1, "one-gpu"), "two": ("root", "COMPLETED", 0, 2, "two-gpu"),
+              "fail": (USER, "FAILED", 3, 1, "exits|3"), "cancel": ("root", "CANCELLED", 0, 1, "cancelled")}
+    for key, (user, state, code, n, name) in expect.items():
+        r = slurm.job_row(ids[key])
+        assert (r["user"], r["account"], r["state"], r["exit_code"], r["gpu_count"], r["job_name"]) == (
+            user, ACCOUNT, state, code, n, name), key
+        assert r["enriched"] and r["qos"] == "normal" and r["partition"] == "debug" and r["submit_time"]
+        assert r["uid"] == (0 if user == "root" else int(slurm.run(["id", "-u", USER]).stdout))
+    for task, raw in tasks.items():
+        r = slurm.job_row(raw)
+        assert (r["array_job_id"], r["array_task_id"], r["state"], r["user"]) == (ids["array"], task, "COMPLETED",
+                                                                                   USER)
+    # a second run finds nothing left to do
+    again = slurm.gpueff("enrich", "--since", "now-1d")
+    assert "enriched 0 of 0" in again.stdout
+
+
+def _card(p) -> str:
+    assert p.returncode == 0, (p.returncode, p.stdout, p.stderr)
+    return p.stdout
+
+
+def test_seff_gpu_as_root(slurm, jobs):
+    ids, tasks = jobs["ids"], jobs["tasks"]
+    out = _card(slurm.seff(ids["one"]))
+    assert f"Job ID: {ids['one']}" in out and f"User/Account: {USER}/{ACCOUNT}" in out and "GPUs: 1 x" in out
+    assert "State: COMPLETED (exit code 0)" in out and "SIMULATED DATA" in out
+    out = _card(slurm.seff(ids["two"]))
+    assert "GPUs: 2 x" in out and "User/Account: root/research" in out
+    assert "State: FAILED (exit code 3)" in _card(slurm.seff(ids["fail"]))
+    assert "State: CANCELLED" in _card(slurm.seff(ids["cancel"]))
+    p = slurm.seff(ids["cpu"])
+    assert p.returncode == 5 and "had no GPUs allocated" in p.stderr, (p.stdout, p.stderr)
+    for task, raw in tasks.items():  # by array id and by raw id: the same card
+        by_task = _card(slurm.seff(f"{ids['array']}_{task}"))
+        assert f"Job ID: {ids['array']}_{task}" in by_task and f"raw id {raw}" in by_task or raw == ids["array"]
+        assert _card(slurm.seff(raw)).count("Job ID:") >= 1
+    both = _card(slurm.seff(ids["array"]))
+    assert both.count("Job ID:") == 2 and "2 jobs match" in both
+    js = _card(slurm.seff(f"{ids['array']}_1", "--json"))
+    assert '"array_task_id": 1' in js.replace(" ", " ") or "array_task_id" in js
+
+
+def test_seff_gpu_as_alice_sees_only_her_jobs(slurm, jobs):
+    ids = jobs["ids"]
+    out = _card(slurm.seff(ids["one"], user=USER))
+    assert f"User/Account: {USER}/{ACCOUNT}" in out
+    assert "State: FAILED (exit code 3)" in _card(slurm.seff(ids["fail"], user=USER))
+    assert _card(slurm.seff(f"{ids['array']}_0", user=USER)).count("Job ID:") == 1
+    p = slurm.seff(ids["two"], user=USER)
+    assert p.returncode == 6 and "belongs to another user" in p.stderr and "[privacy] admins" in p.stderr, p
+    assert p.stdout == ""
+    p = slurm.seff(ids["cpu"], user=USER)
+    assert p.returncode == 5, (p.stdout, p.stderr)
+    # an admin named in the config sees every job, like sacct's operators
+    assert "User/Account: root/research" in _card(slurm.seff(ids["two"], user=USER,
+                                                            config=slurm.admin_config_path))
+
+
+def test_sacct_json_and_parsable_agree_and_batch(slurm, jobs):
+    """The two sacct formats give the same jobs on this Slurm; batches of 2 ids make ceil(n/2) queries."""
+    sys.path.insert(0, ROOT)
+    from slurm_gpueff.sacct import SacctReader
+
+    ids = [jobs["ids"][k] for k in ("one", "two", "cpu", "fail", "cancel")] + list(jobs["tasks"].values())
+    js = SacctReader(fmt="json", batch_size=2)
+    ps = SacctReader(fmt="parsable", batch_size=2)
+    a = {j.job_id: j for j in js.jobs(ids, CLUSTER)}
+    b = {j.job_id: j for j in ps.jobs(ids, CLUSTER)}
+    assert set(a) == set(b) == set(ids)
+    assert ps.calls == math.ceil(len(ids) / 2) and js.calls == 2 * ps.calls  # json + its exit-code query
+    keys = ("job_id_text", "array_job_id", "array_task_id", "user", "uid", "account", "partition", "qos", "job_name",
+            "gpu_count", "gpu_type", "submit", "start", "end", "elapsed_s", "state", "exit_code", "nodelist")
+    for i in ids:
+        assert {k: getattr(a[i], k) for k in keys} == {k: getattr(b[i], k) for k in keys}, i
+    assert a[jobs["ids"]["two"]].gpu_type == GPU_TYPE and a[jobs["ids"]["cpu"]].gpu_count == 0
+
+
+def test_enrich_survives_slow_and_broken_sacct(slurm, jobs):
+    """slurmdbd frozen (SIGSTOP): sacct hangs, enrich gives up at its bound and changes nothing."""
+    c = slurm
+    j = c.sbatch("--gres=gpu:1", "--wrap", ECHO)
+    c.wait_state([j])
+    c.wait_accounted([j])
+    assert "ingested 1," in c.gpueff("ingest").stdout
+    slow = c.write_config(sacct_timeout=2.0, path=os.path.join(c.base, "gpueff-slow.toml"))
+    with open(os.path.join(c.base, "run", "slurmdbd.pid")) as fh:
+        dbd = int(fh.read())
+    os.kill(dbd, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        p = c.gpueff("enrich", "--since", "now-1d", check=False, config=slow)
+        took = time.monotonic() - t0
+    finally:
+        os.kill(dbd, signal.SIGCONT)
+    assert p.returncode == 1 and "did not answer within 2 s" in p.stderr and "nothing was changed" in p.stderr, p
+    assert took < 15
+    assert not c.job_row(j)["enriched"]
+    # sacct absent: a clear error, nothing changed
+    absent = os.path.join(c.base, "gpueff-nosacct.toml")
+    with open(c.config_path) as fh, open(absent, "w") as out:
+        out.write(fh.read().replace("[sacct]\n", '[sacct]\ncommand = "/nonexistent/sacct"\n'))
+    p = c.gpueff("enrich", "--since", "now-1d", check=False, config=absent)
+    assert p.returncode == 1 and "sacct not found" in p.stderr
+    assert not c.job_row(j)["enriched"]
+    # fault gone: the next run enriches
+    p = c.gpueff("enrich", "--since", "now-1d")
+    assert "enriched 1 of 1" in p.stdout and c.job_row(j)["enriched"] and c.job_row(j)["state"] == "COMPLETED"
+
+
+def test_backfill_records_gpu_jobs_the_hooks_missed(slurm, jobs):
+    c = slurm
+    since = time.time() - 5
+    lost = c.sbatch("--gres=gpu:2", "-J", "lost-record", "--wrap", ECHO, user=USER)
+    cpu = c.sbatch("-J", "cpu-too", "--wrap", ECHO)
+    c.wait_state([lost, cpu])
+    name = f"job-{lost}-{c.node}.json"
+    src = os.path.join(c.spool, "incoming", name)
+    aside = os.path.join(c.base, name)
+    os.rename(src, aside)  # the node's spool was lost: no hook record will ever arrive
+    c.wait_accounted([lost, cpu])
+    before = c.rows("SELECT count(*) AS n FROM job")[0]["n"]
+    # on a terminal it shows a progress bar (stderr)
+    master, slave = pty.openpty()
+    argv = [sys.executable, "-m", "slurm_gpueff.cli.gpueff", "--config", c.config_path, "backfill", "--since",
+            time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(since)), "--until", "now"]
+    import subprocess
+
+    p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=slave, text=True, env=dict(c.env, PYTHONPATH=ROOT),
+                       timeout=120, cwd=c.out)
+    os.close(slave)
+    tty = os.read(master, 65536).decode(errors="replace")
+    os.close(master)
+    assert p.returncode == 0, (p.stdout, tty)
+    assert "backfill [" in tty and f"created 1 allocation-only record(s) ({lost})" in p.stdout, (p.stdout, tty)
+    r = c.job_row(lost)
+    assert r["record_source"] == "backfill" and "no GPU record from the Slurm hooks" in r["reason"]
+    assert (r["gpu_count"], r["user"], r["account"], r["state"], r["job_name"]) == (2, USER, ACCOUNT, "COMPLETED",
+                                                                                      "lost-record")
+    assert c.job_row(cpu) is None
+    assert c.rows("SELECT count(*) AS n FROM job")[0]["n"] == before + 1
+    out = _card(c.seff(lost, user=USER))
+    assert "GPUs: 2 x" in out and "n/a" in out and "GPU-hours allocated:" in out
+    # running it again creates nothing
+    again = c.gpueff("backfill", "--since", time.strftime("%Y-%m-%d", time.localtime(since - 86400)),
+                     "--until", "now")
+    assert "created 0 allocation-only" in again.stdout
+    # the hook's record turns up after all: it replaces the backfilled one
+    os.rename(aside, src)
+    assert "ingested 1," in c.gpueff("ingest").stdout
+    r = c.job_row(lost)
+    assert r["record_source"] == "hook" and r["reason"] is None and r["backend"] == "simulated"
+    assert c.gpu_indexes(lost) == c.job_gpus_seen(lost) and r["enriched"] and r["job_name"] == "lost-record"

@@ -1,0 +1,68 @@
+"""Alembic migrations on SQLite and a real PostgreSQL: from empty to the models' schema, nothing left over.
+
+If this fails after a change to models.py: add a migration (``python3 -m slurm_gpueff.storage.migrate
+revision "what changed"``, then review the generated file in slurm_gpueff/migrations/versions/).
+"""
+
+from __future__ import annotations
+
+import pytest
+from pgutil import pg_url  # noqa: F401  (fixture)
+from sqlmodel import SQLModel, create_engine
+
+from slurm_gpueff.storage import migrate
+from slurm_gpueff.storage.db import make_engine
+
+
+def _check_migrated(url: str) -> None:
+    engine = make_engine(url, create=False)
+    before, after = migrate.upgrade(engine)
+    assert before is None and after == migrate.head()
+    with engine.connect() as conn:
+        assert migrate.current(conn) == migrate.head()
+        assert migrate.diffs(conn) == [], "models.py and the migrations differ: add a migration"
+    assert migrate.upgrade(engine) == (migrate.head(), migrate.head())  # idempotent
+    engine.dispose()
+
+
+def test_sqlite_migrates_from_empty_to_the_models(tmp_path):
+    _check_migrated(f"sqlite:///{tmp_path}/m.db")
+
+
+@pytest.mark.postgres
+def test_postgres_migrates_from_empty_to_the_models(pg_url):  # noqa: F811
+    _check_migrated(pg_url)
+
+
+def test_sqlite_is_upgraded_on_open(tmp_path):
+    engine = make_engine(str(tmp_path / "a.db"))
+    with engine.connect() as conn:
+        assert migrate.current(conn) == migrate.head() and migrate.diffs(conn) == []
+
+
+@pytest.mark.postgres
+def test_postgres_is_never_migrated_behind_the_admins_back(pg_url):  # noqa: F811
+    with pytest.raises(migrate.SchemaError, match="gpueff db upgrade"):
+        make_engine(pg_url)
+    migrate.upgrade(make_engine(pg_url, create=False))
+    make_engine(pg_url).dispose()  # now it opens
+
+
+def test_a_create_all_database_from_before_migrations_is_adopted(tmp_path):
+    url = f"sqlite:///{tmp_path}/old.db"
+    old = create_engine(url)
+    SQLModel.metadata.create_all(old)
+    old.dispose()
+    engine = make_engine(url)
+    with engine.connect() as conn:
+        assert migrate.current(conn) == migrate.head()
+
+
+def test_a_foreign_schema_is_refused_with_the_differences(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "odd.db"
+    with sqlite3.connect(path) as con:
+        con.execute("CREATE TABLE job (id INTEGER PRIMARY KEY, something TEXT)")
+    with pytest.raises(migrate.SchemaError, match="created without migrations"):
+        make_engine(str(path))

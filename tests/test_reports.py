@@ -1,0 +1,129 @@
+"""Reports without a mail server: the monthly SQL aggregates, config checks, archive files, seff-gpu --html,
+and that a (non-editable) wheel carries the templates. GPU figures are simulated; the rest is real."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from email import message_from_bytes, policy
+
+import pytest
+from reports_data import EVIL_NAME, config, make_db
+from sqlmodel import Session, select
+
+from slurm_gpueff.config import Config
+from slurm_gpueff.errors import ConfigError
+from slurm_gpueff.models import Job
+from slurm_gpueff.reports import fmt, monthly, runner
+from slurm_gpueff.reports.card import clean
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DAY = 24.0
+
+
+def test_monthly_aggregates_equal_a_brute_force_sum(tmp_path):
+    now = 1.7e9 + 40 * 86400  # 2023-12-24: jobs this month, last month, and one ending on the boundary
+    jobs = [dict(job_id=300 + n, profile=p, user=u, account=a, hours=h, ended_ago_h=ago, now=now, gpus=g)
+            for n, (p, u, a, h, ago, g) in enumerate([
+                ("idle", "u1", "acc", 2.0, 1, 1), ("one-sm-spin", "u1", "acc", 3.0, 5, 1),
+                ("bf16-healthy", "u2", "acc", 4.0, 30, 2), ("starved", "u3", "other", 1.0, 2, 1),
+                ("memory-bound", "u2", "acc", 2.5, 30 * DAY, 1)])]
+    engine = make_db(tmp_path, jobs)
+    cfg = config(tmp_path, price_per_gpu_hour={"Simulated H100 80GB": 3.0})
+    month = "2023-12"
+    start, end = monthly.month_bounds(month)
+    prices = fmt.Prices(cfg.reports.price_per_gpu_hour, "EUR")
+    with Session(engine) as s:
+        rows = [j for j in s.exec(select(Job)).all() if j.account == "acc" and start <= j.end_time < end]
+        t = monthly.totals(s, start, end, "acc", prices)
+        users = monthly.by_group(s, Job.user, start, end, "acc", prices)
+        summary = monthly.build_summary(s, cfg, month, "acc")
+    assert len(rows) == 3 and t.jobs == 3
+    assert t.hours["allocated"] == pytest.approx(sum(j.gpu_hours for j in rows))
+    assert t.hours["idle"] == pytest.approx(sum(j.idle_gpu_hours for j in rows))
+    assert t.hours["underfilled"] == pytest.approx(sum(j.underfilled_gpu_hours for j in rows))
+    assert t.hours["active"] == pytest.approx(sum(j.sm_active_gpu_hours for j in rows))
+    assert t.cost["allocated"] == pytest.approx(3.0 * t.hours["allocated"])
+    assert set(users) == {"u1", "u2"} and users["u1"].jobs == 2
+    assert "account acc" in summary.subject and "u3" not in summary.text  # other account
+    assert "No GPU jobs ended in November 2023" not in summary.text  # the memory-bound job did
+    assert "Against November 2023" in summary.text
+
+
+def test_unpriced_model_shows_no_invented_cost(tmp_path):
+    engine = make_db(tmp_path, [dict(job_id=1, profile="idle", user="u", account="a", hours=2.0)])
+    cfg = config(tmp_path, price_per_gpu_hour={"Some Other GPU": 1.0})
+    with Session(engine) as s:
+        job = s.exec(select(Job)).one()
+        summary = monthly.build_summary(s, cfg, job.end_time.strftime("%Y-%m"), None)
+        card = runner.render_job_card(s, job, cfg)
+    assert "n/a" in summary.text and "\u20ac" not in summary.text
+    assert "Cost of the" in card.text and "n/a" in card.text.split("Cost of the")[1]
+
+
+@pytest.mark.parametrize("section, text, message", [
+    ("mail", "security = 'tls'", "mail.security = 'tls'; expected one of none, starttls, ssl"),
+    ("mail", "port = 70000", "mail.port = 70000 is not a TCP port"),
+    ("reports", "address_pattern = 'gpu@example.org'", "must contain {user}"),
+    ("reports", "leads = { physics = 3 }", "reports.leads.physics must be an address or a list"),
+    ("reports", "price_per_gpu_hour = { default = 'cheap' }", "must be a number >= 0"),
+])
+def test_bad_report_config_is_a_clear_error(tmp_path, section, text, message):
+    p = tmp_path / "c.toml"
+    p.write_text(f"[{section}]\n{text}\n")
+    from slurm_gpueff.config import load
+
+    with pytest.raises(ConfigError) as err:
+        load(str(p))
+    assert message in str(err.value)
+
+
+def test_addresses_and_header_safe_text():
+    rep = Config({"reports": {"address_pattern": "{user}@uni.example", "addresses": {"bob": "b.b@lab.example"}}}
+                 ).reports
+    assert runner.owner_address(Job(cluster="c", job_id=1, user="alice"), rep) == "alice@uni.example"
+    assert runner.owner_address(Job(cluster="c", job_id=1, user="bob"), rep) == "b.b@lab.example"
+    assert runner.owner_address(Job(cluster="c", job_id=1, user="x\nBcc: y"), rep) is None
+    assert runner.valid_address("a@b.example, c@d.example") is None
+    assert "\n" not in clean(EVIL_NAME) and "\r" not in clean(EVIL_NAME)
+
+
+def test_dry_run_archive_is_complete_and_viewable(tmp_path):
+    engine = make_db(tmp_path, [dict(job_id=7, profile="one-of-n-gpus", user="u", account="a", gpus=4, hours=2)],
+                     names={7: EVIL_NAME})
+    cfg = config(tmp_path)
+    assert runner.send_cards(cfg, engine, dry_run=True).written == 1
+    assert runner.send_cards(cfg, engine, dry_run=True).written == 0  # never twice, dry runs too
+    (folder,) = [d for d, _, files in os.walk(tmp_path / "reports") if "message.eml" in files]
+    assert sorted(os.listdir(folder)) == ["activity-chart.png", "card.html", "card.txt", "message.eml"]
+    with open(os.path.join(folder, "card.html"), encoding="utf-8") as fh:
+        html = fh.read()
+    assert 'src="activity-chart.png"' in html and "cid:" not in html  # opens in a browser as it is
+    with open(os.path.join(folder, "message.eml"), "rb") as fh:
+        msg = message_from_bytes(fh.read(), policy=policy.default)
+    assert msg["Bcc"] is None and msg["Auto-Submitted"] == "auto-generated"
+
+
+def test_seff_gpu_html_writes_the_card(tmp_path):
+    make_db(tmp_path, [dict(job_id=42, profile="starved", user="u", account="a", hours=2)])
+    (tmp_path / "c.toml").write_text(f'[paths]\ndatabase = "{tmp_path / "jobs.db"}"\n')
+    out = tmp_path / "card.html"
+    proc = subprocess.run([sys.executable, "-m", "slurm_gpueff.cli.seff", "--config", str(tmp_path / "c.toml"),
+                           "42", "--html", str(out)], capture_output=True, text=True, cwd=ROOT, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "Job ID: 42" in proc.stdout  # the terminal card is still printed
+    html = out.read_text(encoding="utf-8")
+    assert "Verdict: Starved" in html and 'src="data:image/png;base64,' in html
+
+
+def test_wheel_carries_the_templates(tmp_path):
+    """`pip install .` (not editable) must find the templates: they are in the wheel as package data."""
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q",
+                           "-w", str(tmp_path), ROOT], capture_output=True, text=True, check=False, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (wheel,) = [f for f in os.listdir(tmp_path) if f.endswith(".whl")]
+    names = set(zipfile.ZipFile(tmp_path / wheel).namelist())
+    for t in ("card.html.j2", "card.txt.j2", "monthly.html.j2", "monthly.txt.j2", "_macros.html.j2", "advice.toml"):
+        assert f"slurm_gpueff/reports/templates/{t}" in names, t

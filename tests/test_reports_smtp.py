@@ -1,0 +1,209 @@
+"""Per-job cards and monthly summaries through a real SMTP server (aiosmtpd) on loopback.
+
+Nothing is mocked but the GPUs (the simulated collector makes the job figures); the mail goes through
+smtplib to a real SMTP server, and the assertions are on the MIME messages it received.
+"""
+
+from __future__ import annotations
+
+import email
+import re
+import socket
+from email import policy
+
+import pytest
+from reports_data import EVIL_NAME, config, make_db
+from sqlmodel import Session, select
+
+from slurm_gpueff.models import ReportLog
+from slurm_gpueff.reports import runner, sentlog
+
+pytestmark = pytest.mark.smtp
+
+
+class Inbox:
+    """aiosmtpd handler that keeps every message it accepts (envelope and parsed content)."""
+
+    def __init__(self) -> None:
+        self.messages: list[tuple[list[str], email.message.EmailMessage]] = []
+
+    async def handle_DATA(self, server, session, envelope):  # noqa: N802 - aiosmtpd's hook name
+        msg = email.message_from_bytes(envelope.original_content or envelope.content, policy=policy.default)
+        self.messages.append((list(envelope.rcpt_tos), msg))
+        return "250 OK"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def smtp_server():
+    from aiosmtpd.controller import Controller
+
+    inbox = Inbox()
+    port = free_port()
+    ctl = Controller(inbox, hostname="127.0.0.1", port=port)
+    ctl.start()
+    try:
+        yield inbox, port
+    finally:
+        ctl.stop()
+
+
+def mail_config(tmp_path, port, **reports):
+    cfg = config(tmp_path, **reports)
+    cfg.mail.host, cfg.mail.port = "127.0.0.1", port
+    cfg.mail.from_address = "gpueff@cluster.example"
+    return cfg
+
+
+JOBS = [
+    dict(job_id=101, profile="one-sm-spin", user="alice", account="physics", hours=2.0),
+    dict(job_id=102, profile="idle", user="alice", account="physics", hours=3.0),
+    dict(job_id=103, profile="starved", user="alice", account="physics", hours=1.5),
+    dict(job_id=104, profile="one-of-n-gpus", user="bob", account="physics", gpus=4, hours=2.0),
+    dict(job_id=105, profile="bf16-healthy", user="carol", account="vision", hours=5.0),
+    dict(job_id=106, profile="tiny-kernels", user="dave", account="vision", hours=0.5),  # under the minimum
+]
+
+
+def parts_of(msg):
+    """(text/plain, text/html, {content-id: png bytes}) of a received message."""
+    text = html = None
+    images = {}
+    for part in msg.walk():
+        ctype = part.get_content_type()
+        if ctype == "text/plain":
+            text = part.get_content().replace("\r\n", "\n")
+        elif ctype == "text/html":
+            html = part.get_content().replace("\r\n", "\n")
+        elif ctype == "image/png":
+            images[part["Content-ID"].strip("<>")] = part.get_payload(decode=True)
+    return text, html, images
+
+
+def test_cards_arrive_with_both_parts_inline_chart_and_escaped_name(tmp_path, smtp_server):
+    inbox, port = smtp_server
+    engine = make_db(tmp_path, JOBS, names={104: EVIL_NAME})
+    cfg = mail_config(tmp_path, port, address_pattern="{user}@uni.example", card_max_per_user_per_day=10)
+    result = runner.send_cards(cfg, engine)
+    assert result.failed == 0 and result.skipped == 0
+    # healthy 105 and the 0.5 GPU-hour 106 get no card (only unhealthy, min 1 GPU-hour)
+    got = {m["X-Gpueff-Job"]: (rcpt, m) for rcpt, m in inbox.messages}
+    assert set(got) == {"c:101", "c:102", "c:103", "c:104"}
+    rcpt, msg = got["c:104"]
+    assert rcpt == ["bob@uni.example"] and msg["To"] == "bob@uni.example"
+    assert msg.get_content_type() == "multipart/alternative"
+    text, html, images = parts_of(msg)
+    assert text and html and len(images) == 1
+    (cid, png), = images.items()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 5000
+    assert f'src="cid:{cid}"' in html  # the chart is referenced from the HTML by its Content-ID
+    assert "http://" not in html and "https://" not in html and "<style" not in html  # no remote content
+    # The job name cannot inject markup ...
+    assert "<script>" not in html and "&lt;script&gt;" in html
+    # ... nor headers: no Bcc header, nothing but our headers, subject on one line.
+    assert msg["Bcc"] is None
+    assert "\n" not in msg["Subject"] and "\r" not in msg["Subject"]
+    assert "victim@evil.example" not in rcpt
+    # ... nor lines in the plain-text part: the name stays on the line where it is quoted.
+    assert not any(line.startswith("Bcc:") for line in text.splitlines())
+    assert "1 of 4 GPUs did all the work" in text and "1 of 4 GPUs did all the work" in html
+    assert "Verdict: 3 of 4 GPUs never used" in text
+
+
+def test_plain_text_part_reads_on_its_own(tmp_path, smtp_server):
+    """The plain-text part alone: every key fact in words, no markup, lines that fit a terminal."""
+    inbox, port = smtp_server
+    engine = make_db(tmp_path, JOBS[:1])
+    cfg = mail_config(tmp_path, port, price_per_gpu_hour={"default": 2.0}, currency="EUR",
+                      contact="Questions: hpc-support@uni.example")
+    runner.send_cards(cfg, engine)
+    (_, msg), = inbox.messages
+    text, _, _ = parts_of(msg)
+    for fact in ("Hello alice,", "Your Slurm job 101", "GPU-hours allocated: 2.00", "Kernel-active: 100.0%",
+                 "SM-active: 0.", "Verdict: Busy but not working", "Things to try:", "Cost of the 2.00 GPU-hours",
+                 "\u20ac4.00", "nvidia-smi calls \"GPU utilization\"", "gpueff report optout alice",
+                 "Questions: hpc-support@uni.example"):
+        assert fact in text, f"{fact!r} not in:\n{text}"
+    assert not re.search(r"<[a-z/][^>]*>|&[a-z]+;|\{\{|\{%|None", text)
+    assert max(len(line) for line in text.splitlines()) <= 80
+
+
+def test_no_duplicate_on_second_run(tmp_path, smtp_server):
+    inbox, port = smtp_server
+    engine = make_db(tmp_path, JOBS[:2])
+    cfg = mail_config(tmp_path, port)
+    assert runner.send_cards(cfg, engine).sent == 2
+    assert runner.send_cards(cfg, engine).sent == 0
+    assert len(inbox.messages) == 2
+    # A dry run afterwards writes files but does not mail; a real run after a dry run still mails once.
+    assert runner.send_cards(cfg, engine, dry_run=True).written == 2
+    assert len(inbox.messages) == 2
+
+
+def test_rate_limit_keeps_the_most_wasteful_cards(tmp_path, smtp_server):
+    inbox, port = smtp_server
+    engine = make_db(tmp_path, JOBS[:3])  # three unhealthy jobs of alice
+    cfg = mail_config(tmp_path, port, card_max_per_user_per_day=2)
+    result = runner.send_cards(cfg, engine)
+    assert (result.sent, result.skipped) == (2, 1)
+    sent = {m["X-Gpueff-Job"] for _, m in inbox.messages}
+    assert sent == {"c:101", "c:102"}  # 103 (starved, 1.5 GPU-h) wasted the least
+    with Session(engine) as s:
+        skipped = s.exec(select(ReportLog).where(ReportLog.status == "skipped")).one()
+    assert skipped.subject == "c:103" and "rate limit" in (skipped.reason or "")
+    assert runner.send_cards(cfg, engine).sent == 0  # not reconsidered
+
+
+def test_opt_out_is_honoured(tmp_path, smtp_server):
+    inbox, port = smtp_server
+    engine = make_db(tmp_path, JOBS[:4])
+    optout_file = tmp_path / "optout.txt"
+    optout_file.write_text("# users who asked for no cards\nbob\n")
+    cfg = mail_config(tmp_path, port, card_max_per_user_per_day=0, optout_file=str(optout_file))
+    with Session(engine) as s:
+        assert sentlog.set_optout(s, ["alice"], True) == ["alice"]
+    result = runner.send_cards(cfg, engine)
+    assert result.sent == 0 and result.skipped == 4
+    assert inbox.messages == []
+
+
+def test_failed_send_is_kept_and_retried(tmp_path, smtp_server):
+    inbox, port = smtp_server
+    engine = make_db(tmp_path, JOBS[:1])
+    dead = mail_config(tmp_path, free_port())  # nobody listens there
+    dead.mail.retries = 2
+    result = runner.send_cards(dead, engine)
+    assert result.failed == 1 and inbox.messages == []
+    with Session(engine) as s:
+        row = s.exec(select(ReportLog)).one()
+    assert row.status == "failed" and row.next_try_at is not None and row.archive
+    live = mail_config(tmp_path, port, )
+    assert runner.retry_failed(live, engine, now=row.next_try_at).sent == 1
+    assert len(inbox.messages) == 1
+    assert runner.send_cards(live, engine).sent == 0  # never twice
+
+
+def test_monthly_summary_to_leads_and_admins(tmp_path, smtp_server):
+    inbox, port = smtp_server
+    engine = make_db(tmp_path, JOBS)
+    cfg = mail_config(tmp_path, port, leads={"physics": ["lead@uni.example", "deputy@uni.example"]},
+                      admins=["admin@uni.example"])
+    month = sentlog.utcnow().strftime("%Y-%m")
+    result = runner.send_monthly(cfg, engine, month=month)
+    assert result.sent == 2  # physics (has leads) + site; vision has no lead configured
+    by_to = {tuple(rcpt): m for rcpt, m in inbox.messages}
+    physics = by_to[("lead@uni.example", "deputy@uni.example")]
+    text, html, images = parts_of(physics)
+    assert "account physics" in physics["Subject"]
+    assert len(images) == 1 and f'src="cid:{next(iter(images))}"' in html
+    assert "jobs that lost the most GPU-hours" in text and "Top 3 things to change" in text
+    assert "carol" not in text  # another account's user
+    assert max(len(line) for line in text.splitlines()) <= 80, text
+    site_text, _, _ = parts_of(by_to[("admin@uni.example",)])
+    assert "all accounts" in site_text and "vision" in site_text
+    assert runner.send_monthly(cfg, engine, month=month).sent == 0  # never twice

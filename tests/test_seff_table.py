@@ -1,0 +1,80 @@
+"""``seff-gpu -u USER``: one line per job from the stored summaries, totals, JSON; real DB, real CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from slurm_gpueff import spool, synthetic
+from slurm_gpueff.config import Config
+from slurm_gpueff.storage.db import make_engine
+from slurm_gpueff.storage.ingest import ingest_spool
+from slurm_gpueff.summarize import summarize_pending
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def site(tmp_path):
+    cfg_path = tmp_path / "gpueff.toml"
+    cfg_path.write_text(f'[paths]\nspool_dir = "{tmp_path}/spool"\nstate_dir = "{tmp_path}/state"\n'
+                        f'database = "{tmp_path}/g.db"\n[privacy]\nenabled = false\n')
+    cfg = Config({"paths": {"spool_dir": str(tmp_path / "spool"), "database": str(tmp_path / "g.db")}})
+    for i in range(40):  # 2024-01-01 .. 2024-01-02, various users
+        spool.write_record(cfg.paths.spool_dir, synthetic.record(i + 1, gpus=1 + i % 3, timeline_points=2,
+                                                                 end=1704067200 + i * 3600))
+    engine = make_engine(cfg.paths.database)
+    ingest_spool(engine, cfg.paths.spool_dir)
+    summarize_pending(engine, cfg.analysis)
+    return str(cfg_path), engine
+
+
+def seff(cfg: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "slurm_gpueff.cli.seff", "--config", cfg, *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "TZ": "UTC"})
+
+
+def test_json_lists_the_users_jobs_with_totals(site):
+    cfg, engine = site
+    from sqlalchemy import text
+
+    with engine.connect() as c:
+        user, n, hours = c.execute(text("SELECT user, count(*), sum(gpu_hours) FROM job GROUP BY user "
+                                        "ORDER BY count(*) DESC LIMIT 1")).one()
+    out = seff(cfg, "-u", user, "-S", "2023-12-31", "-E", "2024-01-03", "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["schema"] == "slurm-gpueff/seff-gpu-jobs" and len(doc["jobs"]) == n
+    assert {j["user"] for j in doc["jobs"]} == {user}
+    assert doc["totals"]["gpu_hours"] == pytest.approx(hours)
+    for j in doc["jobs"]:
+        if j["waste_gpu_hours"] is not None:
+            assert j["waste_gpu_hours"] == pytest.approx(j["idle_gpu_hours"] + j["underfilled_gpu_hours"])
+    # A window that excludes everything.
+    out = seff(cfg, "-u", user, "-S", "2020-01-01", "-E", "2020-02-01", "--json")
+    assert json.loads(out.stdout)["jobs"] == []
+
+
+def test_table_has_a_line_per_job_and_totals(site):
+    cfg, _engine = site
+    out = seff(cfg, "-A", synthetic.ACCOUNTS[0], "-S", "2023-12-31", "-E", "2024-01-03")
+    out2 = seff(cfg, "-A", synthetic.ACCOUNTS[0], "-S", "2023-12-31", "-E", "2024-01-03", "--json")
+    n = len(json.loads(out2.stdout)["jobs"])
+    lines = out.stdout.splitlines()
+    assert out.returncode == 0, out.stderr
+    if n:
+        assert lines[1].startswith("JobID") and "Verdict" in lines[1] and "WasteGPU-h" in lines[1]
+        assert len(lines) == 1 + 1 + 1 + n + 1 + 1  # title, head, rule, jobs, rule, totals
+        assert lines[-1].startswith(f"Total ({n} jobs)")
+    else:
+        assert lines[-1] == "(none)"
+
+
+def test_bad_time_and_missing_arguments_are_usage_errors(site):
+    cfg, _engine = site
+    assert seff(cfg, "-u", "x", "-S", "yesterday").returncode == 2
+    assert seff(cfg).returncode == 2

@@ -1,0 +1,161 @@
+"""`gpueff serve`: scheduled tasks, /metrics parsed back with prometheus_client, SIGTERM, retention."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from datetime import UTC, datetime
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import func, select
+
+from slurm_gpueff import spool, synthetic
+from slurm_gpueff.config import Config
+from slurm_gpueff.models import Job, JobGpuTimeline
+from slurm_gpueff.service import tasks
+from slurm_gpueff.service.metrics import registry_for
+from slurm_gpueff.service.scheduler import build_scheduler
+from slurm_gpueff.storage.db import make_engine
+from slurm_gpueff.storage.ingest import ingest_spool
+from slurm_gpueff.storage.rollups import refresh
+from slurm_gpueff.summarize import summarize_pending
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def config(tmp_path, **service) -> Config:
+    return Config({"paths": {"spool_dir": str(tmp_path / "spool"), "state_dir": str(tmp_path / "state"),
+                             "database": str(tmp_path / "g.db")}, "service": service})
+
+
+@pytest.fixture
+def loaded(tmp_path):
+    cfg = config(tmp_path, metrics_top_users=3, metrics_top_accounts=100)
+    for i in range(60):
+        spool.write_record(cfg.paths.spool_dir, synthetic.record(i + 1, gpus=2, timeline_points=3,
+                                                                 end=1.70e9 + i * 3600))
+    engine = make_engine(cfg.paths.database)
+    assert ingest_spool(engine, cfg.paths.spool_dir).ingested == 60
+    assert summarize_pending(engine, cfg.analysis) == 60
+    refresh(engine, full=True)
+    return cfg, engine
+
+
+def families(engine, cfg) -> dict:
+    text = generate_latest(registry_for(engine, cfg)).decode()
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def test_metrics_parse_and_equal_the_database(loaded):
+    cfg, engine = loaded
+    fams = families(engine, cfg)
+    with engine.connect() as conn:
+        by_account = dict(conn.execute(select(Job.account, func.sum(Job.gpu_hours)).group_by(Job.account)).all())
+        verdicts = dict(conn.execute(select(Job.verdict, func.count()).group_by(Job.verdict)).all())
+        users = conn.execute(select(func.count(func.distinct(Job.user)))).scalar()
+    alloc = {s.labels["account"]: s.value for s in fams["gpueff_gpu_hours_allocated"].samples
+             if s.name.endswith("_total")}
+    assert alloc.keys() == by_account.keys()
+    for account, v in by_account.items():
+        assert alloc[account] == pytest.approx(v)
+    jobs = {}
+    for s in fams["gpueff_jobs"].samples:
+        if s.name.endswith("_total"):
+            jobs[s.labels["verdict"]] = jobs.get(s.labels["verdict"], 0) + s.value
+    assert jobs == {(k or "none"): v for k, v in verdicts.items()}
+    # Users are capped: the top 3 by GPU-hours plus "other", and nothing is lost by the folding.
+    assert users > 3
+    u = {s.labels["user"]: s.value for s in fams["gpueff_user_gpu_hours_allocated"].samples
+         if s.name.endswith("_total")}
+    assert len(u) == 4 and "other" in u
+    assert sum(u.values()) == pytest.approx(sum(by_account.values()))
+    # No per-job labels anywhere.
+    for f in fams.values():
+        for s in f.samples:
+            assert not {"job", "job_id", "jobid"} & set(s.labels)
+    waste = {s.labels["account"]: s.value for s in fams["gpueff_gpu_hours_wasted"].samples}
+    assert all(v >= 0 for v in waste.values()) and waste
+    assert fams["gpueff_database_up"].samples[0].value == 1
+
+
+def test_retention_drops_old_timelines_only(loaded):
+    cfg, engine = loaded
+    cut = datetime.fromtimestamp(1.70e9 + 30 * 3600, UTC).replace(tzinfo=None)
+    with engine.connect() as conn:
+        before = conn.execute(select(func.count()).select_from(JobGpuTimeline)).scalar()
+    gone = tasks.prune_timelines(engine, cut, batch=7)
+    with engine.connect() as conn:
+        after = conn.execute(select(func.count()).select_from(JobGpuTimeline)).scalar()
+        jobs = conn.execute(select(func.count()).select_from(Job).where(Job.gpu_hours.is_not(None))).scalar()
+    assert gone == before - after and 0 < gone < before
+    assert jobs == 60  # figures and summaries stay
+    assert tasks.prune_timelines(engine, cut) == 0
+
+
+def test_scheduler_never_overlaps_and_coalesces(tmp_path):
+    cfg = config(tmp_path, misfire_grace_s=120)
+    ctx = tasks.Context(cfg, make_engine(cfg.paths.database))
+    sched = build_scheduler(ctx, tasks.builtin_tasks(cfg))
+    sched.start(paused=True)  # job defaults are applied when the scheduler starts
+    jobs = sched.get_jobs()
+    sched.shutdown(wait=False)
+    names = {j.id for j in jobs}
+    assert {"ingest", "enrich", "rollups", "rollups_full", "retention", "report_cards", "report_monthly"} <= names
+    assert {"ingest@start", "report_monthly@start"} <= names  # caught up once after a restart
+    for j in jobs:
+        assert j.max_instances == 1 and j.coalesce is True and j.misfire_grace_time == 120
+
+
+def test_a_failing_task_is_logged_and_the_service_goes_on(tmp_path, caplog):
+    cfg = config(tmp_path)
+    ctx = tasks.Context(cfg, make_engine(cfg.paths.database))
+
+    def boom(_ctx):  # noqa: ANN001
+        raise RuntimeError("broken")
+
+    tasks.run_task(ctx, tasks.Task("boom", boom, 60))
+    assert "boom" in ctx.last_error and "boom" not in ctx.last_ok and "broken" in caplog.text
+    tasks.run_task(ctx, tasks.Task("ingest", tasks.ingest, 60))
+    assert "ingest" in ctx.last_ok
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_serve_ingests_serves_metrics_and_stops_on_sigterm(tmp_path):
+    port = _free_port()
+    cfg_path = tmp_path / "gpueff.toml"
+    cfg_path.write_text(f'[paths]\nspool_dir = "{tmp_path}/spool"\nstate_dir = "{tmp_path}/state"\n'
+                        f'database = "{tmp_path}/g.db"\n[service]\nmetrics_port = {port}\nenrich_interval_s = 0\n')
+    for i in range(5):
+        spool.write_record(str(tmp_path / "spool"), synthetic.record(i + 1, gpus=1, timeline_points=2))
+    p = subprocess.Popen([sys.executable, "-m", "slurm_gpueff.cli.gpueff", "--config", str(cfg_path), "serve"],
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        body, deadline = "", time.time() + 60
+        while time.time() < deadline:
+            try:
+                body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+            except OSError:
+                body = ""
+            if 'task="rollups"' in body and "gpueff_gpu_hours_allocated_total" in body:
+                break
+            time.sleep(0.3)
+        fams = {f.name: f for f in text_string_to_metric_families(body)}
+        assert sum(s.value for s in fams["gpueff_jobs"].samples if s.name.endswith("_total")) == 5
+        assert not os.listdir(tmp_path / "spool" / "incoming")
+    finally:
+        p.send_signal(signal.SIGTERM)
+        out, _ = p.communicate(timeout=30)
+    assert p.returncode == 0, out
+    assert "SIGTERM" in out and "stopped" in out
