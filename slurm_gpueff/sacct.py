@@ -42,6 +42,8 @@ BROKEN_JSON_EXIT_PLUGINS = ("openapi/dbv0.0.38", "openapi/dbv0.0.37", "openapi/d
 ACTIVE_STATES = frozenset({"PENDING", "RUNNING", "SUSPENDED", "REQUEUED", "RESIZING", "COMPLETING",
                            "CONFIGURING", "REQUEUE_FED", "REQUEUE_HOLD", "SPECIAL_EXIT", "STAGE_OUT",
                            "SIGNALING", "STOPPED"})
+# sacct -s codes of every final state (backfill looks for finished jobs only)
+FINAL_STATE_CODES = "BF,CA,CD,DL,F,NF,OOM,PR,TO"
 _NONE_TEXT = {"", "None", "Unknown", "None assigned", "(null)"}
 
 
@@ -379,8 +381,14 @@ class SacctReader:
         return out
 
     def window(self, since: float, until: float, cluster: str | None = None) -> list[SacctJob]:
-        """Every job of every user that was eligible/running between ``since`` and ``until`` (epochs)."""
-        return self._query(["-a", "-S", slurm_time(since), "-E", slurm_time(until)], cluster)
+        """Every job of every user that *ended* between ``since`` and ``until`` (epochs).
+
+        With ``-s`` (final states) slurmdbd selects by end time. Without it, ``-S/-E`` select by
+        eligible time, and jobs whose eligible time was never recorded (seen after a slurmdbd outage:
+        ``Eligible=Unknown``) are missing from the window although ``sacct -j`` shows them.
+        """
+        return self._query(["-a", "-s", FINAL_STATE_CODES, "-S", slurm_time(since), "-E", slurm_time(until)],
+                           cluster)
 
     # -- internals
     def _query(self, selection: list[str], cluster: str | None) -> list[SacctJob]:

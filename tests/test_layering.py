@@ -33,6 +33,9 @@ FORBIDDEN = {
 }
 for name in BASE:
     FORBIDDEN[name] = {"storage", "analysis", "render", "cli", "models", "collectors", "hook", "demo"}
+# issue 3: the sacct reader and the privacy rule sit with the base modules (storage and cli use them)
+for name in ("sacct", "privacy"):
+    FORBIDDEN[name] = {"storage", "analysis", "render", "cli", "models", "collectors", "hook", "demo"}
 # doctor (gpueff doctor) sits with cli: it probes collectors and storage; nothing below may import it.
 for layer in ("collectors", "hook", "models", "storage", "analysis", "render", *BASE):
     FORBIDDEN[layer] = FORBIDDEN[layer] | {"doctor"}

@@ -58,7 +58,7 @@ if [ -n "$missing" ]; then
   fi
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null
-  [ $tmp_policy = 1 ] && rm -f /usr/sbin/policy-rc.d
+  if [ $tmp_policy = 1 ]; then rm -f /usr/sbin/policy-rc.d; fi
 fi
 ts "packages ok (slurm $(dpkg-query -W -f='${Version}' slurmctld))"
 
