@@ -189,6 +189,23 @@ class SlurmCluster:
         d = os.path.join(self.spool, "incoming")
         return sorted(os.listdir(d)) if os.path.isdir(d) else []
 
+    def wait_output(self, job_id: int, text: str, timeout: float = 60) -> None:
+        """Wait until the job's script has really run and printed ``text``.
+
+        RUNNING in scontrol is not enough: slurmd may not have launched the batch script yet, and a job
+        cancelled in that gap never runs it ("Job N already killed, do not launch batch job").
+        """
+        path = os.path.join(self.out, f"{job_id}.out")
+        deadline = time.monotonic() + timeout
+        while True:
+            if os.path.exists(path):
+                with open(path) as fh:
+                    if text in fh.read():
+                        return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"job {job_id} printed no {text!r} within {timeout} s\n{self.log_tail()}")
+            time.sleep(0.1)
+
     def job_gpus_seen(self, job_id: int) -> list[int]:
         """The GPU indexes the job itself saw (SLURM_JOB_GPUS, echoed by the job scripts)."""
         path = os.path.join(self.out, f"{job_id}.out")

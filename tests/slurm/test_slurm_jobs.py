@@ -57,6 +57,7 @@ def jobs(slurm: SlurmCluster) -> dict:
                           user=USER),
     }
     c.wait_state([ids["cancel"]], {"RUNNING"})
+    c.wait_output(ids["cancel"], "GPUS=")  # cancel a job whose script really runs
     c.run(["scancel", str(ids["cancel"])], check=True)
     states = c.wait_state([ids[k] for k in ("one", "two", "cpu", "fail", "cancel")])
     tasks = array_tasks(c, ids["array"], 2)
