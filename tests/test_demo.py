@@ -1,0 +1,56 @@
+"""`gpueff demo`, the README's first command, end to end through the real console entry point."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXPECTED = {  # demo job id -> primary verdict of its simulated profile
+    4201: "healthy", 4202: "never_used", 4203: "busy_not_working", 4204: "busy_not_working",
+    4205: "starved", 4206: "tensor_idle", 4207: "memory_bound", 4208: "oversized", 4209: "never_used",
+}
+
+
+def run(*args: str, cwd: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    return subprocess.run([sys.executable, "-m", *args], cwd=cwd, env=env, capture_output=True, text=True,
+                           timeout=300)
+
+
+def test_demo_runs_every_profile_through_hooks_ingest_and_seff(tmp_path):
+    p = run("slurm_gpueff.cli.gpueff", "demo", cwd=str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    out = p.stdout
+    assert "ingested 9 spool records" in out and "quarantined 0, failed 0" in out
+    assert out.count("*** SIMULATED DATA") == 9  # every card says the figures are simulated
+    assert "56.0 GPU-hours allocated" in out
+    root = tmp_path / "gpueff-demo"
+    assert (root / "gpueff.toml").is_file() and (root / "gpueff.db").is_file()
+    assert not list((root / "spool" / "incoming").glob("*.json"))  # everything ingested
+    cfg = str(root / "gpueff.toml")
+    for job_id, verdict in EXPECTED.items():
+        j = run("slurm_gpueff.cli.seff", "--config", cfg, "--json", str(job_id), cwd=str(tmp_path))
+        assert j.returncode == 0, j.stderr
+        doc = json.loads(j.stdout)["jobs"][0]
+        assert doc["verdicts"][0]["name"] == verdict, job_id
+        assert doc["job"]["backend"] == "simulated"
+
+
+def test_demo_refuses_to_wipe_a_folder_it_did_not_make(tmp_path):
+    target = tmp_path / "precious"
+    target.mkdir()
+    (target / "thesis.tex").write_text("do not delete")
+    p = run("slurm_gpueff.cli.gpueff", "demo", "--dir", str(target), cwd=str(tmp_path))
+    assert p.returncode != 0
+    assert "was not made by the demo" in (p.stderr + p.stdout)
+    assert (target / "thesis.tex").read_text() == "do not delete"
+
+
+def test_demo_can_run_twice(tmp_path):
+    assert run("slurm_gpueff.cli.gpueff", "demo", "--dir", "d", cwd=str(tmp_path)).returncode == 0
+    p = run("slurm_gpueff.cli.gpueff", "demo", "--dir", "d", cwd=str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    assert "ingested 9 spool records" in p.stdout
