@@ -200,33 +200,6 @@ def _config_check(config: Any, as_json: bool) -> int:
     return 0
 
 
-class Progress:
-    """A one-line progress bar on stderr (only on a terminal); accepts ``(done, total)`` calls."""
-
-    def __init__(self, enabled: bool, width: int = 30):
-        self.enabled = enabled
-        self.width = width
-        self.shown = False
-
-    def __call__(self, done: int, total: int | None = None, *_: Any, **__: Any) -> None:
-        if not self.enabled:
-            return
-        if total:
-            filled = int(self.width * min(done, total) / total)
-            bar = "#" * filled + "." * (self.width - filled)
-            text = f"\ringest [{bar}] {done}/{total}"
-        else:
-            text = f"\ringest {done} records"
-        sys.stderr.write(text)
-        sys.stderr.flush()
-        self.shown = True
-
-    def close(self) -> None:
-        if self.shown:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
-
-
 def _ingest(config: Any, args: argparse.Namespace) -> int:
     from ..storage.db import make_engine
     from ..storage.ingest import ingest_spool
@@ -240,8 +213,9 @@ def _ingest(config: Any, args: argparse.Namespace) -> int:
         _err(f"cannot open the job database {config.paths.database}: {exc}")
         return 1
     from ..summarize import summarize_pending
+    from .progress import ProgressBar
 
-    progress = Progress(enabled=not args.quiet and sys.stderr.isatty())
+    progress = ProgressBar("ingest", enabled=not args.quiet and sys.stderr.isatty())
     analysed = 0
     try:
         result = ingest_spool(engine, config.paths.spool_dir, limit=args.limit, progress=progress)

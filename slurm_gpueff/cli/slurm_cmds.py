@@ -16,6 +16,8 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+from .progress import ProgressBar
+
 
 def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     """Register the subcommands on ``gpueff``'s subparsers."""
@@ -55,26 +57,6 @@ def parse_date(text: str, now: float | None = None) -> float:
     raise ValueError(f"invalid date {text!r}: expected YYYY-MM-DD, YYYY-MM-DDTHH:MM[:SS] or now-2d")
 
 
-class Bar:
-    """A one-line progress bar on stderr, only on a terminal."""
-
-    def __init__(self, label: str, enabled: bool, width: int = 30):
-        self.label, self.enabled, self.width, self.shown = label, enabled, width, False
-
-    def __call__(self, done: int, total: int) -> None:
-        if not self.enabled or not total:
-            return
-        filled = int(self.width * min(done, total) / total)
-        sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (self.width - filled)}] {done}/{total}")
-        sys.stderr.flush()
-        self.shown = True
-
-    def close(self) -> None:
-        if self.shown:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
-
-
 def _err(msg: str) -> None:
     print(f"gpueff: {msg}", file=sys.stderr)
 
@@ -98,7 +80,7 @@ def run(args: argparse.Namespace, config: Any) -> int:
     except Exception as exc:
         _err(f"cannot open the job database {config.paths.database}: {exc}")
         return 1
-    bar = Bar(args.command, enabled=not args.quiet and sys.stderr.isatty())
+    bar = ProgressBar(args.command, enabled=not args.quiet and sys.stderr.isatty(), unit="jobs")
     try:
         if args.command == "enrich":
             return _enrich(engine, reader, config, since, args, bar)
@@ -113,7 +95,8 @@ def run(args: argparse.Namespace, config: Any) -> int:
         engine.dispose()
 
 
-def _enrich(engine: Any, reader: Any, config: Any, since: float | None, args: argparse.Namespace, bar: Bar) -> int:
+def _enrich(engine: Any, reader: Any, config: Any, since: float | None, args: argparse.Namespace,
+            bar: ProgressBar) -> int:
     from ..storage.enrich import enrich_jobs
 
     if since is None:
@@ -130,7 +113,7 @@ def _enrich(engine: Any, reader: Any, config: Any, since: float | None, args: ar
 
 
 def _backfill(engine: Any, reader: Any, config: Any, since: float, until: float | None, args: argparse.Namespace,
-              bar: Bar) -> int:
+              bar: ProgressBar) -> int:
     from ..storage.enrich import backfill_jobs
 
     if until is None:

@@ -10,32 +10,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from .text import hms, job_label
+
 SCHEMA = "slurm-gpueff/seff-gpu-jobs"
 VERSION = 1
-
-
-def job_label(job: Any) -> str:
-    if job.array_job_id is not None and job.array_task_id is not None:
-        return f"{job.array_job_id}_{job.array_task_id}"
-    if job.het_job_id is not None and job.het_job_offset is not None:
-        return f"{job.het_job_id}+{job.het_job_offset}"
-    return str(job.job_id)
 
 
 def _waste(job: Any) -> float | None:
     if job.idle_gpu_hours is None or job.underfilled_gpu_hours is None:
         return None
     return job.idle_gpu_hours + job.underfilled_gpu_hours
-
-
-def _elapsed(seconds: float | None) -> str:
-    if seconds is None:
-        return "n/a"
-    s = int(round(seconds))
-    d, s = divmod(s, 86400)
-    h, s = divmod(s, 3600)
-    m, s = divmod(s, 60)
-    return (f"{d}-" if d else "") + f"{h:02d}:{m:02d}:{s:02d}"
 
 
 def _pct(x: float | None) -> str:
@@ -75,7 +59,7 @@ def render(jobs: Sequence[Any]) -> str:
     rows = []
     for j in jobs:
         verdict = j.verdict_title or j.verdict or ("(pending analysis)" if j.analyzed_at is None else "-")
-        rows.append((job_label(j), j.state or "unknown", _elapsed(j.elapsed_s), str(j.gpu_count),
+        rows.append((job_label(j), j.state or "unknown", hms(j.elapsed_s), str(j.gpu_count),
                      _hours(j.gpu_hours), _pct(j.kernel_active), _pct(j.sm_active), _pct(j.tensor_active),
                      _hours(_waste(j)), verdict))
     t = totals(jobs)
