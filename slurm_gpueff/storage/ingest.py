@@ -296,6 +296,24 @@ def ingest_record(session: Session, rec: dict[str, Any]) -> Job:
     return session.exec(select(Job).where(Job.cluster == cluster, Job.job_id == rec["job_id"])).one()
 
 
+def _plan_gpu_rows(gpus: dict[Any, dict[Any, dict[str, Any]]], jobs: dict[Any, dict[str, Any]],
+                   touched: set[Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]], set[int]]:
+    """Split the merged GPU rows into new rows, rows to update (nodes this batch touched), and kept ids."""
+    final_ids: set[int] = set()
+    inserts: list[dict[str, Any]] = []
+    updates: list[dict[str, Any]] = []
+    for key, rows_ in gpus.items():
+        for row in rows_.values():
+            row["job_pk"] = jobs[key]["id"]
+            if row.get("id") is None:
+                inserts.append(row)
+            else:
+                final_ids.add(row["id"])
+                if (key, row["node"]) in touched:
+                    updates.append(row)
+    return inserts, updates, final_ids
+
+
 def write_records(conn: Connection, recs: list[dict[str, Any]]) -> None:
     """Upsert validated node records in a few set-based statements (the fast path of ingest).
 
@@ -360,18 +378,7 @@ def write_records(conn: Connection, recs: list[dict[str, Any]]) -> None:
         stmt = update(jt).where(jt.c.id == bindparam("_id")).values({c: bindparam(c) for c in cols})
         conn.execute(stmt, [{"_id": j["id"], **{c: j[c] for c in cols}} for j in changed])
     # --- GPU rows
-    final_ids = set()
-    inserts: list[dict[str, Any]] = []
-    updates: list[dict[str, Any]] = []
-    for key, rows_ in gpus.items():
-        for row in rows_.values():
-            row["job_pk"] = jobs[key]["id"]
-            if row.get("id") is None:
-                inserts.append(row)
-            else:
-                final_ids.add(row["id"])
-                if (key, row["node"]) in touched:
-                    updates.append(row)
+    inserts, updates, final_ids = _plan_gpu_rows(gpus, jobs, touched)
     gone = sorted(old_gpu_ids - final_ids)
     for i in range(0, len(gone), _CHUNK):  # timelines first: no reliance on FK cascades
         conn.execute(delete(tt).where(tt.c.job_gpu_id.in_(gone[i:i + _CHUNK])))
@@ -436,18 +443,7 @@ def _write_raw(conn: Connection, jobs: dict[tuple[str, int], dict[str, Any]],
     changed = [jobs[k] for k in old_jobs if jobs[k] != old_jobs[k]]
     if changed:
         db.update(jt, changed)
-    final_ids = set()
-    inserts: list[dict[str, Any]] = []
-    updates: list[dict[str, Any]] = []
-    for key, rows_ in gpus.items():
-        for row in rows_.values():
-            row["job_pk"] = jobs[key]["id"]
-            if row.get("id") is None:
-                inserts.append(row)
-            else:
-                final_ids.add(row["id"])
-                if (key, row["node"]) in touched:
-                    updates.append(row)
+    inserts, updates, final_ids = _plan_gpu_rows(gpus, jobs, touched)
     gone = sorted(old_gpu_ids - final_ids)
     db.delete_in("job_gpu_timeline", "job_gpu_id", gone)  # timelines first: no reliance on FK cascades
     db.delete_in("job_gpu", "id", gone)
