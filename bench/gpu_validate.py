@@ -301,6 +301,20 @@ def ingest_and_seff(cfg_path: str, job_ids: dict[str, int], out_dir: str) -> dic
     return cards
 
 
+def pipeline_failures(cards: dict[str, Any], job_ids: dict[str, int]) -> list[str]:
+    """The pipeline must end in a card for every job; the spin kernel's must say "busy but not working"."""
+    if "skipped" in cards:
+        return []
+    bad = [] if cards.get("ingest_rc") == 0 else [f"gpueff ingest exited {cards.get('ingest_rc')}"]
+    for w in job_ids:
+        jobs = (cards.get(w) or {}).get("jobs") or []
+        if not jobs:
+            bad.append(f"seff-gpu gave no card for {w}: {cards.get(w)}")
+        elif w == "spin" and [v["name"] for v in jobs[0]["verdicts"]][:1] != ["busy_not_working"]:
+            bad.append(f"spin: primary verdict {jobs[0]['verdicts'][:1]} is not busy_not_working")
+    return bad
+
+
 def pct(v: Any, nd: int = 1) -> str:
     return "n/a" if v is None else f"{100 * v:.{nd}f}"
 
@@ -420,6 +434,9 @@ def main() -> int:
     extra: dict[str, Any] = {}
     if args.mode == "pipeline":
         extra = ingest_and_seff(cfg_path, job_ids, args.out)
+        bad += pipeline_failures(extra, job_ids)
+        for b in bad:
+            print(f"FAIL {b}")
     if args.out:
         with open(os.path.join(args.out, f"gpu_validate-{tag}.json"), "w") as fh:
             json.dump({"interval_s": args.interval, "window_s": args.seconds, "mode": args.mode,
