@@ -6,8 +6,11 @@ Prolog/Epilog import neither argparse nor signal handling nor threads. Stdlib on
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
+
+from .integrals import timeline_points
 
 
 def agent_dir(state_dir: str) -> str:
@@ -58,3 +61,31 @@ def line_time(line: str) -> float | None:
         return float(line[5:end])
     except ValueError:
         return None
+
+
+def read_job_timeline(state_dir: str, key: str, match: dict[str, Any], t_start: float, snap: dict[str, Any],
+                      t_end: float, end: dict[str, Any], t0: float) -> list[list[float | None]]:
+    """A job's coarse timeline: the agent's timeline lines for ``key`` strictly inside the job's window,
+    bracketed by the Prolog snapshot and the Epilog state, differenced into per-interval means.
+
+    ``match`` holds the fields a line must carry to be comparable with the snapshot (the agent
+    ``instance``; for a MIG slice also its ``gen``): counters from another agent run or another slice
+    generation are skipped, never mixed in.
+    """
+    points: list[tuple[float, dict[str, Any]]] = [(t_start, snap)]
+    try:
+        with open(timeline_path(state_dir, key)) as fh:
+            for line in fh:
+                t = line_time(line)
+                if t is None or not t_start < t < t_end:
+                    continue
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if all(rec.get(k) == v for k, v in match.items()):
+                    points.append((t, rec))
+    except OSError:
+        pass
+    points.append((t_end, end))
+    return timeline_points(points, t0)

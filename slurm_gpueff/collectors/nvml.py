@@ -30,7 +30,7 @@ from typing import Any
 
 from ..record import empty_gpu
 from . import integrals, nvml_mig
-from .agent_files import job_file_uuids, line_time, state_path, timeline_path
+from .agent_files import job_file_uuids, read_job_timeline, state_path
 from .base import Collector, JobContext, Measurement, slurm_index_to_minor
 from .nvml_sampler import GPM_METRICS, NO_GPM_REASON
 
@@ -246,29 +246,10 @@ class NvmlCollector(Collector):
         t_end = state.get("updated")
         if isinstance(t_start, int | float) and isinstance(t_end, int | float) and samples > 0:
             t0 = job.start_time if job.start_time else t_start
-            gpu["timeline"] = self._timeline(ident["uuid"], state.get("instance"), t_start, snap,
-                                             t_end, ag, t0)
+            gpu["timeline"] = read_job_timeline(self.state_dir, ident["uuid"], {"instance": state.get("instance")},
+                                                t_start, snap, t_end, ag, t0)
         return gpu
 
-    def _timeline(self, uuid: str, instance: Any, t_start: float, snap: dict[str, Any], t_end: float,
-                  end: dict[str, Any], t0: float) -> list[list[float | None]]:
-        points: list[tuple[float, dict[str, Any]]] = [(t_start, snap)]
-        try:
-            with open(timeline_path(self.state_dir, uuid)) as fh:
-                for line in fh:
-                    t = line_time(line)
-                    if t is None or not t_start < t < t_end:
-                        continue
-                    try:
-                        rec = json.loads(line)
-                    except ValueError:
-                        continue
-                    if rec.get("instance") == instance:
-                        points.append((t, rec))
-        except OSError:
-            pass
-        points.append((t_end, end))
-        return integrals.timeline_points(points, t0)
 
 
 def uuids_of_job_file(path: str) -> list[str]:

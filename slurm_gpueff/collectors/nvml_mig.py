@@ -19,13 +19,12 @@ Stdlib only (hook path).
 
 from __future__ import annotations
 
-import json
 import time
 
 from ..record import METRICS, empty_gpu
 from . import integrals
 from . import mig as migmod
-from .agent_files import line_time, mig_key, timeline_path
+from .agent_files import mig_key, read_job_timeline
 from .gpu_ids import job_slices, parse_legacy_mig
 
 # Annotation-only imports: typing costs ~2 ms at start-up, which every Prolog/Epilog would pay.
@@ -192,26 +191,7 @@ def _figures(job: Any, gpu: dict[str, Any], missing: dict[str, str], entry: dict
     t_end = state.get("updated")
     if state_dir and samples > 0 and isinstance(t_start, int | float) and isinstance(t_end, int | float):
         t0 = job.start_time if job.start_time else t_start
-        gpu["timeline"] = _timeline(state_dir, mig_key(desc["parent_uuid"], desc["gi_id"]), state.get("instance"),
-                                    snap.get("gen"), t_start, snap, t_end, end, t0)
+        gpu["timeline"] = read_job_timeline(state_dir, mig_key(desc["parent_uuid"], desc["gi_id"]),
+                                            {"instance": state.get("instance"), "gen": snap.get("gen")},
+                                            t_start, snap, t_end, end, t0)
 
-
-def _timeline(state_dir: str, key: str, instance: Any, gen: Any, t_start: float, snap: dict[str, Any],
-              t_end: float, end: dict[str, Any], t0: float) -> list[list[float | None]]:
-    points: list[tuple[float, dict[str, Any]]] = [(t_start, snap)]
-    try:
-        with open(timeline_path(state_dir, key)) as fh:
-            for line in fh:
-                t = line_time(line)
-                if t is None or not t_start < t < t_end:
-                    continue
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue
-                if rec.get("instance") == instance and rec.get("gen") == gen:
-                    points.append((t, rec))
-    except OSError:
-        pass
-    points.append((t_end, end))
-    return integrals.timeline_points(points, t0)

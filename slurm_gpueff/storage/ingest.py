@@ -314,6 +314,18 @@ def _plan_gpu_rows(gpus: dict[Any, dict[Any, dict[str, Any]]], jobs: dict[Any, d
     return inserts, updates, final_ids
 
 
+def _timeline_rows(gpus: dict[Any, dict[Any, dict[str, Any]]],
+                   timelines: dict[Any, dict[int, list]]) -> list[dict[str, Any]]:
+    """Timeline rows for the GPU rows written in this batch (their ids are known by now)."""
+    rows = []
+    for key, rows_ in gpus.items():
+        for (node, idx), row in rows_.items():
+            points = timelines.get((key, node), {}).get(idx)
+            if points:
+                rows.append({"job_gpu_id": row["id"], "points": points})
+    return rows
+
+
 def write_records(conn: Connection, recs: list[dict[str, Any]]) -> None:
     """Upsert validated node records in a few set-based statements (the fast path of ingest).
 
@@ -395,12 +407,7 @@ def write_records(conn: Connection, recs: list[dict[str, Any]]) -> None:
                            [{c: r.get(c) for c in cols} for r in inserts])
         for r, (pk,) in zip(inserts, res.all(), strict=True):
             r["id"] = pk
-    tl_rows = []
-    for key, rows_ in gpus.items():
-        for (node, idx), row in rows_.items():
-            points = timelines.get((key, node), {}).get(idx)
-            if points:
-                tl_rows.append({"job_gpu_id": row["id"], "points": points})
+    tl_rows = _timeline_rows(gpus, timelines)
     if tl_rows:
         conn.execute(insert(tt), tl_rows)
 
@@ -466,12 +473,7 @@ def _write_raw(conn: Connection, jobs: dict[tuple[str, int], dict[str, Any]],
                     row = want.get((job_pk, node, idx))
                     if row is not None:
                         row["id"] = pk
-    tl_rows = []
-    for key, rows_ in gpus.items():
-        for (node, idx), row in rows_.items():
-            points = timelines.get((key, node), {}).get(idx)
-            if points:
-                tl_rows.append({"job_gpu_id": row["id"], "points": points})
+    tl_rows = _timeline_rows(gpus, timelines)
     if tl_rows:
         if db.pg:
             db.copy(tt, tl_rows)
