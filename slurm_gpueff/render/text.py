@@ -228,16 +228,23 @@ def _gpu_rows(fig: JobFigures, diag: Diagnosis) -> list[str]:
     return out
 
 
-def _measured_by(job: Job, fig: JobFigures) -> list[str]:
+def measured_by(job: Job, fig: JobFigures) -> list[str]:
+    """One phrase per backend that measured the job (with its sample count), for the card and the mail."""
     out: list[str] = []
-    backends = fig.backends or [job.backend or "none"]
-    for b in backends:
+    for b in fig.backends or [job.backend or "none"]:
         text = SOURCES.get(b, b)
         if b == "none" and job.reason:
             text = f"none (allocation only: {job.reason})"
         samples = sum(g.samples for g in fig.gpus if g.source == b)
         if samples and b != "none":
             text += f", {samples} samples"
+        out.append(text)
+    return out
+
+
+def _measured_by(job: Job, fig: JobFigures) -> list[str]:
+    out: list[str] = []
+    for text in measured_by(job, fig):
         out += _wrap(f"Measured by: {text}", indent="    ", first="")
     return out
 

@@ -26,7 +26,7 @@ from ..analysis.diagnose import Diagnosis
 from ..analysis.figures import JobFigures, naive_utc
 from ..analysis.verdicts import RULES
 from ..models import Job
-from ..render.text import SIM_BANNER, SOURCES, energy, hms, job_label, render_card, state_text
+from ..render.text import SIM_BANNER, energy, hms, job_label, measured_by, render_card, state_text
 from . import charts, fmt
 from .templates import render
 
@@ -196,19 +196,6 @@ def _gpu_rows(fig: JobFigures, diag: Diagnosis, never_used_pct: float) -> list[d
             for g in fig.gpus]
 
 
-def _measured_by(job: Job, fig: JobFigures) -> list[str]:
-    out = []
-    for b in fig.backends or [job.backend or "none"]:
-        text = SOURCES.get(b, b)
-        if b == "none" and job.reason:
-            text = f"none (allocation only: {job.reason})"
-        samples = sum(g.samples for g in fig.gpus if g.source == b)
-        if samples and b != "none":
-            text += f", {samples} samples"
-        out.append(text)
-    return out
-
-
 def wrap(text: str, width: int = 78, indent: str = "") -> str:
     return "\n".join(textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=indent,
                                    break_on_hyphens=False, break_long_words=False))
@@ -272,7 +259,7 @@ def build_card(job: Job, fig: JobFigures, diag: Diagnosis, timelines: Sequence[S
         "efficiency": fmt.pct(fig.efficiency), "used_phrase": used_phrase,
         "gpu_rows": _gpu_rows(fig, diag, float(config.analysis.never_used_kernel_pct)) if fig.gpu_count > 1
         else [],
-        "details": details, "not_assessed": _not_assessed(diag), "measured_by": _measured_by(job, fig),
+        "details": details, "not_assessed": _not_assessed(diag), "measured_by": measured_by(job, fig),
         "optout": optout, "optout_command": optout_command, "contact": contact,
         "chart_alt": "Kernel-active, SM-active and tensor-active over the job's time",
     }
