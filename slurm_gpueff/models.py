@@ -89,7 +89,8 @@ class JobGpu(SQLModel, table=True):
     __table_args__ = (UniqueConstraint("job_pk", "node", "gpu_index", name="uq_job_gpu_job_node_index"),)
 
     id: int | None = Field(default=None, primary_key=True)
-    job_pk: int = Field(foreign_key="job.id", index=True, ondelete="CASCADE")
+    # No index of its own: the unique (job_pk, node, gpu_index) index serves lookups by job (migration 0003).
+    job_pk: int = Field(foreign_key="job.id", ondelete="CASCADE")
     node: str = Field(max_length=128)
     gpu_index: int
     minor: int | None = None
@@ -204,3 +205,18 @@ class UsageRollup(SQLModel, table=True):
     sm_measured_gpu_hours: float | None = None
     tensor_measured_gpu_hours: float | None = None
     refreshed_at: datetime = Field(sa_type=UTC_NAIVE)
+
+
+class RollupPending(SQLModel, table=True):
+    """Months whose rollups must be recomputed although no job in them was analysed since the last refresh.
+
+    A job whose end time moves to another month (sacct enrichment correcting it, ingest merging a later
+    node record) leaves its *old* month: the writer that moves it notes that month here in the same
+    transaction (slurm_gpueff.storage.rollups.note_moved); the next refresh recomputes it and removes the
+    row in the transaction that recomputes it. ``noted_at`` is when it was first noted (naive UTC).
+    """
+
+    __tablename__ = "rollup_pending"
+
+    month: date = Field(sa_type=Date, primary_key=True)  # first day of the month
+    noted_at: datetime = Field(sa_type=UTC_NAIVE)

@@ -57,6 +57,8 @@ OPTIONAL_INTS = ("xid_errors", "mig_gi_id", "mig_ci_id")
 OPTIONAL_STRS = ("mig_uuid", "mig_profile")
 OPTIONAL_GPU = OPTIONAL_INTS + OPTIONAL_STRS + ("throttle_s", "processes")
 
+_NUMBER = frozenset((int, float))  # exact classes: bool (an int subclass) is refused
+_QUANTITIES = (*QUANTITIES, "memory_total_bytes")
 _JOB_INTS = ("job_id", "array_job_id", "array_task_id", "het_job_id", "het_job_offset", "uid", "exit_code",
              "signal")
 _JOB_STRS = ("cluster", "node", "user", "account", "partition", "reason", "writer")
@@ -128,18 +130,14 @@ def _validate_gpu(i: int, gpu: Any) -> None:
     idx = gpu.get("index")
     if not isinstance(idx, int) or isinstance(idx, bool) or idx < 0:
         raise RecordError(f"{where}.index must be a non-negative integer, got {idx!r}")
+    # Exact type tests (bool is not a number here); a range test also rejects NaN and infinities.
     for m in FRACTIONS:
         v = gpu.get(m)
-        if v is None:
-            continue
-        if (not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v)
-                or not -1e-6 <= v <= 1 + 1e-6):
+        if v is not None and (v.__class__ not in _NUMBER or not -1e-6 <= v <= 1 + 1e-6):
             raise RecordError(f"{where}.{m} must be a fraction in [0, 1] or null, got {v!r}")
-    for m in QUANTITIES + ("memory_total_bytes",):
+    for m in _QUANTITIES:
         v = gpu.get(m)
-        if v is None:
-            continue
-        if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
+        if v is not None and (v.__class__ not in _NUMBER or not 0 <= v < math.inf):
             raise RecordError(f"{where}.{m} must be a non-negative number or null, got {v!r}")
     _validate_optional(where, gpu)
     samples = gpu.get("samples", 0)
@@ -148,7 +146,7 @@ def _validate_gpu(i: int, gpu: Any) -> None:
     if not isinstance(gpu.get("missing", {}), dict):
         raise RecordError(f"{where}.missing must be an object")
     tl = gpu.get("timeline", [])
-    if not isinstance(tl, list) or any(not isinstance(p, list) or len(p) != 4 for p in tl):
+    if tl.__class__ is not list or not all(p.__class__ is list and len(p) == 4 for p in tl):
         raise RecordError(f"{where}.timeline must be a list of [t, kernel, sm, tensor] points")
 
 
@@ -156,7 +154,7 @@ def _validate_optional(where: str, gpu: dict[str, Any]) -> None:
     """The optional DCGM / MIG fields: absent or null, else well-typed (see OPTIONAL_GPU)."""
     for k in OPTIONAL_INTS:
         v = gpu.get(k)
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+        if v is not None and (v.__class__ is not int or v < 0):
             raise RecordError(f"{where}.{k} must be a non-negative integer or null, got {v!r}")
     for k, longest in zip(OPTIONAL_STRS, (96, 32), strict=True):
         v = gpu.get(k)

@@ -224,3 +224,28 @@ def test_records_written_by_the_real_hooks_ingest(tmp_path, db):
     job, gpus = the_job(db, 60)
     assert job.state == "FAILED" and job.gpu_count == 2 and gpus[0].source == "simulated"
     assert the_job(db, 61)[0].start_time is None
+
+
+def test_a_later_node_record_moving_the_end_into_another_month_marks_the_old_month(db, spool_dir):
+    """Node n2 of a two-node job ends after midnight of 1 Feb: the job's end moves from January to February,
+    so January's rollups (which may count the job) are noted as pending for the next refresh."""
+    from datetime import date
+
+    from slurm_gpueff import synthetic
+    from slurm_gpueff.models import RollupPending
+    from slurm_gpueff.storage.rollups import dirty_months
+
+    jan = datetime(2024, 1, 31, 23, 50, tzinfo=UTC).timestamp()
+    feb = datetime(2024, 2, 1, 0, 10, tzinfo=UTC).timestamp()
+    spool.write_record(spool_dir, synthetic.record(77, node="n1", gpus=1, end=jan))
+    assert ingest_spool(db, spool_dir).ingested == 1
+    with Session(db) as s:
+        assert s.exec(select(RollupPending)).all() == []
+    spool.write_record(spool_dir, synthetic.record(77, node="n2", gpus=1, end=feb))
+    assert ingest_spool(db, spool_dir).ingested == 1
+    with Session(db) as s:
+        assert [p.month for p in s.exec(select(RollupPending)).all()] == [date(2024, 1, 1)]
+        job = s.exec(select(Job).where(Job.job_id == 77)).one()
+        assert job.end_time == datetime(2024, 2, 1, 0, 10)
+    with db.connect() as conn:
+        assert date(2024, 1, 1) in dirty_months(conn, now=datetime(2024, 3, 5))

@@ -66,3 +66,29 @@ def test_a_foreign_schema_is_refused_with_the_differences(tmp_path):
         con.execute("CREATE TABLE job (id INTEGER PRIMARY KEY, something TEXT)")
     with pytest.raises(migrate.SchemaError, match="created without migrations"):
         make_engine(str(path))
+
+
+def test_a_database_at_the_first_revision_upgrades_keeping_its_rows(tmp_path):
+    """An installed 0001 database with data goes to head (rollup_pending added, the redundant job_gpu index
+    dropped), rows intact; the schema then equals the models."""
+    import sqlite3
+
+    url = f"sqlite:///{tmp_path}/v1.db"
+    engine = make_engine(url, create=False)
+    assert migrate.upgrade(engine, "0001") == (None, "0001")
+    con = sqlite3.connect(tmp_path / "v1.db")
+    con.execute("INSERT INTO job (id, cluster, job_id, gpu_count, backend, record_source, enriched) "
+                "VALUES (1, 'c', 42, 1, 'nvml', 'hook', 0)")
+    con.execute("INSERT INTO job_gpu (id, job_pk, node, gpu_index, source, samples) VALUES (7, 1, 'n1', 0, 'nvml', 3)")
+    con.commit()
+    assert "ix_job_gpu_job_pk" in {r[1] for r in con.execute("PRAGMA index_list(job_gpu)")}
+    con.close()
+    assert migrate.upgrade(engine) == ("0001", migrate.head())
+    con = sqlite3.connect(tmp_path / "v1.db")
+    assert con.execute("SELECT j.job_id, g.id, g.samples FROM job j JOIN job_gpu g ON g.job_pk = j.id").fetchall() \
+        == [(42, 7, 3)]
+    assert "ix_job_gpu_job_pk" not in {r[1] for r in con.execute("PRAGMA index_list(job_gpu)")}
+    con.close()
+    with engine.connect() as conn:
+        assert migrate.current(conn) == migrate.head() and migrate.diffs(conn) == []
+    engine.dispose()

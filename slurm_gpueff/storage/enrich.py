@@ -5,9 +5,11 @@ provisional exit status (a cancelled job's Epilog sees ``0:0``). Accounting know
 het ids (so ``seff-gpu 123_4`` finds a task the hooks recorded as raw id 130), job name, QOS, submit
 time, the final state (``CANCELLED``, ``TIMEOUT``, ``OUT_OF_MEMORY``) and exit code. :func:`enrich_jobs`
 asks the reader for every not-yet-enriched job in batches and writes what it learns; once a row is
-``enriched`` ingest no longer overwrites those fields. A job sacct still reports as running, or does
-not know yet (slurmdbd lags the controller), stays unenriched and is retried by the next run; a
-reader failure (sacct absent, slow, slurmdbd down) changes nothing and is reported.
+``enriched`` ingest no longer overwrites those fields. When accounting moves a job's end time into
+another month, the old month is noted for the next rollup refresh (``rollups.note_moved``) in the same
+transaction. A job sacct still reports as running, or does not know yet (slurmdbd lags the controller),
+stays unenriched and is retried by the next run; a reader failure (sacct absent, slow, slurmdbd down)
+changes nothing and is reported.
 
 **Backfill.** Jobs that held GPUs according to sacct but have no hook record (node crashed, hooks
 not installed yet, spool lost) get an allocation-only record with ``record_source = "backfill"``
@@ -36,6 +38,7 @@ from .. import record as recmod
 from ..models import Job
 from ..sacct import SacctError, SacctJob
 from .ingest import UNAVAILABLE, ingest_record
+from .rollups import moved_month, note_moved
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +156,7 @@ def enrich_jobs(engine: Engine, reader: Any, *, since: datetime | None = None, l
                 return res
             try:
                 with Session(engine) as session:
+                    moved: list[datetime | None] = []
                     for pk, job_id in chunk:
                         res.checked += 1
                         sj = found.get(job_id)
@@ -165,9 +169,14 @@ def enrich_jobs(engine: Engine, reader: Any, *, since: datetime | None = None, l
                         job = session.get(Job, pk)
                         if job is None or job.enriched:
                             continue
+                        old_end = job.end_time
                         apply_sacct(job, sj)
+                        if moved_month(old_end, job.end_time):
+                            moved.append(old_end)
                         session.add(job)
                         res.enriched += 1
+                    if moved:  # accounting moved these end times to another month: redo the old months' rollups
+                        note_moved(session.connection(), moved)
                     session.commit()
             except UNAVAILABLE as exc:
                 res.errors.append(f"database unavailable ({_first_line(exc)}); the next run retries")
@@ -210,7 +219,10 @@ def _backfill_one(engine: Engine, sj: SacctJob, default_cluster: str, res: Backf
         if job is not None:
             res.had_record += 1
             if not job.enriched:
+                old_end = job.end_time
                 apply_sacct(job, sj)
+                if moved_month(old_end, job.end_time):
+                    note_moved(session.connection(), [old_end])
                 session.add(job)
                 session.commit()
                 res.enriched += 1

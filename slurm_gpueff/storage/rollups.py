@@ -5,11 +5,20 @@ per account or site-wide figures are :func:`usage` queries over those few rows. 
 (``analyzed_at`` set by slurm_gpueff.summarize) with an end time count, on the UTC day they ended.
 
 Refresh works by whole months: delete the month's rows, re-aggregate its jobs into day rows, then sum the
-day rows into the month row. Which months: the current one, plus every month holding a job analysed
-since the last refresh (minus a safety margin for clock skew and in-flight commits), or all of them on a
-full refresh. A recomputed month is exact whatever happened before (re-ingest, enrichment, deletes).
-A job whose end time moved to another month (sacct correcting it) leaves its old month stale until that
-month is refreshed again: ``gpueff rollup --full`` (the scheduler runs one daily) settles everything.
+day rows into the month row. Which months: the current one, every month holding a job analysed since
+the last refresh (minus a safety margin for clock skew and in-flight commits), and every month noted in
+``rollup_pending``; or all of them on a full refresh. A recomputed month is exact whatever happened
+before (re-ingest, enrichment, deletes).
+
+A job whose end time moves to another month (sacct enrichment correcting it, ingest merging a later
+node record) is re-analysed, so its new month is found by the rule above; but no job row points at its
+*old* month, whose rollup rows still count it. So the writer that moves it calls :func:`note_moved`
+with the old end time, in the transaction that moves it: the old month goes into ``rollup_pending``
+(ON CONFLICT DO NOTHING, so noting a month twice is harmless). :func:`refresh_month` deletes the
+month's pending row first, in the transaction that recomputes the month: a crash leaves it pending,
+and a job moved by a transaction that commits while the month is being recomputed notes it pending
+again (on PostgreSQL its insert waits for the delete's row lock). ``gpueff rollup --full`` (the
+scheduler runs one daily) recomputes every month, pending ones included.
 
 Sums follow SQL: NULL when no job of the group had the figure measured (never a made-up 0); the
 ``*_measured_gpu_hours`` columns carry the GPU-hours behind each sum.
@@ -23,9 +32,10 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Date, String, and_, case, cast, delete, func, insert, literal, select
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
-from ..models import Job, UsageRollup
+from ..models import Job, RollupPending, UsageRollup
 
 MEASURES = ("gpu_hours", "idle_gpu_hours", "underfilled_gpu_hours", "sm_active_gpu_hours",
             "tensor_active_gpu_hours", "energy_j", "kernel_measured_gpu_hours", "sm_measured_gpu_hours",
@@ -75,7 +85,10 @@ def refresh_month(conn: Connection, month: date, now: datetime | None = None) ->
     """Recompute one month's day and month rows; returns the number of rows written."""
     m0, m1 = month_start(month), next_month(month_start(month))
     now = now or _now()
-    r, j = UsageRollup.__table__, Job.__table__
+    r, j, p = UsageRollup.__table__, Job.__table__, RollupPending.__table__
+    # First, so that a job moved by a transaction committing while this one reads the jobs notes the
+    # month again (see the module docstring); committed or rolled back with the recomputation.
+    conn.execute(delete(p).where(p.c.month == m0))
     conn.execute(delete(r).where(r.c.period_start >= m0, r.c.period_start < m1))
     day = _day_expr(conn, j.c.end_time)
     cols = ["period", "period_start", *KEYS, "jobs", *MEASURES, "refreshed_at"]
@@ -108,11 +121,39 @@ def dirty_months(conn: Connection, now: datetime | None = None, full: bool = Fal
     if not full and last is not None:
         stmt = stmt.where(j.c.analyzed_at >= last - SAFETY_MARGIN)
     months = {_as_date(m) for (m,) in conn.execute(stmt)}
+    months |= {_as_date(m) for (m,) in conn.execute(select(RollupPending.__table__.c.month))}
     months.add(month_start(now))
     if full:  # months that lost all their jobs still hold rows: clear them too
         months |= {_as_date(m) for (m,) in conn.execute(select(r.c.period_start).distinct()
                                                          .where(r.c.period == "month"))}
     return sorted(months)
+
+
+def note_moved(conn: Connection, old_end_times: Iterable[datetime | None]) -> None:
+    """Note the months of these old (naive UTC) end times as pending: the next refresh recomputes them.
+
+    For writers that move a job's end time to another month; call it in the transaction that moves
+    the job. None is ignored; a month already pending stays as it was (one INSERT ... ON CONFLICT DO
+    NOTHING, no statement at all when there is nothing to note).
+    """
+    months = sorted({month_start(t) for t in old_end_times if t is not None})
+    if not months:
+        return
+    p = RollupPending.__table__
+    rows = [{"month": m, "noted_at": _now()} for m in months]
+    name = conn.dialect.name
+    if name in ("sqlite", "postgresql"):
+        ins = sqlite.insert(p) if name == "sqlite" else postgresql.insert(p)
+        conn.execute(ins.values(rows).on_conflict_do_nothing())
+        return
+    have = {_as_date(m) for (m,) in conn.execute(select(p.c.month).where(p.c.month.in_(months)))}
+    if len(have) < len(months):  # other backends: no ON CONFLICT; fine for a single writer
+        conn.execute(insert(p), [r for r in rows if r["month"] not in have])
+
+
+def moved_month(old: datetime | None, new: datetime | None) -> bool:
+    """Whether an end time going from ``old`` to ``new`` leaves ``old``'s month (see :func:`note_moved`)."""
+    return old is not None and (new is None or month_start(old) != month_start(new))
 
 
 def _as_date(v: Any) -> date:
