@@ -48,21 +48,21 @@ def make_engine(value: str, create: bool = True) -> Engine:
 
 try:  # JSON columns (timelines, missing-figure reasons) are a large share of ingest's per-record work
     import orjson
+except ImportError:  # pragma: no cover - orjson is a dependency; the stdlib gives the same values
+    orjson = None
 
-    def json_dumps(value: object) -> str:
-        """Compact JSON for JSON columns: orjson (~10x the stdlib encoder), stdlib for what orjson refuses."""
+
+def json_dumps(value: object) -> str:
+    """Compact JSON for JSON columns: orjson (~10x the stdlib encoder), stdlib for what orjson refuses."""
+    if orjson is not None:
         try:
             return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
-        except (TypeError, orjson.JSONEncodeError):  # e.g. an integer beyond 64 bits
-            return json.dumps(value, separators=(",", ":"))
+        except TypeError:  # orjson.JSONEncodeError, e.g. an integer beyond 64 bits
+            pass
+    return json.dumps(value, separators=(",", ":"))
 
-    json_loads = orjson.loads
-except ImportError:  # pragma: no cover - orjson is a dependency; the stdlib gives the same values
-    def json_dumps(value: object) -> str:
-        """Compact JSON for JSON columns (stdlib fallback)."""
-        return json.dumps(value, separators=(",", ":"))
 
-    json_loads = json.loads
+json_loads = orjson.loads if orjson is not None else json.loads
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import json
 import logging
 import os
 from collections.abc import Callable, Iterator
@@ -44,12 +43,8 @@ from .. import record as recmod
 from .. import spool
 from ..errors import RecordError
 from ..models import Job, JobGpu, JobGpuTimeline
+from .db import json_loads as _loads  # orjson where installed: parsing is ingest's largest per-record cost
 from .rollups import moved_month, note_moved
-
-try:  # ~3x faster than json.loads, and parsing is the largest per-record cost of ingest
-    from orjson import loads as _loads
-except ImportError:  # pragma: no cover - optional speed-up; the stdlib parser gives the same values
-    _loads = json.loads
 
 log = logging.getLogger(__name__)
 
@@ -77,16 +72,8 @@ class _Unavailable(Exception):
 
 def read_record(path: str) -> dict[str, Any]:
     """Parse and validate one spool file; RecordError says what is wrong with it."""
-    return parse_record(_read_file(path))
-
-
-def _read_file(path: str) -> bytes:
     with open(path, "rb") as fh:
-        return fh.read()
-
-
-def parse_record(data: bytes) -> dict[str, Any]:
-    """Parse and validate one record's bytes; RecordError says what is wrong with them."""
+        data = fh.read()
     if not data.strip():
         raise RecordError("empty file")
     try:
@@ -94,17 +81,6 @@ def parse_record(data: bytes) -> dict[str, Any]:
     except ValueError as exc:  # JSONDecodeError (orjson's too) and UnicodeDecodeError
         raise RecordError(f"not valid JSON: {exc}") from None
     return recmod.validate(rec)
-
-
-def _read_chunk(paths: list[str]) -> list[tuple[str, bytes | OSError]]:
-    """Read a batch of spool files; an unreadable one carries its error (judged by the caller)."""
-    out: list[tuple[str, bytes | OSError]] = []
-    for path in paths:
-        try:
-            out.append((path, _read_file(path)))
-        except OSError as exc:
-            out.append((path, exc))
-    return out
 
 
 @contextlib.contextmanager
@@ -150,22 +126,19 @@ def _drain(engine: Engine, spool_dir: str, paths: list[str], step: int, res: Ing
     for start in range(0, total, step):
         chunk = paths[start:start + step]
         with _no_cyclic_gc():
-            if not _drain_chunk(engine, spool_dir, _read_chunk(chunk), res, unlinker,
-                                left_after=total - (start + len(chunk))):
+            if not _drain_chunk(engine, spool_dir, chunk, res, unlinker, left_after=total - (start + len(chunk))):
                 return
         if progress is not None:
             progress(min(start + len(chunk), total), total)
 
 
-def _drain_chunk(engine: Engine, spool_dir: str, files: list[tuple[str, bytes | OSError]], res: IngestResult,
-                 unlinker: _Unlinker, left_after: int) -> bool:
-    """Parse, validate and write one batch; False when the database is unavailable (stop the run)."""
+def _drain_chunk(engine: Engine, spool_dir: str, chunk: list[str], res: IngestResult, unlinker: _Unlinker,
+                 left_after: int) -> bool:
+    """Read, validate and write one batch; False when the database is unavailable (stop the run)."""
     good: list[tuple[str, dict[str, Any]]] = []
-    for path, data in files:
+    for path in chunk:
         try:
-            if isinstance(data, OSError):
-                raise data
-            good.append((path, parse_record(data)))
+            good.append((path, read_record(path)))
         except FileNotFoundError:
             continue  # taken by a concurrent ingest
         except RecordError as exc:
@@ -488,21 +461,7 @@ def _write_raw(conn: Connection, jobs: dict[tuple[str, int], dict[str, Any]],
     jt, gt, tt = db.table(Job), db.table(JobGpu), db.table(JobGpuTimeline)
     new_keys = [k for k in jobs if k not in old_jobs]
     if new_keys:
-        rows = [jobs[k] for k in new_keys]
-        if db.pg:
-            for row, pk in zip(rows, db.new_ids("job", len(rows)), strict=True):
-                row["id"] = pk
-            db.copy(jt, rows)
-        else:
-            db.insert(jt, rows)
-            ids = sorted({k[1] for k in new_keys})
-            for i in range(0, len(ids), _CHUNK):
-                part = ids[i:i + _CHUNK]
-                for pk, cluster, job_id in db.query(f"SELECT id, cluster, job_id FROM job WHERE job_id IN "
-                                                    f"({db.marks(len(part))})", part):
-                    job = jobs.get((cluster, job_id))
-                    if job is not None and job.get("id") is None:
-                        job["id"] = pk
+        db.add(jt, [jobs[k] for k in new_keys], key=("cluster", "job_id"))
     changed = [jobs[k] for k in old_jobs if jobs[k] != old_jobs[k]]
     if changed:
         db.update(jt, changed)
@@ -514,21 +473,7 @@ def _write_raw(conn: Connection, jobs: dict[tuple[str, int], dict[str, Any]],
         db.update(gt, updates)
         db.delete_in("job_gpu_timeline", "job_gpu_id", sorted(r["id"] for r in updates))
     if inserts:
-        if db.pg:
-            for row, pk in zip(inserts, db.new_ids("job_gpu", len(inserts)), strict=True):
-                row["id"] = pk
-            db.copy(gt, inserts)
-        else:
-            db.insert(gt, inserts)
-            want = {(r["job_pk"], r["node"], r["gpu_index"]): r for r in inserts}
-            pks = sorted({r["job_pk"] for r in inserts})
-            for i in range(0, len(pks), _CHUNK):
-                part = pks[i:i + _CHUNK]
-                for pk, job_pk, node, idx in db.query(f"SELECT id, job_pk, node, gpu_index FROM job_gpu WHERE "
-                                                      f"job_pk IN ({db.marks(len(part))})", part):
-                    row = want.get((job_pk, node, idx))
-                    if row is not None:
-                        row["id"] = pk
+        db.add(gt, inserts, key=("job_pk", "node", "gpu_index"))
     tl_rows = _timeline_rows(gpus, timelines)
     if tl_rows:
         if db.pg:
@@ -619,6 +564,29 @@ class _Raw:
         """``n`` ids from the table's sequence (what a plain INSERT would have taken, one round trip)."""
         self.cur.execute("SELECT nextval(pg_get_serial_sequence(%s, 'id')) FROM generate_series(1, %s)", (table, n))
         return [r[0] for r in self.cur.fetchall()]
+
+    def add(self, t: _Table, rows: list[dict[str, Any]], key: tuple[str, ...]) -> None:
+        """Insert new rows and set each row's ``id``.
+
+        PostgreSQL: ids from the table's sequence, rows by COPY. SQLite: executemany, then the ids are read
+        back by the natural ``key`` (a unique constraint), selecting on its first column.
+        """
+        if self.pg:
+            for row, pk in zip(rows, self.new_ids(t.name, len(rows)), strict=True):
+                row["id"] = pk
+            self.copy(t, rows)
+            return
+        self.insert(t, rows)
+        want = {tuple(r[c] for c in key): r for r in rows}
+        first = sorted({r[key[0]] for r in rows})
+        cols = ", ".join(f'"{c}"' for c in key)
+        for i in range(0, len(first), _CHUNK):
+            part = first[i:i + _CHUNK]
+            for pk, *natural in self.query(f'SELECT id, {cols} FROM "{t.name}" WHERE "{key[0]}" IN '
+                                           f"({self.marks(len(part))})", part):
+                row = want.get(tuple(natural))
+                if row is not None:
+                    row["id"] = pk
 
     def copy(self, t: _Table, rows: list[dict[str, Any]]) -> None:
         with self.cur.copy(f'COPY "{t.name}" ({t.quoted}) FROM STDIN') as cp:
