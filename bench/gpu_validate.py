@@ -31,6 +31,8 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from gpu_kernels import SPIN_SRC, clock_khz  # noqa: E402  (bench/, this script's own directory)
+
 WORKLOADS = ("idle", "spin", "tiny", "fp32", "copy", "bf16")
 # Expected on an H100 (GPU-APIS.md, 5 s windows): kernel, SM, tensor, DRAM, FP32 in %.
 EXPECTED = {
@@ -41,26 +43,6 @@ EXPECTED = {
     "copy": "SM 80 / DRAM 44",
     "bf16": "util 87 / SM 82 / tensor 80 / DRAM 20",
 }
-
-SPIN_SRC = r"""
-extern "C" __global__ void spin(long long cycles) {
-    long long start = clock64();
-    while (clock64() - start < cycles) { }
-}
-"""
-
-
-def clock_khz(cp: Any, gpu: int = 0) -> int:
-    """SM clock in kHz (CUDA 13 dropped cudaDeviceProp.clockRate; the attribute still answers)."""
-    try:
-        return int(cp.cuda.runtime.getDeviceProperties(gpu)["clockRate"])
-    except Exception:
-        pass
-    try:
-        return int(cp.cuda.runtime.deviceGetAttribute(13, gpu))  # cudaDevAttrClockRate
-    except Exception:
-        return 1_980_000  # H100 SXM boost clock
-
 
 # ------------------------------------------------------------------------------------------------
 # child: run one workload until told to stop

@@ -9,30 +9,15 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 
 import pytest
 
 pytestmark = pytest.mark.gpu
 
-SPIN_SRC = r"""
-extern "C" __global__ void spin(long long cycles) {
-    long long start = clock64();
-    while (clock64() - start < cycles) { }
-}
-"""
-
-
-def _clock_khz(cp, gpu=0):
-    """SM clock in kHz (CUDA 13 dropped cudaDeviceProp.clockRate; the attribute still answers)."""
-    try:
-        return int(cp.cuda.runtime.getDeviceProperties(gpu)["clockRate"])
-    except Exception:
-        pass
-    try:
-        return int(cp.cuda.runtime.deviceGetAttribute(13, gpu))  # cudaDevAttrClockRate
-    except Exception:
-        return 1_980_000  # H100 SXM boost clock
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+from gpu_kernels import SPIN_SRC, clock_khz  # noqa: E402  (the same kernel bench/gpu_validate.py runs)
 
 
 def _gpm_gpu0() -> bool:
@@ -102,8 +87,7 @@ def test_spin_kernel_is_kernel_active_but_not_sm_active(node):
     agent, coll, slurm_idx, info = node
     cp.cuda.Device(0).use()
     kern = cp.RawKernel(SPIN_SRC, "spin")
-    clock_khz = _clock_khz(cp)
-    kern((1,), (1,), (cp.int64(int(clock_khz * 1000 * 9.0)),))  # one block, one thread, ~9 s (or more)
+    kern((1,), (1,), (cp.int64(int(clock_khz(cp) * 1000 * 9.0)),))  # one block, one thread, ~9 s (or more)
     agent.tick()
     _ticks(agent, 2.2)  # warm: the window starts with the kernel already running
     job = JobContext(77, "n", "c", [slurm_idx], start_time=time.time())
