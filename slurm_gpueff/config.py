@@ -115,6 +115,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
         "batch_size": (int, 500),
         "enrich_window_days": (float, 14.0),
         "backfill_grace_s": (float, 600.0),
+        "settle_s": (float, 120.0),
     },
     # seff-gpu privacy (issue 3): like sacct with PrivateData=jobs.
     "privacy": {
@@ -223,6 +224,8 @@ class Config:
         """[sacct] and [privacy] (issue 3)."""
         if self.sacct.format not in ("auto", "json", "parsable"):
             raise ConfigError(f"{where}: sacct.format = {self.sacct.format!r}; expected auto, json or parsable")
+        if self.sacct.settle_s < 0:
+            raise ConfigError(f"{where}: sacct.settle_s must be >= 0, got {self.sacct.settle_s}")
         if self.sacct.timeout_s <= 0 or self.sacct.batch_size < 1 or self.sacct.enrich_window_days <= 0:
             raise ConfigError(f"{where}: sacct.timeout_s, sacct.batch_size and sacct.enrich_window_days must be > 0")
         if self.sacct.backfill_grace_s < 0:

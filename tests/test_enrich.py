@@ -158,3 +158,21 @@ def test_privacy_like_sacct():
     assert len(visible(found, admins, uid=1002, name="bob")[0]) == 3
     off = Config({"privacy": {"enabled": False}}).privacy
     assert len(visible(found, off, uid=1005, name="eve")[0]) == 3
+
+
+def test_a_just_finished_job_waits_for_accounting_to_settle(engine):
+    """slurmdbd (22.05, seen in tests/slurm) reports a finished array task as a plain job ("5|5|COMPLETED")
+    for a few seconds before its array ids arrive. Enrichment is written once, so a job that ended less
+    than settle_s ago is left for the next run, and then gets the settled record's array ids."""
+    import dataclasses
+
+    settled = {j.job_id: j for j in captured("parsable")}[19]
+    early = dataclasses.replace(settled, array_job_id=None, array_task_id=None, job_id_text="19", notes=[])
+    store(engine, hook_record(19, [0]))
+    res = enrich_jobs(engine, Replay([early]), settle_s=120, now=settled.end + 3)
+    assert (res.checked, res.enriched, res.settling) == (1, 0, 1)
+    assert not job(engine, 19).enriched and job(engine, 19).array_job_id is None
+    res = enrich_jobs(engine, Replay([settled]), settle_s=120, now=settled.end + 121)
+    assert (res.checked, res.enriched, res.settling) == (1, 1, 0)
+    t0 = job(engine, 19)
+    assert (t0.array_job_id, t0.array_task_id, t0.enriched) == (15, 0, True)

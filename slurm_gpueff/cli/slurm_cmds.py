@@ -102,13 +102,14 @@ def _enrich(engine: Any, reader: Any, config: Any, since: float | None, args: ar
     if since is None:
         since = time.time() - config.sacct.enrich_window_days * 86400
     since_dt = datetime.fromtimestamp(since, UTC).replace(tzinfo=None)
-    res = enrich_jobs(engine, reader, since=since_dt, limit=args.limit, progress=bar)
+    res = enrich_jobs(engine, reader, since=since_dt, limit=args.limit, progress=bar, settle_s=config.sacct.settle_s)
     bar.close()
     for e in res.errors:
         _err(e)
     if not args.quiet or res.errors:
         print(f"enriched {res.enriched} of {res.checked} job(s) checked; {res.not_final} not finished in sacct "
-              f"yet, {res.not_found} unknown to sacct (retried next run)")
+              f"yet, {res.settling} ended less than {config.sacct.settle_s:g} s ago, {res.not_found} unknown to "
+              "sacct (retried next run)")
     return 1 if res.errors else 0
 
 

@@ -80,7 +80,8 @@ def enrich(ctx: Context) -> str:
     from ..summarize import summarize_pending
 
     since = _utcnow() - timedelta(days=ctx.config.sacct.enrich_window_days)
-    res = enrich_jobs(ctx.engine, SacctReader.from_config(ctx.config), since=since)
+    res = enrich_jobs(ctx.engine, SacctReader.from_config(ctx.config), since=since,
+                      settle_s=ctx.config.sacct.settle_s)
     for e in getattr(res, "errors", []):
         log.warning("enrich: %s", e)
     analysed = summarize_pending(ctx.engine, ctx.config.analysis)

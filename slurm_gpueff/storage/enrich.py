@@ -9,7 +9,10 @@ asks the reader for every not-yet-enriched job in batches and writes what it lea
 another month, the old month is noted for the next rollup refresh (``rollups.note_moved``) in the same
 transaction. A job sacct still reports as running, or does not know yet (slurmdbd lags the controller),
 stays unenriched and is retried by the next run; a reader failure (sacct absent, slow, slurmdbd down)
-changes nothing and is reported.
+changes nothing and is reported. So does a job that ended less than ``settle_s`` ago: slurmdbd records
+a finished array task's array ids seconds *after* its final state (seen on 22.05: ``5|5|COMPLETED``
+for 1-4 s, then ``5_1|5|COMPLETED``), and enrichment is written once, so it waits for the record to
+settle rather than store a task as a plain job for good.
 
 **Backfill.** Jobs that held GPUs according to sacct but have no hook record (node crashed, hooks
 not installed yet, spool lost) get an allocation-only record with ``record_source = "backfill"``
@@ -42,6 +45,8 @@ from .rollups import moved_month, note_moved
 
 log = logging.getLogger(__name__)
 
+SETTLE_S = 120.0  # default of [sacct] settle_s: how long after a job's end its accounting record is trusted
+
 BACKFILL_REASON = ("no GPU record from the Slurm hooks (node crash, hooks not installed, collector or spool "
                    "lost); allocation only, from Slurm accounting")
 BACKFILL_WRITER = "slurm-gpueff backfill"
@@ -55,6 +60,7 @@ class EnrichResult:
     enriched: int = 0
     not_final: int = 0
     not_found: int = 0
+    settling: int = 0  # final, but ended less than settle_s ago: accounting may still be filling it in
     errors: list[str] = field(default_factory=list)
 
 
@@ -127,8 +133,12 @@ def jobs_to_enrich(session: Session, since: datetime | None = None, limit: int |
 
 
 def enrich_jobs(engine: Engine, reader: Any, *, since: datetime | None = None, limit: int | None = None,
-                progress: Callable[[int, int], None] | None = None) -> EnrichResult:
+                progress: Callable[[int, int], None] | None = None, settle_s: float = SETTLE_S,
+                now: float | None = None) -> EnrichResult:
     """Enrich every unenriched job (ended since ``since``) from ``reader``; commit batch by batch.
+
+    Jobs sacct reports as ended less than ``settle_s`` before ``now`` (epoch; default: the clock) are
+    left for the next run (module doc: slurmdbd fills in array ids after the final state).
 
     Never raises for sacct or database trouble: the run stops, says why in ``errors``, and what was
     committed before stays; the rest is retried by the next run.
@@ -165,6 +175,9 @@ def enrich_jobs(engine: Engine, reader: Any, *, since: datetime | None = None, l
                             continue
                         if not sj.final:
                             res.not_final += 1
+                            continue
+                        if sj.end is not None and (now if now is not None else time.time()) - sj.end < settle_s:
+                            res.settling += 1
                             continue
                         job = session.get(Job, pk)
                         if job is None or job.enriched:

@@ -39,6 +39,10 @@ FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEM
          "BOOT_FAIL"}
 SYS_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
+# [sacct] settle_s of the test cluster: slurmdbd fills in array ids 1-4 s after a task's final state
+# (storage/enrich.py); the product's default is 120 s, the tests wait this much instead (settle()).
+SETTLE_S = 8.0
+
 CONFIG = """# slurm-gpueff config of the tests/slurm cluster (rewritten by tests that inject faults)
 [site]
 cluster = "{cluster}"
@@ -55,6 +59,7 @@ hook_timeout_s = 10.0
 [sacct]
 timeout_s = {sacct_timeout}
 batch_size = {batch_size}
+settle_s = {settle_s}
 
 [privacy]
 enabled = true
@@ -85,7 +90,8 @@ class SlurmCluster:
     def write_config(self, *, backend: str = "simulated", admins: Sequence[str] = (), sacct_timeout: float = 30.0,
                      batch_size: int = 500, path: str | None = None) -> str:
         text = CONFIG.format(cluster=CLUSTER, base=self.base, backend=backend, sacct_timeout=sacct_timeout,
-                             batch_size=batch_size, admins="[" + ", ".join(f'"{a}"' for a in admins) + "]")
+                             batch_size=batch_size, settle_s=SETTLE_S,
+                             admins="[" + ", ".join(f'"{a}"' for a in admins) + "]")
         path = path or self.config_path
         with open(path + ".tmp", "w") as fh:
             fh.write(text)
@@ -152,6 +158,10 @@ class SlurmCluster:
             if time.monotonic() > deadline:
                 raise AssertionError(f"sacct did not report {ids} as finished within {timeout} s: {states}")
             time.sleep(0.3)
+
+    def settle(self) -> None:
+        """Let accounting settle: call after wait_accounted, before an enrich that must take the jobs."""
+        time.sleep(SETTLE_S + 0.5)
 
     def gpueff(self, *args: str, check: bool = True, config: str | None = None,
                timeout: float = 120) -> subprocess.CompletedProcess:

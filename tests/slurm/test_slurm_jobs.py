@@ -68,6 +68,7 @@ def jobs(slurm: SlurmCluster) -> dict:
     hook_rows = {k: c.job_row(v) for k, v in ids.items() if k != "array"}
     hook_rows.update({f"task{t}": c.job_row(raw) for t, raw in tasks.items()})
     c.wait_accounted([ids[k] for k in ("one", "two", "cpu", "fail", "cancel")] + list(tasks.values()))
+    c.settle()  # a task's array ids reach accounting seconds after its final state (storage/enrich.py)
     enr = c.gpueff("enrich", "--since", "now-1d")
     sys.stderr.write(f"\n[slurm] job set ran in {jobs_s:.1f} s\n")
     return {"ids": ids, "states": states, "tasks": tasks, "node": node, "ingest": ing, "enrich": enr,
@@ -212,6 +213,7 @@ def test_enrich_survives_slow_and_broken_sacct(slurm, jobs):
     assert p.returncode == 1 and "sacct not found" in p.stderr
     assert not c.job_row(j)["enriched"]
     # fault gone: the next run enriches
+    c.settle()
     p = c.gpueff("enrich", "--since", "now-1d")
     assert "enriched 1 of 1" in p.stdout and c.job_row(j)["enriched"] and c.job_row(j)["state"] == "COMPLETED"
 
