@@ -25,10 +25,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..models import Job, JobGpu
 from ..record import FRACTIONS
+
+if TYPE_CHECKING:  # rows may be ORM objects or the plain rows of storage.sqlite_read (seff-gpu's fast path),
+    from ..models import Job, JobGpu  # so the models (and SQLAlchemy, ~0.5 s to import) load only when needed
 
 # Figures averaged over time (fractions in [0, 1]) and what we call them in reasons.
 MEANS = ("kernel_active", "sm_active", "tensor_active", "dram_active", "sm_occupancy",
@@ -325,16 +327,11 @@ def combine(per: list[GpuFigures], elapsed_s: float | None = None) -> JobFigures
                       power_mean_w=power, sources=sources, missing=missing)
 
 
-# Follow the column type, as ingest does (SQLModel 0.0.50 maps ``datetime`` to a UTC type that
-# refuses naive values; older versions store naive UTC), so rows from from_record can be saved too.
-_AWARE = bool(getattr(Job.__table__.c.start_time.type, "timezone", False))  # type: ignore[attr-defined]
-
-
-def _utc(epoch: float | None) -> datetime | None:
+def _utc(epoch: float | None, aware: bool) -> datetime | None:
     if epoch is None:
         return None
     t = datetime.fromtimestamp(float(epoch), UTC)
-    return t if _AWARE else t.replace(tzinfo=None)
+    return t if aware else t.replace(tzinfo=None)
 
 
 def from_record(rec: dict[str, Any]) -> tuple[Job, list[JobGpu]]:
@@ -342,7 +339,12 @@ def from_record(rec: dict[str, Any]) -> tuple[Job, list[JobGpu]]:
 
     Mirrors what ingest stores (UTC times, naive or aware as the column wants), but needs no session.
     """
-    start, end = _utc(rec.get("start_time")), _utc(rec.get("end_time"))
+    from ..models import Job, JobGpu
+
+    # Follow the column type, as ingest does (SQLModel 0.0.50 maps ``datetime`` to a UTC type that
+    # refuses naive values; older versions store naive UTC), so rows from from_record can be saved too.
+    aware = bool(getattr(Job.__table__.c.start_time.type, "timezone", False))  # type: ignore[attr-defined]
+    start, end = _utc(rec.get("start_time"), aware), _utc(rec.get("end_time"), aware)
     gpus_in = rec.get("gpus") or []
     job = Job(cluster=rec["cluster"], job_id=rec["job_id"], array_job_id=rec.get("array_job_id"),
               array_task_id=rec.get("array_task_id"), het_job_id=rec.get("het_job_id"),

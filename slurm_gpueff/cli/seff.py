@@ -122,20 +122,33 @@ def _safe_url(url: str) -> str:
 
 
 def lookup(database: str, spec: Any, cluster: str | None) -> list[tuple[Any, list[Any]]]:
-    """(job, its GPU rows) for every match. Raises RuntimeError with a clear message on DB problems."""
-    from sqlalchemy.exc import SQLAlchemyError
-    from sqlmodel import Session
+    """(job, its GPU rows) for every match. Raises RuntimeError with a clear message on DB problems.
 
-    from ..storage.db import database_url
-    from ..storage.queries import find_jobs, job_gpus
-    from ..storage.readonly import make_read_engine
+    SQLite is read with the standard library (storage/sqlite_read.py: the same rows without importing
+    SQLAlchemy, which was most of seff-gpu's run time); other databases go through SQLAlchemy.
+    """
+    from ..storage.dburl import database_url, sqlite_file
 
     url = database_url(database)
-    if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
-        path = url[len("sqlite:///"):]
+    path = sqlite_file(url)
+    if path is not None:
         if not os.path.exists(path):
             raise RuntimeError(f"the job database {path} does not exist yet (paths.database in the config; "
                                "`gpueff ingest` creates it)")
+        import sqlite3
+
+        from ..storage.sqlite_read import lookup as read_sqlite
+
+        try:
+            return read_sqlite(path, spec, cluster)
+        except sqlite3.Error as exc:
+            raise RuntimeError(f"cannot read the job database {path}: {exc}") from None
+    from sqlalchemy.exc import SQLAlchemyError
+    from sqlmodel import Session
+
+    from ..storage.queries import find_jobs, job_gpus
+    from ..storage.readonly import make_read_engine
+
     try:
         engine = make_read_engine(database)  # ordinary users cannot write a SQLite DB's directory
     except Exception as exc:  # bad URL, missing driver

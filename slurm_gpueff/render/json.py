@@ -30,12 +30,14 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..analysis.diagnose import Diagnosis
 from ..analysis.figures import MEANS, GpuFigures, JobFigures, Waste, naive_utc
-from ..models import Job
 from .text import job_label, state_text
+
+if TYPE_CHECKING:  # an ORM row or a plain row of storage.sqlite_read: only attributes are read
+    from ..models import Job
 
 SCHEMA = "slurm-gpueff/seff-gpu"
 SCHEMA_VERSION = 1

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import textwrap
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from ..analysis.diagnose import Diagnosis
 from ..analysis.figures import JobFigures
 from ..analysis.verdicts import RULES
-from ..models import Job
+
+if TYPE_CHECKING:  # an ORM row or a plain row of storage.sqlite_read: only attributes are read
+    from ..models import Job
 
 WIDTH = 80
 GiB = 1024**3

@@ -16,13 +16,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import create_engine
 
 from .. import models  # noqa: F401  (registers the tables on SQLModel.metadata)
-
-
-def database_url(value: str) -> str:
-    """Turn the config value into a SQLAlchemy URL (a bare path means a SQLite file)."""
-    if "://" in value:
-        return value
-    return "sqlite:///" + os.path.abspath(value)
+from .dburl import database_url
 
 
 def make_engine(value: str, create: bool = True) -> Engine:

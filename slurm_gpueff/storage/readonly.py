@@ -15,23 +15,21 @@ Anyone who can write (root, the ingest service) gets the normal engine of ``stor
 
 from __future__ import annotations
 
-import os
 import sqlite3
-from urllib.parse import quote
 
 from sqlalchemy.engine import Engine
 from sqlmodel import create_engine
 
-from .db import database_url, make_engine
+from .db import make_engine
+from .dburl import database_url, sqlite_file
+from .sqlite_read import read_uri
 
 
 def make_read_engine(value: str) -> Engine:
-    url = database_url(value)
-    if not url.startswith("sqlite:///") or url.endswith(":memory:"):
+    path = sqlite_file(database_url(value))
+    if path is None:
         return make_engine(value, create=False)
-    path = os.path.abspath(url[len("sqlite:///"):].split("?", 1)[0])
-    if os.access(path, os.W_OK) and os.access(os.path.dirname(path), os.W_OK):
+    uri, read_only = read_uri(path)
+    if not read_only:
         return make_engine(value, create=False)
-    live = os.path.exists(path + "-wal") and os.path.exists(path + "-shm")
-    uri = f"file:{quote(path)}?{'mode=ro' if live else 'immutable=1'}"
     return create_engine("sqlite://", creator=lambda: sqlite3.connect(uri, uri=True, timeout=30))

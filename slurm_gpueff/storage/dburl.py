@@ -1,0 +1,19 @@
+"""The database setting as a URL, and the SQLite file behind it (stdlib only: seff-gpu's fast path uses it)."""
+
+from __future__ import annotations
+
+import os
+
+
+def database_url(value: str) -> str:
+    """Turn the config value into a SQLAlchemy URL (a bare path means a SQLite file)."""
+    if "://" in value:
+        return value
+    return "sqlite:///" + os.path.abspath(value)
+
+
+def sqlite_file(url: str) -> str | None:
+    """The database file of a ``sqlite:///`` URL (query string dropped); None for other URLs and memory."""
+    if not url.startswith("sqlite:///") or url.endswith(":memory:"):
+        return None
+    return url[len("sqlite:///"):].split("?", 1)[0]
