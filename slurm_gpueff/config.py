@@ -43,6 +43,8 @@ SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
         "interval_s": (float, 5.0),
         "timeline_interval_s": (float, 60.0),
         "timeline_keep_h": (float, 168.0),
+        "metrics_address": (str, "127.0.0.1"),
+        "metrics_port": (int, 0),
     },
     "dcgm": {
         "bindings_path": (str, ""),
@@ -208,6 +210,8 @@ class Config:
         if self.agent.interval_s < 1.0:
             # GPM returns zeros / NaN for windows shorter than ~1 s (measured on H100).
             raise ConfigError(f"{where}: agent.interval_s must be >= 1 s (GPM needs >= 1 s windows)")
+        if not 0 <= self.agent.metrics_port < 65536:
+            raise ConfigError(f"{where}: agent.metrics_port = {self.agent.metrics_port} is not a TCP port (0 = off)")
         for key, value in self.analysis.as_dict().items():
             if key.endswith("_pct") and not 0 <= value <= 100:
                 raise ConfigError(f"{where}: analysis.{key} = {value} is not a percentage (0-100)")

@@ -453,6 +453,17 @@ def run_agent(config: Any, *, once: bool = False, sampler: Sampler | None = None
     except CollectorError as exc:
         log.error("gpueff agent cannot start: %s", exc)
         return 1
+    server = None
+    if agent.config.agent.metrics_port:
+        from .agent_metrics import serve
+
+        try:
+            server, _thread = serve(agent, agent.config.agent.metrics_address, agent.config.agent.metrics_port)
+            log.info("live GPU gauges on http://%s:%d/metrics", agent.config.agent.metrics_address,
+                     agent.config.agent.metrics_port)
+        except OSError as exc:  # port taken: sampling (what jobs' figures need) goes on without it
+            log.error("cannot serve /metrics on %s:%d: %s; sampling goes on without it",
+                      agent.config.agent.metrics_address, agent.config.agent.metrics_port, exc)
     stop = threading.Event()
     old: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():
@@ -479,6 +490,9 @@ def run_agent(config: Any, *, once: bool = False, sampler: Sampler | None = None
             if stop.wait(next_t - now):
                 break
     finally:
+        if server is not None:
+            server.shutdown()
+            server.server_close()
         agent.close()
         for sig, h in old.items():
             signal.signal(sig, h)

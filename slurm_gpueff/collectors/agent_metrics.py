@@ -1,0 +1,84 @@
+"""Live per-GPU gauges of the node agent for Prometheus (``[agent] metrics_port``; 0, the default, = off).
+
+What the agent read at its last tick, one series per GPU: kernel-active (what nvidia-smi calls "GPU
+utilization"), the GPM activities (SM, occupancy, tensor, DRAM, FP64/32/16) on Hopper and newer,
+power, memory used and total, and the energy counter (the agent's estimate, see collectors/agent.py).
+Labels are the GPU's ``/dev/nvidiaN`` minor, UUID and model only: bounded by the node's GPUs, never a
+job id. A figure the agent could not read has no sample at all (a missing series, never an invented
+0): pre-Hopper GPUs have no GPM series. Agent health: last tick time, CPU per tick, tick count.
+
+The exporter reads the agent's state in the HTTP server's thread; each tick replaces a GPU's ``last``
+readings with a new dict, so a scrape sees one tick's readings per GPU, never a half-written one.
+prometheus_client is imported when the exporter starts, not with this module: collectors stay
+stdlib-only at import time (tests/test_layering.py), as the hooks load them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from .nvml_sampler import GPM_METRICS
+
+LABELS = ("minor", "uuid", "model")
+ACTIVITIES = ("kernel_active", *GPM_METRICS)  # fractions 0-1 in the agent's ``last`` readings
+
+
+class AgentCollector:
+    """prometheus_client collector over a running :class:`slurm_gpueff.collectors.agent.Agent`."""
+
+    def __init__(self, agent: Any) -> None:
+        self.agent = agent
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        a = self.agent
+        act = {m: GaugeMetricFamily(f"gpueff_gpu_{m}_ratio", f"{m.replace('_', ' ')} at the agent's last tick "
+                                    "(0-1; GPM metrics on Hopper and newer only)", labels=LABELS)
+               for m in ACTIVITIES}
+        power = GaugeMetricFamily("gpueff_gpu_power_watts", "Power draw at the last tick", labels=LABELS)
+        used = GaugeMetricFamily("gpueff_gpu_memory_used_bytes", "GPU memory in use at the last tick", labels=LABELS)
+        total = GaugeMetricFamily("gpueff_gpu_memory_total_bytes", "GPU memory size", labels=LABELS)
+        energy = CounterMetricFamily("gpueff_gpu_energy_joules", "Energy since the driver loaded (the agent's "
+                                     "estimate between counter reads)", labels=LABELS)
+        for g in list(a.gpus.values()):
+            info, last = g.info, g.last  # one tick's readings (a new dict each tick)
+            labels = [str(info.minor) if info.minor is not None else "", info.uuid, info.model or ""]
+            for m, fam in act.items():
+                v = last.get(m)
+                if v is not None:
+                    fam.add_metric(labels, v)
+            if last.get("power_w") is not None:
+                power.add_metric(labels, last["power_w"])
+            if g.memory_used is not None:
+                used.add_metric(labels, g.memory_used)
+            if info.memory_total_bytes is not None:
+                total.add_metric(labels, info.memory_total_bytes)
+            est = g.energy_est_mj()
+            if est is not None:
+                energy.add_metric(labels, est / 1000.0)
+        yield from act.values()
+        yield from (power, used, total, energy)
+        yield CounterMetricFamily("gpueff_agent_ticks", "Sampling ticks since the agent started", value=a.ticks)
+        if a.updated is not None:
+            yield GaugeMetricFamily("gpueff_agent_last_tick_timestamp_seconds", "When the last tick ended",
+                                    value=a.updated)
+        if a.tick_cpu_s is not None:
+            yield GaugeMetricFamily("gpueff_agent_tick_cpu_seconds", "CPU time of the last tick", value=a.tick_cpu_s)
+
+
+def registry_for(agent: Any) -> Any:
+    """A registry holding only the agent's collector (not the process's default metrics)."""
+    from prometheus_client.registry import CollectorRegistry
+
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(AgentCollector(agent))
+    return reg
+
+
+def serve(agent: Any, address: str, port: int) -> Any:
+    """Start the /metrics HTTP server in a daemon thread; returns (server, thread) from prometheus_client."""
+    from prometheus_client import start_http_server
+
+    return start_http_server(port, addr=address, registry=registry_for(agent))
