@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Ingest rate (spool files -> database, ``ingest_spool``) against two floors measured in the same run.
 
-    python3 bench/ingest_rate.py [--records N] [--repeat K] [--postgres URL | --no-postgres]
+    python3 bench/ingest_rate.py [--records N] [--repeat K] [--workers W] [--postgres URL | --no-postgres]
 
 Records are slurm_gpueff.synthetic ones (1-8 GPUs, mean ~3.2; 10 timeline points per GPU, rounded as the
 collectors round them; a fifth pre-Hopper), written into a spool exactly as the Epilog writes them
 (one fsync'd file each). Three things are timed, K times each, interleaved, and the medians reported:
 
-* **ingest**: ``ingest_spool`` from the spool into an empty migrated database, files removed at the end;
+* **ingest**: ``ingest_spool`` from the spool into an empty migrated database, files removed at the end,
+  once with one process and once with ``W`` worker processes (``[service] ingest_workers``; default: the
+  automatic choice, half the CPUs, at most 8), worker start-up included;
 * **executemany floor**: the same rows (job, job_gpu, timeline; JSON text included) built *before* the
   timer, then only one ``executemany`` per table and the commit: the database's own cost for these
   rows, with no files, parsing, validation or merging. On PostgreSQL the floor uses ``INSERT ..
@@ -15,7 +17,9 @@ collectors round them; a fifth pre-Hopper), written into a spool exactly as the 
 * **spool floor**: reading every file of an identical spool and removing it (threads, as ingest
   does), with no parsing: the file system's own cost of draining one fsync'd file per record.
 
-Ratios are ingest time over floor time. Goals: >= 20k records/s SQLite, >= 5k/s PostgreSQL.
+Ratios are ingest time over floor time. Goals: >= 20k records/s SQLite, >= 5k/s PostgreSQL. The floors
+are one connection and one process; parallel ingest can pass the executemany floor on PostgreSQL (its
+workers write on several connections at once) but not on SQLite (one writer at a time).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from slurm_gpueff import spool, synthetic  # noqa: E402
 from slurm_gpueff.storage import migrate  # noqa: E402
 from slurm_gpueff.storage.db import json_dumps, make_engine  # noqa: E402
-from slurm_gpueff.storage.ingest import ingest_spool  # noqa: E402
+from slurm_gpueff.storage.ingest import ingest_spool, worker_count  # noqa: E402
 
 JOB_COLS = ("cluster", "job_id", "user", "uid", "account", "partition", "gpu_count", "start_time", "end_time",
             "elapsed_s", "state", "exit_code", "signal", "backend", "record_source", "enriched", "nodelist",
@@ -144,12 +148,12 @@ def spool_floor(d: str, recs: list[dict]) -> float:
     return time.perf_counter() - t0
 
 
-def ingest_once(url: str, d: str, recs: list[dict]) -> float:
+def ingest_once(url: str, d: str, recs: list[dict], workers: int = 1) -> float:
     sp = write_spool(d, recs)
     engine = make_engine(url, create=False)
     migrate.upgrade(engine)
     t0 = time.perf_counter()
-    res = ingest_spool(engine, sp)
+    res = ingest_spool(engine, sp, workers=workers)
     dt = time.perf_counter() - t0
     assert res.ingested == len(recs) and not res.failed, res.errors[:3]
     assert not list(spool.pending(sp)), "spool not drained"
@@ -175,32 +179,41 @@ def _drop(admin: str, names: list[str]) -> None:
             c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def report(label: str, n: int, gpus: int, ing: list[float], floor: list[float], fs: list[float], goal: int) -> None:
-    t_ing, t_floor, t_fs = (statistics.median(x) for x in (ing, floor, fs))
-    rate = n / t_ing
-    print(f"{label:10s} ingest {rate:7.0f} records/s ({gpus / t_ing:6.0f} GPU rows/s) | executemany floor "
-          f"{n / t_floor:7.0f}/s (ingest/floor time {t_ing / t_floor:4.2f}) | spool floor {n / t_fs:7.0f}/s "
-          f"(ingest/spool {t_ing / t_fs:4.2f}) | goal >= {goal}/s: {'met' if rate >= goal else 'NOT met'}")
-    print(f"{'':10s} runs: ingest {', '.join(f'{n / t:.0f}' for t in ing)}; floor "
-          f"{', '.join(f'{n / t:.0f}' for t in floor)}; spool {', '.join(f'{n / t:.0f}' for t in fs)} records/s")
+def report(label: str, n: int, gpus: int, ing: dict[int, list[float]], floor: list[float], fs: list[float],
+           goal: int) -> None:
+    t_floor, t_fs = statistics.median(floor), statistics.median(fs)
+    print(f"{label:10s} executemany floor {n / t_floor:7.0f} records/s | spool floor {n / t_fs:7.0f}/s | "
+          f"runs: floor {', '.join(f'{n / t:.0f}' for t in floor)}; spool {', '.join(f'{n / t:.0f}' for t in fs)}")
+    for workers, times in ing.items():
+        t_ing = statistics.median(times)
+        rate = n / t_ing
+        print(f"{'':10s} ingest, {workers} worker{'s' if workers > 1 else ' '} {rate:7.0f} records/s "
+              f"({gpus / t_ing:6.0f} GPU rows/s) | ingest/floor time {t_ing / t_floor:4.2f} | ingest/spool "
+              f"{t_ing / t_fs:4.2f} | goal >= {goal}/s: {'met' if rate >= goal else 'NOT met'} | runs "
+              f"{', '.join(f'{n / t:.0f}' for t in times)}")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--records", type=int, default=3000)
+    ap.add_argument("--records", type=int, default=10000)
     ap.add_argument("--repeat", type=int, default=3, help="runs of each measurement; medians are reported")
     ap.add_argument("--postgres", default="postgresql+psycopg://postgres@127.0.0.1:5432")
     ap.add_argument("--no-postgres", action="store_true")
+    ap.add_argument("--workers", type=int, default=0,
+                    help="worker processes of the parallel run (default 0: automatic, as the service)")
     a = ap.parse_args()
+    workers = sorted({1, worker_count(a.workers)})
     recs = [synthetic.record(i + 1) for i in range(a.records)]
     gpus = sum(len(r["gpus"]) for r in recs)
     d = tempfile.mkdtemp(prefix="gpueff-bench-")
     print(f"{a.records} records ({gpus} job-GPU rows, {gpus / a.records:.1f} GPUs/record, 10 timeline points/GPU), "
-          f"{a.repeat} runs each, {os.cpu_count()} CPUs")
+          f"{a.repeat} runs each, {os.cpu_count()} CPUs, ingest with {' and '.join(map(str, workers))} worker(s)")
     try:
-        ing, floor, fs = [], [], []
+        ing: dict[int, list[float]] = {w: [] for w in workers}
+        floor, fs = [], []
         for _ in range(a.repeat):
-            ing.append(ingest_once(f"sqlite:///{d}/ingest-{uuid.uuid4().hex[:6]}.db", d, recs))
+            for w in workers:
+                ing[w].append(ingest_once(f"sqlite:///{d}/ingest-{uuid.uuid4().hex[:6]}.db", d, recs, w))
             path = f"{d}/floor-{uuid.uuid4().hex[:6]}.db"
             make_engine(path).dispose()  # migrated schema
             floor.append(floor_sqlite(path, floor_rows(recs, text_times=True)))
@@ -208,18 +221,22 @@ def main() -> int:
         report("SQLite", a.records, gpus, ing, floor, fs, 20000)
         if not a.no_postgres:
             admin = a.postgres.replace("postgresql+psycopg", "postgresql") + "/postgres"
-            names = _pg_databases(admin, 2 * a.repeat)
+            created = _pg_databases(admin, (len(workers) + 1) * a.repeat)
+            names = list(created)
             try:
-                ing, floor = [], []
-                for i in range(a.repeat):
-                    ing.append(ingest_once(f"{a.postgres}/{names[2 * i]}", d, recs))
-                    e = make_engine(f"{a.postgres}/{names[2 * i + 1]}", create=False)
+                ing = {w: [] for w in workers}
+                floor = []
+                for _ in range(a.repeat):
+                    for w in workers:
+                        ing[w].append(ingest_once(f"{a.postgres}/{names.pop()}", d, recs, w))
+                    name = names.pop()
+                    e = make_engine(f"{a.postgres}/{name}", create=False)
                     migrate.upgrade(e)
                     e.dispose()
-                    floor.append(floor_pg(f"{a.postgres}/{names[2 * i + 1]}", floor_rows(recs, text_times=False)))
+                    floor.append(floor_pg(f"{a.postgres}/{name}", floor_rows(recs, text_times=False)))
                 report("PostgreSQL", a.records, gpus, ing, floor, fs, 5000)
             finally:
-                _drop(admin, names)
+                _drop(admin, created)
     finally:
         shutil.rmtree(d, ignore_errors=True)
     return 0

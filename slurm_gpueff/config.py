@@ -128,6 +128,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
     # node-side `gpueff forward`.
     "service": {
         "ingest_interval_s": (float, 60.0),
+        "ingest_workers": (int, 0),
         "enrich_interval_s": (float, 300.0),
         "rollup_interval_s": (float, 600.0),
         "rollup_full_interval_s": (float, 86400.0),
@@ -249,6 +250,8 @@ class Config:
             raise ConfigError(f"{where}: service.monthly_report_hour must be 0-23")
         if sv.metrics_top_users < 0 or sv.metrics_top_accounts < 0:
             raise ConfigError(f"{where}: service.metrics_top_users and metrics_top_accounts must be >= 0")
+        if not 0 <= sv.ingest_workers <= 64:
+            raise ConfigError(f"{where}: service.ingest_workers must be 0 (automatic) to 64")
         if sv.forward_interval_s <= 0:
             raise ConfigError(f"{where}: service.forward_interval_s must be > 0")
         if not all(isinstance(m, str) and m for m in sv.plugins):

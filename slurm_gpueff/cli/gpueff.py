@@ -63,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     i = sub.add_parser("ingest", parents=[common],
                        help="load finished-job records from the spool into the database")
     i.add_argument("--limit", type=int, metavar="N", help="ingest at most N records")
+    i.add_argument("--workers", type=int, metavar="N",
+                   help="processes for a backlog of 500+ records (default: [service] ingest_workers; "
+                        "0 = half the CPUs, at most 8)")
     i.add_argument("--quiet", action="store_true", help="no progress bar and no summary unless errors")
 
     d = sub.add_parser("demo", parents=[common], help="run the product end to end on simulated GPUs")
@@ -202,10 +205,13 @@ def _config_check(config: Any, as_json: bool) -> int:
 
 def _ingest(config: Any, args: argparse.Namespace) -> int:
     from ..storage.db import make_engine
-    from ..storage.ingest import ingest_spool
+    from ..storage.ingest import ingest_spool, worker_count
 
     if args.limit is not None and args.limit < 1:
         _err("--limit must be at least 1")
+        return 2
+    if args.workers is not None and not 0 <= args.workers <= 64:
+        _err("--workers must be 0 (automatic) to 64")
         return 2
     try:
         engine = make_engine(config.paths.database)
@@ -218,7 +224,8 @@ def _ingest(config: Any, args: argparse.Namespace) -> int:
     progress = ProgressBar("ingest", enabled=not args.quiet and sys.stderr.isatty())
     analysed = 0
     try:
-        result = ingest_spool(engine, config.paths.spool_dir, limit=args.limit, progress=progress)
+        workers = worker_count(config.service.ingest_workers if args.workers is None else args.workers)
+        result = ingest_spool(engine, config.paths.spool_dir, limit=args.limit, progress=progress, workers=workers)
         try:  # the stored per-job summaries that rollups and reports aggregate
             analysed = summarize_pending(engine, config.analysis)
         except Exception as exc:  # the records are safely in the DB; the next run retries the summaries

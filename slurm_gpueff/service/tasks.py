@@ -61,10 +61,11 @@ def _utcnow() -> datetime:
 
 # ------------------------------------------------------------------------------------------ built-ins
 def ingest(ctx: Context) -> str:
-    from ..storage.ingest import ingest_spool
+    from ..storage.ingest import ingest_spool, worker_count
     from ..summarize import summarize_pending
 
-    res = ingest_spool(ctx.engine, ctx.config.paths.spool_dir)
+    res = ingest_spool(ctx.engine, ctx.config.paths.spool_dir,
+                       workers=worker_count(ctx.config.service.ingest_workers))
     for e in res.errors:
         log.warning("ingest: %s", e)
     analysed = summarize_pending(ctx.engine, ctx.config.analysis)  # also records forwarded by nodes

@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from operator import itemgetter
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import bindparam, delete, insert, update
 from sqlalchemy import exc as sa_exc
@@ -49,6 +49,7 @@ from .rollups import moved_month, note_moved
 log = logging.getLogger(__name__)
 
 BATCH = 1000  # records per transaction: fewer round trips, bounded memory
+PARALLEL_MIN = 500  # files below which worker processes cost more to start than they save
 UNLINK_THREADS = 8  # unlink(2) of fsync'd files waits on the file system journal: overlap them
 # The database is unavailable (not the record's fault): stop, keep the files, try again next run.
 UNAVAILABLE = (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.DisconnectionError, sa_exc.TimeoutError)
@@ -64,6 +65,12 @@ class IngestResult:
     quarantined: int = 0
     failed: int = 0
     errors: list[str] = field(default_factory=list)
+
+
+class Sink(Protocol):
+    """Where committed files go to be removed (:class:`_Unlinker`; in a parallel worker, a list)."""
+
+    def submit(self, paths: list[str]) -> None: ...
 
 
 class _Unavailable(Exception):
@@ -84,7 +91,7 @@ def read_record(path: str) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _no_cyclic_gc() -> Iterator[None]:
+def no_cyclic_gc() -> Iterator[None]:
     """Pause the cyclic garbage collector while a batch of parsed records is alive.
 
     A batch holds ~100 k small containers; with the collector on, each parse re-scans them and parsing
@@ -100,11 +107,21 @@ def _no_cyclic_gc() -> Iterator[None]:
             gc.enable()
 
 
+def worker_count(setting: int) -> int:
+    """``[service] ingest_workers``: 0 means half the CPUs, at most 8 (the gain flattens out beyond)."""
+    if setting > 0:
+        return setting
+    return max(1, min(8, (os.cpu_count() or 2) // 2))
+
+
 def ingest_spool(engine: Engine, spool_dir: str, *, limit: int | None = None,
-                 progress: Callable[[int, int], None] | None = None, batch: int = BATCH) -> IngestResult:
+                 progress: Callable[[int, int], None] | None = None, batch: int = BATCH,
+                 workers: int = 1) -> IngestResult:
     """Drain ``spool_dir``'s incoming records into the database (at most ``limit`` files).
 
     ``progress(done, total)`` is called after each batch of ``batch`` records (one transaction each).
+    With ``workers`` > 1 and a backlog of at least ``PARALLEL_MIN`` files, that many processes share the
+    work (:mod:`slurm_gpueff.storage.ingest_parallel`); the outcome is the same as with one.
     Never raises for a bad record or an unavailable database; see :class:`IngestResult`.
     """
     step = max(1, batch)
@@ -114,7 +131,12 @@ def ingest_spool(engine: Engine, spool_dir: str, *, limit: int | None = None,
     if limit is not None:
         paths = paths[: max(0, limit)]
     with _Unlinker() as unlinker:
-        _drain(engine, spool_dir, paths, step, res, unlinker, progress)
+        if workers > 1 and len(paths) >= PARALLEL_MIN:
+            from .ingest_parallel import drain_parallel
+
+            drain_parallel(engine, spool_dir, paths, step, res, unlinker, progress, workers)
+        else:
+            _drain(engine, spool_dir, paths, step, res, unlinker, progress)
     return res
 
 
@@ -125,16 +147,19 @@ def _drain(engine: Engine, spool_dir: str, paths: list[str], step: int, res: Ing
     # parsing holds, and slows parsing down in turn); only the unlinks, pure system calls, overlap.
     for start in range(0, total, step):
         chunk = paths[start:start + step]
-        with _no_cyclic_gc():
-            if not _drain_chunk(engine, spool_dir, chunk, res, unlinker, left_after=total - (start + len(chunk))):
+        with no_cyclic_gc():
+            if not drain_batch(engine, spool_dir, chunk, res, unlinker, left_after=total - (start + len(chunk))):
                 return
         if progress is not None:
             progress(min(start + len(chunk), total), total)
 
 
-def _drain_chunk(engine: Engine, spool_dir: str, chunk: list[str], res: IngestResult, unlinker: _Unlinker,
-                 left_after: int) -> bool:
-    """Read, validate and write one batch; False when the database is unavailable (stop the run)."""
+def drain_batch(engine: Engine, spool_dir: str, chunk: list[str], res: IngestResult, unlinker: Sink,
+                left_after: int, lock: Any = None) -> bool:
+    """Read, validate and write one batch; False when the database is unavailable (stop the run).
+
+    Committed files go to ``unlinker.submit``; ``lock``: see :func:`_write_batch`.
+    """
     good: list[tuple[str, dict[str, Any]]] = []
     for path in chunk:
         try:
@@ -147,7 +172,7 @@ def _drain_chunk(engine: Engine, spool_dir: str, chunk: list[str], res: IngestRe
             res.failed += 1
             res.errors.append(f"{path}: cannot read: {exc}")
     try:
-        _ingest_batch(engine, spool_dir, good, res, unlinker)
+        _ingest_batch(engine, spool_dir, good, res, unlinker, lock)
     except _Unavailable as exc:
         left = len(good) + left_after
         res.failed += left
@@ -159,18 +184,37 @@ def _drain_chunk(engine: Engine, spool_dir: str, chunk: list[str], res: IngestRe
     return True
 
 
+def _write_batch(engine: Engine, recs: list[dict[str, Any]], lock: Any = None) -> None:
+    """Write records in one transaction.
+
+    With a ``lock`` (parallel ingest into SQLite, whose writers take turns anyway) the merge is planned
+    outside it, in a read transaction, and only checked and written under it; a plan whose rows changed
+    in between (another writer touched the same jobs) is made again under the lock.
+    """
+    if lock is None:
+        with engine.begin() as conn:
+            write_records(conn, recs)
+        return
+    with engine.connect() as conn:
+        plan = plan_records(conn, recs)
+        conn.rollback()
+    with lock, engine.begin() as conn:
+        if not plan.current(conn):
+            plan = plan_records(conn, recs)
+        apply_plan(conn, plan)
+
+
 def _ingest_batch(engine: Engine, spool_dir: str, good: list[tuple[str, dict[str, Any]]],
-                  res: IngestResult, unlinker: _Unlinker | None = None) -> None:
+                  res: IngestResult, unlinker: Sink | None = None, lock: Any = None) -> None:
     if not good:
         return
     try:
-        with engine.begin() as conn:
-            write_records(conn, [rec for _path, rec in good])
+        _write_batch(engine, [rec for _path, rec in good], lock)
     except UNAVAILABLE as exc:
         raise _Unavailable() from exc
     except Exception as exc:  # noqa: BLE001 - some record in the batch: find it, one per transaction
         log.warning("batch of %d records failed (%s); retrying one by one", len(good), exc)
-        _one_by_one(engine, spool_dir, good, res)
+        _one_by_one(engine, spool_dir, good, res, lock)
         return
     paths = [path for path, _rec in good]
     if unlinker is None:
@@ -216,7 +260,7 @@ def _unlink_many(paths: list[str]) -> None:
 
 
 def _one_by_one(engine: Engine, spool_dir: str, good: list[tuple[str, dict[str, Any]]],
-                res: IngestResult) -> None:
+                res: IngestResult, lock: Any = None) -> None:
     """Retry a failed batch record by record and quarantine the records the database rejects.
 
     Records were validated before: a database that rejects all of them points at the software or the
@@ -226,8 +270,7 @@ def _one_by_one(engine: Engine, spool_dir: str, good: list[tuple[str, dict[str, 
     stored = 0
     for path, rec in good:
         try:
-            with engine.begin() as conn:
-                write_records(conn, [rec])
+            _write_batch(engine, [rec], lock)
         except UNAVAILABLE as exc:
             raise _Unavailable() from exc
         except sa_exc.IntegrityError as exc:  # a concurrent ingest inserted the same job: next run
@@ -360,28 +403,67 @@ def write_records(conn: Connection, recs: list[dict[str, Any]]) -> None:
     and one executemany per kind of change. The merge itself is the same pure-Python fold as before,
     applied record by record in spool order, so a batch ends exactly where sequential ingest would.
     """
-    if not recs:
-        return
-    jt, gt, tt = Job.__table__, JobGpu.__table__, JobGpuTimeline.__table__
-    keys = {(_cut(r["cluster"], 64), r["job_id"]) for r in recs}
+    if recs:
+        apply_plan(conn, plan_records(conn, recs))
+
+
+@dataclass
+class Plan:
+    """What a batch will write: the merged rows, and the database state the merge started from.
+
+    Built by :func:`plan_records` (reads only), written by :func:`apply_plan`. Parallel SQLite ingest
+    plans outside the write lock and applies under it, after :meth:`current` has checked that the
+    rows the merge read are still the rows in the database (otherwise it plans again).
+    """
+
+    recs: list[dict[str, Any]]
+    keys: set[tuple[str, int]]
+    jobs: dict[tuple[str, int], dict[str, Any]]
+    old_jobs: dict[tuple[str, int], dict[str, Any]]
+    old_gpus: dict[tuple[str, int], dict[tuple[str, int], dict[str, Any]]]
+    gpus: dict[tuple[str, int], dict[tuple[str, int], dict[str, Any]]]
+    touched: set[tuple[tuple[str, int], str]]
+    timelines: dict[tuple[tuple[str, int], str], dict[int, Any]]
+    tables: tuple[_Table, _Table, _Table] | None = None  # raw dialects: set by _prebuild
+
+    def current(self, conn: Connection) -> bool:
+        """Whether the database still holds exactly the rows this plan was merged from."""
+        jobs, gpus = _read_state(conn, self.keys)
+        return jobs == self.old_jobs and gpus == self.old_gpus
+
+
+def _read_state(conn: Connection, keys: set[tuple[str, int]]) -> tuple[dict, dict]:
+    """The stored job rows of ``keys`` and their GPU rows ((job key) -> {(node, index): row})."""
+    jt, gt = Job.__table__, JobGpu.__table__
     jobs: dict[tuple[str, int], dict[str, Any]] = {}
     ids = sorted({k[1] for k in keys})
     for i in range(0, len(ids), _CHUNK):
         for row in conn.execute(select(jt).where(jt.c.job_id.in_(ids[i:i + _CHUNK]))).mappings():
             if (row["cluster"], row["job_id"]) in keys:
                 jobs[(row["cluster"], row["job_id"])] = dict(row)
-    old_jobs = {k: dict(v) for k, v in jobs.items()}
-    # GPU rows of the existing jobs: (job key) -> {(node, index): row dict}
-    gpus: dict[tuple[str, int], dict[tuple[str, int], dict[str, Any]]] = {k: {} for k in keys}
+    gpus: dict[tuple[str, int], dict[tuple[str, int], dict[str, Any]]] = {k: {} for k in jobs}
     by_pk = {v["id"]: k for k, v in jobs.items()}
     pks = sorted(by_pk)
     for i in range(0, len(pks), _CHUNK):
         stmt = select(gt).where(gt.c.job_pk.in_(pks[i:i + _CHUNK])).order_by(gt.c.id)
         for row in conn.execute(stmt).mappings():
             gpus[by_pk[row["job_pk"]]][(row["node"], row["gpu_index"])] = dict(row)
-    old_gpu_ids = {r["id"] for g in gpus.values() for r in g.values()}
+    return jobs, gpus
+
+
+def plan_records(conn: Connection, recs: list[dict[str, Any]]) -> Plan:
+    """Read the batch's stored rows and fold the records into them (no writes).
+
+    On the raw dialects the parameters of every new row are built here too (``_params``), so that a
+    writer holding a lock (parallel SQLite ingest) spends its time under it on the statements alone.
+    """
+    keys = {(_cut(r["cluster"], 64), r["job_id"]) for r in recs}
+    jobs, old_gpus = _read_state(conn, keys)
+    old_jobs = {k: dict(v) for k, v in jobs.items()}
+    # The fold edits GPU rows in place: it works on copies, the plan keeps what was read.
+    gpus = {k: {nk: dict(r) for nk, r in old_gpus.get(k, {}).items()} for k in keys}
     touched: set[tuple[tuple[str, int], str]] = set()  # (job key, node) whose GPU rows records replaced
-    timelines: dict[tuple[tuple[str, int], str], dict[int, list]] = {}  # (job key, node) -> index -> points
+    timelines: dict[tuple[tuple[str, int], str], dict[int, Any]] = {}  # (job key, node) -> index -> points
     now = datetime.now(UTC).replace(tzinfo=None)
     for rec in recs:
         key = (_cut(rec["cluster"], 64), rec["job_id"])
@@ -392,14 +474,24 @@ def write_records(conn: Connection, recs: list[dict[str, Any]]) -> None:
         _fold(job, gpus[key], rec, node, now)
         touched.add((key, node))
         timelines[(key, node)] = {g["index"]: g.get("timeline") or [] for g in rec["gpus"]}
+    plan = Plan(recs, keys, jobs, old_jobs, old_gpus, gpus, touched, timelines)
+    if conn.dialect.name in _RAW_DIALECTS:
+        _prebuild(conn, plan)
+    return plan
 
+
+def apply_plan(conn: Connection, plan: Plan) -> None:
+    """Write a plan in ``conn``'s transaction (which must see the state the plan was made from)."""
+    jt, gt, tt = Job.__table__, JobGpu.__table__, JobGpuTimeline.__table__
+    jobs, old_jobs, gpus, touched, timelines = plan.jobs, plan.old_jobs, plan.gpus, plan.touched, plan.timelines
+    old_gpu_ids = {r["id"] for g in plan.old_gpus.values() for r in g.values()}
     moved = [old["end_time"] for k, old in old_jobs.items() if moved_month(old["end_time"], jobs[k]["end_time"])]
     if moved:  # a later node record moved the job's end into another month: its old month's rollups
         note_moved(conn, moved)  # are recomputed by the next refresh (storage/rollups.py)
     if conn.dialect.name in _RAW_DIALECTS:
         dbapi_error = conn.dialect.loaded_dbapi.Error
         try:
-            _write_raw(conn, jobs, old_jobs, gpus, old_gpu_ids, touched, timelines)
+            _write_raw(conn, plan, old_gpu_ids)
         except dbapi_error as exc:  # as SQLAlchemy would raise it: OperationalError, IntegrityError, ...
             raise sa_exc.DBAPIError.instance(None, None, exc, dbapi_error,
                                              dialect=conn.dialect,
@@ -444,28 +536,26 @@ def write_records(conn: Connection, recs: list[dict[str, Any]]) -> None:
 _RAW_DIALECTS = ("sqlite", "postgresql")
 
 
-def _write_raw(conn: Connection, jobs: dict[tuple[str, int], dict[str, Any]],
-               old_jobs: dict[tuple[str, int], dict[str, Any]],
-               gpus: dict[tuple[str, int], dict[tuple[str, int], dict[str, Any]]], old_gpu_ids: set[int],
-               touched: set[tuple[tuple[str, int], str]], timelines: dict[tuple[tuple[str, int], str], dict[int, list]],
-               ) -> None:
+def _write_raw(conn: Connection, plan: Plan, old_gpu_ids: set[int]) -> None:
     """The write half of :func:`write_records` on the DBAPI connection of ``conn``'s transaction.
 
     Why: SQLAlchemy Core spent ~70 % of ingest building parameters, and on SQLite ``INSERT .. RETURNING``
     with many rows ran one statement per row. Values go through the columns' own bind processors
-    (:class:`_Table`), so the stored rows are exactly what Core would store. New rows on PostgreSQL take
-    ids from the table's sequence and go in with ``COPY`` (several times faster than executemany); on
-    SQLite they go in with ``executemany`` and their ids are read back by natural key.
+    (:class:`_Table`), so the stored rows are exactly what Core would store. New rows take their ids
+    first (PostgreSQL: the table's sequence; SQLite: after the largest id, which is what SQLite itself
+    would choose) and go in with ``COPY`` on PostgreSQL (several times faster than executemany) and
+    ``executemany`` on SQLite, with the parameters :func:`_prebuild` made.
     """
     db = _Raw(conn)
-    jt, gt, tt = db.table(Job), db.table(JobGpu), db.table(JobGpuTimeline)
+    jobs, old_jobs, gpus = plan.jobs, plan.old_jobs, plan.gpus
+    jt, gt, tt = plan.tables
     new_keys = [k for k in jobs if k not in old_jobs]
     if new_keys:
-        db.add(jt, [jobs[k] for k in new_keys], key=("cluster", "job_id"))
+        db.add(jt, [jobs[k] for k in new_keys])
     changed = [jobs[k] for k in old_jobs if jobs[k] != old_jobs[k]]
     if changed:
         db.update(jt, changed)
-    inserts, updates, final_ids = _plan_gpu_rows(gpus, jobs, touched)
+    inserts, updates, final_ids = _plan_gpu_rows(gpus, jobs, plan.touched)
     gone = sorted(old_gpu_ids - final_ids)
     db.delete_in("job_gpu_timeline", "job_gpu_id", gone)  # timelines first: no reliance on FK cascades
     db.delete_in("job_gpu", "id", gone)
@@ -473,35 +563,56 @@ def _write_raw(conn: Connection, jobs: dict[tuple[str, int], dict[str, Any]],
         db.update(gt, updates)
         db.delete_in("job_gpu_timeline", "job_gpu_id", sorted(r["id"] for r in updates))
     if inserts:
-        db.add(gt, inserts, key=("job_pk", "node", "gpu_index"))
-    tl_rows = _timeline_rows(gpus, timelines)
+        db.add(gt, inserts, patch="job_pk")
+    tl_rows = _timeline_rows(gpus, plan.timelines)  # points are JSON text by now (_prebuild)
     if tl_rows:
-        if db.pg:
-            db.copy(tt, tl_rows)
-        else:
-            db.insert(tt, tl_rows)
+        db.put(tt, [[r["job_gpu_id"], r["points"]] for r in tl_rows])
+
+
+def _prebuild(conn: Connection, plan: Plan) -> None:
+    """Build the parameters of the plan's new rows now, ids and foreign keys left to fill in at write time.
+
+    Job and GPU rows get a ``_params`` list (``_Table.values``); timeline points become their JSON text.
+    """
+    tables = plan.tables = (_Table(Job.__table__, conn.dialect), _Table(JobGpu.__table__, conn.dialect),
+                            _Table(JobGpuTimeline.__table__, conn.dialect))
+    jt, gt, tt = tables
+    for key, job in plan.jobs.items():
+        if key not in plan.old_jobs:
+            job["_params"] = jt.values(job)
+        for row in plan.gpus[key].values():
+            if row.get("id") is None:
+                row["_params"] = gt.values(row)
+    points = tt.procs[tt.cols.index("points")]
+    assert points is not None  # a JSON column always has a bind processor (the engine's serializer)
+    for by_index in plan.timelines.values():
+        for idx, pts in by_index.items():
+            if pts:
+                by_index[idx] = points(pts)
 
 
 class _Table:
     """A table's columns (``id`` apart) with their dialect's bind processors, for raw DBAPI statements."""
 
-    def __init__(self, table: Any, dialect: Any, with_id: bool) -> None:
+    def __init__(self, table: Any, dialect: Any) -> None:
         self.name = table.name
-        self.cols = [c.name for c in table.columns if c.name != "id" or with_id]
+        self.cols = [c.name for c in table.columns if c.name != "id"]
         self.procs = [_bind_processor(table.c[c].type, dialect) for c in self.cols]
-        self.quoted = ", ".join(f'"{c}"' for c in self.cols)
         self.convert = [(i, p) for i, p in enumerate(self.procs) if p is not None]
         self._get = itemgetter(*self.cols) if len(self.cols) > 1 else (lambda row: (row[self.cols[0]],))
 
-    def values(self, row: dict[str, Any]) -> tuple:
-        """The row as a parameter tuple: None goes through the processors too (JSON stores 'null')."""
+    def quoted(self, *extra: str) -> str:
+        return ", ".join(f'"{c}"' for c in (*self.cols, *extra))
+
+    def values(self, row: dict[str, Any]) -> list[Any]:
+        """The row as a parameter list: None goes through the processors too (JSON stores 'null')."""
         try:
             vals = list(self._get(row))  # rows built by the merge carry every column: one C call
         except KeyError:
             vals = [row.get(c) for c in self.cols]
         for i, proc in self.convert:
             vals[i] = proc(vals[i])
-        return tuple(vals)
+        return vals
 
 
 def _bind_processor(col_type: Any, dialect: Any) -> Callable[[Any], Any] | None:
@@ -549,57 +660,47 @@ class _Raw:
         self.ph = "%s" if self.pg else "?"
         self.cur = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
 
-    def table(self, model: Any) -> _Table:
-        t = model.__table__
-        return _Table(t, self.dialect, with_id=self.pg and "id" in t.c)
-
     def marks(self, n: int) -> str:
         return ", ".join([self.ph] * n)
 
-    def query(self, sql: str, params: list[Any]) -> list[tuple]:
-        self.cur.execute(sql, params)
-        return self.cur.fetchall()
-
     def new_ids(self, table: str, n: int) -> list[int]:
-        """``n`` ids from the table's sequence (what a plain INSERT would have taken, one round trip)."""
-        self.cur.execute("SELECT nextval(pg_get_serial_sequence(%s, 'id')) FROM generate_series(1, %s)", (table, n))
-        return [r[0] for r in self.cur.fetchall()]
-
-    def add(self, t: _Table, rows: list[dict[str, Any]], key: tuple[str, ...]) -> None:
-        """Insert new rows and set each row's ``id``.
-
-        PostgreSQL: ids from the table's sequence, rows by COPY. SQLite: executemany, then the ids are read
-        back by the natural ``key`` (a unique constraint), selecting on its first column.
-        """
+        """``n`` ids for new rows: from the table's sequence on PostgreSQL (one round trip); on SQLite the
+        ones after the largest id, which is what SQLite itself would assign (``INTEGER PRIMARY KEY``).
+        Safe because this transaction writes next: a writer that committed since it began makes the
+        write fail (``SQLITE_BUSY``), never collide silently."""
         if self.pg:
-            for row, pk in zip(rows, self.new_ids(t.name, len(rows)), strict=True):
-                row["id"] = pk
-            self.copy(t, rows)
+            self.cur.execute("SELECT nextval(pg_get_serial_sequence(%s, 'id')) FROM generate_series(1, %s)",
+                             (table, n))
+            return [r[0] for r in self.cur.fetchall()]
+        self.cur.execute(f'SELECT coalesce(max(id), 0) FROM "{table}"')
+        top = self.cur.fetchone()[0]
+        return list(range(top + 1, top + 1 + n))
+
+    def add(self, t: _Table, rows: list[dict[str, Any]], patch: str | None = None) -> None:
+        """Insert new rows and set each row's ``id``; ``patch`` names a foreign key filled in only now."""
+        at = t.cols.index(patch) if patch else -1
+        params = []
+        for row, pk in zip(rows, self.new_ids(t.name, len(rows)), strict=True):
+            row["id"] = pk
+            vals = row.pop("_params", None) or t.values(row)
+            if at >= 0:
+                vals[at] = row[patch]
+            vals.append(pk)
+            params.append(vals)
+        self.put(t, params, "id")
+
+    def put(self, t: _Table, params: list[list[Any]], *extra: str) -> None:
+        """Insert parameter lists (the table's columns, then ``extra``): COPY on PostgreSQL."""
+        if self.pg:
+            with self.cur.copy(f'COPY "{t.name}" ({t.quoted(*extra)}) FROM STDIN') as cp:
+                for vals in params:
+                    cp.write_row(vals)
             return
-        self.insert(t, rows)
-        want = {tuple(r[c] for c in key): r for r in rows}
-        first = sorted({r[key[0]] for r in rows})
-        cols = ", ".join(f'"{c}"' for c in key)
-        for i in range(0, len(first), _CHUNK):
-            part = first[i:i + _CHUNK]
-            for pk, *natural in self.query(f'SELECT id, {cols} FROM "{t.name}" WHERE "{key[0]}" IN '
-                                           f"({self.marks(len(part))})", part):
-                row = want.get(tuple(natural))
-                if row is not None:
-                    row["id"] = pk
-
-    def copy(self, t: _Table, rows: list[dict[str, Any]]) -> None:
-        with self.cur.copy(f'COPY "{t.name}" ({t.quoted}) FROM STDIN') as cp:
-            for row in rows:
-                cp.write_row(t.values(row))
-
-    def insert(self, t: _Table, rows: list[dict[str, Any]]) -> None:
-        self.cur.executemany(f'INSERT INTO "{t.name}" ({t.quoted}) VALUES ({self.marks(len(t.cols))})',
-                             [t.values(r) for r in rows])
+        self.cur.executemany(f'INSERT INTO "{t.name}" ({t.quoted(*extra)}) '
+                             f"VALUES ({self.marks(len(t.cols) + len(extra))})", params)
 
     def update(self, t: _Table, rows: list[dict[str, Any]]) -> None:
-        cols = [c for c in t.cols if c != "id"]
-        procs = [p for c, p in zip(t.cols, t.procs, strict=True) if c != "id"]
+        cols, procs = t.cols, t.procs
         sets = ", ".join(f'"{c}" = {self.ph}' for c in cols)
         params = [(*(r.get(c) if p is None else p(r.get(c)) for c, p in zip(cols, procs, strict=True)), r["id"])
                   for r in rows]
