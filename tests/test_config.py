@@ -49,6 +49,8 @@ def test_values_override_defaults(tmp_path):
         ("[analysis]\nbusy_sm_pct = 130", "is not a percentage"),
         ("[simulated]\ngpus_per_node = true", "simulated.gpus_per_node must be int"),
         ("paths = 3", "[paths] must be a table"),
+        ("[service]\ningest_workers = 65", "service.ingest_workers must be 0 (automatic) to 64"),
+        ("[service]\ningest_workers = -1", "service.ingest_workers must be 0 (automatic) to 64"),
     ],
 )
 def test_bad_config_is_a_clear_error(tmp_path, text, message):

@@ -133,6 +133,17 @@ def test_a_plan_made_stale_by_another_writer_is_made_again(tmp_path):
     assert {k[1] for k in rows(engine)["job_gpu"]} == {"n0", "n1"}
 
 
+def test_in_memory_sqlite_is_never_shared_with_workers(tmp_path, monkeypatch):
+    """Each worker would open its own empty in-memory database: one process does the work instead."""
+    monkeypatch.setattr(ingest, "PARALLEL_MIN", 10)
+    d = str(tmp_path / "s")
+    fill(d, records(30), bad=False)
+    engine = make_engine("sqlite://")
+    assert ingest.ingest_spool(engine, d, workers=4, batch=10).ingested == 30
+    with engine.connect() as conn:
+        assert len(conn.execute(select(Job.__table__)).all()) == 30
+
+
 def test_unreachable_database_loses_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(ingest, "PARALLEL_MIN", 10)
     d = str(tmp_path / "s")
@@ -205,3 +216,10 @@ def test_cli_workers_option(tmp_path):
     assert p.returncode == 0, p.stderr
     assert f"ingested {ingest.PARALLEL_MIN}, quarantined 2, failed 0" in p.stdout
     assert os.listdir(tmp_path / "spool" / "incoming") == []
+
+
+@pytest.mark.parametrize("cpus, setting, expect", [(1, 0, 1), (2, 0, 2), (6, 0, 3), (16, 0, 8), (64, 0, 8),
+                                                   (None, 0, 1), (16, 3, 3)])
+def test_automatic_worker_count(monkeypatch, cpus, setting, expect):
+    monkeypatch.setattr(os, "cpu_count", lambda: cpus)
+    assert ingest.worker_count(setting) == expect
