@@ -6,6 +6,7 @@ duplicated on replay. Worker processes are real (fork, and the fork server from 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import random
 import signal
@@ -21,7 +22,7 @@ from slurm_gpueff import spool, synthetic
 from slurm_gpueff.models import Job, JobGpu, JobGpuTimeline
 from slurm_gpueff.storage import ingest, migrate
 from slurm_gpueff.storage.db import make_engine
-from slurm_gpueff.storage.ingest_parallel import batches
+from slurm_gpueff.storage.ingest_parallel import SqliteTurn, batches
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SKIP = {"id", "job_pk", "job_gpu_id", "ingested_at"}
@@ -109,28 +110,75 @@ def test_postgres_parallel_equals_serial_sqlite(pg_url, tmp_path, monkeypatch): 
     assert parallel == serial
 
 
-def test_a_plan_made_stale_by_another_writer_is_made_again(tmp_path):
-    """Another writer stores a node record of the same job between planning and writing (here: while
-    the 'lock' is taken): the batch is planned again under the lock and both nodes' GPUs are kept."""
+def counters(engine) -> dict:  # noqa: ANN001
+    """Id counters as drain_parallel makes them (next free id per table)."""
+    with engine.connect() as conn:
+        nxt = {t: conn.exec_driver_sql(f"SELECT coalesce(max(id), 0) + 1 FROM {t}").scalar()
+               for t in ("job", "job_gpu")}
+    return {t: multiprocessing.Value("q", v) for t, v in nxt.items()}
+
+
+class OtherWriterFirst:
+    """A 'lock' under which another writer commits first: what a worker waiting for its turn may meet."""
+
+    def __init__(self, engine, recs: list[dict]) -> None:  # noqa: ANN001
+        self.engine, self.recs = engine, recs
+
+    def __enter__(self) -> None:
+        with self.engine.begin() as conn:
+            ingest.write_records(conn, self.recs)
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("reserve", [False, True])
+def test_a_plan_made_stale_by_another_writer_is_made_again(tmp_path, reserve):
+    """Another writer stores a node record of the same job between planning and writing: the batch is
+    planned again under the lock and both nodes' GPUs are kept (with and without reserved ids)."""
     a, b = (synthetic.record(7, rng=random.Random(1), node=n, timeline_points=2) for n in ("n0", "n1"))
     engine = make_engine(f"sqlite:///{tmp_path}/a.db")
-
-    class OtherWriterFirst:
-        def __enter__(self) -> None:
-            with engine.begin() as conn:
-                ingest.write_records(conn, [b])
-
-        def __exit__(self, *exc: object) -> None:
-            pass
-
-    ingest._write_batch(engine, [a], lock=OtherWriterFirst())
+    turn = SqliteTurn(OtherWriterFirst(engine, [b]), counters(engine) if reserve else None)
+    ingest._write_batch(engine, [a], turn)
     ref = make_engine(f"sqlite:///{tmp_path}/ref.db")
-    with ref.begin() as conn:
-        ingest.write_records(conn, [b])
-    with ref.begin() as conn:
-        ingest.write_records(conn, [a])
+    for rec in (b, a):
+        with ref.begin() as conn:
+            ingest.write_records(conn, [rec])
     assert rows(engine) == rows(ref)
     assert {k[1] for k in rows(engine)["job_gpu"]} == {"n0", "n1"}
+
+
+def test_reserved_ids_taken_by_another_writer_are_not_reused(tmp_path):
+    """Enrichment or a forwarder inserts a job between a worker's reservation and its turn; SQLite gives
+    it the next id, inside the reserved range: the worker notices and plans again with fresh ids."""
+    ours = [synthetic.record(100 + i, rng=random.Random(i), timeline_points=2) for i in range(5)]
+    other = synthetic.record(999, rng=random.Random(9), timeline_points=2)
+    engine = make_engine(f"sqlite:///{tmp_path}/a.db")
+    turn = SqliteTurn(OtherWriterFirst(engine, [other]), counters(engine))
+    ingest._write_batch(engine, ours, turn)
+    ref = make_engine(f"sqlite:///{tmp_path}/ref.db")
+    with ref.begin() as conn:
+        ingest.write_records(conn, [other, *ours])
+    assert rows(engine) == rows(ref)
+    with engine.connect() as conn:  # every GPU row belongs to the job it was measured for
+        pairs = conn.exec_driver_sql("SELECT j.job_id, count(*) FROM job_gpu g JOIN job j ON j.id = g.job_pk "
+                                     "GROUP BY j.job_id").all()
+    assert dict(pairs) == {r["job_id"]: len(r["gpus"]) for r in [other, *ours]}
+
+
+def test_prepared_batches_take_the_reserved_ids(tmp_path):
+    """Without interference a batch of new jobs is written with exactly the ids it reserved."""
+    recs = [synthetic.record(200 + i, rng=random.Random(i), timeline_points=2) for i in range(4)]
+    engine = make_engine(f"sqlite:///{tmp_path}/a.db")
+    ids = counters(engine)
+    ids["job"].value, ids["job_gpu"].value = 50, 500  # a gap, as when other workers hold the ids below
+    ingest._write_batch(engine, recs, SqliteTurn(threading.Lock(), ids))
+    with engine.connect() as conn:
+        job_ids = [r[0] for r in conn.exec_driver_sql("SELECT id FROM job ORDER BY id")]
+        gpu_ids = [r[0] for r in conn.exec_driver_sql("SELECT id FROM job_gpu ORDER BY id")]
+    n_gpus = sum(len(r["gpus"]) for r in recs)
+    assert job_ids == [50, 51, 52, 53] and gpu_ids == list(range(500, 500 + n_gpus))
+    assert (ids["job"].value, ids["job_gpu"].value) == (54, 500 + n_gpus)
 
 
 def test_in_memory_sqlite_is_never_shared_with_workers(tmp_path, monkeypatch):

@@ -73,6 +73,12 @@ class Sink(Protocol):
     def submit(self, paths: list[str]) -> None: ...
 
 
+class Turn(Protocol):
+    """How a parallel worker writes a batch when writers must take turns (SQLite)."""
+
+    def write(self, engine: Engine, recs: list[dict[str, Any]]) -> None: ...
+
+
 class _Unavailable(Exception):
     """The database could not be written; carries the original error."""
 
@@ -165,10 +171,10 @@ def _drain(engine: Engine, spool_dir: str, paths: list[str], step: int, res: Ing
 
 
 def drain_batch(engine: Engine, spool_dir: str, chunk: list[str], res: IngestResult, unlinker: Sink,
-                left_after: int, lock: Any = None) -> bool:
+                left_after: int, turn: Turn | None = None) -> bool:
     """Read, validate and write one batch; False when the database is unavailable (stop the run).
 
-    Committed files go to ``unlinker.submit``; ``lock``: see :func:`_write_batch`.
+    Committed files go to ``unlinker.submit``; ``turn``: see :func:`_write_batch`.
     """
     good: list[tuple[str, dict[str, Any]]] = []
     for path in chunk:
@@ -182,7 +188,7 @@ def drain_batch(engine: Engine, spool_dir: str, chunk: list[str], res: IngestRes
             res.failed += 1
             res.errors.append(f"{path}: cannot read: {exc}")
     try:
-        _ingest_batch(engine, spool_dir, good, res, unlinker, lock)
+        _ingest_batch(engine, spool_dir, good, res, unlinker, turn)
     except _Unavailable as exc:
         left = len(good) + left_after
         res.failed += left
@@ -194,37 +200,27 @@ def drain_batch(engine: Engine, spool_dir: str, chunk: list[str], res: IngestRes
     return True
 
 
-def _write_batch(engine: Engine, recs: list[dict[str, Any]], lock: Any = None) -> None:
-    """Write records in one transaction.
-
-    With a ``lock`` (parallel ingest into SQLite, whose writers take turns anyway) the merge is planned
-    outside it, in a read transaction, and only checked and written under it; a plan whose rows changed
-    in between (another writer touched the same jobs) is made again under the lock.
-    """
-    if lock is None:
-        with engine.begin() as conn:
-            write_records(conn, recs)
+def _write_batch(engine: Engine, recs: list[dict[str, Any]], turn: Turn | None = None) -> None:
+    """Write records in one transaction, or let ``turn`` write them (parallel ingest into SQLite, whose
+    writers take turns: :class:`slurm_gpueff.storage.ingest_parallel.SqliteTurn`)."""
+    if turn is not None:
+        turn.write(engine, recs)
         return
-    with engine.connect() as conn:
-        plan = plan_records(conn, recs)
-        conn.rollback()
-    with lock, engine.begin() as conn:
-        if not plan.current(conn):
-            plan = plan_records(conn, recs)
-        apply_plan(conn, plan)
+    with engine.begin() as conn:
+        write_records(conn, recs)
 
 
 def _ingest_batch(engine: Engine, spool_dir: str, good: list[tuple[str, dict[str, Any]]],
-                  res: IngestResult, unlinker: Sink | None = None, lock: Any = None) -> None:
+                  res: IngestResult, unlinker: Sink | None = None, turn: Turn | None = None) -> None:
     if not good:
         return
     try:
-        _write_batch(engine, [rec for _path, rec in good], lock)
+        _write_batch(engine, [rec for _path, rec in good], turn)
     except UNAVAILABLE as exc:
         raise _Unavailable() from exc
     except Exception as exc:  # noqa: BLE001 - some record in the batch: find it, one per transaction
         log.warning("batch of %d records failed (%s); retrying one by one", len(good), exc)
-        _one_by_one(engine, spool_dir, good, res, lock)
+        _one_by_one(engine, spool_dir, good, res, turn)
         return
     paths = [path for path, _rec in good]
     if unlinker is None:
@@ -270,7 +266,7 @@ def _unlink_many(paths: list[str]) -> None:
 
 
 def _one_by_one(engine: Engine, spool_dir: str, good: list[tuple[str, dict[str, Any]]],
-                res: IngestResult, lock: Any = None) -> None:
+                res: IngestResult, turn: Turn | None = None) -> None:
     """Retry a failed batch record by record and quarantine the records the database rejects.
 
     Records were validated before: a database that rejects all of them points at the software or the
@@ -280,7 +276,7 @@ def _one_by_one(engine: Engine, spool_dir: str, good: list[tuple[str, dict[str, 
     stored = 0
     for path, rec in good:
         try:
-            _write_batch(engine, [rec], lock)
+            _write_batch(engine, [rec], turn)
         except UNAVAILABLE as exc:
             raise _Unavailable() from exc
         except sa_exc.IntegrityError as exc:  # a concurrent ingest inserted the same job: next run
@@ -423,7 +419,8 @@ class Plan:
 
     Built by :func:`plan_records` (reads only), written by :func:`apply_plan`. Parallel SQLite ingest
     plans outside the write lock and applies under it, after :meth:`current` has checked that the
-    rows the merge read are still the rows in the database (otherwise it plans again).
+    rows the merge read are still the rows in the database (otherwise it plans again); see
+    :class:`slurm_gpueff.storage.ingest_parallel.SqliteTurn`.
     """
 
     recs: list[dict[str, Any]]
@@ -434,7 +431,7 @@ class Plan:
     gpus: dict[tuple[str, int], dict[tuple[str, int], dict[str, Any]]]
     touched: set[tuple[tuple[str, int], str]]
     timelines: dict[tuple[tuple[str, int], str], dict[int, Any]]
-    tables: tuple[_Table, _Table, _Table] | None = None  # raw dialects: set by _prebuild
+    tables: tuple[RawTable, RawTable, RawTable] | None = None  # raw dialects: set by _prebuild
 
     def current(self, conn: Connection) -> bool:
         """Whether the database still holds exactly the rows this plan was merged from."""
@@ -465,7 +462,7 @@ def plan_records(conn: Connection, recs: list[dict[str, Any]]) -> Plan:
     """Read the batch's stored rows and fold the records into them (no writes).
 
     On the raw dialects the parameters of every new row are built here too (``_params``), so that a
-    writer holding a lock (parallel SQLite ingest) spends its time under it on the statements alone.
+    writer taking turns (parallel SQLite ingest) spends less of its turn in Python.
     """
     keys = {(_cut(r["cluster"], 64), r["job_id"]) for r in recs}
     jobs, old_gpus = _read_state(conn, keys)
@@ -499,14 +496,8 @@ def apply_plan(conn: Connection, plan: Plan) -> None:
     if moved:  # a later node record moved the job's end into another month: its old month's rollups
         note_moved(conn, moved)  # are recomputed by the next refresh (storage/rollups.py)
     if conn.dialect.name in _RAW_DIALECTS:
-        dbapi_error = conn.dialect.loaded_dbapi.Error
-        try:
+        with raw_errors(conn):
             _write_raw(conn, plan, old_gpu_ids)
-        except dbapi_error as exc:  # as SQLAlchemy would raise it: OperationalError, IntegrityError, ...
-            raise sa_exc.DBAPIError.instance(None, None, exc, dbapi_error,
-                                             dialect=conn.dialect,
-                                             connection_invalidated=conn.dialect.is_disconnect(exc, None, None),
-                                             ) from exc
         return
     # --- write (other dialects, through SQLAlchemy Core): jobs first (GPU rows need their ids)
     new_keys = [k for k in jobs if k not in old_jobs]
@@ -546,17 +537,30 @@ def apply_plan(conn: Connection, plan: Plan) -> None:
 _RAW_DIALECTS = ("sqlite", "postgresql")
 
 
+@contextlib.contextmanager
+def raw_errors(conn: Connection) -> Iterator[None]:
+    """Raise DBAPI errors of raw statements as SQLAlchemy would (OperationalError, IntegrityError, ...),
+    so that callers tell an unavailable database from a rejected record the same way on every path."""
+    dbapi_error = conn.dialect.loaded_dbapi.Error
+    try:
+        yield
+    except dbapi_error as exc:
+        raise sa_exc.DBAPIError.instance(None, None, exc, dbapi_error, dialect=conn.dialect,
+                                         connection_invalidated=conn.dialect.is_disconnect(exc, None, None),
+                                         ) from exc
+
+
 def _write_raw(conn: Connection, plan: Plan, old_gpu_ids: set[int]) -> None:
     """The write half of :func:`write_records` on the DBAPI connection of ``conn``'s transaction.
 
     Why: SQLAlchemy Core spent ~70 % of ingest building parameters, and on SQLite ``INSERT .. RETURNING``
     with many rows ran one statement per row. Values go through the columns' own bind processors
-    (:class:`_Table`), so the stored rows are exactly what Core would store. New rows take their ids
+    (:class:`RawTable`), so the stored rows are exactly what Core would store. New rows take their ids
     first (PostgreSQL: the table's sequence; SQLite: after the largest id, which is what SQLite itself
     would choose) and go in with ``COPY`` on PostgreSQL (several times faster than executemany) and
     ``executemany`` on SQLite, with the parameters :func:`_prebuild` made.
     """
-    db = _Raw(conn)
+    db = RawWriter(conn)
     jobs, old_jobs, gpus = plan.jobs, plan.old_jobs, plan.gpus
     jt, gt, tt = plan.tables
     new_keys = [k for k in jobs if k not in old_jobs]
@@ -582,10 +586,10 @@ def _write_raw(conn: Connection, plan: Plan, old_gpu_ids: set[int]) -> None:
 def _prebuild(conn: Connection, plan: Plan) -> None:
     """Build the parameters of the plan's new rows now, ids and foreign keys left to fill in at write time.
 
-    Job and GPU rows get a ``_params`` list (``_Table.values``); timeline points become their JSON text.
+    Job and GPU rows get a ``_params`` list (``RawTable.values``); timeline points become their JSON text.
     """
-    tables = plan.tables = (_Table(Job.__table__, conn.dialect), _Table(JobGpu.__table__, conn.dialect),
-                            _Table(JobGpuTimeline.__table__, conn.dialect))
+    tables = plan.tables = (RawTable(Job.__table__, conn.dialect), RawTable(JobGpu.__table__, conn.dialect),
+                            RawTable(JobGpuTimeline.__table__, conn.dialect))
     jt, gt, tt = tables
     for key, job in plan.jobs.items():
         if key not in plan.old_jobs:
@@ -601,7 +605,7 @@ def _prebuild(conn: Connection, plan: Plan) -> None:
                 by_index[idx] = points(pts)
 
 
-class _Table:
+class RawTable:
     """A table's columns (``id`` apart) with their dialect's bind processors, for raw DBAPI statements."""
 
     def __init__(self, table: Any, dialect: Any) -> None:
@@ -661,7 +665,7 @@ def _bind_processor(col_type: Any, dialect: Any) -> Callable[[Any], Any] | None:
     return proc
 
 
-class _Raw:
+class RawWriter:
     """The DBAPI cursor of the SQLAlchemy connection's transaction (commit and rollback stay with it)."""
 
     def __init__(self, conn: Connection) -> None:
@@ -686,7 +690,7 @@ class _Raw:
         top = self.cur.fetchone()[0]
         return list(range(top + 1, top + 1 + n))
 
-    def add(self, t: _Table, rows: list[dict[str, Any]], patch: str | None = None) -> None:
+    def add(self, t: RawTable, rows: list[dict[str, Any]], patch: str | None = None) -> None:
         """Insert new rows and set each row's ``id``; ``patch`` names a foreign key filled in only now."""
         at = t.cols.index(patch) if patch else -1
         params = []
@@ -699,7 +703,7 @@ class _Raw:
             params.append(vals)
         self.put(t, params, "id")
 
-    def put(self, t: _Table, params: list[list[Any]], *extra: str) -> None:
+    def put(self, t: RawTable, params: list[list[Any]], *extra: str) -> None:
         """Insert parameter lists (the table's columns, then ``extra``): COPY on PostgreSQL."""
         if self.pg:
             with self.cur.copy(f'COPY "{t.name}" ({t.quoted(*extra)}) FROM STDIN') as cp:
@@ -709,7 +713,7 @@ class _Raw:
         self.cur.executemany(f'INSERT INTO "{t.name}" ({t.quoted(*extra)}) '
                              f"VALUES ({self.marks(len(t.cols) + len(extra))})", params)
 
-    def update(self, t: _Table, rows: list[dict[str, Any]]) -> None:
+    def update(self, t: RawTable, rows: list[dict[str, Any]]) -> None:
         cols, procs = t.cols, t.procs
         sets = ", ".join(f'"{c}" = {self.ph}' for c in cols)
         params = [(*(r.get(c) if p is None else p(r.get(c)) for c, p in zip(cols, procs, strict=True)), r["id"])

@@ -11,8 +11,9 @@ How it stays as safe as one process (see :mod:`slurm_gpueff.storage.ingest`):
 * each worker runs the serial batch code (read, validate, quarantine, one transaction per batch) and
   reports which files its committed batches hold; this process removes them, only after the commit;
 * PostgreSQL: workers write concurrently, each on its own connection. SQLite has one writer at a time,
-  so workers plan their batch outside a shared lock and only check and write under it
-  (``ingest._write_batch``);
+  so workers prepare their batch outside a shared lock and only check and write under it
+  (:class:`SqliteTurn`), and this process checkpoints the WAL in the background meanwhile
+  (:class:`_Checkpointer`) so that no writer does it holding the lock;
 * a database that becomes unavailable stops the run: batches not started are left in the spool and
   counted as failed, as in serial ingest; a worker that dies (killed, out of memory) loses only its
   uncommitted batch, whose files stay for the next run.
@@ -26,13 +27,16 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import sqlite3
 import threading
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy.engine import Engine
+from sqlalchemy import event
+from sqlalchemy.engine import Connection, Engine
 
 from . import ingest
 from .db import make_engine
@@ -40,7 +44,143 @@ from .db import make_engine
 log = logging.getLogger(__name__)
 
 _engine: Engine | None = None  # the worker process's own engine (never the parent's connections)
-_lock: Any = None
+_turn: SqliteTurn | None = None
+CHECKPOINT_EVERY_S = 0.25
+
+
+@dataclass
+class _Ready:
+    """A batch of new jobs with every parameter built, ids included, waiting for the writer's turn."""
+
+    tables: Any
+    jobs: list[list[Any]]
+    gpus: list[list[Any]]
+    timelines: list[list[Any]]
+    ranges: list[tuple[str, str, int, int]]  # (table, id column, first, last) reserved for it
+
+    def holds(self, conn: Connection, plan: ingest.Plan) -> bool:
+        """Still true: none of its jobs is stored, and no other writer took an id of its ranges."""
+        if not plan.current(conn):
+            return False
+        for table, col, lo, hi in self.ranges:
+            if hi >= lo and conn.exec_driver_sql(f'SELECT 1 FROM "{table}" WHERE "{col}" BETWEEN ? AND ? LIMIT 1',
+                                                 (lo, hi)).first():
+                return False
+        return True
+
+    def put(self, conn: Connection) -> None:
+        jt, gt, tt = self.tables
+        db = ingest.RawWriter(conn)
+        with ingest.raw_errors(conn):
+            db.put(jt, self.jobs, "id")
+            db.put(gt, self.gpus, "id")
+            if self.timelines:
+                db.put(tt, self.timelines)
+
+
+class SqliteTurn:
+    """Parallel ingest into SQLite: prepare a batch outside the writers' lock, check and write under it.
+
+    SQLite has one writer at a time, so what a worker does while holding the lock bounds the whole run.
+    Outside it: reading and merging (:func:`ingest.plan_records`) and, for a batch whose jobs are not
+    stored yet (the usual case in a backlog), every parameter, the new rows' ids included, taken from
+    ranges reserved in counters shared by the workers. Under it: one check that the plan still holds
+    (none of its jobs stored since; its id ranges still free, since another writer, e.g. enrichment,
+    takes the next ids itself), the inserts, the commit. A plan that no longer holds, or a batch that
+    updates stored jobs, is planned and written under the lock by the serial code.
+    """
+
+    def __init__(self, lock: Any, next_ids: dict[str, Any] | None) -> None:
+        self.lock = lock
+        self.next_ids = next_ids  # table -> multiprocessing.Value("q"): the next id nobody has reserved
+
+    def reserve(self, table: str, n: int) -> int:
+        """The first of ``n`` ids no other worker of this run will use."""
+        assert self.next_ids is not None
+        counter = self.next_ids[table]
+        with counter.get_lock():
+            first = counter.value
+            counter.value = first + n
+        return first
+
+    def write(self, engine: Engine, recs: list[dict[str, Any]]) -> None:
+        with engine.connect() as conn:
+            plan = ingest.plan_records(conn, recs)
+            conn.rollback()
+        ready = self._prepare(plan) if self.next_ids is not None and not plan.old_jobs else None
+        with self.lock, engine.begin() as conn:
+            if ready is not None and ready.holds(conn, plan):
+                ready.put(conn)
+                return
+            if ready is not None or not plan.current(conn):  # (a prepared plan's rows carry their ids)
+                plan = ingest.plan_records(conn, recs)
+            ingest.apply_plan(conn, plan)
+
+    def _prepare(self, plan: ingest.Plan) -> _Ready:
+        """Ids and full parameter lists for a plan of new jobs only (``_params`` from ``ingest._prebuild``)."""
+        jt, gt, _tt = plan.tables
+        jobs = list(plan.jobs.items())
+        j0 = self.reserve("job", len(jobs))
+        g0 = gid = self.reserve("job_gpu", sum(len(plan.gpus[k]) for k, _job in jobs))
+        at = gt.cols.index("job_pk")
+        jp: list[list[Any]] = []
+        gp: list[list[Any]] = []
+        tp: list[list[Any]] = []
+        for pk, (key, job) in enumerate(jobs, j0):
+            vals = job.pop("_params")
+            vals.append(pk)
+            jp.append(vals)
+            job["id"] = pk
+            for (node, idx), row in plan.gpus[key].items():
+                vals = row.pop("_params")
+                vals[at] = pk
+                vals.append(gid)
+                gp.append(vals)
+                row["id"] = gid
+                points = plan.timelines.get((key, node), {}).get(idx)
+                if points:
+                    tp.append([gid, points])
+                gid += 1
+        return _Ready(plan.tables, jp, gp, tp, [("job", "id", j0, j0 + len(jobs) - 1), ("job_gpu", "id", g0, gid - 1),
+                                               ("job_gpu_timeline", "job_gpu_id", g0, gid - 1)])
+
+
+class _Checkpointer(threading.Thread):
+    """Checkpoints the SQLite WAL while workers write, so that no writer does it during its turn.
+
+    Workers' connections turn automatic checkpoints off; a PASSIVE checkpoint runs alongside writers
+    (it never blocks them). The last one runs when the run ends.
+    """
+
+    def __init__(self, path: str) -> None:
+        super().__init__(name="gpueff-wal-checkpoint", daemon=True)
+        self.path = path
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        try:
+            con = sqlite3.connect(self.path, timeout=30)
+        except sqlite3.Error as exc:  # the workers' own autocheckpoint is off: say so, they still commit
+            log.warning("cannot open %s to checkpoint its WAL: %s", self.path, exc)
+            return
+        try:
+            while not self.done.wait(CHECKPOINT_EVERY_S):
+                self._checkpoint(con)
+            self._checkpoint(con)
+        finally:
+            con.close()
+
+    @staticmethod
+    def _checkpoint(con: sqlite3.Connection) -> None:
+        try:
+            con.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        except sqlite3.Error as exc:  # busy or I/O trouble: SQLite checkpoints again later on its own
+            log.debug("WAL checkpoint: %s", exc)
+
+    def stop(self) -> None:
+        self.done.set()
+        if self.ident is not None:  # started
+            self.join()
 
 
 def batches(paths: list[str], step: int, workers: int) -> list[list[str]]:
@@ -73,11 +213,27 @@ def drain_parallel(engine: Engine, spool_dir: str, paths: list[str], step: int, 
     todo = batches(paths, step, workers)
     url = engine.url.render_as_string(hide_password=False)
     ctx = multiprocessing.get_context("fork" if threading.active_count() == 1 else "forkserver")
-    lock = ctx.Lock() if engine.dialect.name == "sqlite" else None
-    total, done = len(paths), 0
+    turn = checkpointer = None
+    if engine.dialect.name == "sqlite":
+        with engine.connect() as conn:
+            nxt = {t: conn.exec_driver_sql(f'SELECT coalesce(max(id), 0) + 1 FROM "{t}"').scalar()
+                   for t in ("job", "job_gpu")}
+        turn = SqliteTurn(ctx.Lock(), {t: ctx.Value("q", v) for t, v in nxt.items()})
+        checkpointer = _Checkpointer(str(engine.url.database))
+    try:
+        _run_pool(ctx, url, turn, checkpointer, spool_dir, todo, workers, res, unlinker, progress, len(paths))
+    finally:
+        if checkpointer is not None:
+            checkpointer.stop()
+
+
+def _run_pool(ctx: Any, url: str, turn: SqliteTurn | None, checkpointer: _Checkpointer | None, spool_dir: str,
+              todo: list[list[str]], workers: int, res: ingest.IngestResult, unlinker: Any,
+              progress: Callable[[int, int], None] | None, total: int) -> None:
+    done = 0
     stopped = False
     with ProcessPoolExecutor(max_workers=min(workers, len(todo)), mp_context=ctx, initializer=_init,
-                             initargs=(url, lock)) as pool:
+                             initargs=(url, turn)) as pool:
         running: dict[Future, list[str]] = {}
         queue = list(reversed(todo))
 
@@ -91,6 +247,8 @@ def drain_parallel(engine: Engine, spool_dir: str, paths: list[str], step: int, 
         except BrokenProcessPool as exc:
             _lost(res, [p for c in queue for p in c], f"worker processes could not start: {exc}")
             return
+        if checkpointer is not None:  # only now: forked workers must not inherit a thread inside SQLite
+            checkpointer.start()
         while running:
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
             for fut in finished:
@@ -127,10 +285,12 @@ def _lost(res: ingest.IngestResult, chunk: list[str], msg: str) -> None:
     log.error(msg)
 
 
-def _init(url: str, lock: Any) -> None:
-    global _engine, _lock
+def _init(url: str, turn: SqliteTurn | None) -> None:
+    global _engine, _turn
     _engine = make_engine(url, create=False)
-    _lock = lock
+    if turn is not None:  # the parent checkpoints the WAL (_Checkpointer)
+        event.listen(_engine, "connect", lambda dbapi_conn, _rec: dbapi_conn.execute("PRAGMA wal_autocheckpoint=0"))
+    _turn = turn
 
 
 class _Committed:
@@ -149,5 +309,5 @@ def _work(spool_dir: str, chunk: list[str]) -> tuple[ingest.IngestResult, list[s
     part = ingest.IngestResult()
     committed = _Committed()
     with ingest.no_cyclic_gc():
-        ok = ingest.drain_batch(_engine, spool_dir, chunk, part, committed, left_after=0, lock=_lock)
+        ok = ingest.drain_batch(_engine, spool_dir, chunk, part, committed, left_after=0, turn=_turn)
     return part, committed.paths, not ok
