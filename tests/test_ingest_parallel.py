@@ -15,38 +15,21 @@ import sys
 import threading
 
 import pytest
+from dbrows import rows
 from pgutil import pg_url  # noqa: F401  (fixture)
 from sqlalchemy import select
 
 from slurm_gpueff import spool, synthetic
-from slurm_gpueff.models import Job, JobGpu, JobGpuTimeline
+from slurm_gpueff.models import Job
 from slurm_gpueff.storage import ingest, migrate
 from slurm_gpueff.storage.db import make_engine
 from slurm_gpueff.storage.ingest_parallel import SqliteTurn, batches
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SKIP = {"id", "job_pk", "job_gpu_id", "ingested_at"}
-
-
 def records(n: int = 240, seed: int = 5) -> list[dict]:
     """150 jobs on node n0, then second node records (n1) of the first ones: two-node jobs."""
     rng = random.Random(seed)
     return [synthetic.record(2000 + i % 150, rng=rng, node=f"n{i // 150}", timeline_points=3) for i in range(n)]
-
-
-def rows(engine) -> dict:  # noqa: ANN001
-    """Every stored row by natural key, ids left out (the two ways assign ids in a different order)."""
-    out = {}
-    with engine.connect() as conn:
-        jobs = {r.id: (r.cluster, r.job_id) for r in conn.execute(select(Job.__table__))}
-        gpus = {r.id: (jobs[r.job_pk], r.node, r.gpu_index) for r in conn.execute(select(JobGpu.__table__))}
-        for name, table, key in (("job", Job.__table__, lambda r: jobs[r.id]),
-                                 ("job_gpu", JobGpu.__table__, lambda r: gpus[r.id]),
-                                 ("timeline", JobGpuTimeline.__table__, lambda r: gpus[r.job_gpu_id])):
-            out[name] = {key(r): json.dumps({k: v for k, v in r._mapping.items() if k not in SKIP}, default=str,
-                                            sort_keys=True)
-                         for r in conn.execute(select(table))}
-    return out
 
 
 def fill(d: str, recs: list[dict], bad: bool = True) -> None:

@@ -3,21 +3,17 @@ changes nothing; the single-record ORM entry point agrees with the batch path.""
 
 from __future__ import annotations
 
-import json
 import random
 
 import pytest
+from dbrows import rows
 from pgutil import pg_url  # noqa: F401  (fixture)
-from sqlalchemy import select
 from sqlmodel import Session
 
 from slurm_gpueff import spool, synthetic
-from slurm_gpueff.models import Job, JobGpu, JobGpuTimeline
 from slurm_gpueff.storage import migrate
 from slurm_gpueff.storage.db import make_engine
 from slurm_gpueff.storage.ingest import ingest_record, ingest_spool
-
-SKIP = {"id", "job_pk", "job_gpu_id", "ingested_at"}
 
 
 def records() -> list[dict]:
@@ -26,20 +22,6 @@ def records() -> list[dict]:
     for i in range(120):
         rec = synthetic.record(1000 + i % 80, rng=rng, node=f"n{i % 3}", timeline_points=3)  # multi-node jobs
         out.append(rec)
-    return out
-
-
-def rows(engine) -> dict:  # noqa: ANN001
-    out = {}
-    with engine.connect() as conn:
-        jobs = {r.id: (r.cluster, r.job_id) for r in conn.execute(select(Job.__table__))}
-        gpus = {r.id: (jobs[r.job_pk], r.node, r.gpu_index) for r in conn.execute(select(JobGpu.__table__))}
-        for name, table, key in (("job", Job.__table__, lambda r: jobs[r.id]),
-                                 ("job_gpu", JobGpu.__table__, lambda r: gpus[r.id]),
-                                 ("timeline", JobGpuTimeline.__table__, lambda r: gpus[r.job_gpu_id])):
-            out[name] = {key(r): json.dumps({k: v for k, v in r._mapping.items() if k not in SKIP}, default=str,
-                                            sort_keys=True)
-                         for r in conn.execute(select(table))}
     return out
 
 
