@@ -132,17 +132,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_serve_ingests_serves_metrics_and_stops_on_sigterm(tmp_path):
+def serve_until_ingested(tmp_path, n: int, service: str = "") -> str:  # noqa: ANN001
+    """Run `gpueff serve` on a spool of ``n`` records until /metrics counts them all; SIGTERM; its output."""
     port = _free_port()
     cfg_path = tmp_path / "gpueff.toml"
     cfg_path.write_text(f'[paths]\nspool_dir = "{tmp_path}/spool"\nstate_dir = "{tmp_path}/state"\n'
-                        f'database = "{tmp_path}/g.db"\n[service]\nmetrics_port = {port}\nenrich_interval_s = 0\n')
-    for i in range(5):
+                        f'database = "{tmp_path}/g.db"\n[service]\nmetrics_port = {port}\nenrich_interval_s = 0\n'
+                        + service)
+    for i in range(n):
         spool.write_record(str(tmp_path / "spool"), synthetic.record(i + 1, gpus=1, timeline_points=2))
     p = subprocess.Popen([sys.executable, "-m", "slurm_gpueff.cli.gpueff", "--config", str(cfg_path), "serve"],
                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        body, deadline = "", time.time() + 60
+        body, deadline = "", time.time() + 90
         while time.time() < deadline:
             try:
                 body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
@@ -152,10 +154,26 @@ def test_serve_ingests_serves_metrics_and_stops_on_sigterm(tmp_path):
                 break
             time.sleep(0.3)
         fams = {f.name: f for f in text_string_to_metric_families(body)}
-        assert sum(s.value for s in fams["gpueff_jobs"].samples if s.name.endswith("_total")) == 5
+        assert sum(s.value for s in fams["gpueff_jobs"].samples if s.name.endswith("_total")) == n
         assert not os.listdir(tmp_path / "spool" / "incoming")
     finally:
         p.send_signal(signal.SIGTERM)
         out, _ = p.communicate(timeout=30)
     assert p.returncode == 0, out
     assert "SIGTERM" in out and "stopped" in out
+    return out
+
+
+def test_serve_ingests_serves_metrics_and_stops_on_sigterm(tmp_path):
+    out = serve_until_ingested(tmp_path, 5)
+    assert "ingested 5, quarantined 0, failed 0" in out
+
+
+def test_serve_drains_a_backlog_with_worker_processes(tmp_path):
+    """A backlog of PARALLEL_MIN records with ingest_workers = 2: the scheduler thread's ingest starts
+    worker processes through the fork server, and the service still stops cleanly on SIGTERM."""
+    from slurm_gpueff.storage.ingest import PARALLEL_MIN
+
+    out = serve_until_ingested(tmp_path, PARALLEL_MIN, "ingest_workers = 2\n")
+    assert f"ingested {PARALLEL_MIN}, quarantined 0, failed 0" in out
+    assert f"ingesting {PARALLEL_MIN} records in" in out and "with 2 worker processes (forkserver)" in out

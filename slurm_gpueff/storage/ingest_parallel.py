@@ -212,7 +212,10 @@ def drain_parallel(engine: Engine, spool_dir: str, paths: list[str], step: int, 
     """Drain ``paths`` with ``workers`` processes; results are added to ``res`` (as ``ingest._drain``)."""
     todo = batches(paths, step, workers)
     url = engine.url.render_as_string(hide_password=False)
-    ctx = multiprocessing.get_context("fork" if threading.active_count() == 1 else "forkserver")
+    method = "fork" if threading.active_count() == 1 else "forkserver"
+    ctx = multiprocessing.get_context(method)
+    log.info("ingesting %d records in %d batches with %d worker processes (%s)", len(paths), len(todo),
+             min(workers, len(todo)), method)
     turn = checkpointer = None
     if engine.dialect.name == "sqlite":
         with engine.connect() as conn:
