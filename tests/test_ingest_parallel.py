@@ -254,3 +254,19 @@ def test_cli_workers_option(tmp_path):
 def test_automatic_worker_count(monkeypatch, cpus, setting, expect):
     monkeypatch.setattr(os, "cpu_count", lambda: cpus)
     assert ingest.worker_count(setting) == expect
+
+
+def test_a_failing_worker_keeps_its_files_and_stops_the_run(tmp_path, monkeypatch):
+    """An unexpected error inside a worker (a bug, not a record or the database) loses nothing."""
+    monkeypatch.setattr(ingest, "PARALLEL_MIN", 10)
+    d = str(tmp_path / "s")
+    fill(d, records(60), bad=False)
+
+    def broken(*_a: object, **_k: object) -> None:
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(ingest, "drain_batch", broken)  # inherited by the forked workers
+    res = ingest.ingest_spool(make_engine(f"sqlite:///{tmp_path}/a.db"), d, workers=2, batch=10)
+    assert res.ingested == 0 and res.failed == 60
+    assert any("RuntimeError: bug" in e for e in res.errors)
+    assert len(list(spool.pending(d))) == 60

@@ -262,6 +262,11 @@ def _run_pool(ctx: Any, url: str, turn: SqliteTurn | None, checkpointer: _Checkp
                     _lost(res, chunk, f"an ingest worker died ({exc}); its files stay for the next run")
                     stopped = True
                     continue
+                except Exception as exc:  # noqa: BLE001 - a bug in a worker: keep the files, stop the run
+                    _lost(res, chunk, f"an ingest worker failed ({type(exc).__name__}: {exc}); its files stay "
+                                      "for the next run")
+                    stopped = True
+                    continue
                 res.ingested += part.ingested
                 res.quarantined += part.quarantined
                 res.failed += part.failed
