@@ -6,7 +6,6 @@ duplicated on replay. Worker processes are real (fork, and the fork server from 
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import random
 import signal
@@ -23,7 +22,7 @@ from slurm_gpueff import spool, synthetic
 from slurm_gpueff.models import Job
 from slurm_gpueff.storage import ingest, migrate
 from slurm_gpueff.storage.db import make_engine
-from slurm_gpueff.storage.ingest_parallel import SqliteTurn, batches
+from slurm_gpueff.storage.ingest_parallel import SqliteTurn, batches, id_counters
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def records(n: int = 240, seed: int = 5) -> list[dict]:
@@ -93,14 +92,6 @@ def test_postgres_parallel_equals_serial_sqlite(pg_url, tmp_path, monkeypatch): 
     assert parallel == serial
 
 
-def counters(engine) -> dict:  # noqa: ANN001
-    """Id counters as drain_parallel makes them (next free id per table)."""
-    with engine.connect() as conn:
-        nxt = {t: conn.exec_driver_sql(f"SELECT coalesce(max(id), 0) + 1 FROM {t}").scalar()
-               for t in ("job", "job_gpu")}
-    return {t: multiprocessing.Value("q", v) for t, v in nxt.items()}
-
-
 class OtherWriterFirst:
     """A 'lock' under which another writer commits first: what a worker waiting for its turn may meet."""
 
@@ -121,7 +112,7 @@ def test_a_plan_made_stale_by_another_writer_is_made_again(tmp_path, reserve):
     planned again under the lock and both nodes' GPUs are kept (with and without reserved ids)."""
     a, b = (synthetic.record(7, rng=random.Random(1), node=n, timeline_points=2) for n in ("n0", "n1"))
     engine = make_engine(f"sqlite:///{tmp_path}/a.db")
-    turn = SqliteTurn(OtherWriterFirst(engine, [b]), counters(engine) if reserve else None)
+    turn = SqliteTurn(OtherWriterFirst(engine, [b]), id_counters(engine) if reserve else None)
     ingest._write_batch(engine, [a], turn)
     ref = make_engine(f"sqlite:///{tmp_path}/ref.db")
     for rec in (b, a):
@@ -137,7 +128,7 @@ def test_reserved_ids_taken_by_another_writer_are_not_reused(tmp_path):
     ours = [synthetic.record(100 + i, rng=random.Random(i), timeline_points=2) for i in range(5)]
     other = synthetic.record(999, rng=random.Random(9), timeline_points=2)
     engine = make_engine(f"sqlite:///{tmp_path}/a.db")
-    turn = SqliteTurn(OtherWriterFirst(engine, [other]), counters(engine))
+    turn = SqliteTurn(OtherWriterFirst(engine, [other]), id_counters(engine))
     ingest._write_batch(engine, ours, turn)
     ref = make_engine(f"sqlite:///{tmp_path}/ref.db")
     with ref.begin() as conn:
@@ -153,7 +144,7 @@ def test_prepared_batches_take_the_reserved_ids(tmp_path):
     """Without interference a batch of new jobs is written with exactly the ids it reserved."""
     recs = [synthetic.record(200 + i, rng=random.Random(i), timeline_points=2) for i in range(4)]
     engine = make_engine(f"sqlite:///{tmp_path}/a.db")
-    ids = counters(engine)
+    ids = id_counters(engine)
     ids["job"].value, ids["job_gpu"].value = 50, 500  # a gap, as when other workers hold the ids below
     ingest._write_batch(engine, recs, SqliteTurn(threading.Lock(), ids))
     with engine.connect() as conn:

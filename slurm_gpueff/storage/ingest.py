@@ -26,7 +26,7 @@ import contextlib
 import gc
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -371,7 +371,7 @@ def ingest_record(session: Session, rec: dict[str, Any]) -> Job:
     return session.exec(select(Job).where(Job.cluster == cluster, Job.job_id == rec["job_id"])).one()
 
 
-def _plan_gpu_rows(gpus: dict[Any, dict[Any, dict[str, Any]]], jobs: dict[Any, dict[str, Any]],
+def plan_gpu_rows(gpus: dict[Any, dict[Any, dict[str, Any]]], jobs: dict[Any, dict[str, Any]],
                    touched: set[Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]], set[int]]:
     """Split the merged GPU rows into new rows, rows to update (nodes this batch touched), and kept ids."""
     final_ids: set[int] = set()
@@ -423,7 +423,6 @@ class Plan:
     :class:`slurm_gpueff.storage.ingest_parallel.SqliteTurn`.
     """
 
-    recs: list[dict[str, Any]]
     keys: set[tuple[str, int]]
     jobs: dict[tuple[str, int], dict[str, Any]]
     old_jobs: dict[tuple[str, int], dict[str, Any]]
@@ -481,7 +480,7 @@ def plan_records(conn: Connection, recs: list[dict[str, Any]]) -> Plan:
         _fold(job, gpus[key], rec, node, now)
         touched.add((key, node))
         timelines[(key, node)] = {g["index"]: g.get("timeline") or [] for g in rec["gpus"]}
-    plan = Plan(recs, keys, jobs, old_jobs, old_gpus, gpus, touched, timelines)
+    plan = Plan(keys, jobs, old_jobs, old_gpus, gpus, touched, timelines)
     if conn.dialect.name in _RAW_DIALECTS:
         _prebuild(conn, plan)
     return plan
@@ -512,7 +511,7 @@ def apply_plan(conn: Connection, plan: Plan) -> None:
         stmt = update(jt).where(jt.c.id == bindparam("_id")).values({c: bindparam(c) for c in cols})
         conn.execute(stmt, [{"_id": j["id"], **{c: j[c] for c in cols}} for j in changed])
     # --- GPU rows
-    inserts, updates, final_ids = _plan_gpu_rows(gpus, jobs, touched)
+    inserts, updates, final_ids = plan_gpu_rows(gpus, jobs, touched)
     gone = sorted(old_gpu_ids - final_ids)
     for i in range(0, len(gone), _CHUNK):  # timelines first: no reliance on FK cascades
         conn.execute(delete(tt).where(tt.c.job_gpu_id.in_(gone[i:i + _CHUNK])))
@@ -569,7 +568,7 @@ def _write_raw(conn: Connection, plan: Plan, old_gpu_ids: set[int]) -> None:
     changed = [jobs[k] for k in old_jobs if jobs[k] != old_jobs[k]]
     if changed:
         db.update(jt, changed)
-    inserts, updates, final_ids = _plan_gpu_rows(gpus, jobs, plan.touched)
+    inserts, updates, final_ids = plan_gpu_rows(gpus, jobs, plan.touched)
     gone = sorted(old_gpu_ids - final_ids)
     db.delete_in("job_gpu_timeline", "job_gpu_id", gone)  # timelines first: no reliance on FK cascades
     db.delete_in("job_gpu", "id", gone)
@@ -578,9 +577,34 @@ def _write_raw(conn: Connection, plan: Plan, old_gpu_ids: set[int]) -> None:
         db.delete_in("job_gpu_timeline", "job_gpu_id", sorted(r["id"] for r in updates))
     if inserts:
         db.add(gt, inserts, patch="job_pk")
-    tl_rows = _timeline_rows(gpus, plan.timelines)  # points are JSON text by now (_prebuild)
-    if tl_rows:
-        db.put(tt, [[r["job_gpu_id"], r["points"]] for r in tl_rows])
+    tl_params = timeline_params(plan)
+    if tl_params:
+        db.put(tt, tl_params)
+
+
+def timeline_params(plan: Plan) -> list[list[Any]]:
+    """Parameter lists (job_gpu_id, points JSON text from :func:`_prebuild`) of the plan's timelines;
+    its GPU rows' ids must be known."""
+    return [[r["job_gpu_id"], r["points"]] for r in _timeline_rows(plan.gpus, plan.timelines)]
+
+
+def params_with_ids(t: RawTable, rows: list[dict[str, Any]], ids: Iterable[int],
+                    patch: str | None = None) -> list[list[Any]]:
+    """Give each new row its ``id`` and return its parameter list (``t``'s columns, then the id).
+
+    The list is the one :func:`_prebuild` made where there is one; ``patch`` names a foreign key
+    (``job_pk``) that was unknown then and is filled in from the row now.
+    """
+    at = t.cols.index(patch) if patch else -1
+    params = []
+    for row, pk in zip(rows, ids, strict=True):
+        row["id"] = pk
+        vals = row.pop("_params", None) or t.values(row)
+        if at >= 0:
+            vals[at] = row[patch]
+        vals.append(pk)
+        params.append(vals)
+    return params
 
 
 def _prebuild(conn: Connection, plan: Plan) -> None:
@@ -691,17 +715,8 @@ class RawWriter:
         return list(range(top + 1, top + 1 + n))
 
     def add(self, t: RawTable, rows: list[dict[str, Any]], patch: str | None = None) -> None:
-        """Insert new rows and set each row's ``id``; ``patch`` names a foreign key filled in only now."""
-        at = t.cols.index(patch) if patch else -1
-        params = []
-        for row, pk in zip(rows, self.new_ids(t.name, len(rows)), strict=True):
-            row["id"] = pk
-            vals = row.pop("_params", None) or t.values(row)
-            if at >= 0:
-                vals[at] = row[patch]
-            vals.append(pk)
-            params.append(vals)
-        self.put(t, params, "id")
+        """Insert new rows and set each row's ``id`` (see :func:`params_with_ids`)."""
+        self.put(t, params_with_ids(t, rows, self.new_ids(t.name, len(rows)), patch), "id")
 
     def put(self, t: RawTable, params: list[list[Any]], *extra: str) -> None:
         """Insert parameter lists (the table's columns, then ``extra``): COPY on PostgreSQL."""

@@ -117,32 +117,26 @@ class SqliteTurn:
             ingest.apply_plan(conn, plan)
 
     def _prepare(self, plan: ingest.Plan) -> _Ready:
-        """Ids and full parameter lists for a plan of new jobs only (``_params`` from ``ingest._prebuild``)."""
+        """Ids and full parameter lists for a plan of new jobs only, from reserved ranges."""
         jt, gt, _tt = plan.tables
-        jobs = list(plan.jobs.items())
+        jobs = list(plan.jobs.values())
         j0 = self.reserve("job", len(jobs))
-        g0 = gid = self.reserve("job_gpu", sum(len(plan.gpus[k]) for k, _job in jobs))
-        at = gt.cols.index("job_pk")
-        jp: list[list[Any]] = []
-        gp: list[list[Any]] = []
-        tp: list[list[Any]] = []
-        for pk, (key, job) in enumerate(jobs, j0):
-            vals = job.pop("_params")
-            vals.append(pk)
-            jp.append(vals)
-            job["id"] = pk
-            for (node, idx), row in plan.gpus[key].items():
-                vals = row.pop("_params")
-                vals[at] = pk
-                vals.append(gid)
-                gp.append(vals)
-                row["id"] = gid
-                points = plan.timelines.get((key, node), {}).get(idx)
-                if points:
-                    tp.append([gid, points])
-                gid += 1
-        return _Ready(plan.tables, jp, gp, tp, [("job", "id", j0, j0 + len(jobs) - 1), ("job_gpu", "id", g0, gid - 1),
-                                               ("job_gpu_timeline", "job_gpu_id", g0, gid - 1)])
+        jp = ingest.params_with_ids(jt, jobs, range(j0, j0 + len(jobs)))
+        gpus, _updates, _kept = ingest.plan_gpu_rows(plan.gpus, plan.jobs, plan.touched)  # all new: inserts
+        g0 = self.reserve("job_gpu", len(gpus))
+        g1 = g0 + len(gpus) - 1
+        gp = ingest.params_with_ids(gt, gpus, range(g0, g1 + 1), patch="job_pk")
+        return _Ready(plan.tables, jp, gp, ingest.timeline_params(plan),
+                      [("job", "id", j0, j0 + len(jobs) - 1), ("job_gpu", "id", g0, g1),
+                       ("job_gpu_timeline", "job_gpu_id", g0, g1)])
+
+
+def id_counters(engine: Engine, ctx: Any = multiprocessing) -> dict[str, Any]:
+    """Counters of the next free id of ``job`` and ``job_gpu``, shareable with ``ctx``'s processes."""
+    with engine.connect() as conn:
+        nxt = {t: conn.exec_driver_sql(f'SELECT coalesce(max(id), 0) + 1 FROM "{t}"').scalar()
+               for t in ("job", "job_gpu")}
+    return {t: ctx.Value("q", v) for t, v in nxt.items()}
 
 
 class _Checkpointer(threading.Thread):
@@ -218,10 +212,7 @@ def drain_parallel(engine: Engine, spool_dir: str, paths: list[str], step: int, 
              min(workers, len(todo)), method)
     turn = checkpointer = None
     if engine.dialect.name == "sqlite":
-        with engine.connect() as conn:
-            nxt = {t: conn.exec_driver_sql(f'SELECT coalesce(max(id), 0) + 1 FROM "{t}"').scalar()
-                   for t in ("job", "job_gpu")}
-        turn = SqliteTurn(ctx.Lock(), {t: ctx.Value("q", v) for t, v in nxt.items()})
+        turn = SqliteTurn(ctx.Lock(), id_counters(engine, ctx))
         checkpointer = _Checkpointer(str(engine.url.database))
     try:
         _run_pool(ctx, url, turn, checkpointer, spool_dir, todo, workers, res, unlinker, progress, len(paths))
