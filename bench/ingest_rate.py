@@ -9,7 +9,7 @@ collectors round them; a fifth pre-Hopper), written into a spool exactly as the 
 
 * **ingest**: ``ingest_spool`` from the spool into an empty migrated database, files removed at the end,
   once with one process and once with ``W`` worker processes (``[service] ingest_workers``; default: the
-  automatic choice: half the CPUs, 2 to 8), worker start-up included;
+  automatic choice: 3/4 of the CPUs, 2 to 12), worker start-up included;
 * **executemany floor**: the same rows (job, job_gpu, timeline; JSON text included) built *before* the
   timer, then only one ``executemany`` per table and the commit: the database's own cost for these
   rows, with no files, parsing, validation or merging. On PostgreSQL the floor uses ``INSERT ..

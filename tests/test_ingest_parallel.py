@@ -240,7 +240,7 @@ def test_cli_workers_option(tmp_path):
     assert os.listdir(tmp_path / "spool" / "incoming") == []
 
 
-@pytest.mark.parametrize("cpus, setting, expect", [(1, 0, 1), (2, 0, 2), (6, 0, 3), (16, 0, 8), (64, 0, 8),
+@pytest.mark.parametrize("cpus, setting, expect", [(1, 0, 1), (2, 0, 2), (3, 0, 2), (6, 0, 4), (16, 0, 12), (64, 0, 12),
                                                    (None, 0, 1), (16, 3, 3)])
 def test_automatic_worker_count(monkeypatch, cpus, setting, expect):
     monkeypatch.setattr(os, "cpu_count", lambda: cpus)

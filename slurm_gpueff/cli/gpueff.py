@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--limit", type=int, metavar="N", help="ingest at most N records")
     i.add_argument("--workers", type=int, metavar="N",
                    help="processes for a backlog of 500+ records (default: [service] ingest_workers; "
-                        "0 = half the CPUs, 2 to 8)")
+                        "0 = 3/4 of the CPUs, 2 to 12)")
     i.add_argument("--quiet", action="store_true", help="no progress bar and no summary unless errors")
 
     d = sub.add_parser("demo", parents=[common], help="run the product end to end on simulated GPUs")

@@ -114,15 +114,18 @@ def no_cyclic_gc() -> Iterator[None]:
 
 
 def worker_count(setting: int) -> int:
-    """``[service] ingest_workers``: 0 means half the CPUs, at least 2 and at most 8 (one on a single CPU).
+    """``[service] ingest_workers``: 0 means three quarters of the CPUs, at least 2 and at most 12 (one
+    on a single CPU).
 
-    Measured (bench/ingest_rate.py): 2 workers on 2 CPUs ingest ~1.7x faster than one; on 16 CPUs the
-    gain flattens beyond 8 on SQLite (one writer at a time) and PostgreSQL has other clients to serve.
+    Measured (bench/ingest_rate.py, docs/bench/): 2 workers on 2 CPUs ingest ~1.7x faster than one; on
+    16 CPUs, 12 workers beat 8 on SQLite (19.8k -> 22.1k records/s, 20,000 records) and on PostgreSQL
+    with its server on the same host (12.5-15.5k -> 20.3k), and 15 or 16 beat neither: SQLite's one
+    writer at a time, and the CPUs the parent's file removal and the server need, set the limit.
     """
     if setting > 0:
         return setting
     cpus = os.cpu_count() or 1
-    return 1 if cpus < 2 else max(2, min(8, cpus // 2))
+    return 1 if cpus < 2 else max(2, min(12, cpus * 3 // 4))
 
 
 def _shareable(engine: Engine) -> bool:
