@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import sqlite3
+import time
 from datetime import UTC, datetime
 
 import pytest
@@ -207,11 +208,15 @@ def test_database_down_keeps_the_files(tmp_path, spool_dir):
 
 
 def test_limit_and_progress(db, spool_dir):
+    now = time.time()
     for j in range(50, 55):
-        spool.write_record(spool_dir, make_record(j, gpus=1))
+        path = spool.write_record(spool_dir, make_record(j, gpus=1))
+        os.utime(path, (now - j, now - j))  # job 54's record is the oldest
     seen = []
     res = ingest_spool(db, spool_dir, limit=3, progress=lambda done, total: seen.append((done, total)))
-    assert res.ingested == 3 and seen[-1] == (3, 3) and len(list(spool.pending(spool_dir))) == 2
+    assert res.ingested == 3 and seen[-1] == (3, 3)
+    left = sorted(os.path.basename(p) for p in spool.pending(spool_dir))
+    assert [n.split("-")[1] for n in left] == ["50", "51"]  # a limited run takes the oldest first
 
 
 def test_records_written_by_the_real_hooks_ingest(tmp_path, db):

@@ -74,8 +74,9 @@ def test_batches_keep_a_jobs_node_records_together():
     where = {p.split("-")[1]: i for i, b in enumerate(cut) for p in b if "job-" in p}
     assert all(where[p.split("-")[1]] == i for i, b in enumerate(cut) for p in b if "job-" in p)
     # 301 files for 4 workers: batches of at most max(50, min(40, ceil(301 / 16))) = 50 files, i.e. 16 whole
-    # three-node jobs (48 files) each
-    assert [len(b) for b in cut] == [48] * 6 + [13]
+    # three-node jobs (48 files) each, after three that ramp up to it: at most 12, 25 and 37 files
+    assert [len(b) for b in cut] == [12, 24, 36] + [48] * 4 + [37]
+    assert [len(b) for b in batches(paths, step=40, workers=1)] == [48] * 6 + [13]  # one worker: no ramp
 
 
 def test_sqlite_parallel_equals_serial(tmp_path, monkeypatch):

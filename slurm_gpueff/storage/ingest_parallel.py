@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 _engine: Engine | None = None  # the worker process's own engine (never the parent's connections)
 _turn: SqliteTurn | None = None
 CHECKPOINT_EVERY_S = 0.25
+RAMP_MIN = 10  # files in the smallest of the first batches (:func:`batches`)
 STAGE = "gpueff_stage_"  # prefix of a worker connection's temporary tables (:meth:`_Ready.stage`)
 
 
@@ -211,18 +212,25 @@ def batches(paths: list[str], step: int, workers: int) -> list[list[str]]:
     """Cut ``paths`` into batches of at most ~``step`` files, a job's node records always together.
 
     Batches are made small enough that every worker gets several (load balance) but no smaller than 50
-    files (a transaction per batch). The job id comes from the file name (``job-<id>-<node>.json``); a
-    file named otherwise is a batch member like any other (it is quarantined or ingested on its own).
+    files (a transaction per batch), except the first ``workers - 1``, which ramp up from 1/``workers``
+    of that size: with equal batches, the first write waits until a whole batch is prepared and the
+    first turns come all at once, while SQLite's one writer idles (measured on 16 CPUs: 20-30 % of a
+    run, with the writers' lock then busy 99 % of the time). Ramped, the first batch is ready early and
+    the next ones follow as the lock frees. The job id comes from the file name
+    (``job-<id>-<node>.json``); a file named otherwise is a batch member like any other (it is
+    quarantined or ingested on its own).
     """
     size = max(50, min(step, -(-len(paths) // (workers * 4))))
+    ramp = [max(RAMP_MIN, size * (k + 1) // workers) for k in range(workers - 1)]
     by_job: dict[str, list[str]] = {}
+    sep = os.sep
     for p in paths:
-        parts = os.path.basename(p).split("-", 2)
+        parts = p[p.rfind(sep) + 1:].split("-", 2)  # the base name, without os.path's per-call overhead
         by_job.setdefault(parts[1] if len(parts) == 3 else p, []).append(p)
     out: list[list[str]] = []
     cur: list[str] = []
     for group in by_job.values():
-        if cur and len(cur) + len(group) > size:
+        if cur and len(cur) + len(group) > (ramp[len(out)] if len(out) < len(ramp) else size):
             out.append(cur)
             cur = []
         cur.extend(group)
