@@ -9,7 +9,7 @@ collectors round them; a fifth pre-Hopper), written into a spool exactly as the 
 
 * **ingest**: ``ingest_spool`` from the spool into an empty migrated database, files removed at the end,
   once with one process and once with ``W`` worker processes (``[service] ingest_workers``; default: the
-  automatic choice: 3/4 of the CPUs, 2 to 12), worker start-up included;
+  automatic choice for the database, as ``gpueff ingest`` makes it), worker start-up included;
 * **executemany floor**: the same rows (job, job_gpu, timeline; JSON text included) built *before* the
   timer, then only one ``executemany`` per table and the commit: the database's own cost for these
   rows, with no files, parsing, validation or merging. On PostgreSQL the floor uses ``INSERT ..
@@ -202,12 +202,14 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=0,
                     help="worker processes of the parallel run (default 0: automatic, as the service)")
     a = ap.parse_args()
-    workers = sorted({1, worker_count(a.workers)})
+    workers = sorted({1, worker_count(a.workers, "sqlite")})
+    pg_workers = sorted({1, worker_count(a.workers, "postgresql")})
     recs = [synthetic.record(i + 1) for i in range(a.records)]
     gpus = sum(len(r["gpus"]) for r in recs)
     d = tempfile.mkdtemp(prefix="gpueff-bench-")
     print(f"{a.records} records ({gpus} job-GPU rows, {gpus / a.records:.1f} GPUs/record, 10 timeline points/GPU), "
-          f"{a.repeat} runs each, {os.cpu_count()} CPUs, ingest with {' and '.join(map(str, workers))} worker(s)")
+          f"{a.repeat} runs each, {os.cpu_count()} CPUs, ingest with {' and '.join(map(str, workers))} worker(s) "
+          f"on SQLite, {' and '.join(map(str, pg_workers))} on PostgreSQL")
     try:
         ing: dict[int, list[float]] = {w: [] for w in workers}
         floor, fs = [], []
@@ -221,13 +223,13 @@ def main() -> int:
         report("SQLite", a.records, gpus, ing, floor, fs, 20000)
         if not a.no_postgres:
             admin = a.postgres.replace("postgresql+psycopg", "postgresql") + "/postgres"
-            created = _pg_databases(admin, (len(workers) + 1) * a.repeat)
+            created = _pg_databases(admin, (len(pg_workers) + 1) * a.repeat)
             names = list(created)
             try:
-                ing = {w: [] for w in workers}
+                ing = {w: [] for w in pg_workers}
                 floor = []
                 for _ in range(a.repeat):
-                    for w in workers:
+                    for w in pg_workers:
                         ing[w].append(ingest_once(f"{a.postgres}/{names.pop()}", d, recs, w))
                     name = names.pop()
                     e = make_engine(f"{a.postgres}/{name}", create=False)

@@ -241,11 +241,13 @@ def test_cli_workers_option(tmp_path):
     assert os.listdir(tmp_path / "spool" / "incoming") == []
 
 
-@pytest.mark.parametrize("cpus, setting, expect", [(1, 0, 1), (2, 0, 2), (3, 0, 2), (6, 0, 4), (16, 0, 12), (64, 0, 12),
-                                                   (None, 0, 1), (16, 3, 3)])
-def test_automatic_worker_count(monkeypatch, cpus, setting, expect):
+@pytest.mark.parametrize("cpus, setting, sqlite, postgres", [
+    (1, 0, 1, 1), (2, 0, 2, 2), (3, 0, 2, 2), (6, 0, 3, 4), (16, 0, 8, 12), (64, 0, 8, 12), (None, 0, 1, 1),
+    (16, 3, 3, 3)])
+def test_automatic_worker_count(monkeypatch, cpus, setting, sqlite, postgres):
     monkeypatch.setattr(os, "cpu_count", lambda: cpus)
-    assert ingest.worker_count(setting) == expect
+    assert ingest.worker_count(setting, "sqlite") == sqlite
+    assert ingest.worker_count(setting, "postgresql") == postgres
 
 
 def test_a_failing_worker_keeps_its_files_and_stops_the_run(tmp_path, monkeypatch):

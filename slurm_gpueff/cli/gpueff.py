@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--limit", type=int, metavar="N", help="ingest at most N records")
     i.add_argument("--workers", type=int, metavar="N",
                    help="processes for a backlog of 500+ records (default: [service] ingest_workers; "
-                        "0 = 3/4 of the CPUs, 2 to 12)")
+                        "0 = automatic: half the CPUs, 2-8, on SQLite; 3/4, 2-12, on PostgreSQL)")
     i.add_argument("--quiet", action="store_true", help="no progress bar and no summary unless errors")
 
     d = sub.add_parser("demo", parents=[common], help="run the product end to end on simulated GPUs")
@@ -224,7 +224,8 @@ def _ingest(config: Any, args: argparse.Namespace) -> int:
     progress = ProgressBar("ingest", enabled=not args.quiet and sys.stderr.isatty())
     analysed = 0
     try:
-        workers = worker_count(config.service.ingest_workers if args.workers is None else args.workers)
+        workers = worker_count(config.service.ingest_workers if args.workers is None else args.workers,
+                               engine.dialect.name)
         result = ingest_spool(engine, config.paths.spool_dir, limit=args.limit, progress=progress, workers=workers)
         try:  # the stored per-job summaries that rollups and reports aggregate
             analysed = summarize_pending(engine, config.analysis)

@@ -65,7 +65,7 @@ def ingest(ctx: Context) -> str:
     from ..summarize import summarize_pending
 
     res = ingest_spool(ctx.engine, ctx.config.paths.spool_dir,
-                       workers=worker_count(ctx.config.service.ingest_workers))
+                       workers=worker_count(ctx.config.service.ingest_workers, ctx.engine.dialect.name))
     for e in res.errors:
         log.warning("ingest: %s", e)
     analysed = summarize_pending(ctx.engine, ctx.config.analysis)  # also records forwarded by nodes

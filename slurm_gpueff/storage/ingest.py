@@ -113,19 +113,23 @@ def no_cyclic_gc() -> Iterator[None]:
             gc.enable()
 
 
-def worker_count(setting: int) -> int:
-    """``[service] ingest_workers``: 0 means three quarters of the CPUs, at least 2 and at most 12 (one
-    on a single CPU).
+def worker_count(setting: int, dialect: str) -> int:
+    """``[service] ingest_workers`` for a database of ``dialect``; 0 means automatic (one on a single CPU):
 
-    Measured (bench/ingest_rate.py, docs/bench/): 2 workers on 2 CPUs ingest ~1.7x faster than one; on
-    16 CPUs, 12 workers beat 8 on SQLite (19.8k -> 22.1k records/s, 20,000 records) and on PostgreSQL
-    with its server on the same host (12.5-15.5k -> 20.3k), and 15 or 16 beat neither: SQLite's one
-    writer at a time, and the CPUs the parent's file removal and the server need, set the limit.
+    * SQLite: half the CPUs, at least 2 and at most 8. One writer at a time sets the pace, and more
+      workers only take CPU from it (16 CPUs, 20,000 records, alternating runs: 17.3k records/s with 8
+      workers, 16.4k with 12);
+    * PostgreSQL: three quarters of the CPUs, 2 to 12. Workers write at the same time; the rest of the
+      host serves the file removal and, often, the server itself (same runs: 14.5k with 8, 19.2k with 12).
+
+    On 2 CPUs, 2 workers ingest ~1.7x faster than one (docs/bench/).
     """
     if setting > 0:
         return setting
     cpus = os.cpu_count() or 1
-    return 1 if cpus < 2 else max(2, min(12, cpus * 3 // 4))
+    if cpus < 2:
+        return 1
+    return max(2, min(8, cpus // 2)) if dialect == "sqlite" else max(2, min(12, cpus * 3 // 4))
 
 
 def _shareable(engine: Engine) -> bool:
