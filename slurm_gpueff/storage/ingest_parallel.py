@@ -94,9 +94,9 @@ class _Ready:
 
     def put(self, conn: Connection) -> None:
         """Copy the staged rows into the tables: ``INSERT .. SELECT`` runs inside SQLite, with no
-        per-value binding from Python, which halves the time the writers' lock is held for them
-        (measured: 15 against 27 µs per record). The tables' type affinities and constraints apply
-        on the way in, as they would to the bound parameters."""
+        per-value binding from Python. The writers' lock is held 15-17 instead of 44 µs per record
+        for it on a 2-CPU VM (docs/bench/). The tables' type affinities and constraints apply on the
+        way in, as they would to the bound parameters."""
         cur = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
         with ingest.raw_errors(conn):
             for t, params, extra in self._parts():
