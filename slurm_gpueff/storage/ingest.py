@@ -725,21 +725,21 @@ class RawWriter:
         """Insert new rows and set each row's ``id`` (see :func:`params_with_ids`)."""
         self.put(t, params_with_ids(t, rows, self.new_ids(t.name, len(rows)), patch), "id")
 
-    def put(self, t: RawTable, params: list[list[Any]], *extra: str) -> None:
-        """Insert parameter lists (the table's columns, then ``extra``): COPY on PostgreSQL."""
+    def put(self, t: RawTable, params: list[list[Any]], *extra: str, into: str | None = None) -> None:
+        """Insert parameter lists (the table's columns, then ``extra``) into ``t``, or into the table
+        ``into`` names (quoted SQL, e.g. a staging table with those columns): COPY on PostgreSQL."""
+        target = into or f'"{t.name}"'
         if self.pg:
-            with self.cur.copy(f'COPY "{t.name}" ({t.quoted(*extra)}) FROM STDIN') as cp:
+            with self.cur.copy(f"COPY {target} ({t.quoted(*extra)}) FROM STDIN") as cp:
                 for vals in params:
                     cp.write_row(vals)
             return
-        self.cur.executemany(f'INSERT INTO "{t.name}" ({t.quoted(*extra)}) '
+        self.cur.executemany(f"INSERT INTO {target} ({t.quoted(*extra)}) "
                              f"VALUES ({self.marks(len(t.cols) + len(extra))})", params)
 
     def update(self, t: RawTable, rows: list[dict[str, Any]]) -> None:
-        cols, procs = t.cols, t.procs
-        sets = ", ".join(f'"{c}" = {self.ph}' for c in cols)
-        params = [(*(r.get(c) if p is None else p(r.get(c)) for c, p in zip(cols, procs, strict=True)), r["id"])
-                  for r in rows]
+        sets = ", ".join(f'"{c}" = {self.ph}' for c in t.cols)
+        params = [(*t.values(r), r["id"]) for r in rows]
         self.cur.executemany(f'UPDATE "{t.name}" SET {sets} WHERE id = {self.ph}', params)
 
     def delete_in(self, table: str, col: str, ids: list[int]) -> None:

@@ -83,21 +83,20 @@ class _Ready:
         here, so the write turn starts a fresh one (its snapshot is taken under the lock). Left-over rows
         of an earlier batch (one whose turn failed) are cleared first."""
         with conn.begin(), ingest.raw_errors(conn):
-            cur = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+            db = ingest.RawWriter(conn)
             for t, params, extra in self._parts():
-                cols = t.quoted(*extra)
-                cur.execute(f'CREATE TEMP TABLE IF NOT EXISTS "{STAGE}{t.name}" ({cols})')
-                cur.execute(f'DELETE FROM temp."{STAGE}{t.name}"')
+                stage = f'temp."{STAGE}{t.name}"'
+                db.cur.execute(f"CREATE TABLE IF NOT EXISTS {stage} ({t.quoted(*extra)})")
+                db.cur.execute(f"DELETE FROM {stage}")
                 if params:
-                    cur.executemany(f'INSERT INTO temp."{STAGE}{t.name}" ({cols}) '
-                                    f"VALUES ({', '.join(['?'] * (len(t.cols) + len(extra)))})", params)
+                    db.put(t, params, *extra, into=stage)
 
     def put(self, conn: Connection) -> None:
         """Copy the staged rows into the tables: ``INSERT .. SELECT`` runs inside SQLite, with no
         per-value binding from Python. The writers' lock is held 15-17 instead of 44 µs per record
         for it on a 2-CPU VM (docs/bench/). The tables' type affinities and constraints apply on the
         way in, as they would to the bound parameters."""
-        cur = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        cur = ingest.RawWriter(conn).cur
         with ingest.raw_errors(conn):
             for t, params, extra in self._parts():
                 if params:
