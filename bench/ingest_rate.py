@@ -139,7 +139,7 @@ def spool_floor(d: str, recs: list[dict]) -> float:
     """Read and remove every file of a spool (unlinks in 8 threads, like ingest): no parsing, no database."""
     sp = write_spool(d, recs)
     t0 = time.perf_counter()
-    paths = list(spool.pending(sp))
+    paths = [p for job in spool.pending_by_job(sp) for p in job]  # the listing ingest makes
     for p in paths:
         with open(p, "rb") as fh:
             fh.read()

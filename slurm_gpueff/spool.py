@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 INCOMING = "incoming"
 QUARANTINE = "quarantine"
+STALE_TMP_S = 3600.0  # a temp file this old was left by a writer that died
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
@@ -74,22 +75,99 @@ def write_record(spool_dir: str, record: dict[str, Any]) -> str:
 
 
 def pending(spool_dir: str) -> Iterator[str]:
-    """Paths of records waiting in ``incoming/``, oldest first (temp files skipped)."""
+    """Paths of records waiting in ``incoming/``, oldest first (temp files skipped): one ``stat`` per file.
+    Ingest without a limit needs less (:func:`pending_by_job`)."""
     d = os.path.join(spool_dir, INCOMING)
+    prefix = d + os.sep
+    for name in _by_arrival(d, _listing(d, None)):
+        yield prefix + name
+
+
+def job_of(name: str) -> str | None:
+    """The job id in a record's file name (``job-<id>-<node>.json``), or None for a file named otherwise."""
+    parts = name.split("-", 2)
+    return parts[1] if len(parts) == 3 and parts[0] == "job" else None
+
+
+def group_by_job(paths: list[str]) -> list[list[str]]:
+    """``paths`` as groups of one job's node records, in their order; groups in order of first appearance.
+    A file named otherwise (:func:`job_of`) is a group of its own."""
+    by_job: dict[str, list[str]] = {}
+    sep = os.sep
+    for p in paths:
+        key = job_of(p[p.rfind(sep) + 1:])  # the base name, without os.path's per-call overhead
+        by_job.setdefault(p if key is None else key, []).append(p)
+    return list(by_job.values())
+
+
+def pending_by_job(spool_dir: str, stale_tmp_s: float | None = None) -> list[list[str]]:
+    """Records waiting in ``incoming/`` as groups of one job's node records (:func:`group_by_job`).
+
+    Within a group the files are in arrival order (modification time, then name): ingest merges a job's
+    records with "latest wins" for its identity fields, so that order decides. Between jobs no order
+    changes the outcome, so only jobs with several files are ``stat``-ed (a ``stat`` per file cost 3-4x
+    the listing itself: 20,000 files, ~60 against ~16 ms on a 2-CPU VM) and the groups come in job id
+    order (numeric), files named otherwise last. Job ids grow with time, so that is close to arrival order, and
+    it writes neighbouring ids together: in directory (hash) order the job id indexes took inserts all
+    over and the writers' lock time per record grew by a quarter (16 CPUs). ``stale_tmp_s``: also remove
+    temp files older than that, seen in the same pass (:func:`clean_stale_tmp`), instead of listing the
+    directory twice.
+    """
+    d = os.path.join(spool_dir, INCOMING)
+    by_job: dict[str, list[str]] = {}
+    for name in _listing(d, stale_tmp_s):  # job_of, inline: this loop and the one below run per file
+        parts = name.split("-", 2)
+        by_job.setdefault(parts[1] if len(parts) == 3 and parts[0] == "job" else name, []).append(name)
+    ids = [k for k in by_job if k.isdigit()]
+    ids.sort(key=int)
+    if len(ids) < len(by_job):  # files named otherwise, last
+        ids += sorted(k for k in by_job if not k.isdigit())
+    prefix = d + os.sep  # not os.path.join per file: it cost more than the listing itself
+    out = []
+    for key in ids:
+        group = by_job[key]
+        out.append([prefix + group[0]] if len(group) == 1 else [prefix + n for n in _by_arrival(d, group)])
+    return out
+
+
+def _listing(d: str, stale_tmp_s: float | None) -> list[str]:
+    """Names of the record files in ``d`` (none if it does not exist); stale temp files removed on the way."""
+    names: list[str] = []
     try:
-        entries = [e for e in os.scandir(d) if e.is_file() and e.name.endswith(".json")
-                   and not e.name.startswith(".")]
+        with os.scandir(d) as it:
+            for e in it:
+                name = e.name
+                if name.startswith("."):
+                    if stale_tmp_s is not None and name.startswith(".tmp-"):
+                        _remove_if_stale(e.path, stale_tmp_s)
+                elif name.endswith(".json") and e.is_file():
+                    names.append(name)
     except FileNotFoundError:
-        return
+        pass
+    return names
+
+
+def _by_arrival(d: str, names: list[str]) -> list[str]:
+    """``names`` (files in ``d``) oldest first; files gone since the listing are left out."""
     keyed = []
-    for e in entries:
+    prefix = d + os.sep
+    for name in names:
         try:
-            keyed.append((e.stat().st_mtime, e.name, e.path))
-        except FileNotFoundError:  # taken by a concurrent ingest/forwarder since the scandir
+            keyed.append((os.stat(prefix + name).st_mtime, name))
+        except FileNotFoundError:  # taken by a concurrent ingest/forwarder since the listing
             continue
     keyed.sort()
-    for _mtime, _name, path in keyed:
-        yield path
+    return [name for _mtime, name in keyed]
+
+
+def _remove_if_stale(path: str, older_than_s: float) -> bool:
+    try:
+        if time.time() - os.stat(path).st_mtime > older_than_s:
+            os.unlink(path)
+            return True
+    except FileNotFoundError:
+        pass
+    return False
 
 
 def quarantine(spool_dir: str, path: str, error: str) -> str:
@@ -105,16 +183,11 @@ def quarantine(spool_dir: str, path: str, error: str) -> str:
     return dest
 
 
-def clean_stale_tmp(spool_dir: str, older_than_s: float = 3600.0) -> int:
+def clean_stale_tmp(spool_dir: str, older_than_s: float = STALE_TMP_S) -> int:
     """Remove temp files left by a writer that died mid-write (the record was never complete)."""
     d = os.path.join(spool_dir, INCOMING)
-    n = 0
-    now = time.time()
     try:
-        for e in os.scandir(d):
-            if e.name.startswith(".tmp-") and now - e.stat().st_mtime > older_than_s:
-                os.unlink(e.path)
-                n += 1
+        with os.scandir(d) as it:
+            return sum(_remove_if_stale(e.path, older_than_s) for e in it if e.name.startswith(".tmp-"))
     except FileNotFoundError:
-        pass
-    return n
+        return 0

@@ -68,15 +68,17 @@ def ingest_all(url: str, d: str, workers: int, monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_batches_keep_a_jobs_node_records_together():
-    paths = [f"/s/incoming/job-{j}-n{n}.json" for j in range(100) for n in range(3)] + ["/s/incoming/odd.json"]
-    cut = batches(paths, step=40, workers=4)
+    # node records arrive interleaved; spool.group_by_job gathers each job's, as spool.pending_by_job does
+    paths = [f"/s/incoming/job-{j}-n{n}.json" for n in range(3) for j in range(100)] + ["/s/incoming/odd.json"]
+    jobs = spool.group_by_job(paths)
+    cut = batches(jobs, step=40, workers=4)
     assert sorted(p for b in cut for p in b) == sorted(paths)
     where = {p.split("-")[1]: i for i, b in enumerate(cut) for p in b if "job-" in p}
     assert all(where[p.split("-")[1]] == i for i, b in enumerate(cut) for p in b if "job-" in p)
     # 301 files for 4 workers: batches of at most max(50, min(40, ceil(301 / 16))) = 50 files, i.e. 16 whole
     # three-node jobs (48 files) each, after three that ramp up to it: at most 12, 25 and 37 files
     assert [len(b) for b in cut] == [12, 24, 36] + [48] * 4 + [37]
-    assert [len(b) for b in batches(paths, step=40, workers=1)] == [48] * 6 + [13]  # one worker: no ramp
+    assert [len(b) for b in batches(jobs, step=40, workers=1)] == [48] * 6 + [13]  # one worker: no ramp
 
 
 def test_sqlite_parallel_equals_serial(tmp_path, monkeypatch):
@@ -121,6 +123,23 @@ def test_a_plan_made_stale_by_another_writer_is_made_again(tmp_path, reserve):
             ingest.write_records(conn, [rec])
     assert rows(engine) == rows(ref)
     assert {k[1] for k in rows(engine)["job_gpu"]} == {"n0", "n1"}
+
+
+def test_a_job_stored_meanwhile_is_seen_even_outside_the_reserved_ids(tmp_path):
+    """Another writer stores one of the batch's jobs with ids below the reserved ranges (as when other
+    workers hold the ids in between): only the check of the jobs' keys can see that the prepared rows no
+    longer hold. The turn must plan again rather than insert the job twice (which SQLite would refuse,
+    and ``turn.write`` would raise)."""
+    a, b = (synthetic.record(7, rng=random.Random(1), node=n, timeline_points=2) for n in ("n0", "n1"))
+    engine = make_engine(f"sqlite:///{tmp_path}/a.db")
+    ids = id_counters(engine)
+    ids["job"].value, ids["job_gpu"].value = 50, 500
+    SqliteTurn(OtherWriterFirst(engine, [b]), ids).write(engine, [a])
+    ref = make_engine(f"sqlite:///{tmp_path}/ref.db")
+    for rec in (b, a):
+        with ref.begin() as conn:
+            ingest.write_records(conn, [rec])
+    assert rows(engine) == rows(ref)
 
 
 def test_reserved_ids_taken_by_another_writer_are_not_reused(tmp_path):

@@ -82,3 +82,44 @@ def test_clean_stale_tmp_removes_only_old_temp_files(tmp_path):
     os.utime(rec, (time.time() - 7200, time.time() - 7200))
     assert spool.clean_stale_tmp(d) == 1
     assert sorted(os.listdir(inc)) == [".tmp-new", "job-1-node01.json"]
+
+
+def test_pending_by_job_keeps_a_jobs_records_together_in_arrival_order(tmp_path, monkeypatch):
+    """A job's node records come together, oldest first (ingest's "latest wins" merge depends on it), jobs
+    in job id order, and only jobs with several records are stat-ed: single-node jobs need no stat."""
+    d = str(tmp_path)
+    now = time.time()
+    written = {}
+    for job, node, age in ((9, "n0", 50), (7, "b", 30), (7, "a", 10), (10, "n0", 1), (7, "c", 20), (8, "n0", 5)):
+        p = spool.write_record(d, make_record(job, node=node))
+        os.utime(p, (now - age, now - age))
+        written[(job, node)] = p
+    odd = os.path.join(d, "incoming", "copied-by-hand.json")
+    with open(odd, "w") as fh:
+        fh.write("{}")
+    stale, fresh = (os.path.join(d, "incoming", f".tmp-{n}") for n in ("stale", "fresh"))
+    for p in (stale, fresh):
+        with open(p, "w") as fh:
+            fh.write("{")
+    os.utime(stale, (now - 7200, now - 7200))
+    stats: list[str] = []
+    real_stat = os.stat
+
+    def counted(path, *a, **k):  # noqa: ANN001, ANN202
+        stats.append(os.path.basename(path))
+        return real_stat(path, *a, **k)
+
+    monkeypatch.setattr(os, "stat", counted)
+    groups = spool.pending_by_job(d, stale_tmp_s=3600)
+    monkeypatch.undo()
+    # jobs in job id order (10 after 9: numeric), the hand-named file last
+    assert groups == [[written[(7, n)] for n in "bca"], *([written[(j, "n0")]] for j in (8, 9, 10)), [odd]]
+    assert sorted(stats) == sorted(["job-7-a.json", "job-7-b.json", "job-7-c.json", ".tmp-stale", ".tmp-fresh"])
+    assert not os.path.exists(stale) and os.path.exists(fresh)  # removed in the same pass, the fresh one kept
+    assert spool.pending_by_job(str(tmp_path / "absent")) == []
+
+
+def test_group_by_job_keeps_the_given_order():
+    paths = ["/s/job-1-b.json", "/s/job-2-a.json", "/s/x.json", "/s/job-1-a.json", "/s/job-x-y-z.json"]
+    assert spool.group_by_job(paths) == [["/s/job-1-b.json", "/s/job-1-a.json"], ["/s/job-2-a.json"],
+                                         ["/s/x.json"], ["/s/job-x-y-z.json"]]

@@ -1,6 +1,6 @@
 """Ingest: drain the spool into the database, losing nothing and duplicating nothing.
 
-For each record in ``<spool>/incoming/`` (oldest first):
+For each record in ``<spool>/incoming/`` (a job's records in the order they arrived):
 
 * unreadable or invalid (empty file, bad JSON, wrong schema, impossible values: :func:`record.validate`)
   -> :func:`spool.quarantine` with an ``.error`` file naming the problem; ingest goes on;
@@ -26,6 +26,7 @@ import contextlib
 import gc
 import logging
 import os
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -149,17 +150,19 @@ def ingest_spool(engine: Engine, spool_dir: str, *, limit: int | None = None,
     """
     step = max(1, batch)
     res = IngestResult()
-    spool.clean_stale_tmp(spool_dir)
-    paths = list(spool.pending(spool_dir))
-    if limit is not None:
-        paths = paths[: max(0, limit)]
-    with _Unlinker() as unlinker:
-        if workers > 1 and len(paths) >= PARALLEL_MIN and _shareable(engine):
+    if limit is None:  # every record: only a job's own records need ordering (spool.pending_by_job)
+        jobs = spool.pending_by_job(spool_dir, stale_tmp_s=spool.STALE_TMP_S)
+    else:  # the oldest ``limit`` records
+        spool.clean_stale_tmp(spool_dir)
+        jobs = spool.group_by_job(list(spool.pending(spool_dir))[: max(0, limit)])
+    total = sum(map(len, jobs))
+    with _Unlinker(wal_file(engine)) as unlinker:
+        if workers > 1 and total >= PARALLEL_MIN and _shareable(engine):
             from .ingest_parallel import drain_parallel
 
-            drain_parallel(engine, spool_dir, paths, step, res, unlinker, progress, workers)
+            drain_parallel(engine, spool_dir, jobs, step, res, unlinker, progress, workers)
         else:
-            _drain(engine, spool_dir, paths, step, res, unlinker, progress)
+            _drain(engine, spool_dir, [p for group in jobs for p in group], step, res, unlinker, progress)
     return res
 
 
@@ -218,7 +221,7 @@ def _write_batch(engine: Engine, recs: list[dict[str, Any]], turn: Turn | None =
 
 
 def _ingest_batch(engine: Engine, spool_dir: str, good: list[tuple[str, dict[str, Any]]],
-                  res: IngestResult, unlinker: Sink | None = None, turn: Turn | None = None) -> None:
+                  res: IngestResult, unlinker: Sink, turn: Turn | None = None) -> None:
     if not good:
         return
     try:
@@ -227,15 +230,19 @@ def _ingest_batch(engine: Engine, spool_dir: str, good: list[tuple[str, dict[str
         raise _Unavailable() from exc
     except Exception as exc:  # noqa: BLE001 - some record in the batch: find it, one per transaction
         log.warning("batch of %d records failed (%s); retrying one by one", len(good), exc)
-        _one_by_one(engine, spool_dir, good, res, turn)
+        _one_by_one(engine, spool_dir, good, res, unlinker, turn)
         return
     paths = [path for path, _rec in good]
-    if unlinker is None:
-        for path in paths:
-            _done(path, res)
-        return
     res.ingested += len(paths)
     unlinker.submit(paths)
+
+
+def wal_file(engine: Engine) -> str | None:
+    """The write-ahead log whose fsync makes an SQLite file database's commits durable; None where a
+    commit is durable by itself (PostgreSQL, in-memory SQLite)."""
+    if engine.dialect.name != "sqlite" or not _shareable(engine):
+        return None
+    return os.path.abspath(str(engine.url.database)) + "-wal"
 
 
 class _Unlinker:
@@ -245,15 +252,54 @@ class _Unlinker:
     CPU-bound parsing of the next batch hides most of it. Leaving the ``with`` block waits for every unlink:
     :func:`ingest_spool` returns with the committed files gone, as before. A crash in between only leaves
     committed files behind, which the next run re-ingests harmlessly (module doc).
+
+    A file goes only once its record's commit is **durable**. SQLite runs in WAL mode with
+    ``synchronous=NORMAL`` (db.py): a commit is safe from a crash of the process but not from a power cut
+    or a kernel crash until the WAL is fsync'd, and the file's removal may reach the disk first. So with
+    ``wal`` (:func:`wal_file`) the files of a commit are removed after an fsync of the WAL that began after
+    that commit; one fsync covers every commit before it, so concurrent batches share one. A failed fsync
+    keeps the files: their records are re-ingested next run, harmlessly.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, wal: str | None = None) -> None:
         self.pool = ThreadPoolExecutor(max_workers=UNLINK_THREADS)
+        self.wal = wal
+        self._sync_lock = threading.Lock()
+        self._commits = 0  # commits handed in so far (submit runs in one thread: the ingest loop)
+        self._durable_upto = 0  # the commits an fsync that began after them has made durable
 
     def submit(self, paths: list[str]) -> None:
+        if not paths:
+            return
+        self._commits += 1
         n = max(1, min(UNLINK_THREADS, len(paths) // 16))
         for i in range(n):
-            self.pool.submit(_unlink_many, paths[i::n])
+            self.pool.submit(self._remove, paths[i::n], self._commits)
+
+    def _remove(self, paths: list[str], commit: int) -> None:
+        if self.wal is None or self._durable(commit):
+            _unlink_many(paths)
+
+    def _durable(self, commit: int) -> bool:
+        with self._sync_lock:  # threads of later commits wait here and usually find them covered
+            if self._durable_upto >= commit:
+                return True
+            upto = self._commits  # all handed in before the fsync begins
+            try:
+                fd = os.open(self.wal, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:  # no WAL: rollback-journal mode (durable at commit), or the last
+                upto = self._commits  # connection checkpointed it into the database, synced, and removed it
+            else:
+                try:
+                    os.fsync(fd)
+                except OSError as exc:
+                    log.warning("cannot fsync %s (%s): ingested records' files are kept and re-ingested "
+                                "next run", self.wal, exc)
+                    return False
+                finally:
+                    os.close(fd)
+            self._durable_upto = max(self._durable_upto, upto)
+            return True
 
     def __enter__(self) -> _Unlinker:
         return self
@@ -273,14 +319,14 @@ def _unlink_many(paths: list[str]) -> None:
 
 
 def _one_by_one(engine: Engine, spool_dir: str, good: list[tuple[str, dict[str, Any]]],
-                res: IngestResult, turn: Turn | None = None) -> None:
+                res: IngestResult, unlinker: Sink, turn: Turn | None = None) -> None:
     """Retry a failed batch record by record and quarantine the records the database rejects.
 
     Records were validated before: a database that rejects all of them points at the software or the
     schema, not at the records, so then nothing is quarantined: the files stay for the next run.
     """
     rejected: list[tuple[str, Exception]] = []
-    stored = 0
+    stored: list[str] = []
     for path, rec in good:
         try:
             _write_batch(engine, [rec], turn)
@@ -293,8 +339,9 @@ def _one_by_one(engine: Engine, spool_dir: str, good: list[tuple[str, dict[str, 
         except Exception as exc:  # noqa: BLE001 - judged below
             rejected.append((path, exc))
             continue
-        stored += 1
-        _done(path, res)
+        stored.append(path)
+    res.ingested += len(stored)
+    unlinker.submit(stored)
     if rejected and not stored:
         res.failed += len(rejected)
         first = rejected[0][1]
@@ -305,13 +352,6 @@ def _one_by_one(engine: Engine, spool_dir: str, good: list[tuple[str, dict[str, 
         return
     for path, exc in rejected:
         _quarantine(spool_dir, path, f"database rejected the record: {type(exc).__name__}: {exc}", res)
-
-
-def _done(path: str, res: IngestResult) -> None:
-    """The record is committed: remove its file (already gone is fine: a concurrent ingest took it)."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-    res.ingested += 1
 
 
 def _quarantine(spool_dir: str, path: str, error: str, res: IngestResult) -> None:
@@ -363,7 +403,7 @@ _IDENTITY = (("array_job_id", None), ("array_task_id", None), ("het_job_id", Non
              ("user", 128), ("uid", None), ("account", 128), ("partition", 128))
 _JOB_COLS = tuple(c.name for c in Job.__table__.columns)
 _GPU_COLS = tuple(c.name for c in JobGpu.__table__.columns)
-_CHUNK = 500  # bound parameters per IN (...) query: well under SQLite's and PostgreSQL's limits
+IN_CHUNK = 500  # bound parameters per IN (...) query: well under SQLite's and PostgreSQL's limits
 
 
 def ingest_record(session: Session, rec: dict[str, Any]) -> Job:
@@ -450,15 +490,15 @@ def _read_state(conn: Connection, keys: set[tuple[str, int]]) -> tuple[dict, dic
     jt, gt = Job.__table__, JobGpu.__table__
     jobs: dict[tuple[str, int], dict[str, Any]] = {}
     ids = sorted({k[1] for k in keys})
-    for i in range(0, len(ids), _CHUNK):
-        for row in conn.execute(select(jt).where(jt.c.job_id.in_(ids[i:i + _CHUNK]))).mappings():
+    for i in range(0, len(ids), IN_CHUNK):
+        for row in conn.execute(select(jt).where(jt.c.job_id.in_(ids[i:i + IN_CHUNK]))).mappings():
             if (row["cluster"], row["job_id"]) in keys:
                 jobs[(row["cluster"], row["job_id"])] = dict(row)
     gpus: dict[tuple[str, int], dict[tuple[str, int], dict[str, Any]]] = {k: {} for k in jobs}
     by_pk = {v["id"]: k for k, v in jobs.items()}
     pks = sorted(by_pk)
-    for i in range(0, len(pks), _CHUNK):
-        stmt = select(gt).where(gt.c.job_pk.in_(pks[i:i + _CHUNK])).order_by(gt.c.id)
+    for i in range(0, len(pks), IN_CHUNK):
+        stmt = select(gt).where(gt.c.job_pk.in_(pks[i:i + IN_CHUNK])).order_by(gt.c.id)
         for row in conn.execute(stmt).mappings():
             gpus[by_pk[row["job_pk"]]][(row["node"], row["gpu_index"])] = dict(row)
     return jobs, gpus
@@ -520,16 +560,16 @@ def apply_plan(conn: Connection, plan: Plan) -> None:
     # --- GPU rows
     inserts, updates, final_ids = plan_gpu_rows(gpus, jobs, touched)
     gone = sorted(old_gpu_ids - final_ids)
-    for i in range(0, len(gone), _CHUNK):  # timelines first: no reliance on FK cascades
-        conn.execute(delete(tt).where(tt.c.job_gpu_id.in_(gone[i:i + _CHUNK])))
-        conn.execute(delete(gt).where(gt.c.id.in_(gone[i:i + _CHUNK])))
+    for i in range(0, len(gone), IN_CHUNK):  # timelines first: no reliance on FK cascades
+        conn.execute(delete(tt).where(tt.c.job_gpu_id.in_(gone[i:i + IN_CHUNK])))
+        conn.execute(delete(gt).where(gt.c.id.in_(gone[i:i + IN_CHUNK])))
     cols = [c.name for c in gt.columns if c.name != "id"]
     if updates:
         stmt = update(gt).where(gt.c.id == bindparam("_id")).values({c: bindparam(c) for c in cols})
         conn.execute(stmt, [{"_id": r["id"], **{c: r[c] for c in cols}} for r in updates])
         upd = sorted(r["id"] for r in updates)
-        for i in range(0, len(upd), _CHUNK):
-            conn.execute(delete(tt).where(tt.c.job_gpu_id.in_(upd[i:i + _CHUNK])))
+        for i in range(0, len(upd), IN_CHUNK):
+            conn.execute(delete(tt).where(tt.c.job_gpu_id.in_(upd[i:i + IN_CHUNK])))
     if inserts:
         res = conn.execute(insert(gt).returning(gt.c.id, sort_by_parameter_order=True),
                            [{c: r.get(c) for c in cols} for r in inserts])
@@ -743,8 +783,8 @@ class RawWriter:
         self.cur.executemany(f'UPDATE "{t.name}" SET {sets} WHERE id = {self.ph}', params)
 
     def delete_in(self, table: str, col: str, ids: list[int]) -> None:
-        for i in range(0, len(ids), _CHUNK):
-            part = ids[i:i + _CHUNK]
+        for i in range(0, len(ids), IN_CHUNK):
+            part = ids[i:i + IN_CHUNK]
             self.cur.execute(f'DELETE FROM "{table}" WHERE "{col}" IN ({self.marks(len(part))})', part)
 
 
