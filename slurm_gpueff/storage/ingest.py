@@ -6,7 +6,8 @@ For each record in ``<spool>/incoming/`` (a job's records in the order they arri
   -> :func:`spool.quarantine` with an ``.error`` file naming the problem; ingest goes on;
 * valid -> :func:`ingest_record` upserts the job (natural key cluster, job_id) and that node's GPUs
   (job, node, gpu_index) with their timelines, in a transaction shared by up to ``BATCH`` records;
-  the files are unlinked only **after** the commit.
+  the files are unlinked only **after** the commit, and on SQLite only once it is durable
+  (:class:`_Unlinker`).
 
 Crash safety: a crash before the commit loses the transaction and keeps the files; a crash between the
 commit and the unlinks re-ingests the same records on the next run, which is harmless because
