@@ -289,7 +289,7 @@ class _Unlinker:
             try:
                 fd = os.open(self.wal, os.O_RDONLY | os.O_CLOEXEC)
             except FileNotFoundError:  # no WAL: rollback-journal mode (durable at commit), or the last
-                upto = self._commits  # connection checkpointed it into the database, synced, and removed it
+                pass  # connection checkpointed it into the database, synced it, and removed the WAL
             else:
                 try:
                     os.fsync(fd)
