@@ -74,12 +74,12 @@ def write_record(spool_dir: str, record: dict[str, Any]) -> str:
     return path
 
 
-def pending(spool_dir: str) -> Iterator[str]:
+def pending(spool_dir: str, stale_tmp_s: float | None = None) -> Iterator[str]:
     """Paths of records waiting in ``incoming/``, oldest first (temp files skipped): one ``stat`` per file.
-    Ingest without a limit needs less (:func:`pending_by_job`)."""
+    Ingest without a limit needs less (:func:`pending_by_job`). ``stale_tmp_s``: as there."""
     d = os.path.join(spool_dir, INCOMING)
     prefix = d + os.sep
-    for name in _by_arrival(d, _listing(d, None)):
+    for name in _by_arrival(d, _listing(d, stale_tmp_s)):
         yield prefix + name
 
 

@@ -123,3 +123,18 @@ def test_group_by_job_keeps_the_given_order():
     paths = ["/s/job-1-b.json", "/s/job-2-a.json", "/s/x.json", "/s/job-1-a.json", "/s/job-x-y-z.json"]
     assert spool.group_by_job(paths) == [["/s/job-1-b.json", "/s/job-1-a.json"], ["/s/job-2-a.json"],
                                          ["/s/x.json"], ["/s/job-x-y-z.json"]]
+
+
+def test_pending_with_stale_tmp_s_removes_old_temp_files_in_the_same_pass(tmp_path):
+    """``ingest --limit`` lists with pending(): stale temp files go in that pass, fresh ones stay."""
+    d = str(tmp_path)
+    rec = spool.write_record(d, make_record(1))
+    inc = os.path.join(d, "incoming")
+    old, new = os.path.join(inc, ".tmp-old"), os.path.join(inc, ".tmp-new")
+    for p in (old, new):
+        with open(p, "w") as fh:
+            fh.write("{")
+    os.utime(old, (time.time() - 7200, time.time() - 7200))
+    assert list(spool.pending(d)) == [rec] and os.path.exists(old)  # without it, nothing is removed
+    assert list(spool.pending(d, stale_tmp_s=3600)) == [rec]
+    assert sorted(os.listdir(inc)) == [".tmp-new", "job-1-node01.json"]

@@ -154,8 +154,7 @@ def ingest_spool(engine: Engine, spool_dir: str, *, limit: int | None = None,
     if limit is None:  # every record: only a job's own records need ordering (spool.pending_by_job)
         jobs = spool.pending_by_job(spool_dir, stale_tmp_s=spool.STALE_TMP_S)
     else:  # the oldest ``limit`` records
-        spool.clean_stale_tmp(spool_dir)
-        jobs = spool.group_by_job(list(spool.pending(spool_dir))[: max(0, limit)])
+        jobs = spool.group_by_job(list(spool.pending(spool_dir, stale_tmp_s=spool.STALE_TMP_S))[: max(0, limit)])
     total = sum(map(len, jobs))
     with _Unlinker(wal_file(engine)) as unlinker:
         if workers > 1 and total >= PARALLEL_MIN and _shareable(engine):

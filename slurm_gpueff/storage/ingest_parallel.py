@@ -65,11 +65,12 @@ class _Ready:
         It runs under the writers' lock, so it asks only that, in raw SQL: :meth:`ingest.Plan.current`
         (the general check, for plans that read stored rows) builds SQLAlchemy statements and row dicts,
         which cost 3-5 µs of lock time per record on a 2-CPU VM; these queries, about 1."""
-        cur = ingest.RawWriter(conn).cur
+        db = ingest.RawWriter(conn)
+        cur = db.cur
         ids = sorted({k[1] for k in plan.keys})
         for i in range(0, len(ids), ingest.IN_CHUNK):
             part = ids[i:i + ingest.IN_CHUNK]
-            cur.execute(f'SELECT cluster, job_id FROM "job" WHERE job_id IN ({", ".join("?" * len(part))})', part)
+            cur.execute(f'SELECT cluster, job_id FROM "job" WHERE job_id IN ({db.marks(len(part))})', part)
             if any(tuple(row) in plan.keys for row in cur.fetchall()):
                 return False
         for table, col, lo, hi in self.ranges:
