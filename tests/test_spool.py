@@ -69,8 +69,8 @@ def test_quarantine_keeps_file_and_reason_and_never_overwrites(tmp_path):
         assert json.load(fh)["user"] == "bob"
 
 
-def test_clean_stale_tmp_removes_only_old_temp_files(tmp_path):
-    d = str(tmp_path)
+def temp_files(d: str) -> str:
+    """A two-hour-old ``.tmp-old`` and a fresh ``.tmp-new`` in ``d``'s incoming/; returns the old one."""
     spool.ensure_dirs(d)
     inc = os.path.join(d, "incoming")
     old, new = os.path.join(inc, ".tmp-old"), os.path.join(inc, ".tmp-new")
@@ -78,6 +78,13 @@ def test_clean_stale_tmp_removes_only_old_temp_files(tmp_path):
         with open(p, "w") as fh:
             fh.write("{")
     os.utime(old, (time.time() - 7200, time.time() - 7200))
+    return old
+
+
+def test_clean_stale_tmp_removes_only_old_temp_files(tmp_path):
+    d = str(tmp_path)
+    temp_files(d)
+    inc = os.path.join(d, "incoming")
     rec = spool.write_record(d, make_record(1))
     os.utime(rec, (time.time() - 7200, time.time() - 7200))
     assert spool.clean_stale_tmp(d) == 1
@@ -129,12 +136,8 @@ def test_pending_with_stale_tmp_s_removes_old_temp_files_in_the_same_pass(tmp_pa
     """``ingest --limit`` lists with pending(): stale temp files go in that pass, fresh ones stay."""
     d = str(tmp_path)
     rec = spool.write_record(d, make_record(1))
+    old = temp_files(d)
     inc = os.path.join(d, "incoming")
-    old, new = os.path.join(inc, ".tmp-old"), os.path.join(inc, ".tmp-new")
-    for p in (old, new):
-        with open(p, "w") as fh:
-            fh.write("{")
-    os.utime(old, (time.time() - 7200, time.time() - 7200))
     assert list(spool.pending(d)) == [rec] and os.path.exists(old)  # without it, nothing is removed
     assert list(spool.pending(d, stale_tmp_s=3600)) == [rec]
     assert sorted(os.listdir(inc)) == [".tmp-new", "job-1-node01.json"]
