@@ -1,12 +1,12 @@
 """Architecture rules, enforced by parsing every module's imports (jobscope style).
 
-Layers, lowest first; a layer may import only layers below it:
+Every module of the package is placed in exactly one layer (a top-level module by its name, a
+subpackage by its directory); a module may import only its own layer and the layers listed before it.
+docs/DESIGN.md ("Layers") explains what each layer is for. A new module that is not placed here fails
+`test_every_module_is_placed`: decide where it belongs before it lands.
 
-    base (errors, config, jobid, record, spool, slurmenv) -> collectors -> hook
-    models -> storage ; models -> analysis -> render -> cli (cli and demo may import anything)
-
-The hook path (hook and everything it imports) must stay stdlib-only at import time so the Prolog
-and Epilog start in milliseconds: heavy libraries (pynvml) are imported inside functions only.
+The hook path (base, collectors, hook) must stay stdlib-only at import time so that the Prolog and
+Epilog start in milliseconds: heavy libraries (pynvml) are imported inside functions only.
 """
 
 from __future__ import annotations
@@ -21,44 +21,34 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PKG = os.path.join(ROOT, "slurm_gpueff")
 
-BASE = {"errors", "config", "jobid", "record", "spool", "slurmenv", "__init__"}
-FORBIDDEN = {
-    # layer (first path component) -> packages it must never import, at any depth
-    "collectors": {"storage", "analysis", "render", "cli", "models", "demo", "hook"},
-    "hook": {"storage", "analysis", "render", "cli", "models", "demo"},
-    "models": {"storage", "analysis", "render", "cli", "collectors", "hook", "demo"},
-    "storage": {"analysis", "render", "cli", "collectors", "hook", "demo"},
-    "analysis": {"storage", "render", "cli", "collectors", "hook", "demo"},
-    "render": {"storage", "cli", "collectors", "hook", "demo"},
-}
-for name in BASE:
-    FORBIDDEN[name] = {"storage", "analysis", "render", "cli", "models", "collectors", "hook", "demo"}
-# issue 3: the sacct reader and the privacy rule sit with the base modules (storage and cli use them)
-for name in ("sacct", "privacy"):
-    FORBIDDEN[name] = {"storage", "analysis", "render", "cli", "models", "collectors", "hook", "demo"}
-# doctor (gpueff doctor) sits with cli: it probes collectors and storage; nothing below may import it.
-for layer in ("collectors", "hook", "models", "storage", "analysis", "render", *BASE):
-    FORBIDDEN[layer] = FORBIDDEN[layer] | {"doctor"}
-# reports (mail cards, monthly summaries; issue 5) sit above storage, analysis and render, beside cli:
-# nothing below them may import them, and summarize (run by ingest) must not pull in mail or Jinja2.
-for layer in ("collectors", "hook", "models", "storage", "analysis", "render", "summarize", *BASE):
-    FORBIDDEN[layer] = FORBIDDEN.get(layer, set()) | {"reports"}
-# service (gpueff serve/forward, /metrics; issue 4) sits beside cli: nothing below may import it.
-# migrations (Alembic scripts) see only models; only storage.migrate points Alembic at them.
-for layer in ("collectors", "hook", "models", "storage", "analysis", "render", "summarize", "reports", *BASE):
-    FORBIDDEN[layer] = FORBIDDEN.get(layer, set()) | {"service"}
-FORBIDDEN["migrations"] = {"storage", "analysis", "render", "cli", "collectors", "hook", "demo", "summarize",
-                           "service", "reports"}
-# summarize sits above storage and analysis (it writes the analysis back to the job rows).
-for layer in ("collectors", "hook", "models", "storage", "analysis", "render", *BASE):
-    FORBIDDEN[layer] = FORBIDDEN[layer] | {"summarize"}
+# Lowest first. A module may import its own layer and the layers before it, never a later one.
+LAYERS: list[tuple[str, set[str]]] = [
+    ("base", {"__init__", "__version__", "errors", "config", "jobid", "record", "spool", "slurmenv", "sacct",
+              "privacy"}),
+    ("collectors", {"collectors"}),
+    ("hook", {"hook"}),
+    ("models", {"models"}),
+    ("migrations", {"migrations"}),
+    ("storage", {"storage"}),
+    ("analysis", {"analysis"}),
+    ("render", {"render"}),
+    ("summarize", {"summarize", "synthetic"}),
+    ("reports", {"reports"}),
+    ("service", {"service"}),
+    ("doctor", {"doctor"}),
+    ("commands", {"cli", "demo"}),
+]
+# Layers that must not import each other although the order alone would allow it: the analysis and
+# its rendering work on plain data that storage fetched, and never reach for the database themselves.
+APART: list[tuple[str, str]] = [("analysis", "storage"), ("render", "storage"), ("analysis", "migrations"),
+                                ("render", "migrations")]
+RANK = {module: i for i, (_layer, names) in enumerate(LAYERS) for module in names}
+LAYER_NAME = {module: layer for layer, names in LAYERS for module in names}
 
 
 def read(path: str) -> str:
     with open(path) as fh:
         return fh.read()
-
-
 def modules():
     for dirpath, _dirs, files in os.walk(PKG):
         for f in files:
@@ -97,18 +87,43 @@ def layer_of(rel: list[str]) -> str:
     return rel[0]
 
 
+def test_every_module_is_placed():
+    unplaced = sorted({"/".join(rel) + ".py" for rel, _ in modules() if layer_of(rel) not in RANK})
+    assert not unplaced, "modules in no layer of LAYERS (place them):\n" + "\n".join(unplaced)
+
+
 def test_layers_import_one_way():
     bad = []
+    apart = {(a, b) for a, b in APART} | {(b, a) for a, b in APART}
     for rel, path in modules():
-        tree = ast.parse(read(path), path)
-        forbidden = FORBIDDEN.get(layer_of(rel), set())
-        for name, internal in imported_packages(rel, tree):
-            if internal and name in forbidden:
-                bad.append(f"{'/'.join(rel)}.py imports slurm_gpueff.{name}")
+        own = layer_of(rel)
+        if own not in RANK:
+            continue  # reported by test_every_module_is_placed
+        for name, internal in imported_packages(rel, ast.parse(read(path), path)):
+            if not internal:
+                continue
+            where = f"{'/'.join(rel)}.py ({LAYER_NAME[own]}) imports slurm_gpueff.{name}"
+            if name not in RANK:
+                bad.append(f"{where}, which is in no layer")
+            elif RANK[name] > RANK[own]:
+                bad.append(f"{where} from the later layer {LAYER_NAME[name]}")
+            elif (LAYER_NAME[own], LAYER_NAME[name]) in apart:
+                bad.append(f"{where}: {LAYER_NAME[own]} and {LAYER_NAME[name]} are kept apart")
     assert not bad, "layering violations:\n" + "\n".join(bad)
 
 
-HOOK_PATH = {"collectors", "hook", "errors", "config", "jobid", "record", "spool", "slurmenv", "__init__"}
+def test_layer_rules_catch_a_violation(tmp_path):
+    """The rules are not vacuous: an upward import is reported."""
+    tree = ast.parse("from ..storage import db\n")
+    names = [name for name, internal in imported_packages(["analysis", "x"], tree) if internal]
+    assert names == ["storage"] and RANK["storage"] < RANK["analysis"]
+    assert ("analysis", "storage") in APART
+    tree = ast.parse("from .cli import seff\n")
+    names = [name for name, internal in imported_packages(["record"], tree) if internal]
+    assert names == ["cli"] and RANK["cli"] > RANK["record"]
+
+
+HOOK_PATH = {name for layer, names in LAYERS[:3] for name in names}
 
 
 def test_hook_path_is_stdlib_only_at_import_time():
