@@ -196,6 +196,4 @@ def run(args: Any) -> int:
 def seff_command() -> list[str]:
     """seff-gpu by absolute path: the README's install leaves ``.venv/bin`` off PATH, so a bare name would fail."""
     script = os.path.join(os.path.dirname(os.path.abspath(sys.executable)), "seff-gpu")
-    if os.path.isfile(script) and os.access(script, os.X_OK):
-        return [script]
-    return [os.path.abspath(sys.executable), "-m", "slurm_gpueff.cli.seff"]
+    return [script] if os.access(script, os.X_OK) else [os.path.abspath(sys.executable), "-m", "slurm_gpueff.cli.seff"]
