@@ -8,6 +8,7 @@ into a SQLite file, and the real ``seff-gpu`` card. The figures are simulated an
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -188,5 +189,11 @@ def run(args: Any) -> int:
     print(f"  config    {config_path}")
     print(f"  database  {config.paths.database}")
     print(f"  spool     {config.paths.spool_dir}  (empty after ingest; bad records go to quarantine/)")
-    print(f"Try:  GPUEFF_CONFIG={config_path} seff-gpu {FIRST_JOB_ID} --json")
+    print(f"Try:  {shlex.join([*seff_command(), '--config', config_path, '--json', str(FIRST_JOB_ID)])}")
     return 0
+
+
+def seff_command() -> list[str]:
+    """seff-gpu by absolute path: the README's install leaves ``.venv/bin`` off PATH, so a bare name would fail."""
+    script = os.path.join(os.path.dirname(os.path.abspath(sys.executable)), "seff-gpu")
+    return [script] if os.access(script, os.X_OK) else [os.path.abspath(sys.executable), "-m", "slurm_gpueff.cli.seff"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 
@@ -31,6 +32,14 @@ def test_demo_runs_every_profile_through_hooks_ingest_and_seff(tmp_path):
     assert (root / "gpueff.toml").is_file() and (root / "gpueff.db").is_file()
     assert not list((root / "spool" / "incoming").glob("*.json"))  # everything ingested
     cfg = str(root / "gpueff.toml")
+    # The closing hint works as printed: no venv on PATH, no PYTHONPATH, another working directory.
+    hint = shlex.split(out.rstrip().splitlines()[-1].removeprefix("Try:"))
+    assert os.path.isabs(hint[0]) and os.path.isfile(hint[0]), hint
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "GPUEFF_CONFIG")}
+    env["PATH"] = "/usr/bin:/bin"
+    h = subprocess.run(hint, cwd="/", env=env, capture_output=True, text=True, timeout=120)
+    assert h.returncode == 0, h.stderr
+    assert json.loads(h.stdout)["jobs"][0]["job"]["job_id"] == 4201
     for job_id, verdict in EXPECTED.items():
         j = run("slurm_gpueff.cli.seff", "--config", cfg, "--json", str(job_id), cwd=str(tmp_path))
         assert j.returncode == 0, j.stderr
