@@ -25,7 +25,7 @@ import math
 
 from .errors import RecordError
 
-# Annotation-only imports: typing costs ~2 ms at start-up, which every Prolog/Epilog would pay.
+# Annotation-only imports: importing typing would slow every Prolog and Epilog.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any

@@ -48,7 +48,8 @@ import threading
 import time
 import uuid as uuidlib
 from collections.abc import Callable
-from typing import Any
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 from .. import spool
 from ..errors import CollectorError, GpueffError
@@ -56,6 +57,10 @@ from . import integrals
 from .agent_files import agent_dir, job_file_uuids, jobs_dir, line_time, mig_key, state_path, timeline_path
 from .gpu_ids import parse_legacy_mig
 from .nvml_sampler import GPM_METRICS, NO_GPM_REASON, GpuInfo, GpuSample, MigInfo, MigSample, NvmlSampler, Sampler
+
+if TYPE_CHECKING:
+    from ..config import Config
+    from .integrals import Counters
 
 log = logging.getLogger("slurm_gpueff.agent")
 
@@ -115,8 +120,8 @@ class Agent:
     monotonic ``t``. Both are injectable so tests can drive uneven intervals deterministically.
     """
 
-    def __init__(self, config: Any, sampler: Sampler, *, wall_clock: Callable[[], float] = time.time,
-                 energy_interval_s: float | None = None, host: str | None = None):
+    def __init__(self, config: Config, sampler: Sampler, *, wall_clock: Callable[[], float] = time.time,
+                 energy_interval_s: float | None = None, host: str | None = None) -> None:
         self.config = config
         self.sampler = sampler
         self.clock = wall_clock
@@ -194,8 +199,9 @@ class Agent:
         kernel = s.kernel_pct / 100.0 if s.kernel_pct is not None else None
         power_w = s.power_mw / 1000.0 if s.power_mw is not None else None
         integrals.add(c, "kernel_active", _fraction(kernel), held_dt)
-        if integrals.add(c, "power_w", power_w, held_dt) and g.energy_mj is not None:
-            g.power_since_energy_mj += power_w * held_dt * 1000.0  # type: ignore[operator]
+        added = integrals.add(c, "power_w", power_w, held_dt)
+        if added and g.energy_mj is not None and power_w is not None and held_dt is not None:
+            g.power_since_energy_mj += power_w * held_dt * 1000.0
         if s.gpm is not None:
             for metric, pct in s.gpm.items():
                 v = pct / 100.0 if pct is not None else None
@@ -304,7 +310,7 @@ class Agent:
 
     # -- publishing ----------------------------------------------------------------------------
     def state(self, stopped: bool = False) -> dict[str, Any]:
-        gpus = {}
+        gpus: dict[str, dict[str, Any]] = {}
         for u, g in self.gpus.items():
             i = g.info
             gpus[u] = {
@@ -364,7 +370,7 @@ class Agent:
         if last is not None and now - last < self.timeline_interval_s - 1e-6:
             return
         self.last_timeline_wall = now
-        series: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
+        series: list[tuple[str, Counters, dict[str, str]]] = []
         for u, g in self.gpus.items():
             series.append((u, g.counters, {}))
             series += [(mig_key(u, gi), sl.counters, {"gen": sl.gen}) for gi, sl in g.mig.items()]
@@ -440,7 +446,7 @@ def _r(v: float | None) -> float | None:
     return round(v, 6)
 
 
-def run_agent(config: Any, *, once: bool = False, sampler: Sampler | None = None,
+def run_agent(config: Config, *, once: bool = False, sampler: Sampler | None = None,
               energy_interval_s: float | None = None) -> int:
     """The body of ``gpueff agent``: sample until SIGTERM/SIGINT (or one tick with ``once``); exit code.
 
@@ -465,9 +471,9 @@ def run_agent(config: Any, *, once: bool = False, sampler: Sampler | None = None
             log.error("cannot serve /metrics on %s:%d: %s; sampling goes on without it",
                       agent.config.agent.metrics_address, agent.config.agent.metrics_port, exc)
     stop = threading.Event()
-    old: dict[int, Any] = {}
+    old: dict[signal.Signals, Callable[[int, FrameType | None], object] | int | None] = {}
     if threading.current_thread() is threading.main_thread():
-        def _handler(signum: int, _frame: Any) -> None:
+        def _handler(signum: int, _frame: FrameType | None) -> None:
             log.info("signal %d: finishing the current tick, then exiting", signum)
             stop.set()
 

@@ -8,9 +8,14 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
 
 from .integrals import timeline_points
+
+# Annotation-only imports: importing typing would slow every Prolog and Epilog.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
 
 
 def agent_dir(state_dir: str) -> str:
@@ -35,12 +40,12 @@ def jobs_dir(state_dir: str) -> str:
     return os.path.join(state_dir, "jobs")
 
 
-def job_file_uuids(data: Any) -> list[str]:
+def job_file_uuids(data: object) -> list[str]:
     """GPU UUIDs named in a Prolog job file: ``start.uuids`` (the collector's start state) or ``gpus``."""
     found: list[str] = []
     if isinstance(data, dict):
         start = data.get("start")
-        cands: list[Any] = []
+        cands: list[object] = []
         if isinstance(start, dict) and isinstance(start.get("uuids"), list):
             cands += start["uuids"]
         for key in ("uuids", "gpus"):
@@ -63,8 +68,9 @@ def line_time(line: str) -> float | None:
         return None
 
 
-def read_job_timeline(state_dir: str, key: str, match: dict[str, Any], t_start: float, snap: dict[str, Any],
-                      t_end: float, end: dict[str, Any], t0: float) -> list[list[float | None]]:
+def read_job_timeline(state_dir: str, key: str, match: Mapping[str, object], t_start: float,
+                      snap: Mapping[str, Any], t_end: float, end: Mapping[str, Any],
+                      t0: float) -> list[list[float | None]]:
     """A job's coarse timeline: the agent's timeline lines for ``key`` strictly inside the job's window,
     bracketed by the Prolog snapshot and the Epilog state, differenced into per-interval means.
 
@@ -72,7 +78,7 @@ def read_job_timeline(state_dir: str, key: str, match: dict[str, Any], t_start: 
     ``instance``; for a MIG slice also its ``gen``): counters from another agent run or another slice
     generation are skipped, never mixed in.
     """
-    points: list[tuple[float, dict[str, Any]]] = [(t_start, snap)]
+    points: list[tuple[float, Mapping[str, Any]]] = [(t_start, snap)]
     try:
         with open(timeline_path(state_dir, key)) as fh:
             for line in fh:

@@ -42,14 +42,21 @@ from ..record import METRICS, empty_gpu
 from . import dcgm_bindings as dcgmb
 from . import exporter_map
 from . import mig as migmod
+from .agent_files import state_path
 from .base import Collector, JobContext, Measurement, slurm_index_to_minor
 from .gpu_ids import PROC_GPUS, job_slices, normalize_bus_id, proc_gpus
 
-# Annotation-only imports: typing costs ~2 ms at start-up, which every Prolog/Epilog would pay.
+# Annotation-only imports: importing typing would slow every Prolog and Epilog.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from typing import Any
+    from typing import Any, TypeVar
+
+    from ..config import Config
+    from .dcgm_bindings import Bindings
+    from .nvml import NvmlCollector
+
+    _T = TypeVar("_T")
 
 log = logging.getLogger(__name__)
 
@@ -76,35 +83,31 @@ class _Fallback(Exception):
     """DCGM could not measure the job; the message is the reason."""
 
 
-def i32(v: Any) -> int | None:
+def i32(v: object) -> int | None:
     """An int32 DCGM value, or None for blanks (>= 0x7ffffff0) and negatives."""
     return int(v) if isinstance(v, int) and 0 <= v < INT32_BLANK else None
 
 
-def i64(v: Any) -> int | None:
+def i64(v: object) -> int | None:
     return int(v) if isinstance(v, int) and 0 <= v < INT64_BLANK else None
 
 
-def fp64(v: Any) -> float | None:
+def fp64(v: object) -> float | None:
     if not isinstance(v, int | float) or isinstance(v, bool):
         return None
     v = float(v)
     return v if math.isfinite(v) and 0 <= v < FP64_BLANK else None
 
 
-def _handle_int(x: Any) -> int:
+def _handle_int(x: Any) -> int:  # a DCGM handle: an int or a ctypes c_void_p
     v = getattr(x, "value", x)
     return int(v or 0)
 
 
-def _handle(v: int) -> Any:
+def _handle(v: int) -> object:
     import ctypes
 
     return ctypes.c_void_p(v)
-
-
-def agent_state_file(config: Any) -> str:
-    return os.path.join(config.paths.state_dir, "agent", "state.json")
 
 
 class DcgmCollector(Collector):
@@ -112,9 +115,9 @@ class DcgmCollector(Collector):
 
     name = "dcgm"
 
-    def __init__(self, config: Any, *, proc_dir: str = PROC_GPUS, dev_dir: str = "/dev",
+    def __init__(self, config: Config, *, proc_dir: str = PROC_GPUS, dev_dir: str = "/dev",
                  now: Callable[[], float] = time.time,
-                 mig_lookup: Callable[[str], dict[str, Any]] | None = migmod.nvml_lookup):
+                 mig_lookup: Callable[[str], dict[str, Any]] | None = migmod.nvml_lookup) -> None:
         super().__init__(config)
         self.proc_dir = proc_dir
         self.dev_dir = dev_dir
@@ -123,15 +126,18 @@ class DcgmCollector(Collector):
         self.dc = config.dcgm
 
     # -- plumbing ---------------------------------------------------------------------------------
-    def _fallback(self, wanted: bool = False) -> Any:
-        """The nvml hook collector when the gpueff agent publishes on this node (or was used at start)."""
-        if wanted or os.path.exists(agent_state_file(self.config)):
-            from .nvml import NvmlCollector
+    def _nvml(self) -> NvmlCollector:
+        from .nvml import NvmlCollector
 
-            return NvmlCollector(self.config, dev_dir=self.dev_dir)
+        return NvmlCollector(self.config, dev_dir=self.dev_dir)
+
+    def _fallback(self, wanted: bool = False) -> NvmlCollector | None:
+        """The nvml hook collector when the gpueff agent publishes on this node (or was used at start)."""
+        if wanted or os.path.exists(state_path(self.config.paths.state_dir)):
+            return self._nvml()
         return None
 
-    def _with_dcgm(self, fn: Callable[[Any, Any], Any]) -> Any:
+    def _with_dcgm(self, fn: Callable[[Bindings, object], _T]) -> _T:
         why = dcgmb.probe(self.dc.hostengine, self.dc.connect_timeout_s)
         if why is not None:
             raise dcgmb.DcgmUnavailable(why)
@@ -172,7 +178,7 @@ class DcgmCollector(Collector):
             state["exporter"] = self._exporter_add(job, state)
         return state
 
-    def _dcgm_gpus(self, b: Any, h: Any) -> list[dict[str, Any]]:
+    def _dcgm_gpus(self, b: Bindings, h: object) -> list[dict[str, Any]]:
         """Every GPU DCGM supports here, with the identity we match on."""
         out = []
         for gid in b.agent.dcgmGetAllSupportedDevices(h):
@@ -189,7 +195,7 @@ class DcgmCollector(Collector):
         import json
 
         try:
-            with open(agent_state_file(self.config), "rb") as fh:
+            with open(state_path(self.config.paths.state_dir), "rb") as fh:
                 gpus = json.loads(fh.read()).get("gpus") or {}
         except (OSError, ValueError, AttributeError):
             return {}
@@ -225,7 +231,7 @@ class DcgmCollector(Collector):
             targets[str(idx)] = t
         return targets
 
-    def _mig_targets(self, slices: list[tuple[int, str]], b: Any, h: Any,
+    def _mig_targets(self, slices: list[tuple[int, str]], b: Bindings, h: object,
                      dcgm_gpus: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         inventory = migmod.agent_inventory(self.config.paths.state_dir)
         by_uuid = {g["uuid"]: g for g in dcgm_gpus if g["uuid"]}
@@ -264,7 +270,7 @@ class DcgmCollector(Collector):
             keep = max(keep, float(end) - self.now() + 3600.0)
         return keep
 
-    def _dcgm_start(self, job: JobContext, b: Any, h: Any) -> dict[str, Any]:
+    def _dcgm_start(self, job: JobContext, b: Bindings, h: object) -> dict[str, Any]:
         slices = job_slices(job.env)
         dcgm_gpus = self._dcgm_gpus(b, h)
         targets = self._mig_targets(slices, b, h, dcgm_gpus) if slices else self._gpu_targets(job, dcgm_gpus)
@@ -299,7 +305,7 @@ class DcgmCollector(Collector):
             raise
         return out
 
-    def _job_start(self, b: Any, h: Any, gid: int, key: str, out: dict[str, Any]) -> None:
+    def _job_start(self, b: Bindings, h: object, gid: int, key: str, out: dict[str, Any]) -> None:
         try:
             b.agent.dcgmJobStartStats(h, _handle(gid), key)
         except Exception as exc:  # noqa: BLE001
@@ -315,7 +321,7 @@ class DcgmCollector(Collector):
                                 f"({dcgmb.describe(again)})") from None
             out["notes"].append("a stale DCGM job with this id was removed (job requeued?)")
 
-    def _watch_prof(self, b: Any, h: Any, gid: int, stamp: str, freq_us: int, keep: float,
+    def _watch_prof(self, b: Bindings, h: object, gid: int, stamp: str, freq_us: int, keep: float,
                     out: dict[str, Any]) -> None:
         dropped_why = None
         for attempt, ids in enumerate(PROF_FALLBACKS):
@@ -348,8 +354,7 @@ class DcgmCollector(Collector):
             log.warning("job %s: cannot remove dcgm-exporter job mapping: %s", job.job_id, exc)
         d = st.get("dcgm")
         if st.get("backend") in ("nvml", "nvml-gpm") and "gpus" in st:
-            fb = self._fallback(wanted=True)
-            return fb.stop(job, st)  # the Prolog ran another backend (auto chose nvml then): finish it
+            return self._nvml().stop(job, st)  # the Prolog ran another backend (auto chose nvml then): finish it
         if not isinstance(d, dict):
             why = st.get("dcgm_error") or ("no start state: the Prolog did not run or its saved state was lost"
                                            if not st else "DCGM was not used at job start")
@@ -372,8 +377,8 @@ class DcgmCollector(Collector):
             f"; {meas.reason}" if meas.reason else "")
         return meas
 
-    def _dcgm_stop(self, job: JobContext, d: dict[str, Any], b: Any,
-                   h: Any) -> tuple[list[dict[str, Any]], str | None]:
+    def _dcgm_stop(self, job: JobContext, d: dict[str, Any], b: Bindings,
+                   h: object) -> tuple[list[dict[str, Any]], str | None]:
         key = d["key"]
         t1_us = int(self.now() * 1e6)
         try:
@@ -395,7 +400,7 @@ class DcgmCollector(Collector):
             notes.append(reasons.pop())
         return gpus, "; ".join(notes) or None
 
-    def _gpu_record(self, b: Any, h: Any, idx: int, t: dict[str, Any], d: dict[str, Any],
+    def _gpu_record(self, b: Bindings, h: object, idx: int, t: dict[str, Any], d: dict[str, Any],
                     per_gpu: dict[int, Any], t1_us: int) -> dict[str, Any]:
         ident = {k: t.get(k) for k in ("minor", "uuid", "pci_bus_id", "model", "memory_total_bytes")}
         if t.get("mig_uuid"):
@@ -452,7 +457,7 @@ class DcgmCollector(Collector):
             if gpu[k] is None:
                 missing[k] = BLANK_REASON
 
-    def _fill_prof(self, b: Any, h: Any, gpu: dict[str, Any], missing: dict[str, str], t: dict[str, Any],
+    def _fill_prof(self, b: Bindings, h: object, gpu: dict[str, Any], missing: dict[str, str], t: dict[str, Any],
                    d: dict[str, Any], t1_us: int) -> int:
         fields = d.get("prof_fields") or []
         for f, m in PROF_FIELDS.items():
@@ -481,11 +486,11 @@ class DcgmCollector(Collector):
             samples = max(samples, n or 0)
         return samples
 
-    def _cleanup(self, b: Any, h: Any, d: dict[str, Any]) -> None:
+    def _cleanup(self, b: Bindings, h: object, d: dict[str, Any]) -> None:
         """Remove the job, the watches and the group; each step on its own (one failing must not stop the rest)."""
         gid = d.get("group_id")
         fg = d.get("field_group_id")
-        steps: list[tuple[str, Callable[[], Any]]] = []
+        steps: list[tuple[str, Callable[[], object]]] = []
         if d.get("jobstats"):
             steps.append(("job remove", lambda: b.agent.dcgmJobRemove(h, d["key"])))
         if fg is not None and gid is not None:

@@ -18,7 +18,7 @@ import os
 import socket
 import sys
 
-# Annotation-only imports: typing costs ~2 ms at start-up, which every Prolog/Epilog would pay.
+# Annotation-only imports: importing typing would slow every Prolog and Epilog.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
@@ -57,9 +57,9 @@ class DcgmUnavailable(Exception):
 
 
 class Bindings:
-    """The imported binding modules and where they came from."""
+    """The imported binding modules (untyped: DCGM ships no type hints) and where they came from."""
 
-    def __init__(self, agent: Any, structs: Any, fields: Any, path: str | None):
+    def __init__(self, agent: Any, structs: Any, fields: Any, path: str | None) -> None:
         self.agent = agent
         self.structs = structs
         self.fields = fields
@@ -157,7 +157,7 @@ def probe(address: str, timeout_s: float) -> str | None:
     return None
 
 
-def connect(b: Bindings, address: str, timeout_s: float) -> Any:
+def connect(b: Bindings, address: str, timeout_s: float) -> object:
     """A hostengine handle whose groups, watches and job stats persist after we disconnect."""
     kind, where, port = parse_address(address)
     b.structs._dcgmInit()
@@ -171,7 +171,7 @@ def connect(b: Bindings, address: str, timeout_s: float) -> Any:
     return b.agent.dcgmConnect_v2(target, params, b.structs.c_dcgmConnectV2Params_version2)
 
 
-def disconnect(b: Bindings, handle: Any) -> None:
+def disconnect(b: Bindings, handle: object) -> None:
     try:  # noqa: SIM105 - contextlib would be one more import on the hook path
         b.agent.dcgmDisconnect(handle)
     except Exception:  # noqa: BLE001,S110 - nothing useful to do about a failed disconnect

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import re
 
-# Annotation-only imports: typing costs ~2 ms at start-up, which every Prolog/Epilog would pay.
+# Annotation-only imports: importing typing would slow every Prolog and Epilog.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping

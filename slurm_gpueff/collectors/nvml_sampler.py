@@ -30,10 +30,13 @@ pynvml is imported lazily: this module is importable (and the agent's tests run)
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any, Protocol
 
 from ..errors import CollectorError
@@ -129,7 +132,7 @@ class Sampler(Protocol):
         ...
 
 
-def import_pynvml() -> Any:
+def import_pynvml() -> Any:  # pynvml has no type hints
     """Import pynvml or raise CollectorError saying which package to install."""
     try:
         import pynvml  # noqa: PLC0415 - lazy on purpose (hook path stays stdlib-only)
@@ -138,7 +141,7 @@ def import_pynvml() -> Any:
     return pynvml
 
 
-def explain_nvml_error(pynvml: Any, exc: Exception) -> str:
+def explain_nvml_error(pynvml: ModuleType, exc: Exception) -> str:
     """One sentence for an NVML initialisation failure (the common ones get advice)."""
     name = type(exc).__name__
     if isinstance(exc, getattr(pynvml, "NVMLError_LibraryNotFound", ())):
@@ -151,7 +154,7 @@ def explain_nvml_error(pynvml: Any, exc: Exception) -> str:
     return f"NVML failed: {exc} (pynvml: {name})"
 
 
-def _s(value: Any) -> str:
+def _s(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
@@ -161,8 +164,8 @@ class _GpmBuf:
     __slots__ = ("gpm_prev", "gpm_cur", "gpm_prev_t", "key")
 
     def __init__(self) -> None:
-        self.gpm_prev: Any = None
-        self.gpm_cur: Any = None
+        self.gpm_prev: object = None  # pynvml's GPM sample buffers
+        self.gpm_cur: object = None
         self.gpm_prev_t: float | None = None
         self.key: frozenset[str] = frozenset()  # MIG: the GPU instance's device UUIDs (new set = new GI)
 
@@ -173,11 +176,11 @@ class _Dev:
     __slots__ = ("handle", "info", "gpm_prev", "gpm_cur", "gpm_prev_t", "util_ts", "util_buffer_ok",
                  "mem_v2", "gpm_capable", "mig_gpm_reason", "mig_bufs", "mig_cache")
 
-    def __init__(self, handle: Any, info: GpuInfo):
-        self.handle = handle
+    def __init__(self, handle: object, info: GpuInfo) -> None:
+        self.handle = handle  # pynvml's device handle
         self.info = info
-        self.gpm_prev: Any = None
-        self.gpm_cur: Any = None
+        self.gpm_prev: object = None
+        self.gpm_cur: object = None
         self.gpm_prev_t: float | None = None
         self.util_ts = 0  # last seen utilization-sample timestamp (us)
         self.util_buffer_ok = True
@@ -191,9 +194,9 @@ class _Dev:
 class NvmlSampler:
     """The real sampler: NVML for kernel activity, memory, power and energy; GPM where the GPU has it."""
 
-    def __init__(self, use_gpm: bool = True):
+    def __init__(self, use_gpm: bool = True) -> None:
         self.use_gpm = use_gpm
-        self._nvml: Any = None
+        self._nvml: Any = None  # the pynvml module once open (untyped)
         self._devs: list[_Dev] = []
         self._gpm_ids: list[tuple[str, int]] = []
 
@@ -238,7 +241,7 @@ class NvmlSampler:
             raise CollectorError("NVML sees no usable GPU on this node")
         return infos
 
-    def _try(self, fn: Any, *args: Any) -> Any:
+    def _try(self, fn: Callable[..., Any], *args: object) -> Any:
         try:
             return fn(*args)
         except self._nvml.NVMLError:
@@ -312,7 +315,7 @@ class NvmlSampler:
         dev.util_ts = newest
         return vals
 
-    def _memory_used(self, dev: _Dev, handle: Any = None) -> int | None:
+    def _memory_used(self, dev: _Dev, handle: object = None) -> int | None:
         """Memory used of the GPU, or of a MIG device when ``handle`` is one (its GPU instance's memory)."""
         nv = self._nvml
         h = dev.handle if handle is None else handle
@@ -326,14 +329,16 @@ class NvmlSampler:
         except nv.NVMLError:
             return None
 
-    def _gpm(self, dev: _Dev | _GpmBuf, out: GpuSample | MigSample, take: Any = None) -> None:
+    def _gpm(self, dev: _Dev | _GpmBuf, out: GpuSample | MigSample,
+             take: Callable[[object], object] | None = None) -> None:
         """One GPM reading into ``out``: ``take(sample)`` fills the current buffer (default: whole GPU)."""
         nv = self._nvml
         try:
-            if take is None:
-                nv.nvmlGpmSampleGet(dev.handle, dev.gpm_cur)  # type: ignore[union-attr]
-            else:
+            if take is not None:
                 take(dev.gpm_cur)
+            else:
+                assert isinstance(dev, _Dev)  # a GPU instance's buffers come with the call that fills them
+                nv.nvmlGpmSampleGet(dev.handle, dev.gpm_cur)
         except nv.NVMLError as exc:
             out.errors["gpm"] = f"GPM sample failed: {exc}"
             return
@@ -363,16 +368,16 @@ class NvmlSampler:
             dev.gpm_prev_t = t
 
     # -- MIG -------------------------------------------------------------------------------------------
-    def _mig_enabled(self, handle: Any) -> bool:
+    def _mig_enabled(self, handle: object) -> bool:
         """MIG mode is on now (changing it needs a GPU reset, so once at open is enough)."""
         nv = self._nvml
         try:
             current, _pending = nv.nvmlDeviceGetMigMode(handle)
         except (nv.NVMLError, AttributeError):  # NotSupported on GPUs without MIG
             return False
-        return current == getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1)
+        return bool(current == getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1))
 
-    def _mig_devices(self, dev: _Dev) -> list[tuple[Any, MigInfo]]:
+    def _mig_devices(self, dev: _Dev) -> list[tuple[object, MigInfo]]:
         """The MIG devices that exist now, with their handles; identity asked once per MIG device UUID."""
         nv = self._nvml
         try:
@@ -408,7 +413,7 @@ class NvmlSampler:
         nv = self._nvml
         devices = self._mig_devices(dev)
         s.mig_devices = [info for _, info in devices]
-        by_gi: dict[int, list[tuple[Any, MigInfo]]] = {}
+        by_gi: dict[int, list[tuple[object, MigInfo]]] = {}
         for mh, info in devices:
             by_gi.setdefault(info.gi_id, []).append((mh, info))
         s.mig = {}
@@ -425,7 +430,7 @@ class NvmlSampler:
                 if buf is None:
                     buf = self._new_mig_buf(dev, gi, key, ms)
                 else:
-                    self._gpm(buf, ms, take=lambda smp, gi=gi: nv.nvmlGpmMigSampleGet(dev.handle, gi, smp))
+                    self._gpm(buf, ms, take=functools.partial(nv.nvmlGpmMigSampleGet, dev.handle, gi))
             s.mig[gi] = ms
         for gi in [g for g in dev.mig_bufs if g not in by_gi]:  # destroyed GPU instances
             self._free(dev.mig_bufs.pop(gi))
