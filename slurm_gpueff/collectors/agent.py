@@ -24,7 +24,7 @@ instance is destroyed and re-created (its counters then restart and are not comp
 :mod:`slurm_gpueff.collectors.mig` resolves slices with). Kernel activity, power and energy are per
 physical GPU only: a slice has none. Slice timelines go to ``agent/timeline/<parent uuid>_gi<N>.jsonl``.
 
-Energy: the cumulative counter costs ~4 ms a call, so it is read every ``ENERGY_INTERVAL_S`` only;
+Energy: the cumulative counter is NVML's slowest call, so it is read every ``ENERGY_INTERVAL_S`` only;
 between reads the agent extends it with the power integral (``energy_est_mj``). A job's energy is the
 difference of that estimate: the counter difference, with at most ``ENERGY_INTERVAL_S`` of integrated
 power at each end.
@@ -35,7 +35,6 @@ the current tick, write a final state marked ``stopped`` and exit 0.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
@@ -43,7 +42,6 @@ import os
 import signal
 import socket
 import sys
-import tempfile
 import threading
 import time
 import uuid as uuidlib
@@ -53,7 +51,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import spool
 from ..errors import CollectorError, GpueffError
-from . import integrals
+from . import agent_files, integrals
 from .agent_files import agent_dir, job_file_uuids, jobs_dir, line_time, mig_key, state_path, timeline_path
 from .gpu_ids import parse_legacy_mig
 from .nvml_sampler import GPM_METRICS, NO_GPM_REASON, GpuInfo, GpuSample, MigInfo, MigSample, NvmlSampler, Sampler
@@ -362,7 +360,7 @@ class Agent:
 
     def write_state(self, stopped: bool = False) -> None:
         data = json.dumps(self.state(stopped), separators=(",", ":"), allow_nan=False).encode()
-        replace_file(state_path(self.state_dir), data)
+        agent_files.replace_file(state_path(self.state_dir), data)
 
     def _maybe_timeline(self) -> None:
         now = self.updated if self.updated is not None else self.clock()
@@ -413,25 +411,6 @@ class Agent:
                 except OSError as exc:
                     log.warning("cannot prune %s: %s", path, exc)
         return dropped
-
-
-def replace_file(path: str, data: bytes, mode: int = 0o644) -> None:
-    """Atomic for readers (temp file + rename) but without fsync, unlike :func:`spool.atomic_write`.
-
-    The state file is rewritten every tick and lives in /run (tmpfs); after a crash or reboot its
-    counters mean nothing anyway (the collector checks the agent's pid and instance). Skipping the two
-    fsyncs keeps a tick cheap where the state dir is on a disk (bench/agent_overhead.py measures both).
-    """
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(path) or ".")
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def _fraction(v: float | None) -> float | None:

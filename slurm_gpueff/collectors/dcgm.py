@@ -9,9 +9,9 @@ Prolog (:meth:`DcgmCollector.start`), with a hostengine connection that persists
    profiling-field watches (SM active 1002, occupancy 1003, tensor 1004, DRAM 1005, FP64/32/16 pipes
    1006/1007/1008, by numeric id: DCGM 4.6 renamed the symbols); ``dcgmJobStartStats``.
 
-Epilog (:meth:`DcgmCollector.stop`): ``dcgmJobStopStats`` + ``dcgmJobGetStats`` (energy, power, peak
-memory, kernel activity, XID errors, violation/throttle times, processes), each profiling field's
-average over the job's window (``dcgmGetFieldSummary``), then the job, watches and group are removed.
+Epilog (:meth:`DcgmCollector.stop`): ``dcgmJobStopStats`` + ``dcgmJobGetStats`` (energy, power, peak memory,
+kernel activity, XID errors, throttle times, processes), each profiling field's average over the job's
+window (``dcgmGetFieldSummary``), then the job, watches and group are removed.
 
 Labels: DCGM's job-stats "SM Utilization" is NVML's utilization.gpu (share of time a kernel ran,
 NVIDIA/DCGM#305), so it is stored as ``kernel_active``; SM activity comes only from field 1002.
@@ -26,15 +26,13 @@ allocation-only record; the reason says what happened. A profiling watch refused
 cannot collect all fields in one pass (PROFILING_MULTI_PASS, pre-Hopper) is retried with fewer
 fields; the dropped ones are None with the reason.
 
-Optionally (``dcgm.exporter_mapping``) the Prolog writes dcgm-exporter's HPC job-mapping files and the
-Epilog removes them (:mod:`slurm_gpueff.collectors.exporter_map`).
+Optionally (``dcgm.exporter_mapping``) the hooks keep dcgm-exporter's HPC job-mapping files (:mod:`.exporter_map`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import time
 
@@ -44,6 +42,7 @@ from . import exporter_map
 from . import mig as migmod
 from .agent_files import state_path
 from .base import Collector, JobContext, Measurement, slurm_index_to_minor
+from .dcgm_bindings import fp64, handle, handle_int, i32, i64
 from .gpu_ids import PROC_GPUS, job_slices, normalize_bus_id, proc_gpus
 
 # Annotation-only imports: importing typing would slow every Prolog and Epilog.
@@ -72,42 +71,12 @@ VIOLATIONS = {"power": "powerViolationTime", "thermal": "thermalViolationTime",
               "reliability": "reliabilityViolationTime", "board_limit": "boardLimitViolationTime",
               "low_utilization": "lowUtilizationTime", "sync_boost": "syncBoostTime"}
 
-INT32_BLANK = 0x7FFFFFF0
-INT64_BLANK = 0x7FFFFFFFFFFFFFF0
-FP64_BLANK = 140737488355328.0
 BLANK_REASON = "DCGM returned a blank value (not supported or not recorded on this GPU)"
 NO_SAMPLES = "DCGM has no samples of this field in the job's window (job shorter than dcgm.update_interval_s?)"
 
 
 class _Fallback(Exception):
     """DCGM could not measure the job; the message is the reason."""
-
-
-def i32(v: object) -> int | None:
-    """An int32 DCGM value, or None for blanks (>= 0x7ffffff0) and negatives."""
-    return int(v) if isinstance(v, int) and 0 <= v < INT32_BLANK else None
-
-
-def i64(v: object) -> int | None:
-    return int(v) if isinstance(v, int) and 0 <= v < INT64_BLANK else None
-
-
-def fp64(v: object) -> float | None:
-    if not isinstance(v, int | float) or isinstance(v, bool):
-        return None
-    v = float(v)
-    return v if math.isfinite(v) and 0 <= v < FP64_BLANK else None
-
-
-def _handle_int(x: Any) -> int:  # a DCGM handle: an int or a ctypes c_void_p
-    v = getattr(x, "value", x)
-    return int(v or 0)
-
-
-def _handle(v: int) -> object:
-    import ctypes
-
-    return ctypes.c_void_p(v)
 
 
 class DcgmCollector(Collector):
@@ -281,20 +250,20 @@ class DcgmCollector(Collector):
         key = f"gpueff-{job.job_id}"
         stamp = f"{key}-{int(self.now())}"
         group_empty = int(getattr(b.structs, "DCGM_GROUP_EMPTY", 1))
-        gid = _handle_int(b.agent.dcgmGroupCreate(h, group_empty, stamp))
+        gid = handle_int(b.agent.dcgmGroupCreate(h, group_empty, stamp))
         out: dict[str, Any] = {"key": key, "group_id": gid, "field_group_id": None, "prof_fields": [],
                                "prof_reason": None, "jobstats": not slices, "t0_us": int(self.now() * 1e6),
                                "targets": targets, "notes": []}
         try:
             for t in members:
                 if t["entity_group"] == 1:
-                    b.agent.dcgmGroupAddDevice(h, _handle(gid), t["entity_id"])
+                    b.agent.dcgmGroupAddDevice(h, handle(gid), t["entity_id"])
                 else:
-                    b.agent.dcgmGroupAddEntity(h, _handle(gid), t["entity_group"], t["entity_id"])
+                    b.agent.dcgmGroupAddEntity(h, handle(gid), t["entity_group"], t["entity_id"])
             keep = self._keep_age(job)
             freq_us = int(float(self.dc.update_interval_s) * 1e6)
             if out["jobstats"]:
-                b.agent.dcgmWatchJobFields(h, _handle(gid), freq_us, keep, 0)
+                b.agent.dcgmWatchJobFields(h, handle(gid), freq_us, keep, 0)
                 self._job_start(b, h, gid, key, out)
             if self.dc.profiling:
                 self._watch_prof(b, h, gid, stamp, freq_us, keep, out)
@@ -307,7 +276,7 @@ class DcgmCollector(Collector):
 
     def _job_start(self, b: Bindings, h: object, gid: int, key: str, out: dict[str, Any]) -> None:
         try:
-            b.agent.dcgmJobStartStats(h, _handle(gid), key)
+            b.agent.dcgmJobStartStats(h, handle(gid), key)
         except Exception as exc:  # noqa: BLE001
             if dcgmb.status(exc) != dcgmb.ST_DUPLICATE_KEY:
                 raise
@@ -315,7 +284,7 @@ class DcgmCollector(Collector):
             # never ran. The key carries our prefix, so the stale entry is ours to drop.
             try:
                 b.agent.dcgmJobRemove(h, key)
-                b.agent.dcgmJobStartStats(h, _handle(gid), key)
+                b.agent.dcgmJobStartStats(h, handle(gid), key)
             except Exception as again:  # noqa: BLE001
                 raise _Fallback(f"{dcgmb.describe(exc)}; removing the stale DCGM job {key} did not help "
                                 f"({dcgmb.describe(again)})") from None
@@ -325,12 +294,12 @@ class DcgmCollector(Collector):
                     out: dict[str, Any]) -> None:
         dropped_why = None
         for attempt, ids in enumerate(PROF_FALLBACKS):
-            fg = _handle_int(b.agent.dcgmFieldGroupCreate(h, list(ids), f"{stamp}-prof{attempt}"))
+            fg = handle_int(b.agent.dcgmFieldGroupCreate(h, list(ids), f"{stamp}-prof{attempt}"))
             try:
-                b.agent.dcgmWatchFields(h, _handle(gid), _handle(fg), freq_us, keep, 0)
+                b.agent.dcgmWatchFields(h, handle(gid), handle(fg), freq_us, keep, 0)
             except Exception as exc:  # noqa: BLE001
                 with contextlib.suppress(Exception):
-                    b.agent.dcgmFieldGroupDestroy(h, _handle(fg))
+                    b.agent.dcgmFieldGroupDestroy(h, handle(fg))
                 if dcgmb.status(exc) == dcgmb.ST_PROFILING_MULTI_PASS:
                     dropped_why = ("DCGM cannot collect this profiling field together with the others on "
                                    "this GPU (PROFILING_MULTI_PASS, pre-Hopper)")
@@ -370,8 +339,7 @@ class DcgmCollector(Collector):
         if fb is None:
             from .none import NoneCollector
 
-            meas = NoneCollector(self.config, f"{why}; no gpueff agent on this node to fall back to").stop(job, None)
-            return meas
+            return NoneCollector(self.config, f"{why}; no gpueff agent on this node to fall back to").stop(job, None)
         meas = fb.stop(job, st if "gpus" in st else None)
         meas.reason = f"{why}; figures from the gpueff agent (nvml) instead" + (
             f"; {meas.reason}" if meas.reason else "")
@@ -494,10 +462,10 @@ class DcgmCollector(Collector):
         if d.get("jobstats"):
             steps.append(("job remove", lambda: b.agent.dcgmJobRemove(h, d["key"])))
         if fg is not None and gid is not None:
-            steps.append(("unwatch", lambda: b.agent.dcgmUnwatchFields(h, _handle(gid), _handle(fg))))
-            steps.append(("field group destroy", lambda: b.agent.dcgmFieldGroupDestroy(h, _handle(fg))))
+            steps.append(("unwatch", lambda: b.agent.dcgmUnwatchFields(h, handle(gid), handle(fg))))
+            steps.append(("field group destroy", lambda: b.agent.dcgmFieldGroupDestroy(h, handle(fg))))
         if gid is not None:
-            steps.append(("group destroy", lambda: b.agent.dcgmGroupDestroy(h, _handle(gid))))
+            steps.append(("group destroy", lambda: b.agent.dcgmGroupDestroy(h, handle(gid))))
         for what, step in steps:
             try:
                 step()

@@ -14,6 +14,7 @@ does a plain TCP (or unix-socket) connect with a short timeout: a dead hostengin
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import sys
@@ -133,8 +134,8 @@ def parse_address(address: str) -> tuple[str, str, int]:
 def probe(address: str, timeout_s: float) -> str | None:
     """None if something accepts connections at ``address`` within ``timeout_s``, else why not.
 
-    A TCP/unix connect only (a few hundred microseconds when the hostengine is up): ``auto`` runs it on
-    every job start, before paying for the bindings' import and the library load.
+    A TCP/unix connect only, cheap when the hostengine is up: ``auto`` runs it on every job start, before
+    paying for the bindings' import and the library load.
     """
     try:
         kind, where, port = parse_address(address)
@@ -190,3 +191,37 @@ def version(b: Bindings) -> str | None:
         if key.strip() == "version":
             return value.strip()
     return raw or None
+
+
+# -- DCGM's values: blank sentinels (not supported / not recorded) and handles ---------------------------
+INT32_BLANK = 0x7FFFFFF0
+INT64_BLANK = 0x7FFFFFFFFFFFFFF0
+FP64_BLANK = 140737488355328.0
+
+
+def i32(v: object) -> int | None:
+    """An int32 DCGM value, or None for blanks (>= 0x7ffffff0) and negatives."""
+    return int(v) if isinstance(v, int) and 0 <= v < INT32_BLANK else None
+
+
+def i64(v: object) -> int | None:
+    return int(v) if isinstance(v, int) and 0 <= v < INT64_BLANK else None
+
+
+def fp64(v: object) -> float | None:
+    if not isinstance(v, int | float) or isinstance(v, bool):
+        return None
+    v = float(v)
+    return v if math.isfinite(v) and 0 <= v < FP64_BLANK else None
+
+
+def handle_int(x: Any) -> int:
+    """The number of a group or field-group handle (the bindings return an int or a ctypes c_void_p)."""
+    v = getattr(x, "value", x)
+    return int(v or 0)
+
+
+def handle(v: int) -> object:
+    import ctypes
+
+    return ctypes.c_void_p(v)

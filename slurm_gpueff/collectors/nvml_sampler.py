@@ -8,15 +8,15 @@ into the real agent loop. :class:`NvmlSampler` is the real one.
 What one sample holds, per GPU, and why:
 
 * ``kernel_pct`` -- NVML ``utilization.gpu`` (share of time any kernel ran). The driver keeps a ring
-  buffer of these readings (H100: one per ~0.2 s, ~14 s kept); we average every reading since the
-  previous sample (``nvmlDeviceGetSamples``) so a 5 s tick sees all of its 5 s, not one 0.2 s glimpse
-  (intervals longer than the buffer see its last ~14 s). Where the buffer is unavailable we fall back
+  buffer of these readings (several a second, some seconds' worth); we average every reading since the
+  previous sample (``nvmlDeviceGetSamples``) so a tick sees all of its interval, not one glimpse
+  (intervals longer than the buffer see its last part). Where the buffer is unavailable we fall back
   to ``nvmlDeviceGetUtilizationRates`` (the latest reading only).
 * ``gpm`` -- GPM metrics (SM active, occupancy, tensor, DRAM, FP pipes) in percent. GPM returns the
   average over the interval between two GPM samples, so the agent integrates them exactly; NaN or a
   per-metric error becomes ``None`` (missing), never 0.
-* ``power_mw`` (cheap, every tick), ``energy_mj`` (cumulative counter since driver load; ~4 ms a call,
-  so only when the agent asks for it), ``memory_used_bytes`` (v2 ``used``, which excludes reserved memory).
+* ``power_mw`` (cheap, every tick), ``energy_mj`` (cumulative counter since driver load; the slowest
+  call, so only when the agent asks for it), ``memory_used_bytes`` (v2 ``used``, which excludes reserved memory).
 * ``mig_devices`` / ``mig`` -- only for a GPU in MIG mode: the MIG devices that exist now (enumerated
   every tick with ``nvmlDeviceGetMigDeviceHandleByIndex``, because GPU instances can be destroyed and
   re-created without a GPU reset) and, per GPU instance, its memory used (``nvmlDeviceGetMemoryInfo``
@@ -36,7 +36,6 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import ModuleType
 from typing import Any, Protocol
 
 from ..errors import CollectorError
@@ -132,7 +131,7 @@ class Sampler(Protocol):
         ...
 
 
-def import_pynvml() -> Any:  # pynvml has no type hints
+def import_pynvml() -> Any:  # the module: it has no type hints
     """Import pynvml or raise CollectorError saying which package to install."""
     try:
         import pynvml  # noqa: PLC0415 - lazy on purpose (hook path stays stdlib-only)
@@ -141,7 +140,7 @@ def import_pynvml() -> Any:  # pynvml has no type hints
     return pynvml
 
 
-def explain_nvml_error(pynvml: ModuleType, exc: Exception) -> str:
+def explain_nvml_error(pynvml: Any, exc: Exception) -> str:
     """One sentence for an NVML initialisation failure (the common ones get advice)."""
     name = type(exc).__name__
     if isinstance(exc, getattr(pynvml, "NVMLError_LibraryNotFound", ())):
@@ -170,18 +169,16 @@ class _GpmBuf:
         self.key: frozenset[str] = frozenset()  # MIG: the GPU instance's device UUIDs (new set = new GI)
 
 
-class _Dev:
-    """Per-GPU handles and GPM sample buffers of the real sampler."""
+class _Dev(_GpmBuf):
+    """Per-GPU handle and state of the real sampler, with the GPU's own GPM sample buffers."""
 
-    __slots__ = ("handle", "info", "gpm_prev", "gpm_cur", "gpm_prev_t", "util_ts", "util_buffer_ok",
-                 "mem_v2", "gpm_capable", "mig_gpm_reason", "mig_bufs", "mig_cache")
+    __slots__ = ("handle", "info", "util_ts", "util_buffer_ok", "mem_v2", "gpm_capable", "mig_gpm_reason",
+                 "mig_bufs", "mig_cache")
 
     def __init__(self, handle: object, info: GpuInfo) -> None:
+        super().__init__()
         self.handle = handle  # pynvml's device handle
         self.info = info
-        self.gpm_prev: object = None
-        self.gpm_cur: object = None
-        self.gpm_prev_t: float | None = None
         self.util_ts = 0  # last seen utilization-sample timestamp (us)
         self.util_buffer_ok = True
         self.mem_v2 = True
@@ -298,9 +295,9 @@ class NvmlSampler:
     def _util_buffer(self, dev: _Dev) -> list[float]:
         """Utilization readings newer than the last seen one (the driver's ring buffer).
 
-        Measured on an H100 (driver 580): the buffer holds ~70 readings over ~14 s (one per ~0.2 s),
-        so a 5 s tick sees every reading; the call costs ~2.5 ms of CPU (the largest part of a tick),
-        about 0.05 % of a core per GPU at 5 s. A single-call ctypes variant was no cheaper.
+        The largest part of a tick's CPU time, yet it sees every reading of a 5 s tick; the buffer's depth
+        and the call's cost are in docs/gpu-validation/h100-agent-overhead.log. A single-call ctypes
+        variant was no cheaper.
         """
         nv = self._nvml
         vtype, samples = nv.nvmlDeviceGetSamples(dev.handle, nv.NVML_GPU_UTILIZATION_SAMPLES, dev.util_ts)
@@ -329,7 +326,7 @@ class NvmlSampler:
         except nv.NVMLError:
             return None
 
-    def _gpm(self, dev: _Dev | _GpmBuf, out: GpuSample | MigSample,
+    def _gpm(self, dev: _GpmBuf, out: GpuSample | MigSample,
              take: Callable[[object], object] | None = None) -> None:
         """One GPM reading into ``out``: ``take(sample)`` fills the current buffer (default: whole GPU)."""
         nv = self._nvml
