@@ -11,7 +11,6 @@ import os
 
 from .integrals import timeline_points
 
-# Annotation-only imports: importing typing would slow every Prolog and Epilog.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping

@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import re
 
-# Annotation-only imports: importing typing would slow every Prolog and Epilog.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any

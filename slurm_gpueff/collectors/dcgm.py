@@ -45,7 +45,6 @@ from .base import Collector, JobContext, Measurement, slurm_index_to_minor
 from .dcgm_bindings import fp64, handle, handle_int, i32, i64
 from .gpu_ids import PROC_GPUS, job_slices, normalize_bus_id, proc_gpus
 
-# Annotation-only imports: importing typing would slow every Prolog and Epilog.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -19,7 +19,6 @@ import os
 import socket
 import sys
 
-# Annotation-only imports: importing typing would slow every Prolog and Epilog.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any

@@ -18,7 +18,6 @@ import os
 
 from .. import spool
 
-# Annotation-only imports: importing typing would slow every Prolog and Epilog.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable

@@ -15,7 +15,6 @@ import math
 
 from ..record import FRACTIONS
 
-# Annotation-only imports: importing typing would slow every Prolog and Epilog.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping

@@ -5,7 +5,6 @@ from __future__ import annotations
 from ..record import empty_gpu
 from .base import Collector, JobContext, Measurement, slurm_index_to_minor
 
-# Annotation-only imports: importing typing would slow every Prolog and Epilog.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any

@@ -27,7 +27,6 @@ from . import mig as migmod
 from .agent_files import mig_key, read_job_timeline
 from .gpu_ids import job_slices, parse_legacy_mig
 
-# Annotation-only imports: importing typing would slow every Prolog and Epilog.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable

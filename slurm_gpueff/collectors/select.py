@@ -10,7 +10,6 @@ from .agent_files import state_path
 from .base import Collector
 from .none import NoneCollector
 
-# Annotation-only imports: importing typing would slow every Prolog and Epilog.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ..config import Config

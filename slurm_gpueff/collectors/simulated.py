@@ -19,7 +19,6 @@ from ..record import FRACTIONS, empty_gpu
 from . import nvml_mig
 from .base import Collector, JobContext, Measurement
 
-# Annotation-only imports: importing typing would slow every Prolog and Epilog.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
