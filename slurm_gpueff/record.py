@@ -25,7 +25,7 @@ import math
 
 from .errors import RecordError
 
-# Annotation-only imports: importing typing would slow every Prolog and Epilog.
+# Annotation-only imports.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, TypeGuard

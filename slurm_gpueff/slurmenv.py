@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 
-# Annotation-only imports: importing typing would slow every Prolog and Epilog.
+# Annotation-only imports.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
