@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from typing import Any, TypeVar
 
     from ..config import Config
-    from .dcgm_bindings import Bindings
+    from .dcgm_bindings import Bindings, GpuJobStats
     from .nvml import NvmlCollector
 
     _T = TypeVar("_T")
@@ -353,7 +353,7 @@ class DcgmCollector(Collector):
             if d.get("jobstats"):
                 b.agent.dcgmJobStopStats(h, key)
                 stats = b.agent.dcgmJobGetStats(h, key)
-            per_gpu = {}
+            per_gpu: dict[int, GpuJobStats] = {}
             if stats is not None:
                 per_gpu = {int(g.gpuId): g for g in stats.gpus[: max(0, int(stats.numGpus))]}
             gpus = []
@@ -368,7 +368,7 @@ class DcgmCollector(Collector):
         return gpus, "; ".join(notes) or None
 
     def _gpu_record(self, b: Bindings, h: object, idx: int, t: dict[str, Any], d: dict[str, Any],
-                    per_gpu: dict[int, Any], t1_us: int) -> dict[str, Any]:
+                    per_gpu: dict[int, GpuJobStats], t1_us: int) -> dict[str, Any]:
         ident = {k: t.get(k) for k in ("minor", "uuid", "pci_bus_id", "model", "memory_total_bytes")}
         if t.get("mig_uuid"):
             ident.update({k: t.get(k) for k in ("mig_uuid", "mig_gi_id", "mig_ci_id", "mig_profile")})
@@ -390,7 +390,7 @@ class DcgmCollector(Collector):
         return gpu
 
     @staticmethod
-    def _fill_jobstats(gpu: dict[str, Any], missing: dict[str, str], g: Any) -> None:
+    def _fill_jobstats(gpu: dict[str, Any], missing: dict[str, str], g: GpuJobStats | None) -> None:
         if g is None:
             for m in JOBSTATS_METRICS:
                 missing[m] = "DCGM job statistics have no entry for this GPU"

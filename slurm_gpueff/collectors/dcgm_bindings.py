@@ -21,7 +21,25 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
+    from collections.abc import Sequence
+    from typing import Any, Protocol
+
+    class Summary(Protocol):
+        average: object
+
+    class Pid(Protocol):
+        pid: int
+
+    class GpuJobStats(Protocol):
+        """What we read of DCGM's per-GPU job statistics (``c_dcgmGpuUsageInfo_t``); raw values may be blanks."""
+
+        smUtilization: Summary
+        powerUsage: Summary
+        energyConsumed: object
+        maxGpuMemoryUsed: object
+        numXidCriticalErrors: object
+        numComputePids: object
+        computePids: Sequence[Pid]
 
 DEFAULT_PORT = 5555
 BINDING_DIRS = (
