@@ -113,7 +113,7 @@ def nvml_call_costs(reps: int = 200) -> dict[str, dict[str, float]]:
 def state_write_costs(reps: int = 50) -> dict[str, dict[str, float]]:
     """CPU and wall per state-file write: spool.atomic_write (2 fsyncs) vs the agent's replace_file."""
     from slurm_gpueff import spool
-    from slurm_gpueff.collectors.agent import replace_file
+    from slurm_gpueff.collectors.agent_files import replace_file
 
     data = b"x" * 6000  # about a 1-GPU state file
     out = {}

@@ -113,12 +113,12 @@ class JobGpu(SQLModel, table=True):
     power_mean_w: float | None = None
     source: str = Field(default="none", max_length=16)
     samples: int = 0
-    missing: dict | None = Field(default=None, sa_column=Column(JSON))
+    missing: dict[str, str] | None = Field(default=None, sa_column=Column(JSON))
     # DCGM job statistics (NULL on other backends): XID errors, seconds of clock throttling per cause,
     # compute PIDs. MIG: the slice the job held (uuid is then the parent GPU's).
     xid_errors: int | None = None
-    throttle_s: dict | None = Field(default=None, sa_column=Column(JSON))
-    processes: list | None = Field(default=None, sa_column=Column(JSON))
+    throttle_s: dict[str, float] | None = Field(default=None, sa_column=Column(JSON))
+    processes: list[int] | None = Field(default=None, sa_column=Column(JSON))
     mig_uuid: str | None = Field(default=None, max_length=96)
     mig_profile: str | None = Field(default=None, max_length=32)
     mig_gi_id: int | None = None
@@ -131,7 +131,7 @@ class JobGpuTimeline(SQLModel, table=True):
     __tablename__ = "job_gpu_timeline"
 
     job_gpu_id: int = Field(foreign_key="job_gpu.id", primary_key=True, ondelete="CASCADE")
-    points: list = Field(default_factory=list, sa_column=Column(JSON))
+    points: list[list[float | None]] = Field(default_factory=list, sa_column=Column(JSON))
 
 
 class ReportLog(SQLModel, table=True):
@@ -142,7 +142,7 @@ class ReportLog(SQLModel, table=True):
     real send and neither ever repeats. The row is claimed (status ``sending``) and committed *before*
     the SMTP conversation: two runners cannot both send. ``failed`` rows are retried from the archived
     ``.eml`` (``archive``) after ``next_try_at``; ``skipped`` rows say why no card went (opt-out, rate
-    limit, no address). Written by slurm_gpueff.reports (issue 5).
+    limit, no address). Written by slurm_gpueff.reports.
     """
 
     __tablename__ = "report_log"
@@ -177,7 +177,7 @@ class ReportOptOut(SQLModel, table=True):
 class UsageRollup(SQLModel, table=True):
     """Per-day and per-month sums of the job summaries, by (cluster, user, account, verdict).
 
-    Written by slurm_gpueff.storage.rollups (issue 4) with INSERT ... SELECT ... GROUP BY; per-user,
+    Written by slurm_gpueff.storage.rollups with INSERT ... SELECT ... GROUP BY; per-user,
     per-account and site totals are GROUP BYs over these few rows instead of over every job. A job
     counts on the UTC day (and month) it ended. A sum is NULL when no job of the group had that figure
     measured; ``*_measured_gpu_hours`` are the GPU-hours behind each sum (the right denominator for a

@@ -12,7 +12,31 @@ from __future__ import annotations
 import os
 import pwd
 from collections.abc import Sequence
-from typing import Any
+from typing import Protocol, TypeVar
+
+
+class PrivacyRules(Protocol):
+    """The ``[privacy]`` section of the config."""
+
+    @property
+    def enabled(self) -> bool: ...
+
+    @property
+    def admins(self) -> Sequence[str]: ...
+
+
+class Owned(Protocol):
+    """A job as far as ownership goes (a database row or an accounting record)."""
+
+    @property
+    def uid(self) -> int | None: ...
+
+    @property
+    def user(self) -> str | None: ...
+
+
+_Job = TypeVar("_Job", bound=Owned)
+_Gpus = TypeVar("_Gpus")
 
 
 def current_user() -> tuple[int, str | None]:
@@ -24,19 +48,19 @@ def current_user() -> tuple[int, str | None]:
         return uid, None
 
 
-def sees_everything(privacy: Any, uid: int, name: str | None) -> bool:
+def sees_everything(privacy: PrivacyRules, uid: int, name: str | None) -> bool:
     """True for root, for configured admins, and for everyone when privacy is off."""
     return uid == 0 or not privacy.enabled or (name is not None and name in privacy.admins)
 
 
-def owns(job: Any, uid: int, name: str | None) -> bool:
+def owns(job: Owned, uid: int, name: str | None) -> bool:
     if job.uid is not None:
         return job.uid == uid
     return name is not None and job.user == name
 
 
-def visible(found: Sequence[tuple[Any, Any]], privacy: Any, uid: int | None = None,
-            name: str | None = None) -> tuple[list[tuple[Any, Any]], int]:
+def visible(found: Sequence[tuple[_Job, _Gpus]], privacy: PrivacyRules, uid: int | None = None,
+            name: str | None = None) -> tuple[list[tuple[_Job, _Gpus]], int]:
     """(the (job, gpus) pairs this user may see, how many were hidden)."""
     if uid is None:
         uid, name = current_user()

@@ -25,10 +25,10 @@ import math
 
 from .errors import RecordError
 
-# Annotation-only imports: typing costs ~2 ms at start-up, which every Prolog/Epilog would pay.
+# Annotation-only imports.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, TypeGuard
 
 SCHEMA_VERSION = 1
 
@@ -64,6 +64,10 @@ _JOB_INTS = ("job_id", "array_job_id", "array_task_id", "het_job_id", "het_job_o
 _JOB_STRS = ("cluster", "node", "user", "account", "partition", "reason", "writer")
 
 
+def _is_number(v: object) -> TypeGuard[int | float]:
+    return v.__class__ in _NUMBER
+
+
 def empty_gpu(index: int, source: str, reason: str | None = None, **ident: Any) -> dict[str, Any]:
     """A GPU entry with nothing measured; every metric None with the same reason."""
     gpu: dict[str, Any] = {"index": index, "minor": None, "uuid": None, "pci_bus_id": None, "model": None,
@@ -78,7 +82,7 @@ def empty_gpu(index: int, source: str, reason: str | None = None, **ident: Any) 
     return gpu
 
 
-def validate(rec: Any) -> dict[str, Any]:
+def validate(rec: object) -> dict[str, Any]:
     """Check a record read from the spool; raise RecordError naming the first problem.
 
     Ingest quarantines anything that fails here, so this is strict about types and ranges.
@@ -123,7 +127,7 @@ def validate(rec: Any) -> dict[str, Any]:
     return rec
 
 
-def _validate_gpu(i: int, gpu: Any) -> None:
+def _validate_gpu(i: int, gpu: object) -> None:
     where = f"gpus[{i}]"
     if not isinstance(gpu, dict):
         raise RecordError(f"{where} is not an object")
@@ -133,11 +137,11 @@ def _validate_gpu(i: int, gpu: Any) -> None:
     # Exact type tests (bool is not a number here); a range test also rejects NaN and infinities.
     for m in FRACTIONS:
         v = gpu.get(m)
-        if v is not None and (v.__class__ not in _NUMBER or not -1e-6 <= v <= 1 + 1e-6):
+        if v is not None and (not _is_number(v) or not -1e-6 <= v <= 1 + 1e-6):
             raise RecordError(f"{where}.{m} must be a fraction in [0, 1] or null, got {v!r}")
     for m in _QUANTITIES:
         v = gpu.get(m)
-        if v is not None and (v.__class__ not in _NUMBER or not 0 <= v < math.inf):
+        if v is not None and (not _is_number(v) or not 0 <= v < math.inf):
             raise RecordError(f"{where}.{m} must be a non-negative number or null, got {v!r}")
     _validate_optional(where, gpu)
     samples = gpu.get("samples", 0)

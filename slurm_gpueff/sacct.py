@@ -29,9 +29,12 @@ import subprocess
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import GpueffError
+
+if TYPE_CHECKING:
+    from .config import Config
 
 # The job fields asked of ``sacct -P``; JobName last because it may contain the delimiter.
 PARSABLE_FIELDS = ("JobIDRaw", "JobID", "Cluster", "User", "UID", "Account", "Partition", "QOS", "NodeList",
@@ -168,7 +171,9 @@ def expand_hostlist(text: str | None) -> list[str]:
 
 def _split_top(text: str) -> list[str]:
     """Split on commas outside brackets."""
-    parts, depth, cur = [], 0, []
+    parts: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for ch in text:
         if ch == "[":
             depth += 1
@@ -194,7 +199,7 @@ def _ids_from_text(job: SacctJob) -> None:
         job.het_job_id, job.het_job_offset = int(m.group(1)), int(m.group(2))
 
 
-def _epoch(value: Any) -> float | None:
+def _epoch(value: object) -> float | None:
     """sacct times: epoch numbers (json; -P with SLURM_TIME_FORMAT=%s); 0 / Unknown / None -> None."""
     if isinstance(value, bool) or value is None:
         return None
@@ -206,14 +211,14 @@ def _epoch(value: Any) -> float | None:
     return None
 
 
-def _text(value: Any) -> str | None:
+def _text(value: object) -> str | None:
     if value is None:
         return None
     text = str(value).strip()
     return None if text in _NONE_TEXT else text
 
 
-def _int(value: Any) -> int | None:
+def _int(value: object) -> int | None:
     if isinstance(value, bool) or value is None:
         return None
     if isinstance(value, int):
@@ -236,7 +241,7 @@ def parse_json(text: str) -> tuple[list[SacctJob], dict[str, Any]]:
     errors = [e for e in doc.get("errors") or [] if e and not (isinstance(e, dict) and e.get("error_number") == 9003)]
     if errors and not doc["jobs"]:
         raise SacctError(f"sacct --json reported errors: {errors}")
-    meta = doc.get("meta") if isinstance(doc.get("meta"), dict) else {}
+    meta = _obj(doc.get("meta"))
     out = []
     for j in doc["jobs"]:
         if not isinstance(j, dict) or _int(j.get("job_id")) is None:
@@ -245,11 +250,13 @@ def parse_json(text: str) -> tuple[list[SacctJob], dict[str, Any]]:
     return out, meta
 
 
+def _obj(value: object) -> dict[str, Any]:
+    """A JSON object, or {} for anything else (absent, null, another type)."""
+    return value if isinstance(value, dict) else {}
+
+
 def _job_from_json(j: dict[str, Any]) -> SacctJob:
-    arr = j.get("array") if isinstance(j.get("array"), dict) else {}
-    het = j.get("het") if isinstance(j.get("het"), dict) else {}
-    assoc = j.get("association") if isinstance(j.get("association"), dict) else {}
-    times = j.get("time") if isinstance(j.get("time"), dict) else {}
+    arr, het, assoc, times = (_obj(j.get(k)) for k in ("array", "het", "association", "time"))
     state = j.get("state")
     state_text = state.get("current") if isinstance(state, dict) else state
     if isinstance(state_text, list):  # later data_parser versions: a list of flags
@@ -284,9 +291,9 @@ def _job_from_json(j: dict[str, Any]) -> SacctJob:
     job.elapsed_s = float(elapsed) if isinstance(elapsed, int | float) and not isinstance(elapsed, bool) else None
     job.state_text = str(state_text) if state_text else None
     job.state = state_word(job.state_text)
-    ec = j.get("exit_code") if isinstance(j.get("exit_code"), dict) else {}
+    ec = _obj(j.get("exit_code"))
     code = _int(ec.get("return_code"))
-    sig = ec.get("signal") if isinstance(ec.get("signal"), dict) else {}
+    sig = _obj(ec.get("signal"))
     job.exit_code = code
     job.signal = _int(sig.get("signal_id")) if sig else (0 if code is not None else None)
     return job
@@ -366,7 +373,7 @@ class SacctReader:
         self.calls = 0  # sacct invocations (tests check the batching)
 
     @classmethod
-    def from_config(cls, config: Any) -> SacctReader:
+    def from_config(cls, config: Config) -> SacctReader:
         s = config.sacct
         return cls(command=s.command, timeout_s=s.timeout_s, batch_size=s.batch_size, fmt=s.format)
 
@@ -459,7 +466,7 @@ def _json_unsupported(message: str) -> bool:
                                 "openapi", "data_parser", "serializer"))
 
 
-def no_gpus_note(spec: str, config: Any, timeout_s: float = 5.0) -> str | None:
+def no_gpus_note(spec: str, config: Config, timeout_s: float = 5.0) -> str | None:
     """For seff-gpu: a sentence if sacct knows job ``spec`` and it finished without any GPU, else None.
 
     CPU-only jobs get no record by design (the hooks return at once), so "not in the database" would

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 
-# Annotation-only imports: typing costs ~2 ms at start-up, which every Prolog/Epilog would pay.
+# Annotation-only imports.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping

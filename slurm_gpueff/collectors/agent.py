@@ -24,7 +24,7 @@ instance is destroyed and re-created (its counters then restart and are not comp
 :mod:`slurm_gpueff.collectors.mig` resolves slices with). Kernel activity, power and energy are per
 physical GPU only: a slice has none. Slice timelines go to ``agent/timeline/<parent uuid>_gi<N>.jsonl``.
 
-Energy: the cumulative counter costs ~4 ms a call, so it is read every ``ENERGY_INTERVAL_S`` only;
+Energy: the cumulative counter is NVML's slowest call, so it is read every ``ENERGY_INTERVAL_S`` only;
 between reads the agent extends it with the power integral (``energy_est_mj``). A job's energy is the
 difference of that estimate: the counter difference, with at most ``ENERGY_INTERVAL_S`` of integrated
 power at each end.
@@ -35,7 +35,6 @@ the current tick, write a final state marked ``stopped`` and exit 0.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
@@ -43,19 +42,23 @@ import os
 import signal
 import socket
 import sys
-import tempfile
 import threading
 import time
 import uuid as uuidlib
 from collections.abc import Callable
-from typing import Any
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 from .. import spool
 from ..errors import CollectorError, GpueffError
-from . import integrals
+from . import agent_files, integrals
 from .agent_files import agent_dir, job_file_uuids, jobs_dir, line_time, mig_key, state_path, timeline_path
 from .gpu_ids import parse_legacy_mig
 from .nvml_sampler import GPM_METRICS, NO_GPM_REASON, GpuInfo, GpuSample, MigInfo, MigSample, NvmlSampler, Sampler
+
+if TYPE_CHECKING:
+    from ..config import Config
+    from .integrals import Counters
 
 log = logging.getLogger("slurm_gpueff.agent")
 
@@ -115,8 +118,8 @@ class Agent:
     monotonic ``t``. Both are injectable so tests can drive uneven intervals deterministically.
     """
 
-    def __init__(self, config: Any, sampler: Sampler, *, wall_clock: Callable[[], float] = time.time,
-                 energy_interval_s: float | None = None, host: str | None = None):
+    def __init__(self, config: Config, sampler: Sampler, *, wall_clock: Callable[[], float] = time.time,
+                 energy_interval_s: float | None = None, host: str | None = None) -> None:
         self.config = config
         self.sampler = sampler
         self.clock = wall_clock
@@ -194,8 +197,9 @@ class Agent:
         kernel = s.kernel_pct / 100.0 if s.kernel_pct is not None else None
         power_w = s.power_mw / 1000.0 if s.power_mw is not None else None
         integrals.add(c, "kernel_active", _fraction(kernel), held_dt)
-        if integrals.add(c, "power_w", power_w, held_dt) and g.energy_mj is not None:
-            g.power_since_energy_mj += power_w * held_dt * 1000.0  # type: ignore[operator]
+        added = integrals.add(c, "power_w", power_w, held_dt)
+        if added and g.energy_mj is not None and power_w is not None and held_dt is not None:
+            g.power_since_energy_mj += power_w * held_dt * 1000.0
         if s.gpm is not None:
             for metric, pct in s.gpm.items():
                 v = pct / 100.0 if pct is not None else None
@@ -304,7 +308,7 @@ class Agent:
 
     # -- publishing ----------------------------------------------------------------------------
     def state(self, stopped: bool = False) -> dict[str, Any]:
-        gpus = {}
+        gpus: dict[str, dict[str, Any]] = {}
         for u, g in self.gpus.items():
             i = g.info
             gpus[u] = {
@@ -356,7 +360,7 @@ class Agent:
 
     def write_state(self, stopped: bool = False) -> None:
         data = json.dumps(self.state(stopped), separators=(",", ":"), allow_nan=False).encode()
-        replace_file(state_path(self.state_dir), data)
+        agent_files.replace_file(state_path(self.state_dir), data)
 
     def _maybe_timeline(self) -> None:
         now = self.updated if self.updated is not None else self.clock()
@@ -364,7 +368,7 @@ class Agent:
         if last is not None and now - last < self.timeline_interval_s - 1e-6:
             return
         self.last_timeline_wall = now
-        series: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
+        series: list[tuple[str, Counters, dict[str, str]]] = []
         for u, g in self.gpus.items():
             series.append((u, g.counters, {}))
             series += [(mig_key(u, gi), sl.counters, {"gen": sl.gen}) for gi, sl in g.mig.items()]
@@ -409,25 +413,6 @@ class Agent:
         return dropped
 
 
-def replace_file(path: str, data: bytes, mode: int = 0o644) -> None:
-    """Atomic for readers (temp file + rename) but without fsync, unlike :func:`spool.atomic_write`.
-
-    The state file is rewritten every tick and lives in /run (tmpfs); after a crash or reboot its
-    counters mean nothing anyway (the collector checks the agent's pid and instance). Skipping the two
-    fsyncs keeps a tick cheap where the state dir is on a disk (bench/agent_overhead.py measures both).
-    """
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(path) or ".")
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 def _fraction(v: float | None) -> float | None:
     if v is None or not math.isfinite(v):
         return None
@@ -440,7 +425,7 @@ def _r(v: float | None) -> float | None:
     return round(v, 6)
 
 
-def run_agent(config: Any, *, once: bool = False, sampler: Sampler | None = None,
+def run_agent(config: Config, *, once: bool = False, sampler: Sampler | None = None,
               energy_interval_s: float | None = None) -> int:
     """The body of ``gpueff agent``: sample until SIGTERM/SIGINT (or one tick with ``once``); exit code.
 
@@ -465,9 +450,9 @@ def run_agent(config: Any, *, once: bool = False, sampler: Sampler | None = None
             log.error("cannot serve /metrics on %s:%d: %s; sampling goes on without it",
                       agent.config.agent.metrics_address, agent.config.agent.metrics_port, exc)
     stop = threading.Event()
-    old: dict[int, Any] = {}
+    old: dict[signal.Signals, Callable[[int, FrameType | None], object] | int | None] = {}
     if threading.current_thread() is threading.main_thread():
-        def _handler(signum: int, _frame: Any) -> None:
+        def _handler(signum: int, _frame: FrameType | None) -> None:
             log.info("signal %d: finishing the current tick, then exiting", signum)
             stop.set()
 

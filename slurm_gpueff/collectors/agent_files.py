@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
 
 from .integrals import timeline_points
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
 
 
 def agent_dir(state_dir: str) -> str:
@@ -35,12 +39,12 @@ def jobs_dir(state_dir: str) -> str:
     return os.path.join(state_dir, "jobs")
 
 
-def job_file_uuids(data: Any) -> list[str]:
+def job_file_uuids(data: object) -> list[str]:
     """GPU UUIDs named in a Prolog job file: ``start.uuids`` (the collector's start state) or ``gpus``."""
     found: list[str] = []
     if isinstance(data, dict):
         start = data.get("start")
-        cands: list[Any] = []
+        cands: list[object] = []
         if isinstance(start, dict) and isinstance(start.get("uuids"), list):
             cands += start["uuids"]
         for key in ("uuids", "gpus"):
@@ -50,6 +54,29 @@ def job_file_uuids(data: Any) -> list[str]:
             if isinstance(c, str) and c.startswith(("GPU-", "MIG-")) and c not in found:
                 found.append(c)
     return found
+
+
+def replace_file(path: str, data: bytes, mode: int = 0o644) -> None:
+    """Atomic for readers (temp file + rename) but without fsync, unlike :func:`spool.atomic_write`.
+
+    The state file is rewritten every tick and lives in /run (tmpfs); after a crash or reboot its
+    counters mean nothing anyway (the collector checks the agent's pid and instance). Skipping the two
+    fsyncs keeps a tick cheap where the state dir is on a disk (bench/agent_overhead.py measures both).
+    """
+    import tempfile  # the agent's, not the hooks' import
+
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(path) or ".")
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:  # noqa: SIM105 - contextlib would be one more import on the hook path
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def line_time(line: str) -> float | None:
@@ -63,8 +90,9 @@ def line_time(line: str) -> float | None:
         return None
 
 
-def read_job_timeline(state_dir: str, key: str, match: dict[str, Any], t_start: float, snap: dict[str, Any],
-                      t_end: float, end: dict[str, Any], t0: float) -> list[list[float | None]]:
+def read_job_timeline(state_dir: str, key: str, match: Mapping[str, object], t_start: float,
+                      snap: Mapping[str, Any], t_end: float, end: Mapping[str, Any],
+                      t0: float) -> list[list[float | None]]:
     """A job's coarse timeline: the agent's timeline lines for ``key`` strictly inside the job's window,
     bracketed by the Prolog snapshot and the Epilog state, differenced into per-interval means.
 
@@ -72,7 +100,7 @@ def read_job_timeline(state_dir: str, key: str, match: dict[str, Any], t_start: 
     ``instance``; for a MIG slice also its ``gen``): counters from another agent run or another slice
     generation are skipped, never mixed in.
     """
-    points: list[tuple[float, dict[str, Any]]] = [(t_start, snap)]
+    points: list[tuple[float, Mapping[str, Any]]] = [(t_start, snap)]
     try:
         with open(timeline_path(state_dir, key)) as fh:
             for line in fh:

@@ -16,9 +16,18 @@ stdlib-only at import time (tests/test_layering.py), as the hooks load them.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .nvml_sampler import GPM_METRICS
+
+if TYPE_CHECKING:
+    import threading
+    from wsgiref.simple_server import WSGIServer
+
+    from prometheus_client.metrics_core import Metric
+    from prometheus_client.registry import CollectorRegistry
+
+    from .agent import Agent
 
 LABELS = ("minor", "uuid", "model")
 ACTIVITIES = ("kernel_active", *GPM_METRICS)  # fractions 0-1 in the agent's ``last`` readings
@@ -27,10 +36,10 @@ ACTIVITIES = ("kernel_active", *GPM_METRICS)  # fractions 0-1 in the agent's ``l
 class AgentCollector:
     """prometheus_client collector over a running :class:`slurm_gpueff.collectors.agent.Agent`."""
 
-    def __init__(self, agent: Any) -> None:
+    def __init__(self, agent: Agent) -> None:
         self.agent = agent
 
-    def collect(self) -> Iterator[Any]:
+    def collect(self) -> Iterator[Metric]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         a = self.agent
@@ -49,8 +58,9 @@ class AgentCollector:
                 v = last.get(m)
                 if v is not None:
                     fam.add_metric(labels, v)
-            if last.get("power_w") is not None:
-                power.add_metric(labels, last["power_w"])
+            w = last.get("power_w")
+            if w is not None:
+                power.add_metric(labels, w)
             if g.memory_used is not None:
                 used.add_metric(labels, g.memory_used)
             if info.memory_total_bytes is not None:
@@ -68,7 +78,7 @@ class AgentCollector:
             yield GaugeMetricFamily("gpueff_agent_tick_cpu_seconds", "CPU time of the last tick", value=a.tick_cpu_s)
 
 
-def registry_for(agent: Any) -> Any:
+def registry_for(agent: Agent) -> CollectorRegistry:
     """A registry holding only the agent's collector (not the process's default metrics)."""
     from prometheus_client.registry import CollectorRegistry
 
@@ -77,7 +87,7 @@ def registry_for(agent: Any) -> Any:
     return reg
 
 
-def serve(agent: Any, address: str, port: int) -> Any:
+def serve(agent: Agent, address: str, port: int) -> tuple[WSGIServer, threading.Thread]:
     """Start the /metrics HTTP server in a daemon thread; returns (server, thread) from prometheus_client."""
     from prometheus_client import start_http_server
 

@@ -17,10 +17,11 @@ from __future__ import annotations
 import os
 import re
 
-# Annotation-only imports: typing costs ~2 ms at start-up, which every Prolog/Epilog would pay.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
+
+    from ..config import Config
 
 
 class JobContext:
@@ -34,7 +35,7 @@ class JobContext:
 
     def __init__(self, job_id: int, node: str, cluster: str, gpu_indexes: list[int],
                  start_time: float | None = None, end_time: float | None = None,
-                 env: dict[str, str] | None = None):
+                 env: dict[str, str] | None = None) -> None:
         self.job_id = job_id
         self.node = node
         self.cluster = cluster
@@ -49,7 +50,7 @@ class Measurement:
 
     __slots__ = ("backend", "reason", "gpus")
 
-    def __init__(self, backend: str, gpus: list[dict[str, Any]], reason: str | None = None):
+    def __init__(self, backend: str, gpus: list[dict[str, Any]], reason: str | None = None) -> None:
         self.backend = backend
         self.gpus = gpus
         self.reason = reason
@@ -60,7 +61,7 @@ class Collector:
 
     name = "none"
 
-    def __init__(self, config: Any):
+    def __init__(self, config: Config) -> None:
         self.config = config
 
     def start(self, job: JobContext) -> dict[str, Any]:  # pragma: no cover - interface

@@ -9,9 +9,9 @@ Prolog (:meth:`DcgmCollector.start`), with a hostengine connection that persists
    profiling-field watches (SM active 1002, occupancy 1003, tensor 1004, DRAM 1005, FP64/32/16 pipes
    1006/1007/1008, by numeric id: DCGM 4.6 renamed the symbols); ``dcgmJobStartStats``.
 
-Epilog (:meth:`DcgmCollector.stop`): ``dcgmJobStopStats`` + ``dcgmJobGetStats`` (energy, power, peak
-memory, kernel activity, XID errors, violation/throttle times, processes), each profiling field's
-average over the job's window (``dcgmGetFieldSummary``), then the job, watches and group are removed.
+Epilog (:meth:`DcgmCollector.stop`): ``dcgmJobStopStats`` + ``dcgmJobGetStats`` (energy, power, peak memory,
+kernel activity, XID errors, throttle times, processes), each profiling field's average over the job's
+window (``dcgmGetFieldSummary``), then the job, watches and group are removed.
 
 Labels: DCGM's job-stats "SM Utilization" is NVML's utilization.gpu (share of time a kernel ran,
 NVIDIA/DCGM#305), so it is stored as ``kernel_active``; SM activity comes only from field 1002.
@@ -26,15 +26,13 @@ allocation-only record; the reason says what happened. A profiling watch refused
 cannot collect all fields in one pass (PROFILING_MULTI_PASS, pre-Hopper) is retried with fewer
 fields; the dropped ones are None with the reason.
 
-Optionally (``dcgm.exporter_mapping``) the Prolog writes dcgm-exporter's HPC job-mapping files and the
-Epilog removes them (:mod:`slurm_gpueff.collectors.exporter_map`).
+Optionally (``dcgm.exporter_mapping``) the hooks keep dcgm-exporter's HPC job-mapping files (:mod:`.exporter_map`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import time
 
@@ -42,14 +40,21 @@ from ..record import METRICS, empty_gpu
 from . import dcgm_bindings as dcgmb
 from . import exporter_map
 from . import mig as migmod
+from .agent_files import state_path
 from .base import Collector, JobContext, Measurement, slurm_index_to_minor
+from .dcgm_bindings import fp64, handle, handle_int, i32, i64
 from .gpu_ids import PROC_GPUS, job_slices, normalize_bus_id, proc_gpus
 
-# Annotation-only imports: typing costs ~2 ms at start-up, which every Prolog/Epilog would pay.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from typing import Any
+    from typing import Any, TypeVar
+
+    from ..config import Config
+    from .dcgm_bindings import Bindings, GpuJobStats
+    from .nvml import NvmlCollector
+
+    _T = TypeVar("_T")
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +70,6 @@ VIOLATIONS = {"power": "powerViolationTime", "thermal": "thermalViolationTime",
               "reliability": "reliabilityViolationTime", "board_limit": "boardLimitViolationTime",
               "low_utilization": "lowUtilizationTime", "sync_boost": "syncBoostTime"}
 
-INT32_BLANK = 0x7FFFFFF0
-INT64_BLANK = 0x7FFFFFFFFFFFFFF0
-FP64_BLANK = 140737488355328.0
 BLANK_REASON = "DCGM returned a blank value (not supported or not recorded on this GPU)"
 NO_SAMPLES = "DCGM has no samples of this field in the job's window (job shorter than dcgm.update_interval_s?)"
 
@@ -76,45 +78,14 @@ class _Fallback(Exception):
     """DCGM could not measure the job; the message is the reason."""
 
 
-def i32(v: Any) -> int | None:
-    """An int32 DCGM value, or None for blanks (>= 0x7ffffff0) and negatives."""
-    return int(v) if isinstance(v, int) and 0 <= v < INT32_BLANK else None
-
-
-def i64(v: Any) -> int | None:
-    return int(v) if isinstance(v, int) and 0 <= v < INT64_BLANK else None
-
-
-def fp64(v: Any) -> float | None:
-    if not isinstance(v, int | float) or isinstance(v, bool):
-        return None
-    v = float(v)
-    return v if math.isfinite(v) and 0 <= v < FP64_BLANK else None
-
-
-def _handle_int(x: Any) -> int:
-    v = getattr(x, "value", x)
-    return int(v or 0)
-
-
-def _handle(v: int) -> Any:
-    import ctypes
-
-    return ctypes.c_void_p(v)
-
-
-def agent_state_file(config: Any) -> str:
-    return os.path.join(config.paths.state_dir, "agent", "state.json")
-
-
 class DcgmCollector(Collector):
     """DCGM through nv-hostengine; falls back to the gpueff agent (nvml) or allocation-only."""
 
     name = "dcgm"
 
-    def __init__(self, config: Any, *, proc_dir: str = PROC_GPUS, dev_dir: str = "/dev",
+    def __init__(self, config: Config, *, proc_dir: str = PROC_GPUS, dev_dir: str = "/dev",
                  now: Callable[[], float] = time.time,
-                 mig_lookup: Callable[[str], dict[str, Any]] | None = migmod.nvml_lookup):
+                 mig_lookup: Callable[[str], dict[str, Any]] | None = migmod.nvml_lookup) -> None:
         super().__init__(config)
         self.proc_dir = proc_dir
         self.dev_dir = dev_dir
@@ -123,15 +94,18 @@ class DcgmCollector(Collector):
         self.dc = config.dcgm
 
     # -- plumbing ---------------------------------------------------------------------------------
-    def _fallback(self, wanted: bool = False) -> Any:
-        """The nvml hook collector when the gpueff agent publishes on this node (or was used at start)."""
-        if wanted or os.path.exists(agent_state_file(self.config)):
-            from .nvml import NvmlCollector
+    def _nvml(self) -> NvmlCollector:
+        from .nvml import NvmlCollector
 
-            return NvmlCollector(self.config, dev_dir=self.dev_dir)
+        return NvmlCollector(self.config, dev_dir=self.dev_dir)
+
+    def _fallback(self, wanted: bool = False) -> NvmlCollector | None:
+        """The nvml hook collector when the gpueff agent publishes on this node (or was used at start)."""
+        if wanted or os.path.exists(state_path(self.config.paths.state_dir)):
+            return self._nvml()
         return None
 
-    def _with_dcgm(self, fn: Callable[[Any, Any], Any]) -> Any:
+    def _with_dcgm(self, fn: Callable[[Bindings, object], _T]) -> _T:
         why = dcgmb.probe(self.dc.hostengine, self.dc.connect_timeout_s)
         if why is not None:
             raise dcgmb.DcgmUnavailable(why)
@@ -172,7 +146,7 @@ class DcgmCollector(Collector):
             state["exporter"] = self._exporter_add(job, state)
         return state
 
-    def _dcgm_gpus(self, b: Any, h: Any) -> list[dict[str, Any]]:
+    def _dcgm_gpus(self, b: Bindings, h: object) -> list[dict[str, Any]]:
         """Every GPU DCGM supports here, with the identity we match on."""
         out = []
         for gid in b.agent.dcgmGetAllSupportedDevices(h):
@@ -189,7 +163,7 @@ class DcgmCollector(Collector):
         import json
 
         try:
-            with open(agent_state_file(self.config), "rb") as fh:
+            with open(state_path(self.config.paths.state_dir), "rb") as fh:
                 gpus = json.loads(fh.read()).get("gpus") or {}
         except (OSError, ValueError, AttributeError):
             return {}
@@ -225,7 +199,7 @@ class DcgmCollector(Collector):
             targets[str(idx)] = t
         return targets
 
-    def _mig_targets(self, slices: list[tuple[int, str]], b: Any, h: Any,
+    def _mig_targets(self, slices: list[tuple[int, str]], b: Bindings, h: object,
                      dcgm_gpus: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         inventory = migmod.agent_inventory(self.config.paths.state_dir)
         by_uuid = {g["uuid"]: g for g in dcgm_gpus if g["uuid"]}
@@ -264,7 +238,7 @@ class DcgmCollector(Collector):
             keep = max(keep, float(end) - self.now() + 3600.0)
         return keep
 
-    def _dcgm_start(self, job: JobContext, b: Any, h: Any) -> dict[str, Any]:
+    def _dcgm_start(self, job: JobContext, b: Bindings, h: object) -> dict[str, Any]:
         slices = job_slices(job.env)
         dcgm_gpus = self._dcgm_gpus(b, h)
         targets = self._mig_targets(slices, b, h, dcgm_gpus) if slices else self._gpu_targets(job, dcgm_gpus)
@@ -275,20 +249,20 @@ class DcgmCollector(Collector):
         key = f"gpueff-{job.job_id}"
         stamp = f"{key}-{int(self.now())}"
         group_empty = int(getattr(b.structs, "DCGM_GROUP_EMPTY", 1))
-        gid = _handle_int(b.agent.dcgmGroupCreate(h, group_empty, stamp))
+        gid = handle_int(b.agent.dcgmGroupCreate(h, group_empty, stamp))
         out: dict[str, Any] = {"key": key, "group_id": gid, "field_group_id": None, "prof_fields": [],
                                "prof_reason": None, "jobstats": not slices, "t0_us": int(self.now() * 1e6),
                                "targets": targets, "notes": []}
         try:
             for t in members:
                 if t["entity_group"] == 1:
-                    b.agent.dcgmGroupAddDevice(h, _handle(gid), t["entity_id"])
+                    b.agent.dcgmGroupAddDevice(h, handle(gid), t["entity_id"])
                 else:
-                    b.agent.dcgmGroupAddEntity(h, _handle(gid), t["entity_group"], t["entity_id"])
+                    b.agent.dcgmGroupAddEntity(h, handle(gid), t["entity_group"], t["entity_id"])
             keep = self._keep_age(job)
             freq_us = int(float(self.dc.update_interval_s) * 1e6)
             if out["jobstats"]:
-                b.agent.dcgmWatchJobFields(h, _handle(gid), freq_us, keep, 0)
+                b.agent.dcgmWatchJobFields(h, handle(gid), freq_us, keep, 0)
                 self._job_start(b, h, gid, key, out)
             if self.dc.profiling:
                 self._watch_prof(b, h, gid, stamp, freq_us, keep, out)
@@ -299,9 +273,9 @@ class DcgmCollector(Collector):
             raise
         return out
 
-    def _job_start(self, b: Any, h: Any, gid: int, key: str, out: dict[str, Any]) -> None:
+    def _job_start(self, b: Bindings, h: object, gid: int, key: str, out: dict[str, Any]) -> None:
         try:
-            b.agent.dcgmJobStartStats(h, _handle(gid), key)
+            b.agent.dcgmJobStartStats(h, handle(gid), key)
         except Exception as exc:  # noqa: BLE001
             if dcgmb.status(exc) != dcgmb.ST_DUPLICATE_KEY:
                 raise
@@ -309,22 +283,22 @@ class DcgmCollector(Collector):
             # never ran. The key carries our prefix, so the stale entry is ours to drop.
             try:
                 b.agent.dcgmJobRemove(h, key)
-                b.agent.dcgmJobStartStats(h, _handle(gid), key)
+                b.agent.dcgmJobStartStats(h, handle(gid), key)
             except Exception as again:  # noqa: BLE001
                 raise _Fallback(f"{dcgmb.describe(exc)}; removing the stale DCGM job {key} did not help "
                                 f"({dcgmb.describe(again)})") from None
             out["notes"].append("a stale DCGM job with this id was removed (job requeued?)")
 
-    def _watch_prof(self, b: Any, h: Any, gid: int, stamp: str, freq_us: int, keep: float,
+    def _watch_prof(self, b: Bindings, h: object, gid: int, stamp: str, freq_us: int, keep: float,
                     out: dict[str, Any]) -> None:
         dropped_why = None
         for attempt, ids in enumerate(PROF_FALLBACKS):
-            fg = _handle_int(b.agent.dcgmFieldGroupCreate(h, list(ids), f"{stamp}-prof{attempt}"))
+            fg = handle_int(b.agent.dcgmFieldGroupCreate(h, list(ids), f"{stamp}-prof{attempt}"))
             try:
-                b.agent.dcgmWatchFields(h, _handle(gid), _handle(fg), freq_us, keep, 0)
+                b.agent.dcgmWatchFields(h, handle(gid), handle(fg), freq_us, keep, 0)
             except Exception as exc:  # noqa: BLE001
                 with contextlib.suppress(Exception):
-                    b.agent.dcgmFieldGroupDestroy(h, _handle(fg))
+                    b.agent.dcgmFieldGroupDestroy(h, handle(fg))
                 if dcgmb.status(exc) == dcgmb.ST_PROFILING_MULTI_PASS:
                     dropped_why = ("DCGM cannot collect this profiling field together with the others on "
                                    "this GPU (PROFILING_MULTI_PASS, pre-Hopper)")
@@ -348,8 +322,7 @@ class DcgmCollector(Collector):
             log.warning("job %s: cannot remove dcgm-exporter job mapping: %s", job.job_id, exc)
         d = st.get("dcgm")
         if st.get("backend") in ("nvml", "nvml-gpm") and "gpus" in st:
-            fb = self._fallback(wanted=True)
-            return fb.stop(job, st)  # the Prolog ran another backend (auto chose nvml then): finish it
+            return self._nvml().stop(job, st)  # the Prolog ran another backend (auto chose nvml then): finish it
         if not isinstance(d, dict):
             why = st.get("dcgm_error") or ("no start state: the Prolog did not run or its saved state was lost"
                                            if not st else "DCGM was not used at job start")
@@ -365,15 +338,14 @@ class DcgmCollector(Collector):
         if fb is None:
             from .none import NoneCollector
 
-            meas = NoneCollector(self.config, f"{why}; no gpueff agent on this node to fall back to").stop(job, None)
-            return meas
+            return NoneCollector(self.config, f"{why}; no gpueff agent on this node to fall back to").stop(job, None)
         meas = fb.stop(job, st if "gpus" in st else None)
         meas.reason = f"{why}; figures from the gpueff agent (nvml) instead" + (
             f"; {meas.reason}" if meas.reason else "")
         return meas
 
-    def _dcgm_stop(self, job: JobContext, d: dict[str, Any], b: Any,
-                   h: Any) -> tuple[list[dict[str, Any]], str | None]:
+    def _dcgm_stop(self, job: JobContext, d: dict[str, Any], b: Bindings,
+                   h: object) -> tuple[list[dict[str, Any]], str | None]:
         key = d["key"]
         t1_us = int(self.now() * 1e6)
         try:
@@ -381,7 +353,7 @@ class DcgmCollector(Collector):
             if d.get("jobstats"):
                 b.agent.dcgmJobStopStats(h, key)
                 stats = b.agent.dcgmJobGetStats(h, key)
-            per_gpu = {}
+            per_gpu: dict[int, GpuJobStats] = {}
             if stats is not None:
                 per_gpu = {int(g.gpuId): g for g in stats.gpus[: max(0, int(stats.numGpus))]}
             gpus = []
@@ -395,8 +367,8 @@ class DcgmCollector(Collector):
             notes.append(reasons.pop())
         return gpus, "; ".join(notes) or None
 
-    def _gpu_record(self, b: Any, h: Any, idx: int, t: dict[str, Any], d: dict[str, Any],
-                    per_gpu: dict[int, Any], t1_us: int) -> dict[str, Any]:
+    def _gpu_record(self, b: Bindings, h: object, idx: int, t: dict[str, Any], d: dict[str, Any],
+                    per_gpu: dict[int, GpuJobStats], t1_us: int) -> dict[str, Any]:
         ident = {k: t.get(k) for k in ("minor", "uuid", "pci_bus_id", "model", "memory_total_bytes")}
         if t.get("mig_uuid"):
             ident.update({k: t.get(k) for k in ("mig_uuid", "mig_gi_id", "mig_ci_id", "mig_profile")})
@@ -418,7 +390,7 @@ class DcgmCollector(Collector):
         return gpu
 
     @staticmethod
-    def _fill_jobstats(gpu: dict[str, Any], missing: dict[str, str], g: Any) -> None:
+    def _fill_jobstats(gpu: dict[str, Any], missing: dict[str, str], g: GpuJobStats | None) -> None:
         if g is None:
             for m in JOBSTATS_METRICS:
                 missing[m] = "DCGM job statistics have no entry for this GPU"
@@ -452,7 +424,7 @@ class DcgmCollector(Collector):
             if gpu[k] is None:
                 missing[k] = BLANK_REASON
 
-    def _fill_prof(self, b: Any, h: Any, gpu: dict[str, Any], missing: dict[str, str], t: dict[str, Any],
+    def _fill_prof(self, b: Bindings, h: object, gpu: dict[str, Any], missing: dict[str, str], t: dict[str, Any],
                    d: dict[str, Any], t1_us: int) -> int:
         fields = d.get("prof_fields") or []
         for f, m in PROF_FIELDS.items():
@@ -481,18 +453,18 @@ class DcgmCollector(Collector):
             samples = max(samples, n or 0)
         return samples
 
-    def _cleanup(self, b: Any, h: Any, d: dict[str, Any]) -> None:
+    def _cleanup(self, b: Bindings, h: object, d: dict[str, Any]) -> None:
         """Remove the job, the watches and the group; each step on its own (one failing must not stop the rest)."""
         gid = d.get("group_id")
         fg = d.get("field_group_id")
-        steps: list[tuple[str, Callable[[], Any]]] = []
+        steps: list[tuple[str, Callable[[], object]]] = []
         if d.get("jobstats"):
             steps.append(("job remove", lambda: b.agent.dcgmJobRemove(h, d["key"])))
         if fg is not None and gid is not None:
-            steps.append(("unwatch", lambda: b.agent.dcgmUnwatchFields(h, _handle(gid), _handle(fg))))
-            steps.append(("field group destroy", lambda: b.agent.dcgmFieldGroupDestroy(h, _handle(fg))))
+            steps.append(("unwatch", lambda: b.agent.dcgmUnwatchFields(h, handle(gid), handle(fg))))
+            steps.append(("field group destroy", lambda: b.agent.dcgmFieldGroupDestroy(h, handle(fg))))
         if gid is not None:
-            steps.append(("group destroy", lambda: b.agent.dcgmGroupDestroy(h, _handle(gid))))
+            steps.append(("group destroy", lambda: b.agent.dcgmGroupDestroy(h, handle(gid))))
         for what, step in steps:
             try:
                 step()

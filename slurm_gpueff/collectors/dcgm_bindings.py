@@ -14,14 +14,32 @@ does a plain TCP (or unix-socket) connect with a short timeout: a dead hostengin
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import sys
 
-# Annotation-only imports: typing costs ~2 ms at start-up, which every Prolog/Epilog would pay.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
+    from collections.abc import Sequence
+    from typing import Any, Protocol
+
+    class Summary(Protocol):
+        average: object
+
+    class Pid(Protocol):
+        pid: int
+
+    class GpuJobStats(Protocol):
+        """What we read of DCGM's per-GPU job statistics (``c_dcgmGpuUsageInfo_t``); raw values may be blanks."""
+
+        smUtilization: Summary
+        powerUsage: Summary
+        energyConsumed: object
+        maxGpuMemoryUsed: object
+        numXidCriticalErrors: object
+        numComputePids: object
+        computePids: Sequence[Pid]
 
 DEFAULT_PORT = 5555
 BINDING_DIRS = (
@@ -57,9 +75,9 @@ class DcgmUnavailable(Exception):
 
 
 class Bindings:
-    """The imported binding modules and where they came from."""
+    """The imported binding modules (untyped: DCGM ships no type hints) and where they came from."""
 
-    def __init__(self, agent: Any, structs: Any, fields: Any, path: str | None):
+    def __init__(self, agent: Any, structs: Any, fields: Any, path: str | None) -> None:
         self.agent = agent
         self.structs = structs
         self.fields = fields
@@ -133,8 +151,8 @@ def parse_address(address: str) -> tuple[str, str, int]:
 def probe(address: str, timeout_s: float) -> str | None:
     """None if something accepts connections at ``address`` within ``timeout_s``, else why not.
 
-    A TCP/unix connect only (a few hundred microseconds when the hostengine is up): ``auto`` runs it on
-    every job start, before paying for the bindings' import and the library load.
+    A TCP/unix connect only, cheap when the hostengine is up: ``auto`` runs it on every job start, before
+    paying for the bindings' import and the library load.
     """
     try:
         kind, where, port = parse_address(address)
@@ -157,7 +175,7 @@ def probe(address: str, timeout_s: float) -> str | None:
     return None
 
 
-def connect(b: Bindings, address: str, timeout_s: float) -> Any:
+def connect(b: Bindings, address: str, timeout_s: float) -> object:
     """A hostengine handle whose groups, watches and job stats persist after we disconnect."""
     kind, where, port = parse_address(address)
     b.structs._dcgmInit()
@@ -171,7 +189,7 @@ def connect(b: Bindings, address: str, timeout_s: float) -> Any:
     return b.agent.dcgmConnect_v2(target, params, b.structs.c_dcgmConnectV2Params_version2)
 
 
-def disconnect(b: Bindings, handle: Any) -> None:
+def disconnect(b: Bindings, handle: object) -> None:
     try:  # noqa: SIM105 - contextlib would be one more import on the hook path
         b.agent.dcgmDisconnect(handle)
     except Exception:  # noqa: BLE001,S110 - nothing useful to do about a failed disconnect
@@ -190,3 +208,37 @@ def version(b: Bindings) -> str | None:
         if key.strip() == "version":
             return value.strip()
     return raw or None
+
+
+# -- DCGM's values: blank sentinels (not supported / not recorded) and handles ---------------------------
+INT32_BLANK = 0x7FFFFFF0
+INT64_BLANK = 0x7FFFFFFFFFFFFFF0
+FP64_BLANK = 140737488355328.0
+
+
+def i32(v: object) -> int | None:
+    """An int32 DCGM value, or None for blanks (>= 0x7ffffff0) and negatives."""
+    return int(v) if isinstance(v, int) and 0 <= v < INT32_BLANK else None
+
+
+def i64(v: object) -> int | None:
+    return int(v) if isinstance(v, int) and 0 <= v < INT64_BLANK else None
+
+
+def fp64(v: object) -> float | None:
+    if not isinstance(v, int | float) or isinstance(v, bool):
+        return None
+    v = float(v)
+    return v if math.isfinite(v) and 0 <= v < FP64_BLANK else None
+
+
+def handle_int(x: Any) -> int:
+    """The number of a group or field-group handle (the bindings return an int or a ctypes c_void_p)."""
+    v = getattr(x, "value", x)
+    return int(v or 0)
+
+
+def handle(v: int) -> object:
+    import ctypes
+
+    return ctypes.c_void_p(v)

@@ -18,7 +18,6 @@ import os
 
 from .. import spool
 
-# Annotation-only imports: typing costs ~2 ms at start-up, which every Prolog/Epilog would pay.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -54,7 +53,7 @@ class _Locked:
 def add_job(directory: str, gpu_ids: Iterable[int], job_id: str) -> list[str]:
     """Add ``job_id`` to the file of each GPU id; return the paths written."""
     os.makedirs(directory, mode=0o755, exist_ok=True)
-    written = []
+    written: list[str] = []
     with _Locked(directory):
         for gid in sorted(set(int(g) for g in gpu_ids)):
             path = os.path.join(directory, str(gid))
@@ -68,7 +67,7 @@ def add_job(directory: str, gpu_ids: Iterable[int], job_id: str) -> list[str]:
 
 def remove_job(directory: str, gpu_ids: Iterable[int], job_id: str) -> list[str]:
     """Take ``job_id`` out of the file of each GPU id (deleting emptied files); return the paths changed."""
-    changed = []
+    changed: list[str] = []
     if not os.path.isdir(directory):
         return changed
     with _Locked(directory):

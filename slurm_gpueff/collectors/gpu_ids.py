@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import re
 
-# Annotation-only imports: typing costs ~2 ms at start-up, which every Prolog/Epilog would pay.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping

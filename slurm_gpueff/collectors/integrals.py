@@ -12,21 +12,32 @@ Stdlib only (the Epilog imports this).
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from ..record import FRACTIONS
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any, TypedDict
+
+    class Counters(TypedDict):
+        """The three running totals, each per metric."""
+
+        sum: dict[str, float]
+        covered_s: dict[str, float]
+        count: dict[str, int]
 
 # Everything the agent integrates: the record's fractions plus power in watts (for mean power).
 METRICS: tuple[str, ...] = FRACTIONS + ("power_w",)
 TIMELINE_METRICS: tuple[str, ...] = ("kernel_active", "sm_active", "tensor_active")
 
 
-def new_counters() -> dict[str, dict[str, float]]:
+def new_counters() -> Counters:
     return {"sum": {m: 0.0 for m in METRICS}, "covered_s": {m: 0.0 for m in METRICS},
             "count": {m: 0 for m in METRICS}}
 
 
-def add(counters: dict[str, dict[str, Any]], metric: str, value: float | None, dt: float | None) -> bool:
+def add(counters: Counters, metric: str, value: float | None, dt: float | None) -> bool:
     """Add ``value`` held for ``dt`` seconds; None, NaN, infinities and non-positive dt are skipped."""
     if value is None or dt is None or not (dt > 0) or not math.isfinite(value) or not math.isfinite(dt):
         return False
@@ -36,7 +47,7 @@ def add(counters: dict[str, dict[str, Any]], metric: str, value: float | None, d
     return True
 
 
-def window(start: dict[str, Any], end: dict[str, Any], metric: str) -> tuple[float | None, float, int]:
+def window(start: Mapping[str, Any], end: Mapping[str, Any], metric: str) -> tuple[float | None, float, int]:
     """(mean, covered seconds, readings) of ``metric`` between two counter snapshots; mean None if none."""
     try:
         ds = float(end["sum"][metric]) - float(start["sum"][metric])
@@ -49,14 +60,12 @@ def window(start: dict[str, Any], end: dict[str, Any], metric: str) -> tuple[flo
     return ds / dc, dc, dn
 
 
-def clamp_fraction(v: float | None) -> float | None:
-    """Fractions may overshoot [0,1] by float rounding; clip tiny overshoots, keep None."""
-    if v is None:
-        return None
+def clamp_fraction(v: float) -> float:
+    """Fractions may overshoot [0,1] by float rounding; clip tiny overshoots."""
     return min(1.0, max(0.0, v))
 
 
-def timeline_points(snapshots: list[tuple[float, dict[str, Any]]], t0: float,
+def timeline_points(snapshots: list[tuple[float, Mapping[str, Any]]], t0: float,
                     max_points: int = 100) -> list[list[float | None]]:
     """Difference consecutive cumulative snapshots into ``[t_offset_s, kernel, sm, tensor]`` points.
 
@@ -88,6 +97,6 @@ def timeline_points(snapshots: list[tuple[float, dict[str, Any]]], t0: float,
         for m in TIMELINE_METRICS:
             s = sum(c[2][m][0] for c in chunk)
             cov = sum(c[2][m][1] for c in chunk)
-            point.append(round(clamp_fraction(s / cov), 4) if cov > 1e-9 else None)  # type: ignore[arg-type]
+            point.append(round(clamp_fraction(s / cov), 4) if cov > 1e-9 else None)
         out.append(point)
     return out

@@ -18,7 +18,6 @@ import os
 
 from .gpu_ids import parse_legacy_mig
 
-# Annotation-only imports: typing costs ~2 ms at start-up, which every Prolog/Epilog would pay.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -5,10 +5,11 @@ from __future__ import annotations
 from ..record import empty_gpu
 from .base import Collector, JobContext, Measurement, slurm_index_to_minor
 
-# Annotation-only imports: typing costs ~2 ms at start-up, which every Prolog/Epilog would pay.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
+
+    from ..config import Config
 
 
 class NoneCollector(Collector):
@@ -16,7 +17,7 @@ class NoneCollector(Collector):
 
     name = "none"
 
-    def __init__(self, config: Any, reason: str = "no GPU collector configured (backend = none)"):
+    def __init__(self, config: Config, reason: str = "no GPU collector configured (backend = none)") -> None:
         super().__init__(config)
         self.reason = reason
 

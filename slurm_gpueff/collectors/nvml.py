@@ -25,8 +25,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
-from typing import Any
 
 from ..record import empty_gpu
 from . import integrals, nvml_mig
@@ -34,7 +32,15 @@ from .agent_files import job_file_uuids, read_job_timeline, state_path
 from .base import Collector, JobContext, Measurement, slurm_index_to_minor
 from .nvml_sampler import GPM_METRICS, NO_GPM_REASON
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    from ..config import Config
+
 log = logging.getLogger(__name__)
+
 
 def _no_minor(minor: int) -> str:
     return f"the gpueff agent sees no GPU with minor number {minor} (/dev/nvidia{minor})"
@@ -49,7 +55,7 @@ class NvmlCollector(Collector):
 
     name = "nvml"
 
-    def __init__(self, config: Any, *, dev_dir: str = "/dev", now: Callable[[], float] = time.time):
+    def __init__(self, config: Config, *, dev_dir: str = "/dev", now: Callable[[], float] = time.time) -> None:
         super().__init__(config)
         self.dev_dir = dev_dir
         self.now = now
@@ -169,6 +175,8 @@ class NvmlCollector(Collector):
             if gpu_reason is not None:
                 gpus.append(empty_gpu(idx, self.name, gpu_reason, **ident))
                 continue
+            # No reason: _job_reason found both states, and ag is this GPU's entry.
+            assert start_state is not None and state is not None and ag is not None
             gpus.append(self._gpu_figures(job, idx, ident, entry["snapshot"], ag, start_state, state))
         backend = "nvml-gpm" if any(g["source"] == "nvml-gpm" for g in gpus) else "nvml"
         if reason is None and backend == "nvml" and gpus:
@@ -183,11 +191,11 @@ class NvmlCollector(Collector):
             return "no start state: the Prolog did not run or its saved state was lost"
         if start_state.get("error"):
             return f"at job start: {start_state['error']}"
-        if err is not None:
+        if err is not None or state is None:  # read_state gives no state only with a reason
             return err if state is None or state.get("stopped") else f"at job end: {err}"
         agent = start_state.get("agent") or {}
-        if agent.get("instance") != state.get("instance") or agent.get("pid") != state.get("pid"):  # type: ignore[union-attr]
-            return (f"gpueff agent restarted during the job (pid {agent.get('pid')} -> {state.get('pid')}): "  # type: ignore[union-attr]
+        if agent.get("instance") != state.get("instance") or agent.get("pid") != state.get("pid"):
+            return (f"gpueff agent restarted during the job (pid {agent.get('pid')} -> {state.get('pid')}): "
                     "its counters are not comparable")
         return None
 
@@ -196,7 +204,7 @@ class NvmlCollector(Collector):
                      state: dict[str, Any]) -> dict[str, Any]:
         gpm = bool(ag.get("gpm_supported"))
         gpu = empty_gpu(idx, "nvml-gpm" if gpm else "nvml", None, **ident)
-        missing: dict[str, str] = {}
+        missing: dict[str, str | None] = {}
         interval = state.get("interval_s", self.config.agent.interval_s)
         samples = 0
         for m in integrals.METRICS:
@@ -204,7 +212,7 @@ class NvmlCollector(Collector):
             samples = max(samples, n)
             key = "power_mean_w" if m == "power_w" else m
             if mean is not None:
-                gpu[key] = round(mean, 3) if m == "power_w" else round(integrals.clamp_fraction(mean), 6)  # type: ignore[arg-type]
+                gpu[key] = round(mean, 3) if m == "power_w" else round(integrals.clamp_fraction(mean), 6)
             elif m in GPM_METRICS and not gpm:
                 missing[key] = ag.get("gpm_reason") or NO_GPM_REASON
             else:

@@ -27,11 +27,12 @@ from . import mig as migmod
 from .agent_files import mig_key, read_job_timeline
 from .gpu_ids import job_slices, parse_legacy_mig
 
-# Annotation-only imports: typing costs ~2 ms at start-up, which every Prolog/Epilog would pay.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
+
+    from .base import JobContext
 
 GPM_MIG_METRICS = ("sm_active", "sm_occupancy", "tensor_active", "dram_active", "fp64_active", "fp32_active",
                    "fp16_active")
@@ -40,7 +41,7 @@ WHOLE_GPU_ONLY = ("kernel_active", "energy_j", "power_mean_w")
 SLICE_FIGURES = GPM_MIG_METRICS + ("memory_used_peak_bytes",)
 
 
-def slices(job: Any) -> list[tuple[int, str]]:
+def slices(job: JobContext) -> list[tuple[int, str]]:
     return job_slices(job.env)
 
 
@@ -69,7 +70,7 @@ def _snapshot(sl: dict[str, Any]) -> dict[str, Any]:
         "n_ci": len(sl.get("devices") or {})}
 
 
-def start(state_dir: str, job: Any, backend: str,
+def start(state_dir: str, job: JobContext, backend: str,
           lookup: Callable[[str], dict[str, Any]] | None = migmod.nvml_lookup,
           state: dict[str, Any] | None = None, err: str | None = None,
           now: Callable[[], float] = time.time) -> dict[str, Any]:
@@ -98,7 +99,7 @@ def start(state_dir: str, job: Any, backend: str,
     return out
 
 
-def stop(job: Any, start_state: dict[str, Any] | None, backend: str,
+def stop(job: JobContext, start_state: dict[str, Any] | None, backend: str,
          lookup: Callable[[str], dict[str, Any]] | None = None, *, state: dict[str, Any] | None = None,
          reason: str | None = None, interval_s: float = 5.0, state_dir: str | None = None) -> list[dict[str, Any]]:
     """One record entry per slice: identity from the Prolog's state (or resolved now), figures from the
@@ -124,13 +125,15 @@ def stop(job: Any, start_state: dict[str, Any] | None, backend: str,
             elif m in WHOLE_GPU_ONLY:
                 missing[m] = migmod.ENERGY_MIG_REASON
         if not why:
+            assert desc is not None  # a slice without a reason was resolved
             slice_reason = reason or _slice_reason(entry, state, desc)
             if slice_reason:
                 for m in SLICE_FIGURES:
                     missing[m] = slice_reason
             else:
-                _figures(job, gpu, missing, entry, mig_uuid, desc, start_state, state, interval_s,  # type: ignore[arg-type]
-                         backend, state_dir)
+                # Counters to difference: a Prolog snapshot (so a start state) and the slice at job end.
+                assert start_state is not None and state is not None
+                _figures(job, gpu, missing, entry, mig_uuid, desc, start_state, state, interval_s, state_dir)
         gpu["missing"] = missing
         gpus.append(gpu)
     return gpus
@@ -158,9 +161,9 @@ def _slice_reason(entry: dict[str, Any], state: dict[str, Any] | None, desc: dic
     return None
 
 
-def _figures(job: Any, gpu: dict[str, Any], missing: dict[str, str], entry: dict[str, Any], mig_uuid: str,
+def _figures(job: JobContext, gpu: dict[str, Any], missing: dict[str, str], entry: dict[str, Any], mig_uuid: str,
              desc: dict[str, Any], start_state: dict[str, Any], state: dict[str, Any], interval_s: float,
-             backend: str, state_dir: str | None) -> None:
+             state_dir: str | None) -> None:
     snap = entry["snapshot"]
     end = _slice_entry(state, desc)
     assert end is not None  # _slice_reason checked
@@ -170,7 +173,7 @@ def _figures(job: Any, gpu: dict[str, Any], missing: dict[str, str], entry: dict
         mean, _cov, n = integrals.window(snap, end, m)
         samples = max(samples, n)
         if mean is not None:
-            gpu[m] = round(integrals.clamp_fraction(mean), 6)  # type: ignore[arg-type]
+            gpu[m] = round(integrals.clamp_fraction(mean), 6)
         elif not gpm:
             missing[m] = end.get("gpm_reason") or migmod.NO_GPM_MIG_REASON
     ticks = int(end.get("ticks") or 0) - int(snap.get("ticks") or 0)

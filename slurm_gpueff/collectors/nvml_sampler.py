@@ -8,15 +8,15 @@ into the real agent loop. :class:`NvmlSampler` is the real one.
 What one sample holds, per GPU, and why:
 
 * ``kernel_pct`` -- NVML ``utilization.gpu`` (share of time any kernel ran). The driver keeps a ring
-  buffer of these readings (H100: one per ~0.2 s, ~14 s kept); we average every reading since the
-  previous sample (``nvmlDeviceGetSamples``) so a 5 s tick sees all of its 5 s, not one 0.2 s glimpse
-  (intervals longer than the buffer see its last ~14 s). Where the buffer is unavailable we fall back
+  buffer of these readings (several a second, some seconds' worth); we average every reading since the
+  previous sample (``nvmlDeviceGetSamples``) so a tick sees all of its interval, not one glimpse
+  (intervals longer than the buffer see its last part). Where the buffer is unavailable we fall back
   to ``nvmlDeviceGetUtilizationRates`` (the latest reading only).
 * ``gpm`` -- GPM metrics (SM active, occupancy, tensor, DRAM, FP pipes) in percent. GPM returns the
   average over the interval between two GPM samples, so the agent integrates them exactly; NaN or a
   per-metric error becomes ``None`` (missing), never 0.
-* ``power_mw`` (cheap, every tick), ``energy_mj`` (cumulative counter since driver load; ~4 ms a call,
-  so only when the agent asks for it), ``memory_used_bytes`` (v2 ``used``, which excludes reserved memory).
+* ``power_mw`` (cheap, every tick), ``energy_mj`` (cumulative counter since driver load; the slowest
+  call, so only when the agent asks for it), ``memory_used_bytes`` (v2 ``used``, which excludes reserved memory).
 * ``mig_devices`` / ``mig`` -- only for a GPU in MIG mode: the MIG devices that exist now (enumerated
   every tick with ``nvmlDeviceGetMigDeviceHandleByIndex``, because GPU instances can be destroyed and
   re-created without a GPU reset) and, per GPU instance, its memory used (``nvmlDeviceGetMemoryInfo``
@@ -30,9 +30,11 @@ pynvml is imported lazily: this module is importable (and the agent's tests run)
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -129,7 +131,7 @@ class Sampler(Protocol):
         ...
 
 
-def import_pynvml() -> Any:
+def import_pynvml() -> Any:  # the module: it has no type hints
     """Import pynvml or raise CollectorError saying which package to install."""
     try:
         import pynvml  # noqa: PLC0415 - lazy on purpose (hook path stays stdlib-only)
@@ -151,7 +153,7 @@ def explain_nvml_error(pynvml: Any, exc: Exception) -> str:
     return f"NVML failed: {exc} (pynvml: {name})"
 
 
-def _s(value: Any) -> str:
+def _s(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
@@ -161,24 +163,22 @@ class _GpmBuf:
     __slots__ = ("gpm_prev", "gpm_cur", "gpm_prev_t", "key")
 
     def __init__(self) -> None:
-        self.gpm_prev: Any = None
-        self.gpm_cur: Any = None
+        self.gpm_prev: object = None  # pynvml's GPM sample buffers
+        self.gpm_cur: object = None
         self.gpm_prev_t: float | None = None
         self.key: frozenset[str] = frozenset()  # MIG: the GPU instance's device UUIDs (new set = new GI)
 
 
-class _Dev:
-    """Per-GPU handles and GPM sample buffers of the real sampler."""
+class _Dev(_GpmBuf):
+    """Per-GPU handle and state of the real sampler, with the GPU's own GPM sample buffers."""
 
-    __slots__ = ("handle", "info", "gpm_prev", "gpm_cur", "gpm_prev_t", "util_ts", "util_buffer_ok",
-                 "mem_v2", "gpm_capable", "mig_gpm_reason", "mig_bufs", "mig_cache")
+    __slots__ = ("handle", "info", "util_ts", "util_buffer_ok", "mem_v2", "gpm_capable", "mig_gpm_reason",
+                 "mig_bufs", "mig_cache")
 
-    def __init__(self, handle: Any, info: GpuInfo):
-        self.handle = handle
+    def __init__(self, handle: object, info: GpuInfo) -> None:
+        super().__init__()
+        self.handle = handle  # pynvml's device handle
         self.info = info
-        self.gpm_prev: Any = None
-        self.gpm_cur: Any = None
-        self.gpm_prev_t: float | None = None
         self.util_ts = 0  # last seen utilization-sample timestamp (us)
         self.util_buffer_ok = True
         self.mem_v2 = True
@@ -191,9 +191,9 @@ class _Dev:
 class NvmlSampler:
     """The real sampler: NVML for kernel activity, memory, power and energy; GPM where the GPU has it."""
 
-    def __init__(self, use_gpm: bool = True):
+    def __init__(self, use_gpm: bool = True) -> None:
         self.use_gpm = use_gpm
-        self._nvml: Any = None
+        self._nvml: Any = None  # the pynvml module once open (untyped)
         self._devs: list[_Dev] = []
         self._gpm_ids: list[tuple[str, int]] = []
 
@@ -238,7 +238,7 @@ class NvmlSampler:
             raise CollectorError("NVML sees no usable GPU on this node")
         return infos
 
-    def _try(self, fn: Any, *args: Any) -> Any:
+    def _try(self, fn: Callable[..., Any], *args: object) -> Any:
         try:
             return fn(*args)
         except self._nvml.NVMLError:
@@ -295,9 +295,9 @@ class NvmlSampler:
     def _util_buffer(self, dev: _Dev) -> list[float]:
         """Utilization readings newer than the last seen one (the driver's ring buffer).
 
-        Measured on an H100 (driver 580): the buffer holds ~70 readings over ~14 s (one per ~0.2 s),
-        so a 5 s tick sees every reading; the call costs ~2.5 ms of CPU (the largest part of a tick),
-        about 0.05 % of a core per GPU at 5 s. A single-call ctypes variant was no cheaper.
+        The largest part of a tick's CPU time, yet it sees every reading of a 5 s tick; the buffer's depth
+        and the call's cost are in docs/gpu-validation/h100-agent-overhead.log. A single-call ctypes
+        variant was no cheaper.
         """
         nv = self._nvml
         vtype, samples = nv.nvmlDeviceGetSamples(dev.handle, nv.NVML_GPU_UTILIZATION_SAMPLES, dev.util_ts)
@@ -312,7 +312,7 @@ class NvmlSampler:
         dev.util_ts = newest
         return vals
 
-    def _memory_used(self, dev: _Dev, handle: Any = None) -> int | None:
+    def _memory_used(self, dev: _Dev, handle: object = None) -> int | None:
         """Memory used of the GPU, or of a MIG device when ``handle`` is one (its GPU instance's memory)."""
         nv = self._nvml
         h = dev.handle if handle is None else handle
@@ -326,14 +326,16 @@ class NvmlSampler:
         except nv.NVMLError:
             return None
 
-    def _gpm(self, dev: _Dev | _GpmBuf, out: GpuSample | MigSample, take: Any = None) -> None:
+    def _gpm(self, dev: _GpmBuf, out: GpuSample | MigSample,
+             take: Callable[[object], object] | None = None) -> None:
         """One GPM reading into ``out``: ``take(sample)`` fills the current buffer (default: whole GPU)."""
         nv = self._nvml
         try:
-            if take is None:
-                nv.nvmlGpmSampleGet(dev.handle, dev.gpm_cur)  # type: ignore[union-attr]
-            else:
+            if take is not None:
                 take(dev.gpm_cur)
+            else:
+                assert isinstance(dev, _Dev)  # a GPU instance's buffers come with the call that fills them
+                nv.nvmlGpmSampleGet(dev.handle, dev.gpm_cur)
         except nv.NVMLError as exc:
             out.errors["gpm"] = f"GPM sample failed: {exc}"
             return
@@ -363,16 +365,16 @@ class NvmlSampler:
             dev.gpm_prev_t = t
 
     # -- MIG -------------------------------------------------------------------------------------------
-    def _mig_enabled(self, handle: Any) -> bool:
+    def _mig_enabled(self, handle: object) -> bool:
         """MIG mode is on now (changing it needs a GPU reset, so once at open is enough)."""
         nv = self._nvml
         try:
             current, _pending = nv.nvmlDeviceGetMigMode(handle)
         except (nv.NVMLError, AttributeError):  # NotSupported on GPUs without MIG
             return False
-        return current == getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1)
+        return bool(current == getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1))
 
-    def _mig_devices(self, dev: _Dev) -> list[tuple[Any, MigInfo]]:
+    def _mig_devices(self, dev: _Dev) -> list[tuple[object, MigInfo]]:
         """The MIG devices that exist now, with their handles; identity asked once per MIG device UUID."""
         nv = self._nvml
         try:
@@ -408,7 +410,7 @@ class NvmlSampler:
         nv = self._nvml
         devices = self._mig_devices(dev)
         s.mig_devices = [info for _, info in devices]
-        by_gi: dict[int, list[tuple[Any, MigInfo]]] = {}
+        by_gi: dict[int, list[tuple[object, MigInfo]]] = {}
         for mh, info in devices:
             by_gi.setdefault(info.gi_id, []).append((mh, info))
         s.mig = {}
@@ -425,7 +427,7 @@ class NvmlSampler:
                 if buf is None:
                     buf = self._new_mig_buf(dev, gi, key, ms)
                 else:
-                    self._gpm(buf, ms, take=lambda smp, gi=gi: nv.nvmlGpmMigSampleGet(dev.handle, gi, smp))
+                    self._gpm(buf, ms, take=functools.partial(nv.nvmlGpmMigSampleGet, dev.handle, gi))
             s.mig[gi] = ms
         for gi in [g for g in dev.mig_bufs if g not in by_gi]:  # destroyed GPU instances
             self._free(dev.mig_bufs.pop(gi))

@@ -6,20 +6,16 @@ from __future__ import annotations
 
 import os
 
+from .agent_files import state_path
 from .base import Collector
 from .none import NoneCollector
 
-# Annotation-only imports: typing costs ~2 ms at start-up, which every Prolog/Epilog would pay.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
+    from ..config import Config
 
 
-def agent_state_path(config: Any) -> str:
-    return os.path.join(config.paths.state_dir, "agent", "state.json")
-
-
-def get_collector(config: Any) -> Collector:
+def get_collector(config: Config) -> Collector:
     backend = config.collector.backend
     if backend == "simulated":
         from .simulated import SimulatedCollector
@@ -43,7 +39,7 @@ def get_collector(config: Any) -> Collector:
 
         return DcgmCollector(config)
     # ...else the nvml agent publishes a state file; if it is there, use it (it says if it is stale).
-    if os.path.exists(agent_state_path(config)):
+    if os.path.exists(state_path(config.paths.state_dir)):
         from .nvml import NvmlCollector
 
         return NvmlCollector(config)

@@ -19,10 +19,11 @@ from ..record import FRACTIONS, empty_gpu
 from . import nvml_mig
 from .base import Collector, JobContext, Measurement
 
-# Annotation-only imports: typing costs ~2 ms at start-up, which every Prolog/Epilog would pay.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
+
+    from ..config import Config
 
 GiB = 1024**3
 
@@ -86,7 +87,7 @@ def _jitter(job_id: int, index: int, name: str) -> float:
     return ((h % 2001) - 1000) / 100000.0
 
 
-def choose_profile(config: Any, job: JobContext) -> str:
+def choose_profile(config: Config, job: JobContext) -> str:
     name = job.env.get("GPUEFF_SIM_PROFILE")
     if not name:
         try:
@@ -156,7 +157,7 @@ def _timeline(gpu: dict[str, Any], elapsed: float, job_id: int, index: int, poin
     return out
 
 
-def _mig_slices(job: JobContext, profile: dict[str, Any], config: Any) -> list[dict[str, Any]]:
+def _mig_slices(job: JobContext, profile: dict[str, Any], config: Config) -> list[dict[str, Any]]:
     """MIG jobs: one entry per slice, attributed to (parent GPU, GPU instance), as a real MIG node would
     report them: per-slice activity (as GPM MIG sampling gives it) and the slice's memory; the
     whole-GPU-only figures (utilization, energy, power) None with the reason."""

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from alembic import context
-from sqlalchemy import create_engine
+from sqlalchemy import Connection, create_engine
+from sqlmodel import SQLModel
 
-from slurm_gpueff.models import SQLModel
+import slurm_gpueff.models  # noqa: F401 - puts the tables (and their naming convention) on SQLModel.metadata
 
 target_metadata = SQLModel.metadata
 config = context.config
 
 
-def _configure(connection) -> None:  # type: ignore[no-untyped-def]
+def _configure(connection: Connection) -> None:
     context.configure(
         connection=connection,
         target_metadata=target_metadata,
@@ -27,7 +28,10 @@ def run() -> None:
         with context.begin_transaction():
             context.run_migrations()
         return
-    engine = create_engine(config.get_main_option("sqlalchemy.url"))
+    url = config.get_main_option("sqlalchemy.url")
+    if url is None:
+        raise RuntimeError("the migrations need a connection or sqlalchemy.url")
+    engine = create_engine(url)
     with engine.connect() as conn:
         _configure(conn)
         with context.begin_transaction():

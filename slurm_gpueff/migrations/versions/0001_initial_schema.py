@@ -9,7 +9,7 @@ Create Date: 2026-11-22 14:19:56.596817
 from __future__ import annotations
 
 import sqlalchemy as sa
-import sqlmodel
+import sqlmodel.sql.sqltypes
 from alembic import op
 
 revision = '0001'
