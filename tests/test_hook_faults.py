@@ -13,7 +13,7 @@ import os
 import pytest
 from hooksite import HookSite
 
-from slurm_gpueff import hook, record
+from slurm_gpueff import hook, hook_config, record, spool_fallback
 from slurm_gpueff.config import Config
 
 MARGIN_S = 3.0  # interpreter start-up and exit on a loaded 2-core CI machine
@@ -81,7 +81,7 @@ def test_spool_and_state_dir_unwritable_fall_back_to_tmpdir(site):
     p2, _ = site.run("epilog", 701)
     assert p1.returncode == p2.returncode == 0
     assert "cannot save the job state" in p1.stderr
-    tmp_spool = os.path.join(site.tmpdir, hook.FALLBACK_NAME)
+    tmp_spool = os.path.join(site.tmpdir, spool_fallback.FALLBACK_NAME)
     rec = site.record(701, spool=tmp_spool)
     assert rec["start_time"] is None and "Prolog state" in rec["reason"]
     assert "start time unknown" in rec["reason"]
@@ -89,10 +89,10 @@ def test_spool_and_state_dir_unwritable_fall_back_to_tmpdir(site):
 
 def test_fallback_in_shared_tmp_refuses_a_directory_owned_by_someone_else(site):
     """A world-writable /tmp could hold an attacker's directory: it is refused, not used."""
-    planted = os.path.join(site.tmpdir, hook.FALLBACK_NAME)
+    planted = os.path.join(site.tmpdir, spool_fallback.FALLBACK_NAME)
     os.makedirs(planted)
     os.chmod(planted, 0o777)
-    assert not hook._private_dir(planted, create=True)
+    assert not spool_fallback.private_dir(planted, create=True)
 
 
 def _make_fifo(site: HookSite, job_id: int) -> None:
@@ -142,9 +142,9 @@ def test_config_with_bad_values_keeps_the_valid_settings(site):
 def test_unparseable_or_missing_config_falls_back_to_defaults(site, tmp_path):
     site.write_config(text="[paths\nspool_dir = ")
     log = hook.HookLog("epilog")
-    cfg, problem = hook.load_config(site.config_path, {}, log)
+    cfg, problem = hook_config.load_config(site.config_path, {}, log)
     assert "not valid TOML" in problem and cfg.as_dict() == Config().as_dict()
-    cfg, problem = hook.load_config(str(tmp_path / "absent.toml"), {}, log)
+    cfg, problem = hook_config.load_config(str(tmp_path / "absent.toml"), {}, log)
     assert "does not exist" in problem and cfg.paths.spool_dir == Config().paths.spool_dir
     assert any("config problem" in line for line in log.lines)
 
@@ -221,14 +221,14 @@ def test_drain_never_clobbers_a_newer_record(site):
 
     from slurm_gpueff import spool
 
-    cfg = hook.load_config(site.config_path, {}, hook.HookLog("epilog"))[0]
+    cfg = hook_config.load_config(site.config_path, {}, hook.HookLog("epilog"))[0]
     env = {"TMPDIR": site.tmpdir}
-    fallback = hook.spool_dirs(cfg, env)[1]
-    assert hook._private_dir(fallback, create=True)
+    fallback = spool_fallback.spool_dirs(cfg, env)[1]
+    assert spool_fallback.private_dir(fallback, create=True)
     spool.write_record(fallback, make_record(9, user="old"))
     spool.write_record(fallback, make_record(10))
     spool.write_record(site.spool, make_record(9, user="new"))
-    assert hook.drain_fallbacks(cfg, env, hook.HookLog("epilog")) == 2
+    assert spool_fallback.drain(cfg, env, hook.HookLog("epilog")) == 2
     assert site.record(9)["user"] == "new" and site.record(10)["job_id"] == 10
     q = os.path.join(site.spool, "quarantine", "fallback-job-9-node01.json")
     with open(q) as fh:
