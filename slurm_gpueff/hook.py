@@ -178,9 +178,10 @@ class HookRun:
             self.epilog(cfg, job.job_id)
 
     def load_config(self, config_path: str | None) -> Config:
-        """:func:`hook_config.load_config` within the bound; the defaults (and why) if it does not return."""
+        """:func:`hook_config.load_config` within half the budget (the rest is the collector's, which may
+        still measure with the defaults); the defaults, and why, if it does not return in time."""
         loaded, err = self.bounded(lambda: hook_config.load_config(config_path, self.env, self.log),
-                                   self.budget())
+                                   self.budget() / 2)
         if loaded is None:
             path = config_path or self.env.get(cfgmod.ENV_VAR) or cfgmod.DEFAULT_PATH
             problem = f"config problem (reading {path} {err}); using the defaults"

@@ -35,7 +35,8 @@ def load_config(config_path: str | None, env: Mapping[str, str],
             return cfgmod.load(cfgmod.DEFAULT_PATH), None
         return cfgmod.Config(), None
     except Exception as exc:  # noqa: BLE001 - ConfigError, or anything odd while reading
-        problem = f"config problem ({exc}); using defaults for the unusable settings"
+        where = "" if path is None or path in str(exc) else f"{path}: "
+        problem = f"config problem ({where}{exc}); using defaults for the unusable settings"
         log("error", problem)
         return salvage(path or cfgmod.DEFAULT_PATH), problem
 

@@ -1,7 +1,8 @@
 """Fault injection: whatever breaks, a hook exits 0 within its bound and the job's record survives.
 
 Every fault is real: a missing agent, a spool path under a regular file (root ignores permission bits),
-a FIFO that blocks the collector's read, a broken config file, a lost Prolog state, a bad job id.
+a FIFO that blocks the collector's read, a broken config file, a config path that is a directory, a FIFO,
+unreadable or not UTF-8, a lost Prolog state, a bad job id.
 The GPUs are the simulated backend's or absent (no GPU on this machine).
 """
 
@@ -9,9 +10,14 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
+import shutil
+import subprocess
+import sys
+import tempfile
 
 import pytest
-from hooksite import HookSite
+from hooksite import HOOKS, ROOT, HookSite
 
 from slurm_gpueff import hook, hook_config, record, spool_fallback
 from slurm_gpueff.config import Config
@@ -234,3 +240,77 @@ def test_drain_never_clobbers_a_newer_record(site):
     with open(q) as fh:
         assert json.load(fh)["user"] == "old"
     assert os.path.exists(q + ".error") and site.incoming(fallback) == []
+
+
+# --------------------------------------------------------------------------------------------------
+# A config path the hooks cannot read: they run with the defaults and still write the record in time.
+DEFAULT_BOUND_S = 10.0  # collector.hook_timeout_s when the config cannot be read
+
+
+@pytest.fixture(scope="module")
+def unprivileged():
+    """(tree, hooks dir, python, user): the hooks run as user ``nobody`` when we are root.
+
+    As root, a mode-000 file is still readable, and the defaults' spool and state dirs (/var/spool,
+    /run) would be written for real. As ``nobody`` the read fails and those dirs are not writable, so the
+    record lands in $TMPDIR's fallback spool inside ``tree``. The tree (a copy of the hooks and the
+    package) sits in /tmp, since pytest's own temp dirs are closed to other users.
+    """
+    user = "nobody" if os.geteuid() == 0 else None
+    if user is not None:
+        try:
+            pwd.getpwnam(user)
+        except KeyError:
+            pytest.skip("no user nobody to run the hooks as")
+    tree = tempfile.mkdtemp(prefix="gpueff-hookcfg-")
+    os.chmod(tree, 0o755)
+    ignore = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(os.path.join(ROOT, "slurm_gpueff"), os.path.join(tree, "src", "slurm_gpueff"), ignore=ignore)
+    shutil.copytree(HOOKS, os.path.join(tree, "src", "hooks"), ignore=ignore)
+    as_user = {} if user is None else {"user": user, "group": pwd.getpwnam(user).pw_gid, "extra_groups": []}
+    python = None
+    for exe in dict.fromkeys([sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"]):
+        try:
+            if subprocess.run([exe, "-c", "import sys; sys.exit(sys.version_info < (3, 11))"], cwd=tree,
+                              capture_output=True, timeout=60, **as_user).returncode == 0:
+                python = exe
+                break
+        except OSError:
+            continue
+    if python is None:
+        shutil.rmtree(tree)
+        pytest.skip(f"no Python >= 3.11 that {user} can run")
+    yield tree, os.path.join(tree, "src", "hooks"), python, user
+    shutil.rmtree(tree)
+
+
+@pytest.mark.parametrize("fault", ["directory", "unreadable", "not-utf8", "fifo"])
+def test_unusable_config_path_still_records_the_job_within_the_bound(unprivileged, fault):
+    tree, hooks, python, user = unprivileged
+    site = HookSite(os.path.join(tree, fault))
+    if user is not None:
+        pw = pwd.getpwnam(user)
+        for d in (site.tmpdir, site.logdir):
+            os.chown(d, pw.pw_uid, pw.pw_gid)
+    bad = os.path.join(site.base, "bad.toml")
+    if fault == "directory":
+        os.mkdir(bad)
+    elif fault == "unreadable":
+        with open(site.config_path) as src, open(bad, "w") as dst:
+            dst.write(src.read())
+        os.chmod(bad, 0)
+    elif fault == "not-utf8":
+        with open(bad, "wb") as fh:
+            fh.write(b'[site]\ncluster = "caf\xe9"\n')
+    else:
+        os.mkfifo(bad)
+    env = site.env(1201, GPUEFF_CONFIG=bad)
+    for kind in ("prolog", "epilog"):
+        p, wall = site.run(kind, 1201, env=dict(env), hooks=hooks, python=python, user=user, timeout=60)
+        assert p.returncode == 0, (kind, p.stderr)
+        assert wall < DEFAULT_BOUND_S + MARGIN_S, f"{fault}: {kind} took {wall:.1f} s"
+        assert "config problem" in p.stderr and bad in p.stderr, (kind, p.stderr)
+    rec = record.validate(site.record(1201, spool=os.path.join(site.tmpdir, spool_fallback.FALLBACK_NAME)))
+    assert rec["job_id"] == 1201 and rec["cluster"] == "testc"
+    _assert_allocation_only(rec)
+    assert "config problem" in rec["reason"] and bad in rec["reason"] and "defaults" in rec["reason"]
