@@ -18,8 +18,7 @@ A hook that exits non-zero DRAINS the node, so the rules are:
   even reading the config, and no record is written (CPU-only jobs come from sacct).
 * Stdlib only and few imports: the hook path must start about as fast as ``python3 -c pass``.
 
-Job state between the two hooks: ``<state_dir>/jobs/<job_id>.json`` =
-``{"start": <collector start state>, "start_time", "gpus", "backend", "reason", "written_at", "writer"}``.
+The job's state between the two hooks: :mod:`slurm_gpueff.hook_state`.
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ import sys
 import threading
 import time
 
-from . import __version__, hook_config, slurmenv, spool, spool_fallback
+from . import __version__, hook_config, hook_state, slurmenv, spool, spool_fallback
 from . import config as cfgmod
 from . import record as recmod
 from .collectors.base import JobContext, Measurement
@@ -40,10 +39,12 @@ from .collectors.base import JobContext, Measurement
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
-    from typing import Any, NoReturn
+    from typing import Any, NoReturn, TypeVar
 
     from .collectors.base import Collector
     from .config import Config
+
+    T = TypeVar("T")
 
 WRITER = f"slurm-gpueff {__version__}"
 KINDS = ("prolog", "epilog")
@@ -145,9 +146,9 @@ class HookRun:
     """
 
     def __init__(self, kind: str, env: dict[str, str], log: HookLog):
-        self.kind, self.env, self.log = kind, env, log
-        self.job = slurmenv.parse(env)
         self.t0 = time.monotonic()
+        self.kind, self.env, self.log = kind, env, log
+        self.job = slurmenv.parse(env)  # never raises: problems are kept in job.problems
         # The default bound until the config is loaded: loading it can block too (a hung filesystem).
         self.deadline = self.t0 + float(cfgmod.SCHEMA["collector"]["hook_timeout_s"][1])
         self.cfg: Config | None = None
@@ -184,9 +185,8 @@ class HookRun:
                                    self.budget() / 2)
         if loaded is None:
             path = config_path or self.env.get(cfgmod.ENV_VAR) or cfgmod.DEFAULT_PATH
-            problem = f"config problem (reading {path} {err}); using the defaults"
-            self.log("error", problem)
-            loaded = cfgmod.Config(), problem
+            loaded = cfgmod.Config(), f"config problem (reading {path} {err}); using the defaults"
+            self.log("error", loaded[1])
         cfg, problem = loaded
         self.cfg = cfg
         if problem:
@@ -199,7 +199,7 @@ class HookRun:
         bound = self.deadline - self.t0
         return max(0.1, self.deadline - min(2.0, bound * 0.25) - time.monotonic())
 
-    def bounded(self, work: Callable[[], Any], timeout: float) -> tuple[Any, str | None]:
+    def bounded(self, work: Callable[[], T], timeout: float) -> tuple[T | None, str | None]:
         """``work()`` in a daemon thread for at most ``timeout`` s: (its result, None), else (None, why
         not: "timed out after N s" or "failed: <exception>")."""
         global _stuck
@@ -213,7 +213,7 @@ class HookRun:
             return None, f"failed: {type(step.error).__name__}: {step.error}"
         return step.result, None
 
-    def collect(self, cfg: Config, work: Callable[[], Any]) -> tuple[Any, str | None]:
+    def collect(self, cfg: Config, work: Callable[[], T]) -> tuple[T | None, str | None]:
         """A collector step within the budget: (its result, None), else (None, the reason)."""
         result, err = self.bounded(work, self.budget())
         if err is None:
@@ -232,7 +232,7 @@ class HookRun:
         now = _clock(cfg, self.env)
         jc = self.job_context(cfg, job.gpu_indexes, now, None)
 
-        def work() -> Any:
+        def work() -> dict[str, Any]:
             collector = _get_collector(cfg)
             self.backend = collector.name
             return collector.start(jc)
@@ -241,16 +241,9 @@ class HookRun:
         reasons = self.reasons + ([err] if err else [])
         saved = {"start": state, "start_time": now, "gpus": job.gpu_indexes, "backend": self.backend,
                  "reason": "; ".join(reasons) or None, "written_at": time.time(), "writer": WRITER}
-        path = job_state_path(cfg, job_id)
+        path = hook_state.path(cfg, job_id)
         try:
-            try:
-                data = json.dumps(saved, allow_nan=False).encode()
-            except (TypeError, ValueError) as exc:
-                saved["start"] = None
-                saved["reason"] = "; ".join(reasons + [f"collector start state not storable: {exc}"])
-                data = json.dumps(saved).encode()
-            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-            spool.atomic_write(path, data)
+            hook_state.save(path, saved)
         except OSError as exc:
             self.log("error", f"job {job_id}: cannot save the job state {path}: {exc}; the Epilog will "
                               "record the job without a start time")
@@ -261,14 +254,14 @@ class HookRun:
     def epilog(self, cfg: Config, job_id: int) -> None:
         job, env = self.job, self.env
         end = _clock(cfg, env)
-        state_path = job_state_path(cfg, job_id)
+        state_path = hook_state.path(cfg, job_id)
         self.jc = self.job_context(cfg, job.gpu_indexes, job.start_time, end)
 
-        def work() -> Any:
+        def work() -> Measurement:
             # Reading the state file is in here too: on a hung filesystem it blocks like a collector would.
-            self.saved, self.state_problem = _load_state(state_path)
+            self.saved, self.state_problem = hook_state.load(state_path)
             saved = self.saved or {}
-            gpus = job.gpu_indexes or _int_list(saved.get("gpus"))
+            gpus = job.gpu_indexes or hook_state.gpus(saved)
             self.jc = jc = self.job_context(cfg, gpus, saved.get("start_time") or job.start_time, end)
             collector = _get_collector(cfg)
             self.backend = collector.name
@@ -374,33 +367,6 @@ class _Watchdog:
 
 # --------------------------------------------------------------------------------------------------
 # pieces
-def job_state_path(cfg: Config, job_id: int) -> str:
-    return os.path.join(cfg.paths.state_dir, "jobs", f"{int(job_id)}.json")
-
-
-def _load_state(path: str) -> tuple[dict[str, Any] | None, str | None]:
-    try:
-        with open(path, "rb") as fh:
-            saved = json.loads(fh.read())
-    except FileNotFoundError:
-        return None, "no Prolog state for this job (the Prolog did not run, failed, or its state was lost)"
-    except (OSError, ValueError) as exc:
-        return None, f"Prolog state {path} unreadable ({exc})"
-    if not isinstance(saved, dict):
-        return None, f"Prolog state {path} is not a JSON object"
-    st = saved.get("start_time")
-    if not isinstance(st, int | float) or isinstance(st, bool) or not st > 0:
-        saved["start_time"] = None
-        return saved, f"Prolog state {path} has no valid start time"
-    return saved, None
-
-
-def _int_list(value: Any) -> list[int]:
-    if not isinstance(value, list):
-        return []
-    return [v for v in value if isinstance(v, int) and not isinstance(v, bool) and v >= 0]
-
-
 def _clock(cfg: Config, env: Mapping[str, str]) -> float:
     """Now; GPUEFF_SIM_NOW overrides it for the simulated backend only (the demo's hours-long jobs)."""
     if cfg.collector.backend == "simulated":
