@@ -19,7 +19,7 @@ import tempfile
 import pytest
 from hooksite import HOOKS, ROOT, HookSite
 
-from slurm_gpueff import hook, hook_config, record, spool_fallback
+from slurm_gpueff import hook, hook_config, hook_state, record, spool_fallback
 from slurm_gpueff.config import Config
 
 MARGIN_S = 3.0  # interpreter start-up and exit on a loaded 2-core CI machine
@@ -178,6 +178,19 @@ def test_corrupt_prolog_state_is_reported_not_fatal(site):
     assert "unreadable" in rec["reason"] and rec["start_time"] is None
     assert not os.path.exists(site.state_file(1003))
 
+
+
+def test_unstorable_start_state_is_dropped_with_the_reason(tmp_path):
+    """A collector start state JSON cannot hold (NaN) must not cost the job its start time."""
+    path = str(tmp_path / "jobs" / "5.json")
+    for reason, expected in ((None, "collector start state not storable"),
+                             ("collector timed out", "collector timed out; collector start state not storable")):
+        hook_state.save(path, {"start": {"sm": float("nan")}, "start_time": 1.7e9, "gpus": [0], "reason": reason})
+        saved, problem = hook_state.load(path)
+        assert problem is None and saved["start"] is None and saved["start_time"] == 1.7e9
+        assert saved["reason"].startswith(expected)
+    assert oct(os.stat(path).st_mode & 0o777) == "0o600"
+    assert oct(os.stat(os.path.dirname(path)).st_mode & 0o777) == "0o700"
 
 @pytest.mark.parametrize("job_id", ["abc", "0", "", "-5"])
 def test_bad_job_id_keeps_the_environment_in_quarantine(site, job_id):
