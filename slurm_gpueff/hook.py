@@ -15,7 +15,7 @@ A hook that exits non-zero DRAINS the node, so the rules are:
   fallback, moved back by a later Epilog (:mod:`slurm_gpueff.spool_fallback`); a job that cannot be
   recorded at all keeps its environment in the spool's quarantine.
 * Jobs without GPUs (no SLURM_JOB_GPUS / CUDA_VISIBLE_DEVICES) cost nothing: both hooks return before
-  even reading the config, and no record is written (CPU-only jobs come from sacct).
+  even reading the config, and no record is written.
 * Stdlib only and few imports: the hook path must start about as fast as ``python3 -c pass``.
 
 The job's state between the two hooks: :mod:`slurm_gpueff.hook_state`.
@@ -99,13 +99,16 @@ def run(kind: str, env: Mapping[str, str] | None = None, config_path: str | None
     if kind not in KINDS:
         log("error", f"unknown hook kind {kind!r} (expected prolog or epilog); doing nothing")
         return 0
-    hook = HookRun(kind, dict(os.environ if env is None else env), log)
+    envd = dict(os.environ if env is None else env)
+    hook: HookRun | None = None
     try:
+        hook = HookRun(kind, envd, log)
         hook.run(config_path)
     except BaseException as exc:  # noqa: BLE001 - a hook must never fail a job or drain a node
         log("error", f"internal error: {type(exc).__name__}: {exc}")
-        if kind == "epilog" and not hook.written:
-            hook.last_resort(f"epilog internal error: {type(exc).__name__}: {exc}")
+        if kind == "epilog" and not (hook and hook.written):
+            why = f"epilog internal error: {type(exc).__name__}: {exc}"
+            _last_resort(envd, hook.cfg if hook else None, why, log)
     return 0
 
 
@@ -171,7 +174,7 @@ class HookRun:
             reason = "; ".join(job.problems)
             self.log("error", f"cannot identify the job: {reason}")
             if self.kind == "epilog":
-                self.last_resort(reason)
+                self.written = _last_resort(self.env, cfg, reason, self.log)
             return
         if self.kind == "prolog":
             self.prolog(cfg, job.job_id)
@@ -289,7 +292,7 @@ class HookRun:
             rec = build_record(job, jc, _allocation_only(cfg, jc, problem), reasons)
             data, problem = _serialise(rec)
             if problem is not None:  # our own fields are wrong: keep everything for a person to look at
-                self.last_resort(f"record does not validate: {problem}")
+                self.written = _last_resort(env, cfg, f"record does not validate: {problem}", self.log)
                 return
         assert data is not None
         path, primary = spool_fallback.write(cfg, env, spool.record_name(job_id, job.node), data, self.log)
@@ -307,23 +310,6 @@ class HookRun:
         self.log("warning" if err else "info",
                  f"job {job_id}: record {path} ({meas.backend}, {len(meas.gpus)} GPU(s))"
                  + (f"; {rec['reason']}" if rec["reason"] else ""))
-
-    def last_resort(self, reason: str) -> None:
-        """Keep what Slurm told us about a job we could not record normally, in the spool's quarantine."""
-        try:
-            env = self.env
-            snapshot = {"error": reason, "written_at": time.time(), "writer": WRITER,
-                        "env": {k: v for k, v in env.items() if k.startswith(("SLURM", "CUDA", "GPUEFF"))}}
-            name = f"hook-epilog-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.json"
-            data = json.dumps(snapshot, indent=1).encode()
-            path, _ = spool_fallback.write(self.cfg or cfgmod.Config(), env, name, data, self.log,
-                                           sub=spool.QUARANTINE)
-            if path:
-                spool.atomic_write(path + ".error", (reason + "\n").encode())
-                self.log("error", f"kept the job's environment in {path} for a person to look at")
-                self.written = True
-        except BaseException as exc:  # noqa: BLE001
-            self.log("error", f"could not keep the job's environment either: {exc}")
 
 
 class _Step(threading.Thread):
@@ -367,6 +353,24 @@ class _Watchdog:
 
 # --------------------------------------------------------------------------------------------------
 # pieces
+def _last_resort(env: Mapping[str, str], cfg: Config | None, reason: str, log: HookLog) -> bool:
+    """Keep what Slurm told us about a job we could not record normally, in the spool's quarantine;
+    True once it is on disk."""
+    try:
+        snapshot = {"error": reason, "written_at": time.time(), "writer": WRITER,
+                    "env": {k: v for k, v in env.items() if k.startswith(("SLURM", "CUDA", "GPUEFF"))}}
+        name = f"hook-epilog-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.json"
+        data = json.dumps(snapshot, indent=1).encode()
+        path, _ = spool_fallback.write(cfg or cfgmod.Config(), env, name, data, log, sub=spool.QUARANTINE)
+        if path:
+            spool.atomic_write(path + ".error", (reason + "\n").encode())
+            log("error", f"kept the job's environment in {path} for a person to look at")
+            return True
+    except BaseException as exc:  # noqa: BLE001
+        log("error", f"could not keep the job's environment either: {exc}")
+    return False
+
+
 def _clock(cfg: Config, env: Mapping[str, str]) -> float:
     """Now; GPUEFF_SIM_NOW overrides it for the simulated backend only (the demo's hours-long jobs)."""
     if cfg.collector.backend == "simulated":

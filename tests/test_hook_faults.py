@@ -210,6 +210,21 @@ def test_bad_job_id_keeps_the_environment_in_quarantine(site, job_id):
     assert snap["env"]["SLURM_JOB_GPUS"] == "0,1"
 
 
+
+def test_internal_error_in_the_epilog_keeps_the_environment_in_quarantine(site, monkeypatch):
+    """A bug of ours mid-Epilog: still exit 0, and the job's environment is kept for a person."""
+    def broken(self, cfg, job_id):  # noqa: ANN001, ANN202
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(hook.HookRun, "epilog", broken)
+    assert hook.run("epilog", site.env(1102)) == 0
+    qdir = os.path.join(site.spool, "quarantine")
+    kept = [n for n in os.listdir(qdir) if n.endswith(".json")]
+    with open(os.path.join(qdir, kept[0])) as fh:
+        assert json.load(fh)["env"]["SLURM_JOB_ID"] == "1102"
+    with open(os.path.join(qdir, kept[0] + ".error")) as fh:
+        assert fh.read() == "epilog internal error: ZeroDivisionError: a bug\n"
+
 def test_invalid_measurement_is_replaced_by_allocation_only(site):
     """An unknown simulated profile is measured as nothing, with the reason: still a valid record."""
     site.write_config(simulated={"profile": "no-such-profile"})
