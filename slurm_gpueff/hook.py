@@ -153,7 +153,7 @@ class HookRun:
         self.kind, self.env, self.log = kind, env, log
         self.job = slurmenv.parse(env)  # never raises: problems are kept in job.problems
         # The default bound until the config is loaded: loading it can block too (a hung filesystem).
-        self.deadline = self.t0 + float(cfgmod.SCHEMA["collector"]["hook_timeout_s"][1])
+        self.deadline = self.t0 + float(cfgmod.Config().collector.hook_timeout_s)
         self.cfg: Config | None = None
         self.reasons: list[str] = []  # for the record's reason, in order
         self.backend: str | None = None  # the collector's name, once chosen
