@@ -51,7 +51,7 @@ def salvage(path: str) -> Config:
     except Exception:  # noqa: BLE001
         data = {}
     good: dict[str, dict[str, Any]] = {}
-    for section, keys in cfgmod.SCHEMA.items():
+    for section, keys in cfgmod.Config().as_dict().items():
         given = data.get(section)
         if not isinstance(given, dict):
             continue
