@@ -17,7 +17,7 @@ import os
 import re
 import time
 
-# Annotation-only imports: typing costs ~2 ms at start-up, which every Prolog/Epilog would pay.
+# Annotation-only imports: importing typing would slow every Prolog/Epilog's start-up.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -43,7 +43,7 @@ def ensure_dirs(spool_dir: str) -> None:
 def atomic_write(path: str, data: bytes, mode: int = 0o600) -> None:
     """Write ``data`` to ``path`` so that readers see the old file or the whole new one, never a part."""
     directory = os.path.dirname(path) or "."
-    # Not tempfile.mkstemp: importing tempfile (shutil, random, bz2, lzma) costs ~3 ms on the hook path.
+    # Not tempfile.mkstemp: importing tempfile (shutil, random, bz2, lzma) would slow the hook's start-up.
     tmp = os.path.join(directory, f".tmp-{os.getpid()}-{os.urandom(6).hex()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
@@ -76,7 +76,8 @@ def write_record(spool_dir: str, record: dict[str, Any]) -> str:
 
 def pending(spool_dir: str, stale_tmp_s: float | None = None) -> Iterator[str]:
     """Paths of records waiting in ``incoming/``, oldest first (temp files skipped): one ``stat`` per file.
-    Ingest without a limit needs less (:func:`pending_by_job`). ``stale_tmp_s``: as there."""
+    Ingest without a limit needs less (:func:`pending_by_job`). ``stale_tmp_s``: also remove temp files
+    older than that (left by a writer that died), seen in the same pass."""
     d = os.path.join(spool_dir, INCOMING)
     prefix = d + os.sep
     for name in _by_arrival(d, _listing(d, stale_tmp_s)):
@@ -105,13 +106,10 @@ def pending_by_job(spool_dir: str, stale_tmp_s: float | None = None) -> list[lis
 
     Within a group the files are in arrival order (modification time, then name): ingest merges a job's
     records with "latest wins" for its identity fields, so that order decides. Between jobs no order
-    changes the outcome, so only jobs with several files are ``stat``-ed (a ``stat`` per file cost 3-4x
-    the listing itself: 20,000 files, ~60 against ~16 ms on a 2-CPU VM) and the groups come in job id
-    order (numeric), files named otherwise last. Job ids grow with time, so that is close to arrival order, and
-    it writes neighbouring ids together: in directory (hash) order the job id indexes took inserts all
-    over and the writers' lock time per record grew by a quarter (16 CPUs). ``stale_tmp_s``: also remove
-    temp files older than that, seen in the same pass (:func:`clean_stale_tmp`), instead of listing the
-    directory twice.
+    changes the outcome, so only jobs with several files are ``stat``-ed (a ``stat`` per file costs more
+    than the listing itself) and the groups come in job id order (numeric), files named otherwise last.
+    Job ids grow with time, so that is close to arrival order, and it inserts neighbouring ids together
+    into the job id indexes (directory order would scatter them). ``stale_tmp_s``: as :func:`pending`.
     """
     d = os.path.join(spool_dir, INCOMING)
     by_job: dict[str, list[str]] = {}
@@ -182,12 +180,3 @@ def quarantine(spool_dir: str, path: str, error: str) -> str:
     atomic_write(dest + ".error", (error.rstrip() + "\n").encode())
     return dest
 
-
-def clean_stale_tmp(spool_dir: str, older_than_s: float = STALE_TMP_S) -> int:
-    """Remove temp files left by a writer that died mid-write (the record was never complete)."""
-    d = os.path.join(spool_dir, INCOMING)
-    try:
-        with os.scandir(d) as it:
-            return sum(_remove_if_stale(e.path, older_than_s) for e in it if e.name.startswith(".tmp-"))
-    except FileNotFoundError:
-        return 0

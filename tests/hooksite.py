@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import subprocess
 import sys
 import time
@@ -82,15 +83,20 @@ class HookSite:
         return env
 
     def run(self, kind: str, job_id: int | str, *, env: dict[str, str] | None = None, timeout: float = 60,
+            hooks: str = HOOKS, python: str = sys.executable, user: str | None = None,
             **extra: str) -> tuple[subprocess.CompletedProcess, float]:
-        """Run hooks/<kind> with a slurmd-like environment; return (process, wall seconds)."""
+        """Run <hooks>/<kind> with a slurmd-like environment, as ``user`` if given (needs root); return
+        (process, wall seconds)."""
         e = env if env is not None else self.env(job_id, **extra)
         if kind == "epilog":
             e.setdefault("SLURM_JOB_EXIT_CODE2", "0:0")
             e.setdefault("SLURM_SCRIPT_CONTEXT", "epilog_slurmd")
+        as_user: dict[str, Any] = {}
+        if user is not None:
+            as_user = {"user": user, "group": pwd.getpwnam(user).pw_gid, "extra_groups": []}
         t = time.monotonic()
-        p = subprocess.run([sys.executable, os.path.join(HOOKS, kind)], env=e, cwd=self.logdir,
-                           capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run([python, os.path.join(hooks, kind)], env=e, cwd=self.logdir, capture_output=True,
+                           text=True, timeout=timeout, **as_user)
         return p, time.monotonic() - t
 
     def incoming(self, spool: str | None = None) -> list[str]:

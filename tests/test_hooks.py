@@ -14,7 +14,7 @@ import sys
 import pytest
 from hooksite import HOOKS, ROOT, HookSite
 
-from slurm_gpueff import hook, record, slurmenv
+from slurm_gpueff import hook, hook_install, record, slurmenv
 
 
 @pytest.fixture
@@ -126,7 +126,7 @@ def test_checkout_hooks_run_by_their_shebang_without_path(site, tmp_path):
         interp = sys.executable
     ok = subprocess.run([interp, "-c", "import sys; print(sys.version_info >= (3, 11))"],
                         capture_output=True, text=True).stdout.strip() == "True"
-    hooks_dir = HOOKS if ok and interp != sys.executable else hook.install_hooks(str(tmp_path / "inst"))[0]
+    hooks_dir = HOOKS if ok and interp != sys.executable else hook_install.install_hooks(str(tmp_path / "inst"))[0]
     hooks_dir = os.path.dirname(hooks_dir) if hooks_dir != HOOKS else HOOKS
     env = site.env(31)
     for kind in ("prolog", "epilog"):
@@ -137,7 +137,7 @@ def test_checkout_hooks_run_by_their_shebang_without_path(site, tmp_path):
 
 
 def test_install_hooks_writes_absolute_shebang_scripts(site, tmp_path):
-    paths = hook.install_hooks(str(tmp_path / "bin"))
+    paths = hook_install.install_hooks(str(tmp_path / "bin"))
     assert [os.path.basename(p) for p in paths] == ["prolog", "epilog"]
     for p in paths:
         with open(p) as fh:

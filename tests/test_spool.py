@@ -81,16 +81,6 @@ def temp_files(d: str) -> str:
     return old
 
 
-def test_clean_stale_tmp_removes_only_old_temp_files(tmp_path):
-    d = str(tmp_path)
-    temp_files(d)
-    inc = os.path.join(d, "incoming")
-    rec = spool.write_record(d, make_record(1))
-    os.utime(rec, (time.time() - 7200, time.time() - 7200))
-    assert spool.clean_stale_tmp(d) == 1
-    assert sorted(os.listdir(inc)) == [".tmp-new", "job-1-node01.json"]
-
-
 def test_pending_by_job_keeps_a_jobs_records_together_in_arrival_order(tmp_path, monkeypatch):
     """A job's node records come together, oldest first (ingest's "latest wins" merge depends on it), jobs
     in job id order, and only jobs with several records are stat-ed: single-node jobs need no stat."""
@@ -132,12 +122,16 @@ def test_group_by_job_keeps_the_given_order():
                                          ["/s/x.json"], ["/s/job-x-y-z.json"]]
 
 
-def test_pending_with_stale_tmp_s_removes_old_temp_files_in_the_same_pass(tmp_path):
-    """``ingest --limit`` lists with pending(): stale temp files go in that pass, fresh ones stay."""
+def test_pending_with_stale_tmp_s_removes_only_old_temp_files_in_the_same_pass(tmp_path):
+    """Ingest lists with pending() (or pending_by_job()): temp files left by a writer that died go in that
+    pass; fresh ones stay, and so does a record, however old."""
     d = str(tmp_path)
     rec = spool.write_record(d, make_record(1))
+    os.utime(rec, (time.time() - 7200, time.time() - 7200))
     old = temp_files(d)
     inc = os.path.join(d, "incoming")
     assert list(spool.pending(d)) == [rec] and os.path.exists(old)  # without it, nothing is removed
-    assert list(spool.pending(d, stale_tmp_s=3600)) == [rec]
+    before = set(os.listdir(inc))
+    assert list(spool.pending(d, stale_tmp_s=spool.STALE_TMP_S)) == [rec]
+    assert before - set(os.listdir(inc)) == {".tmp-old"}  # exactly one file removed
     assert sorted(os.listdir(inc)) == [".tmp-new", "job-1-node01.json"]

@@ -174,10 +174,10 @@ def _hook_install(args: argparse.Namespace, config_path: str | None = None) -> i
     if not args.dir:
         _err("hook install needs a target directory: gpueff hook install DIR")
         return 2
-    from .. import hook
+    from ..hook_install import install_hooks
 
     # `gpueff --config PATH hook install DIR`: the scripts read PATH (slurmd passes no GPUEFF_CONFIG).
-    for path in hook.install_hooks(args.dir, config_path=config_path):
+    for path in install_hooks(args.dir, config_path=config_path):
         print(f"installed {path}")
     return 0
 

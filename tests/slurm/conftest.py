@@ -283,7 +283,7 @@ def _user_runtime(c: SlurmCluster) -> None:
 def slurm() -> Iterator[SlurmCluster]:
     if os.geteuid() != 0:
         pytest.fail("the slurm tests start slurmd and create /dev/nvidiaN: run them as root (CI does)")
-    from slurm_gpueff.hook import install_hooks
+    from slurm_gpueff.hook_install import install_hooks
 
     t0 = time.monotonic()
     base = tempfile.mkdtemp(prefix="gpueff-slurm-")

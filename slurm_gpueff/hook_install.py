@@ -1,0 +1,53 @@
+"""``gpueff hook install DIR``: write Prolog and Epilog scripts that slurmd can run as they are.
+
+slurmd runs hooks as root with no PATH and no HOME, so ``#!/usr/bin/env python3`` would find only
+/usr/bin/python3 (which may be too old, or lack this package). These scripts name ``sys.executable``
+(e.g. the venv's python) in their shebang. When the package is not installed (it runs from a source
+checkout), the checkout is put on ``sys.path`` explicitly.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from . import spool
+from .hook import KINDS
+
+_TEMPLATE = '''#!{python}
+"""slurm-gpueff Slurm {kind}, written by `gpueff hook install` for this Python.
+
+slurm.conf: {Kind}={path}   (slurmd runs it as root, without PATH or HOME; it always exits 0)
+"""
+import sys
+
+try:
+{path_line}    from slurm_gpueff import hook
+except BaseException as exc:  # a broken install must not drain the node
+    sys.stderr.write("slurm-gpueff {kind}: cannot import slurm_gpueff: %r\\n" % (exc,))
+    sys.exit(0)
+{call}
+'''
+
+
+def install_hooks(dest_dir: str, python: str | None = None, config_path: str | None = None) -> list[str]:
+    """Write ``prolog`` and ``epilog`` into ``dest_dir`` with an absolute shebang to this Python.
+
+    With ``config_path`` the scripts read that config file (slurmd passes no GPUEFF_CONFIG), for sites
+    and test clusters that keep it elsewhere than the default path.
+    """
+    python = python or sys.executable
+    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    installed = os.path.basename(pkg_parent) in ("site-packages", "dist-packages")
+    path_line = "" if installed else f"    sys.path.insert(0, {pkg_parent!r})\n"
+    os.makedirs(dest_dir, mode=0o755, exist_ok=True)
+    out = []
+    for kind in KINDS:
+        path = os.path.join(os.path.abspath(dest_dir), kind)
+        call = (f"hook.{kind}_main()" if config_path is None else
+                f"hook.main({kind!r}, {os.path.abspath(config_path)!r})")
+        text = _TEMPLATE.format(python=python, kind=kind, Kind=kind.capitalize(), path=path,
+                                path_line=path_line, call=call)
+        spool.atomic_write(path, text.encode(), mode=0o755)
+        out.append(path)
+    return out
