@@ -38,10 +38,14 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("doctor", {"doctor"}),
     ("commands", {"cli", "demo"}),
 ]
-# Layers that must not import each other although the order alone would allow it: the analysis and
-# its rendering work on plain data that storage fetched, and never reach for the database themselves.
-APART: list[tuple[str, str]] = [("analysis", "storage"), ("render", "storage"), ("analysis", "migrations"),
-                                ("render", "migrations")]
+# Layers that must not import each other although the order alone would allow it. The node side
+# (collectors, hook) and the database side (models to summarize) are two branches that only the
+# commands join; the analysis and its rendering work on plain data that storage fetched, and never
+# reach for the database themselves.
+NODE_SIDE = ("collectors", "hook")
+DB_SIDE = ("models", "migrations", "storage", "analysis", "render", "summarize")
+APART: list[tuple[str, str]] = [(db, node) for db in DB_SIDE for node in NODE_SIDE] + [
+    ("analysis", "storage"), ("render", "storage"), ("analysis", "migrations"), ("render", "migrations")]
 RANK = {module: i for i, (_layer, names) in enumerate(LAYERS) for module in names}
 LAYER_NAME = {module: layer for layer, names in LAYERS for module in names}
 
