@@ -16,8 +16,9 @@ from sqlmodel import Session, select
 from slurm_gpueff.config import Config
 from slurm_gpueff.errors import ConfigError
 from slurm_gpueff.models import Job
-from slurm_gpueff.reports import fmt, monthly, runner
+from slurm_gpueff.reports import monthly, runner
 from slurm_gpueff.reports.card import clean
+from slurm_gpueff.reports.prices import Prices
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DAY = 24.0
@@ -34,7 +35,7 @@ def test_monthly_aggregates_equal_a_brute_force_sum(tmp_path):
     cfg = config(tmp_path, price_per_gpu_hour={"Simulated H100 80GB": 3.0})
     month = "2023-12"
     start, end = monthly.month_bounds(month)
-    prices = fmt.Prices(cfg.reports.price_per_gpu_hour, "EUR")
+    prices = Prices(cfg.reports.price_per_gpu_hour, "EUR")
     with Session(engine) as s:
         rows = [j for j in s.exec(select(Job)).all() if j.account == "acc" and start <= j.end_time < end]
         t = monthly.totals(s, start, end, "acc", prices)
@@ -125,5 +126,6 @@ def test_wheel_carries_the_templates(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     (wheel,) = [f for f in os.listdir(tmp_path) if f.endswith(".whl")]
     names = set(zipfile.ZipFile(tmp_path / wheel).namelist())
-    for t in ("card.html.j2", "card.txt.j2", "monthly.html.j2", "monthly.txt.j2", "_macros.html.j2", "advice.toml"):
+    for t in ("card.html.j2", "card.txt.j2", "monthly.html.j2", "monthly.txt.j2", "_macros.html.j2", "_prose.j2",
+              "advice.toml"):
         assert f"slurm_gpueff/reports/templates/{t}" in names, t
