@@ -39,7 +39,7 @@ def test_monthly_aggregates_equal_a_brute_force_sum(tmp_path):
     with Session(engine) as s:
         rows = [j for j in s.exec(select(Job)).all() if j.account == "acc" and start <= j.end_time < end]
         t = monthly.totals(s, start, end, "acc", prices)
-        users = monthly.by_group(s, Job.user, start, end, "acc", prices)
+        users = monthly.by_group(s, "user", start, end, "acc", prices)
         summary = monthly.build_summary(s, cfg, month, "acc")
     assert len(rows) == 3 and t.jobs == 3
     assert t.hours["allocated"] == pytest.approx(sum(j.gpu_hours for j in rows))

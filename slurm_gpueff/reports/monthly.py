@@ -18,7 +18,6 @@ from sqlmodel import Session
 from .. import fmt
 from ..analysis.verdicts import RULES
 from ..config import Config
-from ..models import Job
 from . import charts, queries
 from .card import clean
 from .prices import Prices, share
@@ -91,10 +90,10 @@ def totals(session: Session, start: datetime, end: datetime, account: str | None
     return t
 
 
-def by_group(session: Session, column: Any, start: datetime, end: datetime, account: str | None,
+def by_group(session: Session, by: str, start: datetime, end: datetime, account: str | None,
              prices: Prices) -> dict[str, Totals]:
     out: dict[str, Totals] = {}
-    for row in queries.split(session, start, end, account, by=column):
+    for row in queries.split(session, start, end, account, by=by):
         out.setdefault(row.key or "(unknown)", Totals()).add(row, prices)
     return out
 
@@ -151,17 +150,16 @@ def build_summary(session: Session, config: Config, month: str, account: str | N
     prev = previous_month(month)
     now_t = totals(session, start, end, account, prices)
     prev_t = totals(session, *month_bounds(prev), account, prices)
-    group_col = Job.user if account is not None else Job.account
     group_name = "user" if account is not None else "account"
-    rows = _group_rows(by_group(session, group_col, start, end, account, prices),
-                       queries.worst_verdict_by(session, group_col, start, end, account), prices)
+    rows = _group_rows(by_group(session, group_name, start, end, account, prices),
+                       queries.worst_verdict_by(session, group_name, start, end, account), prices)
     vcost = verdict_costs(session, start, end, account, prices)
-    verdicts = sorted(({"verdict": v.verdict, "label": LABELS.get(v.verdict, v.verdict) if v.verdict else None,
-                        "jobs": v.jobs, "users": v.users, "hours": v.hours, "wasted": v.wasted,
-                        "hours_text": fmt.gpu_hours(v.hours), "wasted_text": fmt.gpu_hours(v.wasted),
-                        "cost": vcost.get(v.verdict) if v.verdict else None}
-                       for v in queries.verdict_counts(session, start, end, account)),
-                      key=lambda r: ORDER.get(r["verdict"], 99))
+    verdicts = [{"verdict": v.verdict, "label": LABELS.get(v.verdict, v.verdict) if v.verdict else None,
+                 "jobs": v.jobs, "users": v.users, "hours": v.hours, "wasted": v.wasted,
+                 "hours_text": fmt.gpu_hours(v.hours), "wasted_text": fmt.gpu_hours(v.wasted),
+                 "cost": vcost.get(v.verdict) if v.verdict else None}
+                for v in sorted(queries.verdict_counts(session, start, end, account),
+                                key=lambda v: ORDER.get(v.verdict or "", 99))]
     top_jobs = [{"id": fmt.job_label(j), "name": clean(j.job_name, 28), "user": clean(j.user, 20) or "n/a",
                  "account": clean(j.account, 20) or "n/a", "hours": fmt.gpu_hours(j.gpu_hours),
                  "wasted": fmt.gpu_hours(j.wasted), "wasted_share": fmt.pct(share(j.wasted, j.gpu_hours)),

@@ -12,16 +12,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
-from sqlalchemy import Float, and_, case, cast, exists, func
-from sqlmodel import Session, col, select
+from sqlalchemy import Executable, Float, RowMapping, and_, case, cast, exists, func, select
+from sqlalchemy.sql.elements import ColumnElement
+from sqlmodel import Session, col
+from sqlmodel import select as select_model
 
 from ..config import Config
 from ..models import Job, ReportLog
 
 PARTS = ("allocated", "idle", "underfilled", "active", "tensor", "unmeasured")
-WASTED = func.coalesce(Job.idle_gpu_hours, 0.0) + func.coalesce(Job.underfilled_gpu_hours, 0.0)
+WASTED = func.coalesce(col(Job.idle_gpu_hours), 0.0) + func.coalesce(col(Job.underfilled_gpu_hours), 0.0)
+GROUPS = {"user": col(Job.user), "account": col(Job.account)}
 
 
 @dataclass(frozen=True)
@@ -61,61 +63,66 @@ class WastefulJob:
     verdict_title: str | None
 
 
-def _where(start: datetime, end: datetime, account: str | None) -> list[Any]:
+def _where(start: datetime, end: datetime, account: str | None) -> list[ColumnElement[bool]]:
     cond = [col(Job.end_time) >= start, col(Job.end_time) < end, col(Job.gpu_hours).is_not(None)]
     if account is not None:
-        cond.append(Job.account == account)
+        cond.append(col(Job.account) == account)
     return cond
 
 
-def split(session: Session, start: datetime, end: datetime, account: str | None, by: Any = None) -> list[Split]:
-    """The split per GPU model, and per value of column ``by`` (``Job.user``, ``Job.account``) if given."""
-    groups = [by, Job.gpu_type] if by is not None else [Job.gpu_type]
-    stmt = select(*([by.label("key")] if by is not None else []), Job.gpu_type, func.count().label("jobs"),
-                  func.sum(Job.gpu_hours).label("allocated"), func.sum(Job.idle_gpu_hours).label("idle"),
-                  func.sum(Job.underfilled_gpu_hours).label("underfilled"),
-                  func.sum(Job.sm_active_gpu_hours).label("active"),
-                  func.sum(Job.tensor_active_gpu_hours).label("tensor"),
-                  func.sum(case((col(Job.sm_active_gpu_hours).is_(None), Job.gpu_hours),
-                                else_=cast(0.0, Float))).label("unmeasured"),
-                  ).where(*_where(start, end, account)).group_by(*groups)
-    return [Split(r.key if by is not None else None, r.gpu_type, int(r.jobs or 0),
-                  {p: float(getattr(r, p) or 0.0) for p in PARTS}) for r in session.exec(stmt).all()]  # type: ignore[call-overload]
+def _rows(session: Session, stmt: Executable) -> list[RowMapping]:
+    return list(session.connection().execute(stmt).mappings())
+
+
+def split(session: Session, start: datetime, end: datetime, account: str | None, by: str | None = None
+          ) -> list[Split]:
+    """The split per GPU model, and per user or account (``by``: "user", "account") if given."""
+    groups = [GROUPS[by], col(Job.gpu_type)] if by else [col(Job.gpu_type)]
+    sums = [func.sum(col(Job.gpu_hours)).label("allocated"), func.sum(col(Job.idle_gpu_hours)).label("idle"),
+            func.sum(col(Job.underfilled_gpu_hours)).label("underfilled"),
+            func.sum(col(Job.sm_active_gpu_hours)).label("active"),
+            func.sum(col(Job.tensor_active_gpu_hours)).label("tensor"),
+            func.sum(case((col(Job.sm_active_gpu_hours).is_(None), col(Job.gpu_hours)),
+                          else_=cast(0.0, Float))).label("unmeasured")]
+    stmt = (select(*groups, func.count().label("jobs"), *sums).where(*_where(start, end, account))
+            .group_by(*groups))
+    return [Split(r[by] if by else None, r["gpu_type"], int(r["jobs"] or 0),
+                  {p: float(r[p] or 0.0) for p in PARTS}) for r in _rows(session, stmt)]
 
 
 def verdict_counts(session: Session, start: datetime, end: datetime, account: str | None) -> list[VerdictCount]:
-    stmt = (select(Job.verdict, func.count().label("jobs"), func.sum(Job.gpu_hours).label("hours"),
-                   func.sum(WASTED).label("wasted"), func.count(func.distinct(Job.user)).label("users"))
-            .where(*_where(start, end, account)).group_by(Job.verdict))
-    return [VerdictCount(r.verdict, int(r.jobs), float(r.hours or 0.0), float(r.wasted or 0.0), int(r.users))
-            for r in session.exec(stmt).all()]  # type: ignore[call-overload]
+    stmt = (select(col(Job.verdict), func.count().label("jobs"), func.sum(col(Job.gpu_hours)).label("hours"),
+                   func.sum(WASTED).label("wasted"), func.count(func.distinct(col(Job.user))).label("users"))
+            .where(*_where(start, end, account)).group_by(col(Job.verdict)))
+    return [VerdictCount(r["verdict"], int(r["jobs"]), float(r["hours"] or 0.0), float(r["wasted"] or 0.0),
+                         int(r["users"])) for r in _rows(session, stmt)]
 
 
 def wasted_by_verdict_and_model(session: Session, start: datetime, end: datetime, account: str | None
                                 ) -> list[tuple[str | None, str | None, float]]:
     """(verdict, GPU model, GPU-hours lost): the input of the cost per verdict."""
-    stmt = (select(Job.verdict, Job.gpu_type, func.sum(WASTED).label("w")).where(*_where(start, end, account))
-            .group_by(Job.verdict, Job.gpu_type))
-    return [(r.verdict, r.gpu_type, float(r.w or 0.0)) for r in session.exec(stmt).all()]  # type: ignore[call-overload]
+    stmt = (select(col(Job.verdict), col(Job.gpu_type), func.sum(WASTED).label("w"))
+            .where(*_where(start, end, account)).group_by(col(Job.verdict), col(Job.gpu_type)))
+    return [(r["verdict"], r["gpu_type"], float(r["w"] or 0.0)) for r in _rows(session, stmt)]
 
 
-def worst_verdict_by(session: Session, by: Any, start: datetime, end: datetime, account: str | None
+def worst_verdict_by(session: Session, by: str, start: datetime, end: datetime, account: str | None
                      ) -> dict[str, str]:
     """Per user (or account): the verdict that cost it the most GPU-hours (healthy and none excluded)."""
-    stmt = (select(by.label("key"), Job.verdict, func.sum(WASTED).label("w")).where(
-        *_where(start, end, account), col(Job.verdict).is_not(None), Job.verdict != "healthy")
-        .group_by(by, Job.verdict))
+    stmt = (select(GROUPS[by], col(Job.verdict), func.sum(WASTED).label("w"))
+            .where(*_where(start, end, account), col(Job.verdict).is_not(None), col(Job.verdict) != "healthy")
+            .group_by(GROUPS[by], col(Job.verdict)))
     best: dict[str, tuple[float, str]] = {}
-    for r in session.exec(stmt).all():  # type: ignore[call-overload]
-        key = r.key or "(unknown)"
-        if key not in best or float(r.w or 0) > best[key][0]:
-            best[key] = (float(r.w or 0), r.verdict)
+    for r in _rows(session, stmt):
+        key, w = r[by] or "(unknown)", float(r["w"] or 0.0)
+        if key not in best or w > best[key][0]:
+            best[key] = (w, r["verdict"])
     return {k: v for k, (_, v) in best.items()}
 
 
 def most_wasteful(session: Session, start: datetime, end: datetime, account: str | None, limit: int = 10
                   ) -> list[WastefulJob]:
-    stmt = (select(Job).where(*_where(start, end, account), col(Job.idle_gpu_hours).is_not(None))
+    stmt = (select_model(Job).where(*_where(start, end, account), col(Job.idle_gpu_hours).is_not(None))
             .order_by(WASTED.desc(), col(Job.id)).limit(limit))
     return [WastefulJob(j.job_id, j.array_job_id, j.array_task_id, j.het_job_id, j.het_job_offset, j.job_name,
                         j.user, j.account, j.gpu_count, j.gpu_hours,
@@ -124,21 +131,21 @@ def most_wasteful(session: Session, start: datetime, end: datetime, account: str
 
 
 def accounts_with_jobs(session: Session, start: datetime, end: datetime) -> set[str]:
-    stmt = select(Job.account).where(*_where(start, end, None)).distinct()
-    return {a for a in session.exec(stmt).all() if a}
+    stmt = select(col(Job.account)).where(*_where(start, end, None)).distinct()
+    return {r["account"] for r in _rows(session, stmt) if r["account"]}
 
 
 def card_candidates(session: Session, config: Config, now: datetime, dry_run: bool, limit: int | None = None
                     ) -> list[Job]:
     """Jobs due a card (see :mod:`.runner`), most GPU-hours lost first."""
     rep = config.reports
-    logged = exists().where(and_(ReportLog.kind == "card", ReportLog.job_pk == Job.id,
-                                 ReportLog.dry_run == dry_run))
-    stmt = select(Job).where(col(Job.analyzed_at).is_not(None), col(Job.end_time).is_not(None),
+    logged = exists().where(and_(col(ReportLog.kind) == "card", col(ReportLog.job_pk) == col(Job.id),
+                                 col(ReportLog.dry_run) == dry_run))
+    stmt = select_model(Job).where(col(Job.analyzed_at).is_not(None), col(Job.end_time).is_not(None),
                              col(Job.end_time) >= now - timedelta(hours=rep.card_lookback_h),
                              col(Job.gpu_hours) >= rep.card_min_gpu_hours, ~logged)
     if rep.card_only_unhealthy:
-        stmt = stmt.where(col(Job.verdict).is_not(None), Job.verdict != "healthy")
+        stmt = stmt.where(col(Job.verdict).is_not(None), col(Job.verdict) != "healthy")
     stmt = stmt.order_by(WASTED.desc(), col(Job.end_time), col(Job.id))
     if limit:
         stmt = stmt.limit(limit)
