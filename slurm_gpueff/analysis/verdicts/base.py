@@ -21,7 +21,6 @@ from typing import Any, Protocol
 from ...fmt import gib, gpu_hours, pct
 from ..figures import LABELS, GpuFigures, JobFigures, combine
 
-SEVERITIES = ("critical", "warning", "info", "ok")
 Values = dict[str, str]  # a verdict message's placeholders, as printed (see Rule.values)
 
 
