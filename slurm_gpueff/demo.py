@@ -137,6 +137,7 @@ def summary(config: Any, job_ids: list[int]) -> str:
 
     from .analysis.diagnose import assess
     from .analysis.figures import job_figures
+    from .fmt import gpu_hours, pct
     from .jobid import JobSpec
     from .render.text import render_table
     from .storage.db import make_engine
@@ -153,8 +154,8 @@ def summary(config: Any, job_ids: list[int]) -> str:
     hours = sum(f.hours or 0.0 for _, f, _ in items)
     active = sum(f.waste.sm_active_h or 0.0 for _, f, _ in items)
     lines = ["Summary (all demo jobs):", render_table(items), "",
-             f"{hours:.1f} GPU-hours allocated, {active:.1f} of them SM-active ({active / hours:.0%});"
-             f" {hours - active:.1f} GPU-hours idle or underfilled."]
+             f"{gpu_hours(hours)} GPU-hours allocated, {gpu_hours(active)} of them SM-active ({pct(active / hours)});"
+             f" {gpu_hours(hours - active)} GPU-hours idle or underfilled."]
     return "\n".join(lines)
 
 

@@ -15,6 +15,7 @@ from slurm_gpueff.collectors.base import JobContext
 from slurm_gpueff.collectors.simulated import SimulatedCollector
 from slurm_gpueff.config import Config
 from slurm_gpueff.models import Job
+from slurm_gpueff.storage import migrate
 from slurm_gpueff.storage.db import make_engine
 from slurm_gpueff.storage.ingest import ingest_spool
 from slurm_gpueff.summarize import summarize_pending
@@ -36,10 +37,16 @@ def add_job(spool_dir: str, job_id: int, profile: str, *, user: str, account: st
                                    "partition": "gpu", "exit_code": 0, "signal": 0})
 
 
-def make_db(tmp_path: Any, jobs: list[dict[str, Any]], names: dict[int, str] | None = None):  # type: ignore[no-untyped-def]
-    """Engine of a fresh SQLite DB holding ``jobs`` (kwargs of :func:`add_job`), analysed."""
-    engine = make_engine(str(tmp_path / "jobs.db"))
-    spool_dir = str(tmp_path / "spool")
+def make_db(tmp_path: Any, jobs: list[dict[str, Any]], names: dict[int, str] | None = None,  # type: ignore[no-untyped-def]
+            url: str | None = None):
+    """Engine of a fresh database (SQLite in tmp_path, or ``url``) holding ``jobs`` (kwargs of
+    :func:`add_job`), analysed."""
+    if url:
+        engine = make_engine(url, create=False)
+        migrate.upgrade(engine)  # the service host's `gpueff db upgrade`
+    else:
+        engine = make_engine(str(tmp_path / "jobs.db"))
+    spool_dir = str(tmp_path / ("spool-pg" if url else "spool"))
     for j in jobs:
         add_job(spool_dir, **j)
     result = ingest_spool(engine, spool_dir)

@@ -27,7 +27,7 @@ def test_demo_runs_every_profile_through_hooks_ingest_and_seff(tmp_path):
     out = p.stdout
     assert "ingested 9 spool records" in out and "quarantined 0, failed 0" in out
     assert out.count("*** SIMULATED DATA") == 9  # every card says the figures are simulated
-    assert "56.0 GPU-hours allocated" in out
+    assert "56.00 GPU-hours allocated" in out
     root = tmp_path / "gpueff-demo"
     assert (root / "gpueff.toml").is_file() and (root / "gpueff.db").is_file()
     assert not list((root / "spool" / "incoming").glob("*.json"))  # everything ingested

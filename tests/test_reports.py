@@ -10,14 +10,16 @@ import zipfile
 from email import message_from_bytes, policy
 
 import pytest
+from pgutil import pg_url  # noqa: F401 - a fixture
 from reports_data import EVIL_NAME, config, make_db
 from sqlmodel import Session, select
 
 from slurm_gpueff.config import Config
 from slurm_gpueff.errors import ConfigError
 from slurm_gpueff.models import Job
-from slurm_gpueff.reports import fmt, monthly, runner
+from slurm_gpueff.reports import monthly, runner
 from slurm_gpueff.reports.card import clean
+from slurm_gpueff.reports.prices import Prices
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DAY = 24.0
@@ -34,11 +36,11 @@ def test_monthly_aggregates_equal_a_brute_force_sum(tmp_path):
     cfg = config(tmp_path, price_per_gpu_hour={"Simulated H100 80GB": 3.0})
     month = "2023-12"
     start, end = monthly.month_bounds(month)
-    prices = fmt.Prices(cfg.reports.price_per_gpu_hour, "EUR")
+    prices = Prices(cfg.reports.price_per_gpu_hour, "EUR")
     with Session(engine) as s:
         rows = [j for j in s.exec(select(Job)).all() if j.account == "acc" and start <= j.end_time < end]
         t = monthly.totals(s, start, end, "acc", prices)
-        users = monthly.by_group(s, Job.user, start, end, "acc", prices)
+        users = monthly.by_group(s, "user", start, end, "acc", prices)
         summary = monthly.build_summary(s, cfg, month, "acc")
     assert len(rows) == 3 and t.jobs == 3
     assert t.hours["allocated"] == pytest.approx(sum(j.gpu_hours for j in rows))
@@ -50,6 +52,24 @@ def test_monthly_aggregates_equal_a_brute_force_sum(tmp_path):
     assert "account acc" in summary.subject and "u3" not in summary.text  # other account
     assert "No GPU jobs ended in November 2023" not in summary.text  # the memory-bound job did
     assert "Against November 2023" in summary.text
+
+
+@pytest.mark.postgres
+def test_monthly_summary_is_the_same_on_postgresql(tmp_path, pg_url):  # noqa: F811
+    """The report queries are plain SQL aggregates: PostgreSQL and SQLite give the same summary."""
+    jobs = [dict(job_id=400 + n, profile=p, user=u, account=a, hours=h, gpus=g, now=1.7e9 + 40 * 86400)
+            for n, (p, u, a, h, g) in enumerate([("idle", "u1", "acc", 2.0, 1), ("one-sm-spin", "u1", "acc", 0.6, 1),
+                                                  ("one-of-n-gpus", "u2", "other", 3.0, 4)])]
+    cfg = config(tmp_path, price_per_gpu_hour={"default": 2.5})
+    texts = []
+    for url in (None, pg_url):
+        engine = make_db(tmp_path, jobs, url=url)
+        with Session(engine) as s:
+            summary = monthly.build_summary(s, cfg, "2023-12", None)
+        engine.dispose()
+        texts.append((summary.subject, summary.text))
+    assert texts[0] == texts[1]
+    assert "for 14.60 GPU-hours (\u20ac36.50)" in texts[1][1].replace("\n", " ")
 
 
 def test_unpriced_model_shows_no_invented_cost(tmp_path):
@@ -125,5 +145,6 @@ def test_wheel_carries_the_templates(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     (wheel,) = [f for f in os.listdir(tmp_path) if f.endswith(".whl")]
     names = set(zipfile.ZipFile(tmp_path / wheel).namelist())
-    for t in ("card.html.j2", "card.txt.j2", "monthly.html.j2", "monthly.txt.j2", "_macros.html.j2", "advice.toml"):
+    for t in ("card.html.j2", "card.txt.j2", "monthly.html.j2", "monthly.txt.j2", "_macros.html.j2", "_prose.j2",
+              "advice.toml"):
         assert f"slurm_gpueff/reports/templates/{t}" in names, t

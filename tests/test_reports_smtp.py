@@ -207,3 +207,42 @@ def test_monthly_summary_to_leads_and_admins(tmp_path, smtp_server):
     site_text, _, _ = parts_of(by_to[("admin@uni.example",)])
     assert "all accounts" in site_text and "vision" in site_text
     assert runner.send_monthly(cfg, engine, month=month).sent == 0  # never twice
+
+
+class Refusing:
+    """aiosmtpd handler that refuses every message with a transient error, counting the tries."""
+
+    def __init__(self) -> None:
+        self.tries = 0
+
+    async def handle_DATA(self, server, session, envelope):  # noqa: N802 - aiosmtpd's hook name
+        self.tries += 1
+        return "451 4.3.0 try again later"
+
+
+def test_failed_mail_is_retried_once_per_tick(tmp_path):
+    """The service's card task: a message the server keeps refusing is tried once per tick, not twice."""
+    from aiosmtpd.controller import Controller
+
+    from slurm_gpueff.service.tasks import Context, report_cards
+
+    handler = Refusing()
+    port = free_port()
+    ctl = Controller(handler, hostname="127.0.0.1", port=port)
+    ctl.start()
+    try:
+        engine = make_db(tmp_path, JOBS[:1])
+        cfg = mail_config(tmp_path, port)
+        cfg.reports.cards = True
+        cfg.mail.retries, cfg.mail.retry_after_s = 1, 0.0  # every failure is due again at once
+        tries = []
+        for _tick in range(3):
+            before = handler.tries
+            report_cards(Context(cfg, engine))
+            tries.append(handler.tries - before)
+    finally:
+        ctl.stop()
+    assert tries == [1, 1, 1]
+    with Session(engine) as s:
+        row = s.exec(select(ReportLog)).one()
+    assert row.status == "failed" and row.attempts == 3 and "451" in (row.reason or "")

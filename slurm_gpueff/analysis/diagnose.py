@@ -9,10 +9,11 @@ reason, so the card can say what could not be assessed.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
+from ..fmt import gpu_hours
 from .figures import JobFigures
 from .verdicts import RULES, Context, NotAssessed, Skipped, Thresholds, Verdict
+from .verdicts.base import ThresholdSource
 
 
 @dataclass
@@ -25,14 +26,14 @@ class Diagnosis:
         return self.verdicts[0] if self.verdicts else None
 
 
-def assess(figures: JobFigures, thresholds: Any = None) -> Diagnosis:
+def assess(figures: JobFigures, thresholds: ThresholdSource = None) -> Diagnosis:
     """Verdicts and not-assessed checks. ``thresholds``: ``config.analysis``, a dict, or None (defaults)."""
     th = Thresholds(thresholds)
     if not figures.gpus:
         return Diagnosis([], [Skipped("all", "All checks", "the job had no GPUs")])
     min_h = th["min_gpu_hours"]
     if figures.hours is not None and figures.hours < min_h:
-        return Diagnosis([], [Skipped("all", "All checks", f"job too short to judge ({figures.hours:.3f} "
+        return Diagnosis([], [Skipped("all", "All checks", f"job too short to judge ({gpu_hours(figures.hours)} "
                                       f"GPU-hours, under analysis.min_gpu_hours = {min_h:g})")])
     ctx = Context(figures=figures, used=list(figures.gpus), thresholds=th)
     for rule in RULES:
@@ -50,6 +51,6 @@ def assess(figures: JobFigures, thresholds: Any = None) -> Diagnosis:
     return Diagnosis(ctx.raised, ctx.skipped)
 
 
-def diagnose(figures: JobFigures, thresholds: Any = None) -> list[Verdict]:
+def diagnose(figures: JobFigures, thresholds: ThresholdSource = None) -> list[Verdict]:
     """Ordered verdicts for a job (primary first); see :func:`assess` for what could not be assessed."""
     return assess(figures, thresholds).verdicts

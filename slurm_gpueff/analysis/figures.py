@@ -255,7 +255,7 @@ def combine(per: list[GpuFigures], elapsed_s: float | None = None) -> JobFigures
     sources: dict[str, str] = {}
     missing: dict[str, str] = {}
     for m in MEANS:
-        pairs = [(g.means[m], w) for g, w in zip(per, weights, strict=True) if g.means[m] is not None]
+        pairs = [(v, w) for g, w in zip(per, weights, strict=True) if (v := g.means[m]) is not None]
         coverage[m] = len(pairs)
         sources[m] = _source(per, [g.means[m] is not None for g in per])
         wsum = sum(w for _, w in pairs)

@@ -31,6 +31,7 @@ def run(args: argparse.Namespace, config: Any) -> int:
     from sqlalchemy.exc import SQLAlchemyError
     from sqlmodel import Session
 
+    from ..fmt import iso, utc
     from ..render.jobs_table import as_json, render
     from ..storage.db import make_engine
     from ..storage.job_list import list_jobs
@@ -65,12 +66,12 @@ def run(args: argparse.Namespace, config: Any) -> int:
               file=sys.stderr)
         return 1
     query = {"user": user, "account": args.account, "cluster": args.cluster,
-             "start_utc": start.isoformat(), "end_utc": end.isoformat()}
+             "start_utc": iso(start), "end_utc": iso(end)}
     if args.json:
         print(json.dumps(as_json(jobs, query), indent=2))
         return 0
     who = " ".join(f"{k} {v}" for k, v in (("user", user), ("account", args.account)) if v) or "all users"
-    print(f"GPU jobs of {who} that ended {start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC")
+    print(f"GPU jobs of {who} that ended {utc(start)} to {utc(end)}")
     if not jobs:
         print("(none)")
         return 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .text import hms, job_label
+from ..fmt import gpu_hours, hms, iso, job_label, pct
 
 SCHEMA = "slurm-gpueff/seff-gpu-jobs"
 VERSION = 1
@@ -20,14 +20,6 @@ def _waste(job: Any) -> float | None:
     if job.idle_gpu_hours is None or job.underfilled_gpu_hours is None:
         return None
     return job.idle_gpu_hours + job.underfilled_gpu_hours
-
-
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{100 * x:.1f}%"
-
-
-def _hours(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.2f}"
 
 
 def totals(jobs: Sequence[Any]) -> dict[str, Any]:
@@ -60,12 +52,12 @@ def render(jobs: Sequence[Any]) -> str:
     for j in jobs:
         verdict = j.verdict_title or j.verdict or ("(pending analysis)" if j.analyzed_at is None else "-")
         rows.append((job_label(j), j.state or "unknown", hms(j.elapsed_s), str(j.gpu_count),
-                     _hours(j.gpu_hours), _pct(j.kernel_active), _pct(j.sm_active), _pct(j.tensor_active),
-                     _hours(_waste(j)), verdict))
+                     gpu_hours(j.gpu_hours), pct(j.kernel_active), pct(j.sm_active), pct(j.tensor_active),
+                     gpu_hours(_waste(j)), verdict))
     t = totals(jobs)
-    foot = (f"Total ({t['jobs']} jobs)", "", "", str(sum(j.gpu_count for j in jobs)), _hours(t["gpu_hours"]),
-            _pct(t["kernel_active"]), _pct(t["sm_active"]), _pct(t["tensor_active"]),
-            _hours(t["waste_gpu_hours"]), "")
+    foot = (f"Total ({t['jobs']} jobs)", "", "", str(sum(j.gpu_count for j in jobs)), gpu_hours(t["gpu_hours"]),
+            pct(t["kernel_active"]), pct(t["sm_active"]), pct(t["tensor_active"]),
+            gpu_hours(t["waste_gpu_hours"]), "")
     widths = [max(len(r[i]) for r in (head, *rows, foot)) for i in range(len(head))]
     right = {3, 4, 5, 6, 7, 8}
 
@@ -82,7 +74,7 @@ def as_json(jobs: Sequence[Any], query: dict[str, Any]) -> dict[str, Any]:
     for j in jobs:
         out.append({
             "job_id": job_label(j), "raw_job_id": j.job_id, "cluster": j.cluster, "user": j.user,
-            "account": j.account, "state": j.state, "end_time": j.end_time.isoformat() if j.end_time else None,
+            "account": j.account, "state": j.state, "end_time": iso(j.end_time),
             "elapsed_s": j.elapsed_s, "gpus": j.gpu_count, "gpu_hours": j.gpu_hours,
             "kernel_active": j.kernel_active, "sm_active": j.sm_active, "tensor_active": j.tensor_active,
             "idle_gpu_hours": j.idle_gpu_hours, "underfilled_gpu_hours": j.underfilled_gpu_hours,

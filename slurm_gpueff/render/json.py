@@ -29,24 +29,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from ..analysis.diagnose import Diagnosis
-from ..analysis.figures import MEANS, GpuFigures, JobFigures, Waste, naive_utc
-from .text import job_label, state_text
+from ..analysis.figures import MEANS, GpuFigures, JobFigures, Waste
+from ..fmt import iso, job_label
+from .text import state_text
 
 if TYPE_CHECKING:  # an ORM row or a plain row of storage.sqlite_read: only attributes are read
     from ..models import Job
 
 SCHEMA = "slurm-gpueff/seff-gpu"
 SCHEMA_VERSION = 1
-
-
-def iso(dt: datetime | None) -> str | None:
-    """UTC datetime (naive or aware) as ISO 8601 with ``Z``."""
-    dt = naive_utc(dt)
-    return None if dt is None else dt.replace(microsecond=0).isoformat() + "Z"
 
 
 def _num(x: float | None, digits: int = 6) -> float | None:

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING
 from ..analysis.diagnose import Diagnosis
 from ..analysis.figures import JobFigures
 from ..analysis.verdicts import RULES
+from ..fmt import energy, gib, gpu_hours, hms, job_label, pct, watts
 
 if TYPE_CHECKING:  # an ORM row or a plain row of storage.sqlite_read: only attributes are read
     from ..models import Job
 
 WIDTH = 80
-GiB = 1024**3
 
 SOURCES = {
     "nvml-gpm": "nvml-gpm (NVML GPM: SM, tensor and DRAM activity from the GPU's performance monitor)",
@@ -30,14 +30,6 @@ SOURCES = {
     "none": "none (allocation only: no GPU data was collected)",
 }
 SIM_BANNER = "*** SIMULATED DATA \u2014 figures from simulated GPUs, not a real GPU ***"
-
-
-def pct(x: float | None) -> str:
-    """One decimal; two below 1 % so that a small measured value (SM 0.05 %) never reads as 0.0 %."""
-    if x is None:
-        return "n/a"
-    v = 100.0 * x
-    return f"{v:.2f}%" if 0 < v < 1 else f"{v:.1f}%"
 
 
 def na(reason: str | None) -> str:
@@ -56,26 +48,6 @@ class _Na:
             return "n/a (as above)"
         self.last = reason
         return na(reason)
-
-
-def hms(seconds: float | None) -> str:
-    """Slurm's elapsed format: ``[D-]HH:MM:SS``."""
-    if seconds is None:
-        return "n/a"
-    s = int(round(seconds))
-    d, s = divmod(s, 86400)
-    h, s = divmod(s, 3600)
-    m, s = divmod(s, 60)
-    return f"{d}-{h:02d}:{m:02d}:{s:02d}" if d else f"{h:02d}:{m:02d}:{s:02d}"
-
-
-def job_label(job: Job) -> str:
-    """The id users type: ``123_4`` for an array task, ``123+1`` for a het component, else the raw id."""
-    if job.array_job_id is not None and job.array_task_id is not None:
-        return f"{job.array_job_id}_{job.array_task_id}"
-    if job.het_job_id is not None and job.het_job_offset is not None:
-        return f"{job.het_job_id}+{job.het_job_offset}"
-    return str(job.job_id)
 
 
 def state_text(job: Job) -> str:
@@ -126,38 +98,22 @@ def _nodes_line(job: Job, fig: JobFigures) -> str:
     return f"{len(nodes)} ({job.nodelist or ','.join(nodes)})"
 
 
-def _gib(n: int | None) -> str:
-    return f"{n / GiB:.1f}" if n is not None else "n/a"
-
-
 def _memory(fig: JobFigures, na_: _Na) -> str:
     used, total = fig.memory_used_peak_bytes, fig.memory_total_bytes
     if used is None:
         return na_(fig.missing.get("memory"))
     where = " on the fullest GPU" if fig.gpu_count > 1 else ""
     if not total:
-        return f"{_gib(used)} GiB{where} (GPU memory size {na(fig.missing.get('memory'))})"
+        return f"{gib(used)} GiB{where} (GPU memory size {na(fig.missing.get('memory'))})"
     note = f"; n/a: {fig.missing['memory']}" if fig.missing.get("memory") else ""
-    return f"{_gib(used)} of {_gib(total)} GiB{where} ({pct(fig.memory_fraction)}{note})"
-
-
-def gpu_hours(h: float) -> str:
-    """GPU-hours with enough digits that a short job does not read 0.00."""
-    return f"{h:.2f}" if h >= 0.995 or h == 0 else f"{h:.3g}"
-
-
-def energy(j: float) -> str:
-    """Energy in the unit that fits: kWh (and MJ) for real jobs, kJ for short ones."""
-    if j >= 36_000:  # 0.01 kWh
-        return f"{j / 3.6e6:.2f} kWh ({j / 1e6:.2f} MJ)"
-    return f"{j / 1e3:.1f} kJ"
+    return f"{gib(used)} of {gib(total)} GiB{where} ({pct(fig.memory_fraction)}{note})"
 
 
 def _energy(fig: JobFigures, na_: _Na) -> str:
     text = na_(fig.missing.get("energy_j")) if fig.energy_j is None else energy(fig.energy_j)
     if fig.power_mean_w is not None:
         per = " per GPU" if fig.gpu_count > 1 else ""
-        text += f", mean power {fig.power_mean_w:.0f} W{per}"
+        text += f", mean power {watts(fig.power_mean_w)}{per}"
     elif fig.energy_j is not None:
         text += f", mean power {na(fig.missing.get('power_mean_w'))}"
     return text
@@ -174,8 +130,8 @@ def _split(fig: JobFigures, na_: _Na) -> list[str]:
         if hours is None:
             out += _wrap(f"{label + ':':<28}{na_(w.reason)}", indent=" " * 30, first="  ")
         else:
-            share = f"{100.0 * hours / fig.hours:5.1f}%" if fig.hours else "  n/a"
-            out.append(f"  {label + ':':<28}{gpu_hours(hours):>9} GPU-h  {share}")
+            share = pct(hours / fig.hours) if fig.hours else "n/a"
+            out.append(f"  {label + ':':<28}{gpu_hours(hours):>9} GPU-h  {share:>6}")
     return out
 
 
@@ -221,12 +177,10 @@ def _gpu_rows(fig: JobFigures, diag: Diagnosis) -> list[str]:
     out = ["Per GPU:", f"  {'GPU':<{lw}} {'GPU-h':>6} {'kernel':>6} {'SM':>6} {'tensor':>6} {'DRAM':>6}"
            f" {'mem GiB':>8}  verdict"]
     for g in fig.gpus:
-        def f(x: float | None) -> str:
-            return "n/a" if x is None else f"{100.0 * x:.1f}%"
-        hours = f"{g.hours:.2f}" if g.hours is not None else "n/a"
-        mem = _gib(g.memory_used_peak_bytes)
-        out.append(f"  {g.label:<{lw}} {hours:>6} {f(g.mean('kernel_active')):>6} {f(g.mean('sm_active')):>6}"
-                   f" {f(g.mean('tensor_active')):>6} {f(g.mean('dram_active')):>6} {mem:>8}  "
+        f = [pct(g.mean(m)) for m in ("kernel_active", "sm_active", "tensor_active", "dram_active")]
+        mem = gib(g.memory_used_peak_bytes)
+        out.append(f"  {g.label:<{lw}} {gpu_hours(g.hours):>6} {f[0]:>6} {f[1]:>6}"
+                   f" {f[2]:>6} {f[3]:>6} {mem:>8}  "
                    f"{first.get((g.node, g.index), '-')}")
     return out
 
@@ -299,8 +253,7 @@ def render_table(items: Sequence[tuple[Job, JobFigures, Diagnosis]]) -> str:
     out = [head, "-" * len(head)]
     for job, fig, diag in items:
         v = diag.primary
-        hours = gpu_hours(fig.hours) if fig.hours is not None else "n/a"
-        out.append(f"{job_label(job):<14} {(job.state or 'n/a')[:10]:<10} {fig.gpu_count:>4} {hours:>7} "
+        out.append(f"{job_label(job):<14} {(job.state or 'n/a')[:10]:<10} {fig.gpu_count:>4} {gpu_hours(fig.hours):>7} "
                    f"{pct(fig.mean('kernel_active')):>6} {pct(fig.mean('sm_active')):>6}  "
                    f"{(v.title if v else 'none')[:36]}")
     return "\n".join(out)

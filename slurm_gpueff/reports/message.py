@@ -67,7 +67,7 @@ def build(parts: Parts, *, sender: str, to: Sequence[str], reply_to: str = "",
         msg[key] = clean(value, 200)
     msg.set_content(parts.text, subtype="plain", charset="utf-8", cte="quoted-printable")
     msg.add_alternative(parts.html_mail, subtype="html", charset="utf-8", cte="quoted-printable")
-    html = msg.get_payload()[1]
+    html = next(p for p in msg.iter_parts() if p.get_content_type() == "text/html")
     for cid, png in parts.images.items():
         html.add_related(png, maintype="image", subtype="png", cid=f"<{cid}>", disposition="inline",
                          filename=f"{cid.split('@')[0].split('.')[0]}.png")

@@ -17,20 +17,19 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from email.utils import parseaddr
-from typing import Any
 
-from sqlalchemy import and_, exists, func
 from sqlalchemy.engine import Engine
-from sqlmodel import Session, col, select
+from sqlmodel import Session
 
 from ..analysis.diagnose import assess
 from ..analysis.figures import job_figures, naive_utc
+from ..config import Config, Section
+from ..fmt import job_label
 from ..models import Job, ReportLog
-from ..render.text import job_label
 from ..storage.queries import gpu_timelines, job_gpus
-from . import message, sentlog, smtp
+from . import message, queries, sentlog, smtp
 from .card import CHART_CID, Card, build_card, clean
 from .monthly import build_summary, month_bounds, previous_month
 
@@ -51,7 +50,7 @@ class RunResult:
     __str__ = summary  # the scheduler logs ``f"{result}"``
 
 
-def owner_address(job: Job, rep: Any) -> str | None:
+def owner_address(job: Job, rep: Section) -> str | None:
     """addresses[user], else Slurm's MailUser where the record has it, else the pattern; None if unusable."""
     user = job.user
     if not user:
@@ -68,7 +67,7 @@ def valid_address(addr: str | None) -> str | None:
     return parsed if parsed == addr and not name else None
 
 
-def _archive_dir(rep: Any, kind: str, when: datetime, slug: str, dry_run: bool) -> str:
+def _archive_dir(rep: Section, kind: str, when: datetime, slug: str, dry_run: bool) -> str:
     root = os.path.join(rep.dir, "dry-run") if dry_run else rep.dir
     safe = "".join(c if c.isalnum() or c in "-_.+" else "_" for c in slug)
     return os.path.join(root, kind, when.strftime("%Y-%m"), safe)
@@ -82,7 +81,7 @@ def card_parts(card: Card) -> message.Parts:
                          html_file=message.file_html(html_mail, images), images=images, name="card")
 
 
-def render_job_card(session: Session, job: Job, config: Any) -> Card:
+def render_job_card(session: Session, job: Job, config: Config) -> Card:
     gpus = job_gpus(session, job)
     timelines = gpu_timelines(session, gpus)
     fig = job_figures(job, gpus)
@@ -90,7 +89,7 @@ def render_job_card(session: Session, job: Job, config: Any) -> Card:
     return build_card(job, fig, diag, [timelines[g.id] for g in gpus if g.id in timelines], config)
 
 
-def _deliver(session: Session, row: ReportLog, config: Any, parts: message.Parts, to: list[str], folder: str,
+def _deliver(session: Session, row: ReportLog, config: Config, parts: message.Parts, to: list[str], folder: str,
              dry_run: bool, now: datetime, result: RunResult, sleep: Callable[[float], None],
              headers: dict[str, str] | None = None) -> None:
     mail = config.mail
@@ -115,26 +114,12 @@ def _deliver(session: Session, row: ReportLog, config: Any, parts: message.Parts
     result.lines.append(f"sent {row.kind} {row.subject} to {', '.join(to)}")
 
 
-def card_candidates(session: Session, config: Any, now: datetime, dry_run: bool, limit: int | None = None
-                    ) -> list[Job]:
-    rep = config.reports
-    logged = exists().where(and_(ReportLog.kind == "card", ReportLog.job_pk == Job.id,
-                                 ReportLog.dry_run == dry_run))
-    stmt = select(Job).where(col(Job.analyzed_at).is_not(None), col(Job.end_time).is_not(None),
-                             col(Job.end_time) >= now - timedelta(hours=rep.card_lookback_h),
-                             col(Job.gpu_hours) >= rep.card_min_gpu_hours, ~logged)
-    if rep.card_only_unhealthy:
-        stmt = stmt.where(col(Job.verdict).is_not(None), Job.verdict != "healthy")
-    wasted = func.coalesce(Job.idle_gpu_hours, 0.0) + func.coalesce(Job.underfilled_gpu_hours, 0.0)
-    stmt = stmt.order_by(wasted.desc(), col(Job.end_time), col(Job.id))
-    if limit:
-        stmt = stmt.limit(limit)
-    return list(session.exec(stmt).all())
-
-
-def send_cards(config: Any, engine: Engine, *, dry_run: bool | None = None, now: datetime | None = None,
+def send_cards(config: Config, engine: Engine, *, dry_run: bool | None = None, now: datetime | None = None,
                limit: int | None = None, sleep: Callable[[float], None] = time.sleep) -> RunResult:
-    """Send (or in dry-run write) the cards of recently ended jobs; see the module docstring for who."""
+    """Send (or in dry-run write) the cards of recently ended jobs; see the module docstring for who.
+
+    A real run first retries the failed messages that are due (:func:`retry_failed`): one run is one
+    retry, so whoever runs the cards (the service's tick, cron) must not call retry_failed beside it."""
     dry = config.mail.dry_run if dry_run is None else dry_run
     now = now or sentlog.utcnow()
     rep = config.reports
@@ -143,7 +128,7 @@ def send_cards(config: Any, engine: Engine, *, dry_run: bool | None = None, now:
         result = retry_failed(config, engine, now=now, sleep=sleep)
     with Session(engine) as session:
         optouts = sentlog.opted_out(session, rep.optout_file)
-        for job in card_candidates(session, config, now, dry, limit):
+        for job in queries.card_candidates(session, config, now, dry, limit):
             subject = f"{job.cluster}:{job.job_id}"
             user = job.user or ""
             skip = None
@@ -180,7 +165,7 @@ def send_cards(config: Any, engine: Engine, *, dry_run: bool | None = None, now:
     return result
 
 
-def retry_failed(config: Any, engine: Engine, *, now: datetime | None = None,
+def retry_failed(config: Config, engine: Engine, *, now: datetime | None = None,
                  sleep: Callable[[float], None] = time.sleep) -> RunResult:
     """Re-send failed messages whose next try is due, from their archived .eml."""
     now = now or sentlog.utcnow()
@@ -214,13 +199,13 @@ def default_month(now: datetime | None = None) -> str:
     return previous_month(f"{now.year}-{now.month:02d}")
 
 
-def _leads(rep: Any, account: str) -> list[str]:
+def _leads(rep: Section, account: str) -> list[str]:
     value = rep.leads.get(account) or []
     addrs = [value] if isinstance(value, str) else list(value)
     return [a for a in (valid_address(x) for x in addrs) if a]
 
 
-def send_monthly(config: Any, engine: Engine, *, month: str | None = None, account: str | None = None,
+def send_monthly(config: Config, engine: Engine, *, month: str | None = None, account: str | None = None,
                  site: bool | None = None, dry_run: bool | None = None, now: datetime | None = None,
                  sleep: Callable[[float], None] = time.sleep) -> RunResult:
     """Monthly summaries: one per account with leads (or just ``account``), plus the site-wide one for
@@ -236,10 +221,7 @@ def send_monthly(config: Any, engine: Engine, *, month: str | None = None, accou
         if account is not None:
             targets: list[str | None] = [account]
         else:
-            with_jobs = session.exec(select(Job.account).where(col(Job.end_time) >= start, col(Job.end_time) < end,
-                                                               col(Job.gpu_hours).is_not(None))
-                                     .distinct()).all()
-            targets = sorted({a for a in with_jobs if a} | set(rep.leads))
+            targets = sorted(queries.accounts_with_jobs(session, start, end) | set(rep.leads))
         if site is None:
             site = account is None
         if site:

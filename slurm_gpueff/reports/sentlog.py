@@ -41,12 +41,6 @@ def claim(session: Session, *, kind: str, subject: str, dry_run: bool, now: date
     return row
 
 
-def exists(session: Session, kind: str, subject: str, dry_run: bool) -> bool:
-    stmt = select(ReportLog.id).where(ReportLog.kind == kind, ReportLog.subject == subject,
-                                      ReportLog.dry_run == dry_run)
-    return session.exec(stmt).first() is not None
-
-
 def cards_in_last_day(session: Session, user: str, dry_run: bool, now: datetime) -> int:
     """Cards for ``user`` in the 24 hours before ``now`` (skipped ones do not count)."""
     stmt = select(func.count()).select_from(ReportLog).where(

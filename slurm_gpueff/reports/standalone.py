@@ -12,13 +12,14 @@ from typing import Any
 
 from sqlmodel import Session
 
-from ..render.text import job_label
+from ..config import Config
+from ..fmt import job_label
 from ..storage.db import make_engine
 from ..storage.queries import gpu_timelines
 from .card import build_card
 
 
-def write_html(config: Any, found: Sequence[tuple[Any, list[Any]]], items: Sequence[tuple[Any, Any, Any]],
+def write_html(config: Config, found: Sequence[tuple[Any, list[Any]]], items: Sequence[tuple[Any, Any, Any]],
                path: str) -> list[str]:
     """Write the card(s); ``found`` = (job, GPU rows), ``items`` = (job, figures, diagnosis), same order."""
     engine = make_engine(config.paths.database, create=False)

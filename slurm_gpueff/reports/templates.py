@@ -1,42 +1,60 @@
-"""The Jinja2 environment for the report templates (``reports/*.j2`` in the repository).
+"""The Jinja2 environment for the report templates (package data in ``slurm_gpueff/reports/templates/``).
 
 HTML templates (``*.html.j2``) are autoescaped: a job named ``<script>`` is printed as text, never
-markup. Plain-text templates are not escaped (they are never parsed as HTML). Undefined names are
-errors (StrictUndefined), so a template typo fails the test suite instead of mailing a blank.
+markup. Plain-text templates and the shared sentences in ``_prose.j2`` are not escaped where they are
+defined; an HTML template that prints a sentence escapes it then. Undefined names are errors
+(StrictUndefined), so a template typo fails the test suite instead of mailing a blank.
 """
 
 from __future__ import annotations
 
-import os
+import tomllib
 from functools import cache
 from importlib import resources
+from typing import Any
 
-from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
+from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
-from . import fmt
-
-
-def templates_dir() -> str:
-    """Where the templates are: inside the installed package (``templates`` -> ``reports/`` in a checkout)."""
-    path = str(resources.files("slurm_gpueff.reports").joinpath("templates"))
-    if os.path.isdir(path):
-        return path
-    # A source tree whose link was lost (e.g. a copy without symlinks): the repository's reports/.
-    return os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                        "reports")
+from .. import fmt
 
 
 @cache
 def environment() -> Environment:
-    env = Environment(loader=FileSystemLoader(templates_dir()),
+    env = Environment(loader=PackageLoader("slurm_gpueff.reports", "templates"),
                       autoescape=select_autoescape(enabled_extensions=("html.j2", "html"),
                                                    default_for_string=False),
                       undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True,
                       keep_trailing_newline=True)
-    env.filters["pct"] = fmt.pct
-    env.filters["hours"] = fmt.hours
+    env.filters.update(pct=fmt.pct, hours=fmt.gpu_hours, stack=stack, words=lambda s: " ".join(str(s).split()))
     return env
+
+
+def stack(rows: list[dict[str, Any]]) -> list[tuple[int, str]]:
+    """(width in whole percent, colour) of each row's ``hours``, summing to 100 (largest remainder), for a
+    stacked bar; unknown counts as 0."""
+    vals = [max(0.0, r["hours"] or 0.0) for r in rows]
+    total = sum(vals)
+    if total <= 0:
+        return [(0, r["color"]) for r in rows]
+    raw = [100.0 * v / total for v in vals]
+    out = [int(x) for x in raw]
+    for i in sorted(range(len(raw)), key=lambda i: raw[i] - out[i], reverse=True)[: 100 - sum(out)]:
+        out[i] += 1
+    return list(zip(out, [r["color"] for r in rows], strict=True))
 
 
 def render(template: str, /, **context: object) -> str:
     return environment().get_template(template).render(**context)
+
+
+def sentence(name: str, /, **context: object) -> str:
+    """One macro of ``_prose.j2`` (a subject line, a headline) as plain text, for Python to use."""
+    macro = getattr(environment().get_template("_prose.j2").make_module(context), name)
+    return " ".join(str(macro()).split())
+
+
+@cache
+def toml(name: str) -> dict[str, Any]:
+    """A TOML file among the templates (``advice.toml``)."""
+    text = resources.files("slurm_gpueff.reports").joinpath("templates", name).read_text(encoding="utf-8")
+    return tomllib.loads(text)

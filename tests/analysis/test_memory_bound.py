@@ -11,7 +11,7 @@ MEM = dict(kernel_active=0.99, sm_active=0.80, sm_occupancy=0.6, tensor_active=0
 def test_dram_saturated_is_memory_bound(figures):
     verdicts = diagnose(figures(MEM))
     assert [v.name for v in verdicts] == ["memory_bound"]
-    assert "85%" in verdicts[0].why
+    assert "85.0%" in verdicts[0].why
     assert any("FlashAttention" in a for a in verdicts[0].advice)
 
 

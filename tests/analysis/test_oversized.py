@@ -12,7 +12,7 @@ SMALL = dict(kernel_active=0.70, sm_active=0.30, tensor_active=0.2, dram_active=
 def test_small_model_on_big_gpu_is_oversized(figures):
     verdicts = diagnose(figures(SMALL))
     assert [v.name for v in verdicts] == ["oversized"]
-    assert "6.0%" in verdicts[0].why and "4.8 of 80 GiB" in verdicts[0].why
+    assert "6.0%" in verdicts[0].why and "4.8 of 80.0 GiB" in verdicts[0].why
     assert any("MIG" in a for a in verdicts[0].advice)
 
 

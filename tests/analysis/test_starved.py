@@ -11,7 +11,7 @@ STARVED = dict(kernel_active=0.25, sm_active=0.20, tensor_active=0.18, dram_acti
 def test_low_kernel_activity_is_starved(figures):
     verdicts = diagnose(figures(STARVED))
     assert verdicts[0].name == "starved"
-    assert "25%" in verdicts[0].why and "under 50%" in verdicts[0].why
+    assert "25.0%" in verdicts[0].why and "under 50.0%" in verdicts[0].why
     assert " on " not in verdicts[0].why.split("(")[0]  # all GPUs: no "on 1 of 2 GPUs"
 
 

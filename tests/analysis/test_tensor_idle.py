@@ -11,7 +11,7 @@ FP32 = dict(kernel_active=0.98, sm_active=0.79, tensor_active=0.0, dram_active=0
 def test_fp32_matmuls_leave_tensor_cores_idle(figures):
     verdicts = diagnose(figures(FP32))
     assert [v.name for v in verdicts] == ["tensor_idle"]
-    assert "79%" in verdicts[0].why and "63%" in verdicts[0].why
+    assert "79.0%" in verdicts[0].why and "63.0%" in verdicts[0].why
     assert any("bf16" in a for a in verdicts[0].advice)
 
 

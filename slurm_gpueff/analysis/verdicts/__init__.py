@@ -13,6 +13,5 @@ from .tensor_idle import TensorIdle
 
 RULES: tuple[Rule, ...] = (NeverUsed(), Starved(), BusyNotWorking(), TensorIdle(), MemoryBound(),
                            Oversized(), Healthy())
-NAMES = tuple(r.name for r in RULES)
 
-__all__ = ["RULES", "NAMES", "Context", "NotAssessed", "Rule", "Skipped", "Thresholds", "Verdict"]
+__all__ = ["RULES", "Context", "NotAssessed", "Rule", "Skipped", "Thresholds", "Verdict"]

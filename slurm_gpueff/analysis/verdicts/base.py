@@ -16,11 +16,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import Any, Protocol
 
+from ...fmt import gib, gpu_hours, pct
 from ..figures import LABELS, GpuFigures, JobFigures, combine
 
-SEVERITIES = ("critical", "warning", "info", "ok")
+Values = dict[str, str]  # a verdict message's placeholders, as printed (see Rule.values)
+
+
+class _Section(Protocol):
+    def as_dict(self) -> dict[str, Any]: ...
+
+
+ThresholdSource = Mapping[str, float] | _Section | None
 
 
 class NotAssessed(Exception):  # noqa: N818 - a signal, not an error
@@ -62,13 +70,12 @@ class Skipped:
 class Thresholds:
     """Read-only view of ``config.analysis`` (a Section, a dict, or None for the schema defaults)."""
 
-    def __init__(self, source: Any = None):
+    def __init__(self, source: ThresholdSource = None):
         from ...config import SCHEMA
 
-        values = {k: default for k, (_t, default) in SCHEMA["analysis"].items()}
+        values: dict[str, Any] = {k: default for k, (_t, default) in SCHEMA["analysis"].items()}
         if source is not None:
-            given = source if isinstance(source, Mapping) else source.as_dict()
-            values.update(given)
+            values.update(source if isinstance(source, Mapping) else source.as_dict())
         self._values = values
 
     def pct(self, key: str) -> float:
@@ -88,16 +95,6 @@ class Context:
     thresholds: Thresholds
     raised: list[Verdict] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
-
-
-def pct(x: float | None) -> str:
-    """A fraction as a short percentage for messages ("0.8%", "42%"; no space, so wrapping keeps it whole)."""
-    if x is None:
-        return "n/a"
-    v = 100.0 * x
-    if 0 < v < 1:  # 0.05 % must not read as 0.1 % or 0 %: a measured small value is not zero
-        return f"{v:.2f}%"
-    return f"{v:.1f}%" if v < 10 else f"{v:.0f}%"
 
 
 def of_n(involved: int, total: int, noun: str = "GPU") -> str:
@@ -130,7 +127,7 @@ class Rule:
     name = ""
     severity = "warning"
 
-    def check(self, ctx: Context) -> tuple[dict[str, Any], Sequence[GpuFigures]] | None:
+    def check(self, ctx: Context) -> tuple[Values, Sequence[GpuFigures]] | None:
         """Return (message values, GPUs involved) if the verdict applies, None if it does not.
 
         Raise :class:`NotAssessed` when a needed figure is missing.
@@ -142,7 +139,7 @@ class Rule:
         """Plain name of the check (no placeholders), for "could not assess" lists."""
         return str(load_text(self.name)["label"])
 
-    def verdict(self, values: Mapping[str, Any], gpus: Sequence[GpuFigures]) -> Verdict:
+    def verdict(self, values: Values, gpus: Sequence[GpuFigures]) -> Verdict:
         text = load_text(self.name)
         fmt = dict(values)
         return Verdict(name=self.name, title=text["title"].format_map(fmt), severity=self.severity,
@@ -165,29 +162,25 @@ class Rule:
         return ok
 
     @staticmethod
-    def values(ctx: Context, involved: Sequence[GpuFigures]) -> dict[str, Any]:
+    def values(ctx: Context, involved: Sequence[GpuFigures]) -> Values:
         """Message values over the involved GPUs: k, s, t, d, fp32, mem (as text) and the GPU phrase."""
         agg = combine(list(involved))
         n_all = ctx.figures.gpu_count
-        were = "was" if len(involved) == 1 else "were"
+        phrase = of_n(len(involved), n_all)
         vals = {
-            "were": were,
+            "were": "was" if len(involved) == 1 else "were",
             "k": pct(agg.mean("kernel_active")), "s": pct(agg.mean("sm_active")),
             "t": pct(agg.mean("tensor_active")), "d": pct(agg.mean("dram_active")),
             "fp32": pct(agg.mean("fp32_active")), "o": pct(agg.mean("sm_occupancy")),
             "mem": pct(agg.memory_fraction), "eff": pct(agg.efficiency),
-            "gpus": of_n(len(involved), n_all), "n": len(involved), "total": n_all,
+            "gpus": phrase, "n": str(len(involved)), "total": str(n_all),
             "gpu_list": ", ".join(g.label for g in involved),
-            "hours": f"{agg.hours:.2f}" if agg.hours is not None else "n/a",
+            "hours": gpu_hours(agg.hours), "mem_gib": gib(agg.memory_used_peak_bytes),
+            "total_gib": gib(agg.memory_total_bytes or None),
         }
-        mem_used = agg.memory_used_peak_bytes
-        vals["mem_gib"] = f"{mem_used / 1024**3:.1f}" if mem_used is not None else "n/a"
-        total = agg.memory_total_bytes
-        vals["total_gib"] = f"{total / 1024**3:.0f}" if total else "n/a"
-        phrase = vals["gpus"]
         vals["Gpus"] = phrase[0].upper() + phrase[1:]
         vals["gpus_title"] = "GPU" if n_all == 1 else vals["Gpus"]
-        vals["on_gpus"] = "" if len(involved) == n_all else f" on {vals['gpus']} ({vals['gpu_list']})"
+        vals["on_gpus"] = "" if len(involved) == n_all else f" on {phrase} ({vals['gpu_list']})"
         return vals
 
 
@@ -198,7 +191,7 @@ def _missing_reason(g: GpuFigures, metric: str) -> str:
     return g.missing.get(metric) or "not measured"
 
 
-def _value(g: GpuFigures, metric: str) -> Any:
+def _value(g: GpuFigures, metric: str) -> float | None:
     if metric == "memory_fraction":
         return g.memory_fraction
     return g.means.get(metric)

@@ -10,17 +10,15 @@ kernel-active 33 %, SM-active 0.05 % -- starved by launch overhead *and* underfi
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..figures import GpuFigures
-from .base import Context, Rule
+from .base import Context, Rule, Values
 
 
 class BusyNotWorking(Rule):
     name = "busy_not_working"
     severity = "warning"
 
-    def check(self, ctx: Context) -> tuple[dict[str, Any], list[GpuFigures]] | None:
+    def check(self, ctx: Context) -> tuple[Values, list[GpuFigures]] | None:
         measured = self.need(ctx.used, "kernel_active", "sm_active")
         k_min = ctx.thresholds.pct("busy_kernel_pct")
         s_max = ctx.thresholds.pct("busy_sm_pct")

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..figures import GpuFigures
-from .base import Context, NotAssessed, Rule
+from .base import Context, NotAssessed, Rule, Values
 
 
 class Healthy(Rule):
     name = "healthy"
     severity = "ok"
 
-    def check(self, ctx: Context) -> tuple[dict[str, Any], list[GpuFigures]] | None:
+    def check(self, ctx: Context) -> tuple[Values, list[GpuFigures]] | None:
         if ctx.raised or not ctx.used:
             return None
         if ctx.skipped:

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..figures import GpuFigures
-from .base import Context, Rule
+from .base import Context, Rule, Values
 
 
 class MemoryBound(Rule):
     name = "memory_bound"
     severity = "info"
 
-    def check(self, ctx: Context) -> tuple[dict[str, Any], list[GpuFigures]] | None:
+    def check(self, ctx: Context) -> tuple[Values, list[GpuFigures]] | None:
         measured = self.need(ctx.used, "dram_active", "tensor_active")
         th = ctx.thresholds
         hit = [g for g in measured

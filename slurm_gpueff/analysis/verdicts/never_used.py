@@ -6,22 +6,21 @@ GPUs flagged here are left out of every later check (an idle GPU is not also "st
 
 from __future__ import annotations
 
-from typing import Any
-
+from ...fmt import pct
 from ..figures import GpuFigures
-from .base import Context, Rule
+from .base import Context, Rule, Values
 
 
 class NeverUsed(Rule):
     name = "never_used"
     severity = "critical"
 
-    def check(self, ctx: Context) -> tuple[dict[str, Any], list[GpuFigures]] | None:
+    def check(self, ctx: Context) -> tuple[Values, list[GpuFigures]] | None:
         measured = self.need(ctx.figures.gpus, "kernel_active")
         limit = ctx.thresholds.pct("never_used_kernel_pct")
         idle = [g for g in measured if (g.mean("kernel_active") or 0.0) < limit]
         if not idle:
             return None
         values = self.values(ctx, idle)
-        values["thr"] = f"{ctx.thresholds['never_used_kernel_pct']:g}%"
+        values["thr"] = pct(ctx.thresholds.pct("never_used_kernel_pct"))
         return values, idle

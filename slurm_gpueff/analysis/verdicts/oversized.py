@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..figures import GpuFigures
-from .base import Context, Rule
+from .base import Context, Rule, Values
 
 
 class Oversized(Rule):
     name = "oversized"
     severity = "info"
 
-    def check(self, ctx: Context) -> tuple[dict[str, Any], list[GpuFigures]] | None:
+    def check(self, ctx: Context) -> tuple[Values, list[GpuFigures]] | None:
         measured = self.need(ctx.used, "memory_fraction", "sm_active")
         th = ctx.thresholds
         hit = [g for g in measured

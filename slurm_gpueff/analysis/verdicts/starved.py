@@ -2,22 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+from ...fmt import pct
 from ..figures import GpuFigures
-from .base import Context, Rule
+from .base import Context, Rule, Values
 
 
 class Starved(Rule):
     name = "starved"
     severity = "warning"
 
-    def check(self, ctx: Context) -> tuple[dict[str, Any], list[GpuFigures]] | None:
+    def check(self, ctx: Context) -> tuple[Values, list[GpuFigures]] | None:
         measured = self.need(ctx.used, "kernel_active")
         limit = ctx.thresholds.pct("starved_kernel_pct")
         low = [g for g in measured if (g.mean("kernel_active") or 0.0) < limit]
         if not low:
             return None
         values = self.values(ctx, low)
-        values["thr"] = f"{ctx.thresholds['starved_kernel_pct']:g}%"
+        values["thr"] = pct(ctx.thresholds.pct("starved_kernel_pct"))
         return values, low

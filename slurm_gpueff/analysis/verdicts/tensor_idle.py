@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..figures import GpuFigures
-from .base import Context, Rule
+from .base import Context, Rule, Values
 
 
 class TensorIdle(Rule):
     name = "tensor_idle"
     severity = "warning"
 
-    def check(self, ctx: Context) -> tuple[dict[str, Any], list[GpuFigures]] | None:
+    def check(self, ctx: Context) -> tuple[Values, list[GpuFigures]] | None:
         measured = self.need(ctx.used, "sm_active", "tensor_active", "fp32_active")
         th = ctx.thresholds
         hit = [g for g in measured

@@ -1,0 +1,142 @@
+"""How every figure is printed: one function per quantity, so a figure reads the same on the terminal card,
+in the jobs table, in verdict texts, in mail cards and in monthly summaries (rules: docs/FIGURES.md, "How
+figures are printed").
+
+Two promises hold for all of them: a measured value above zero never prints as zero (a user who sees
+"0.0%" stops looking), and nothing prints in scientific notation. Unknown (None) prints "n/a"; the caller
+adds the reason. Stdlib only, at the base layer, so analysis, render, reports and the CLI can all use it.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+from typing import Protocol
+
+NA = "n/a"
+GiB = 1024**3
+CURRENCY_SYMBOLS = {"EUR": "\u20ac", "USD": "$", "GBP": "\u00a3", "CHF": "CHF\u00a0", "JPY": "\u00a5"}
+
+
+def _decimal(v: float) -> str:
+    """One decimal; a positive value that would print as 0.0 gets two significant digits instead."""
+    if 0 < v < 0.1:
+        text = f"{v:.{1 - math.floor(math.log10(v))}f}"
+        return text.rstrip("0").rstrip(".")
+    return f"{v:.1f}"
+
+
+def pct(fraction: float | None) -> str:
+    """A fraction in [0, 1] as a percentage: "42.0%", "0.8%", "0.05%", "0.0%"."""
+    return NA if fraction is None else _decimal(100.0 * fraction) + "%"
+
+
+def gpu_hours(h: float | None) -> str:
+    """GPU-hours with fixed decimals by magnitude: "1,234", "12.00", "0.021", "<0.001", "0.000"."""
+    if h is None:
+        return NA
+    if round(h, 2) >= 100:
+        return f"{h:,.0f}"
+    if round(h, 3) >= 1:
+        return f"{h:.2f}"
+    if h > 0 and round(h, 3) == 0:
+        return "<0.001"
+    return f"{h:.3f}"
+
+
+def gib(n: int | float | None) -> str:
+    """Bytes as GiB without the unit (for "68.0 of 80.0 GiB"): one decimal, the rule of :func:`pct`."""
+    return NA if n is None else _decimal(n / GiB)
+
+
+def energy(joules: float | None) -> str:
+    """Energy in the unit that fits: kWh (and MJ) from 0.01 kWh, kJ below."""
+    if joules is None:
+        return NA
+    if joules >= 36_000:
+        return f"{joules / 3.6e6:.2f} kWh ({joules / 1e6:.2f} MJ)"
+    return f"{_decimal(joules / 1e3)} kJ"
+
+
+def watts(w: float | None) -> str:
+    """Power in whole watts ("412 W"); below 1 W the rule of :func:`pct`."""
+    if w is None:
+        return NA
+    return f"{w:.0f} W" if w >= 1 else f"{_decimal(w)} W"
+
+
+def hms(seconds: float | None) -> str:
+    """A duration in Slurm's elapsed format: ``[D-]HH:MM:SS``."""
+    if seconds is None:
+        return NA
+    s = int(round(seconds))
+    d, s = divmod(s, 86400)
+    h, s = divmod(s, 3600)
+    m, s = divmod(s, 60)
+    return f"{d}-{h:02d}:{m:02d}:{s:02d}" if d else f"{h:02d}:{m:02d}:{s:02d}"
+
+
+def money(amount: float | None, currency: str) -> str:
+    """"€12.34", "€1,234", "12.34 SEK"; "n/a" when the amount is unknown (no price set)."""
+    if amount is None:
+        return NA
+    sym = CURRENCY_SYMBOLS.get(currency.upper())
+    text = f"{amount:,.0f}" if abs(amount) >= 1000 else f"{amount:,.2f}"
+    return f"{sym}{text}" if sym else f"{text}\u00a0{currency}"
+
+
+def _signed(v: float) -> str:
+    return ("+" if v >= 0 else "\u2212") + _decimal(abs(v))
+
+
+def change(now: float | None, before: float | None) -> str | None:
+    """Relative change from ``before`` to ``now`` ("+12.5%", "−5.0%"); None when not comparable."""
+    if now is None or before is None or before <= 0:
+        return None
+    return _signed(100.0 * (now - before) / before) + "%"
+
+
+def points(now: float | None, before: float | None) -> str | None:
+    """Change of a share in percentage points ("+3.1 pts", "−0.4 pts"); None when either is unknown."""
+    if now is None or before is None:
+        return None
+    return _signed(100.0 * (now - before)) + " pts"
+
+
+def _aware_utc(dt: datetime) -> datetime:
+    """The database hands back naive UTC or aware times depending on the driver; both mean UTC here."""
+    return dt.replace(tzinfo=UTC) if dt.tzinfo is None else dt.astimezone(UTC)
+
+
+def utc(dt: datetime | None) -> str:
+    """A time for people: "2026-11-23 15:17 UTC"."""
+    return NA if dt is None else _aware_utc(dt).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def iso(dt: datetime | None) -> str | None:
+    """A time for machines: ISO 8601 UTC with ``Z``, whole seconds ("2026-11-23T15:17:00Z")."""
+    return None if dt is None else _aware_utc(dt).replace(microsecond=0, tzinfo=None).isoformat() + "Z"
+
+
+class JobIds(Protocol):
+    """What :func:`job_label` reads: an ORM ``Job``, a plain row of storage.sqlite_read or job_list."""
+
+    @property
+    def job_id(self) -> int: ...
+    @property
+    def array_job_id(self) -> int | None: ...
+    @property
+    def array_task_id(self) -> int | None: ...
+    @property
+    def het_job_id(self) -> int | None: ...
+    @property
+    def het_job_offset(self) -> int | None: ...
+
+
+def job_label(job: JobIds) -> str:
+    """The id users type: ``123_4`` for an array task, ``123+1`` for a het component, else the raw id."""
+    if job.array_job_id is not None and job.array_task_id is not None:
+        return f"{job.array_job_id}_{job.array_task_id}"
+    if job.het_job_id is not None and job.het_job_offset is not None:
+        return f"{job.het_job_id}+{job.het_job_offset}"
+    return str(job.job_id)

@@ -1,0 +1,152 @@
+"""What the reports read from the database: SQL only, returning plain data (dataclasses, dicts, lists).
+
+Figures come from the per-job summary columns (``job.gpu_hours``, ``idle_gpu_hours``, ...; written by
+:mod:`slurm_gpueff.summarize`) through SQL aggregates (GROUP BY in the database, no per-job Python loop),
+so a month of a large site stays fast on SQLite and PostgreSQL. A job belongs to the month in which it
+*ended* (UTC). Jobs whose activity was not measured add to "allocated" and to "unmeasured", never to
+idle or active: a sum over unknown parts is not invented. GPU-hours are grouped by GPU model, because
+prices are per model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import Executable, Float, RowMapping, and_, case, cast, exists, func, select
+from sqlalchemy.sql.elements import ColumnElement
+from sqlmodel import Session, col
+from sqlmodel import select as select_model
+
+from ..config import Config
+from ..models import Job, ReportLog
+
+PARTS = ("allocated", "idle", "underfilled", "active", "tensor", "unmeasured")
+WASTED = func.coalesce(col(Job.idle_gpu_hours), 0.0) + func.coalesce(col(Job.underfilled_gpu_hours), 0.0)
+GROUPS = {"user": col(Job.user), "account": col(Job.account)}
+
+
+@dataclass(frozen=True)
+class Split:
+    """GPU-hours of one group (``key``: a user, an account, or None for all) on one GPU model."""
+
+    key: str | None
+    gpu_type: str | None
+    jobs: int
+    hours: dict[str, float]  # PARTS -> GPU-hours
+
+
+@dataclass(frozen=True)
+class VerdictCount:
+    verdict: str | None
+    jobs: int
+    hours: float
+    wasted: float
+    users: int
+
+
+@dataclass(frozen=True)
+class WastefulJob:
+    """One of the jobs that lost the most GPU-hours (the fields :func:`slurm_gpueff.fmt.job_label` reads)."""
+
+    job_id: int
+    array_job_id: int | None
+    array_task_id: int | None
+    het_job_id: int | None
+    het_job_offset: int | None
+    job_name: str | None
+    user: str | None
+    account: str | None
+    gpu_count: int
+    gpu_hours: float | None
+    wasted: float
+    verdict_title: str | None
+
+
+def _where(start: datetime, end: datetime, account: str | None) -> list[ColumnElement[bool]]:
+    cond = [col(Job.end_time) >= start, col(Job.end_time) < end, col(Job.gpu_hours).is_not(None)]
+    if account is not None:
+        cond.append(col(Job.account) == account)
+    return cond
+
+
+def _rows(session: Session, stmt: Executable) -> list[RowMapping]:
+    return list(session.connection().execute(stmt).mappings())
+
+
+def split(session: Session, start: datetime, end: datetime, account: str | None, by: str | None = None
+          ) -> list[Split]:
+    """The split per GPU model, and per user or account (``by``: "user", "account") if given."""
+    groups = [GROUPS[by], col(Job.gpu_type)] if by else [col(Job.gpu_type)]
+    sums = [func.sum(col(Job.gpu_hours)).label("allocated"), func.sum(col(Job.idle_gpu_hours)).label("idle"),
+            func.sum(col(Job.underfilled_gpu_hours)).label("underfilled"),
+            func.sum(col(Job.sm_active_gpu_hours)).label("active"),
+            func.sum(col(Job.tensor_active_gpu_hours)).label("tensor"),
+            func.sum(case((col(Job.sm_active_gpu_hours).is_(None), col(Job.gpu_hours)),
+                          else_=cast(0.0, Float))).label("unmeasured")]
+    stmt = (select(*groups, func.count().label("jobs"), *sums).where(*_where(start, end, account))
+            .group_by(*groups))
+    return [Split(r[by] if by else None, r["gpu_type"], int(r["jobs"] or 0),
+                  {p: float(r[p] or 0.0) for p in PARTS}) for r in _rows(session, stmt)]
+
+
+def verdict_counts(session: Session, start: datetime, end: datetime, account: str | None) -> list[VerdictCount]:
+    stmt = (select(col(Job.verdict), func.count().label("jobs"), func.sum(col(Job.gpu_hours)).label("hours"),
+                   func.sum(WASTED).label("wasted"), func.count(func.distinct(col(Job.user))).label("users"))
+            .where(*_where(start, end, account)).group_by(col(Job.verdict)))
+    return [VerdictCount(r["verdict"], int(r["jobs"]), float(r["hours"] or 0.0), float(r["wasted"] or 0.0),
+                         int(r["users"])) for r in _rows(session, stmt)]
+
+
+def wasted_by_verdict_and_model(session: Session, start: datetime, end: datetime, account: str | None
+                                ) -> list[tuple[str | None, str | None, float]]:
+    """(verdict, GPU model, GPU-hours lost): the input of the cost per verdict."""
+    stmt = (select(col(Job.verdict), col(Job.gpu_type), func.sum(WASTED).label("w"))
+            .where(*_where(start, end, account)).group_by(col(Job.verdict), col(Job.gpu_type)))
+    return [(r["verdict"], r["gpu_type"], float(r["w"] or 0.0)) for r in _rows(session, stmt)]
+
+
+def worst_verdict_by(session: Session, by: str, start: datetime, end: datetime, account: str | None
+                     ) -> dict[str, str]:
+    """Per user (or account): the verdict that cost it the most GPU-hours (healthy and none excluded)."""
+    stmt = (select(GROUPS[by], col(Job.verdict), func.sum(WASTED).label("w"))
+            .where(*_where(start, end, account), col(Job.verdict).is_not(None), col(Job.verdict) != "healthy")
+            .group_by(GROUPS[by], col(Job.verdict)))
+    best: dict[str, tuple[float, str]] = {}
+    for r in _rows(session, stmt):
+        key, w = r[by] or "(unknown)", float(r["w"] or 0.0)
+        if key not in best or w > best[key][0]:
+            best[key] = (w, r["verdict"])
+    return {k: v for k, (_, v) in best.items()}
+
+
+def most_wasteful(session: Session, start: datetime, end: datetime, account: str | None, limit: int = 10
+                  ) -> list[WastefulJob]:
+    stmt = (select_model(Job).where(*_where(start, end, account), col(Job.idle_gpu_hours).is_not(None))
+            .order_by(WASTED.desc(), col(Job.id)).limit(limit))
+    return [WastefulJob(j.job_id, j.array_job_id, j.array_task_id, j.het_job_id, j.het_job_offset, j.job_name,
+                        j.user, j.account, j.gpu_count, j.gpu_hours,
+                        (j.idle_gpu_hours or 0.0) + (j.underfilled_gpu_hours or 0.0), j.verdict_title)
+            for j in session.exec(stmt).all()]
+
+
+def accounts_with_jobs(session: Session, start: datetime, end: datetime) -> set[str]:
+    stmt = select(col(Job.account)).where(*_where(start, end, None)).distinct()
+    return {r["account"] for r in _rows(session, stmt) if r["account"]}
+
+
+def card_candidates(session: Session, config: Config, now: datetime, dry_run: bool, limit: int | None = None
+                    ) -> list[Job]:
+    """Jobs due a card (see :mod:`.runner`), most GPU-hours lost first."""
+    rep = config.reports
+    logged = exists().where(and_(col(ReportLog.kind) == "card", col(ReportLog.job_pk) == col(Job.id),
+                                 col(ReportLog.dry_run) == dry_run))
+    stmt = select_model(Job).where(col(Job.analyzed_at).is_not(None), col(Job.end_time).is_not(None),
+                             col(Job.end_time) >= now - timedelta(hours=rep.card_lookback_h),
+                             col(Job.gpu_hours) >= rep.card_min_gpu_hours, ~logged)
+    if rep.card_only_unhealthy:
+        stmt = stmt.where(col(Job.verdict).is_not(None), col(Job.verdict) != "healthy")
+    stmt = stmt.order_by(WASTED.desc(), col(Job.end_time), col(Job.id))
+    if limit:
+        stmt = stmt.limit(limit)
+    return list(session.exec(stmt).all())
