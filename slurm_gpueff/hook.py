@@ -143,7 +143,7 @@ def _run(kind: str, env: dict[str, str], config_path: str | None, log: HookLog, 
     if not job.wants_gpus:
         return  # CPU-only job: nothing to measure, nothing to record (see module docstring)
     # Armed with the default bound first: loading the config can block too (a hung filesystem).
-    default_bound = float(cfgmod.SCHEMA["collector"]["hook_timeout_s"][1])
+    default_bound = cfgmod.CollectorConfig.hook_timeout_s
     watchdog = _Watchdog(log, t0 + default_bound) if _process_mode else None
     cfg, cfg_problem = load_config(config_path, env, log)
     ctx["cfg"] = cfg
@@ -292,7 +292,7 @@ def _salvage_config(path: str) -> cfgmod.Config:
     except Exception:  # noqa: BLE001
         data = {}
     good: dict[str, dict[str, Any]] = {}
-    for section, keys in cfgmod.SCHEMA.items():
+    for section, keys in cfgmod.Config().as_dict().items():
         given = data.get(section)
         if not isinstance(given, dict):
             continue

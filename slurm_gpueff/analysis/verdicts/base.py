@@ -63,9 +63,9 @@ class Thresholds:
     """Read-only view of ``config.analysis`` (a Section, a dict, or None for the schema defaults)."""
 
     def __init__(self, source: Any = None):
-        from ...config import SCHEMA
+        from ...config import AnalysisConfig
 
-        values = {k: default for k, (_t, default) in SCHEMA["analysis"].items()}
+        values: dict[str, Any] = AnalysisConfig().as_dict()
         if source is not None:
             given = source if isinstance(source, Mapping) else source.as_dict()
             values.update(given)
