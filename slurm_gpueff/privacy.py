@@ -14,6 +14,8 @@ import pwd
 from collections.abc import Sequence
 from typing import Any
 
+from .config import PrivacyConfig
+
 
 def current_user() -> tuple[int, str | None]:
     """(uid, user name) of the person running the command."""
@@ -24,7 +26,7 @@ def current_user() -> tuple[int, str | None]:
         return uid, None
 
 
-def sees_everything(privacy: Any, uid: int, name: str | None) -> bool:
+def sees_everything(privacy: PrivacyConfig, uid: int, name: str | None) -> bool:
     """True for root, for configured admins, and for everyone when privacy is off."""
     return uid == 0 or not privacy.enabled or (name is not None and name in privacy.admins)
 
@@ -35,7 +37,7 @@ def owns(job: Any, uid: int, name: str | None) -> bool:
     return name is not None and job.user == name
 
 
-def visible(found: Sequence[tuple[Any, Any]], privacy: Any, uid: int | None = None,
+def visible(found: Sequence[tuple[Any, Any]], privacy: PrivacyConfig, uid: int | None = None,
             name: str | None = None) -> tuple[list[tuple[Any, Any]], int]:
     """(the (job, gpus) pairs this user may see, how many were hidden)."""
     if uid is None:

@@ -31,6 +31,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .config import Config
 from .errors import GpueffError
 
 # The job fields asked of ``sacct -P``; JobName last because it may contain the delimiter.
@@ -366,7 +367,7 @@ class SacctReader:
         self.calls = 0  # sacct invocations (tests check the batching)
 
     @classmethod
-    def from_config(cls, config: Any) -> SacctReader:
+    def from_config(cls, config: Config) -> SacctReader:
         s = config.sacct
         return cls(command=s.command, timeout_s=s.timeout_s, batch_size=s.batch_size, fmt=s.format)
 
@@ -459,7 +460,7 @@ def _json_unsupported(message: str) -> bool:
                                 "openapi", "data_parser", "serializer"))
 
 
-def no_gpus_note(spec: str, config: Any, timeout_s: float = 5.0) -> str | None:
+def no_gpus_note(spec: str, config: Config, timeout_s: float = 5.0) -> str | None:
     """For seff-gpu: a sentence if sacct knows job ``spec`` and it finished without any GPU, else None.
 
     CPU-only jobs get no record by design (the hooks return at once), so "not in the database" would

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any
 
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
 from .analysis.diagnose import assess
 from .analysis.figures import JobFigures, job_figures
+from .config import AnalysisConfig
 from .models import Job, JobGpu
 
 
@@ -32,7 +32,7 @@ def _tensor_hours(fig: JobFigures) -> float | None:
     return total
 
 
-def apply_summary(job: Job, gpus: Sequence[JobGpu], thresholds: Any = None) -> Job:
+def apply_summary(job: Job, gpus: Sequence[JobGpu], thresholds: AnalysisConfig | None = None) -> Job:
     """Analyse one job and write its summary columns (in memory; the caller commits)."""
     fig = job_figures(job, gpus)
     diag = assess(fig, thresholds)
@@ -52,7 +52,7 @@ def apply_summary(job: Job, gpus: Sequence[JobGpu], thresholds: Any = None) -> J
     return job
 
 
-def summarize_pending(engine: Engine, thresholds: Any = None, *, batch: int = 500,
+def summarize_pending(engine: Engine, thresholds: AnalysisConfig | None = None, *, batch: int = 500,
                       progress: Callable[[int], None] | None = None) -> int:
     """Analyse every job whose summary is missing or stale; return how many were summarised."""
     done = 0
