@@ -1,13 +1,15 @@
 """Configuration: one TOML file, validated up front with errors that name the file and the key.
 
-The schema is the frozen dataclasses below, one per ``[section]``: a field per key with its type and
-default, and, where a value can be out of range, a check in the field's metadata. ``Config(data)`` is
+The schema is the frozen classes below, one per ``[section]``: an annotated attribute per key with its
+type and default, and, where a value can be out of range, a check (see ``_key``). ``Config(data)`` is
 the one way in: it refuses unknown names, wrong types, NaN and infinities, values out of range and
 combinations of keys that cannot work, so the rest of the code reads ``cfg.paths.spool_dir`` without
 second-guessing it. ``etc/gpueff.toml`` documents every key, its default and its range.
 
-Stdlib only, because the Slurm hooks load this on every job start and end. The annotations are real
-classes (no postponed evaluation), so one generic checker reads the field types without ``typing``.
+Stdlib only and light, because the Slurm hooks load this on every job start and end: the sections are
+frozen dataclasses to type checkers (``dataclass_transform``) but not built by ``dataclasses``, whose
+import and per-class code generation would be most of a hook's start-up. The annotations are real
+classes (no postponed evaluation), so one generic checker reads the key types from them.
 
 Lookup order: ``--config PATH`` > ``$GPUEFF_CONFIG`` > ``/etc/slurm-gpueff/gpueff.toml``. A missing
 default file is not an error (every key has a default, so a node works out of the box); a missing file
@@ -19,14 +21,14 @@ import os
 import stat
 import tomllib
 import types
-from dataclasses import dataclass, field, fields
+from typing import dataclass_transform  # typing is loaded anyway (tomllib imports it)
 
 from .errors import ConfigError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping
-    from typing import TypeVar
+    from typing import ClassVar, NoReturn, TypeVar
 
     T = TypeVar("T")
 
@@ -95,22 +97,54 @@ _PORT_OR_OFF = _range(0, 65535, text=" = {v} is not a TCP port (0 = off)")
 _SCHEDULE = _range(1, YEAR, off=True)  # a task of ``gpueff serve``: 0 disables it; under 1 s is a busy loop
 
 
+class _Key:
+    """A key's default, what its value must pass beyond its type (each item's, for a table or a list)
+    and, for a table or a list, the words its error messages use for a valid value."""
+
+    __slots__ = ("default", "check", "what")
+
+    def __init__(self, default: object, check: "Check | None" = None, what: str = "") -> None:
+        self.default, self.check, self.what = default, check, what
+
+
 def _key(default: "T", check: "Check | None" = None, what: str = "") -> "T":
-    """A field: its default, what its value must pass beyond its type (each item's, for a table or a
-    list) and, for a table or a list, the words its error messages use for a valid value."""
-    meta = {"check": check, "what": what}
-    if isinstance(default, dict | list):
-        return field(default_factory=type(default), metadata=meta)
-    return field(default=default, metadata=meta)
+    return _Key(default, check, what)  # type: ignore[return-value]  # Section collects it at class creation
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+class FrozenError(AttributeError):
+    """The configuration is read-only: build a new ``Config`` to change a value."""
+
+
+def _read_only(self: object, name: str, value: object = None) -> "NoReturn":
+    raise FrozenError(f"cannot change {type(self).__name__}.{name}: the configuration is read-only")
+
+
+@dataclass_transform(frozen_default=True)
 class Section:
-    """Shared by the section dataclasses: their values as a plain dict, and one ``__eq__``/``__repr__``
-    for all of them (generating those per class slows every hook's start)."""
+    """Base of the section classes: each annotated class attribute is a key, its value the default (or
+    a ``_key``). Instances are frozen, compare by value and take their keys as keyword arguments."""
+
+    KEYS: "ClassVar[dict[str, tuple[object, _Key]]]"  # key -> (type, _Key), in the class's order
+
+    def __init_subclass__(cls) -> None:
+        cls.KEYS = {}
+        for name, tp in cls.__dict__.get("__annotations__", {}).items():
+            spec = cls.__dict__.get(name)
+            spec = spec if isinstance(spec, _Key) else _Key(spec)
+            cls.KEYS[name] = (tp, spec)
+            setattr(cls, name, spec.default)  # the default, readable on the class
+
+    def __init__(self, **values: object) -> None:
+        for name, (_tp, spec) in self.KEYS.items():
+            value = values.pop(name) if name in values else spec.default
+            object.__setattr__(self, name, type(value)(value) if isinstance(value, dict | list) else value)
+        if values:
+            raise TypeError(f"{type(self).__name__} has no key {', '.join(values)}")
+
+    __setattr__ = __delattr__ = _read_only
 
     def as_dict(self) -> dict[str, object]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return {name: getattr(self, name) for name in self.KEYS}
 
     def __eq__(self, other: object) -> bool:
         return type(other) is type(self) and isinstance(other, Section) and other.as_dict() == self.as_dict()
@@ -119,13 +153,11 @@ class Section:
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.as_dict().items())})"
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class SiteConfig(Section):
     """[site]: the cluster's name, recorded with every job."""
     cluster: str = "cluster"
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class PathsConfig(Section):
     """[paths]: spool, runtime state and the database."""
     spool_dir: str = _key("/var/spool/slurm-gpueff", _not_empty)
@@ -133,7 +165,6 @@ class PathsConfig(Section):
     database: str = _key("sqlite:////var/lib/slurm-gpueff/gpueff.db", _database)
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class CollectorConfig(Section):
     """[collector]: which backend measures the GPUs, and the hooks' time bound."""
     backend: str = _key("auto", _one_of(BACKENDS))
@@ -141,10 +172,8 @@ class CollectorConfig(Section):
     agent_stale_s: float = _key(30.0, _range(0, 3600, above=True))
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class AgentConfig(Section):
     """[agent]: the node agent's sampling, timelines and live gauges."""
-    # GPM returns zeros or NaN for windows shorter than about a second.
     interval_s: float = _key(5.0, _range(1, 3600, text=" must be >= 1 s (GPM needs windows of at least 1 s)"
                                                        " and <= 3600 s, got {v}"))
     timeline_interval_s: float = _key(60.0, _range(0, DAY, above=True))
@@ -153,7 +182,6 @@ class AgentConfig(Section):
     metrics_port: int = _key(0, _PORT_OR_OFF)
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class DcgmConfig(Section):
     """[dcgm]: the DCGM backend's hostengine and watches."""
     bindings_path: str = ""
@@ -166,7 +194,6 @@ class DcgmConfig(Section):
     exporter_mapping_dir: str = _key("/run/dcgm-exporter/job-mapping", _not_empty)
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class SimulatedConfig(Section):
     """[simulated]: synthetic GPUs for tests and demos."""
     profile: str = "bf16-healthy"
@@ -174,7 +201,6 @@ class SimulatedConfig(Section):
     model: str = "Simulated H100 80GB"
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class AnalysisConfig(Section):
     """[analysis]: the verdicts' thresholds (percent)."""
     never_used_kernel_pct: float = _key(5.0, _PCT)
@@ -192,7 +218,6 @@ class AnalysisConfig(Section):
     min_gpu_hours: float = _key(0.0, _range(0, None))
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class MailConfig(Section):
     """[mail]: SMTP delivery of reports."""
     host: str = "localhost"
@@ -210,7 +235,6 @@ class MailConfig(Section):
     dry_run: bool = False
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class ReportsConfig(Section):
     """[reports]: who gets which per-job card and monthly summary."""
     dir: str = _key("/var/lib/slurm-gpueff/reports", _not_empty)
@@ -230,7 +254,6 @@ class ReportsConfig(Section):
     contact: str = ""
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class SacctConfig(Section):
     """[sacct]: the Slurm accounting reader behind enrich and backfill."""
     command: str = _key("sacct", _not_empty)
@@ -242,14 +265,12 @@ class SacctConfig(Section):
     settle_s: float = _key(120.0, _range(0, DAY))
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class PrivacyConfig(Section):
     """[privacy]: seff-gpu shows users only their own jobs, like sacct with PrivateData=jobs."""
     enabled: bool = True
     admins: list[str] = _key([], _not_empty, "a list of user names")
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class ServiceConfig(Section):
     """[service]: ``gpueff serve``'s schedules (0 disables a task), /metrics, ``gpueff forward``."""
     ingest_interval_s: float = _key(60.0, _SCHEDULE)
@@ -271,9 +292,9 @@ class ServiceConfig(Section):
     forward_max_backoff_s: float = _key(600.0, _range(0, DAY))
 
 
-@dataclass(frozen=True, init=False)
 class Config:
-    """The validated configuration: every section, defaults filled in, ``source`` the file it came from."""
+    """The validated configuration, read-only: every section, defaults filled in, ``source`` the file it
+    came from."""
 
     site: SiteConfig
     paths: PathsConfig
@@ -287,7 +308,7 @@ class Config:
     sacct: SacctConfig
     privacy: PrivacyConfig
     service: ServiceConfig
-    source: str = field(compare=False)
+    source: str
 
     def __init__(self, data: "Mapping[str, object] | None" = None, source: str = "<defaults>") -> None:
         data = data or {}
@@ -301,12 +322,20 @@ class Config:
         if problem:
             raise ConfigError(f"{source}: {problem}")
 
+    __setattr__ = __delattr__ = _read_only
+
     def as_dict(self) -> dict[str, dict[str, object]]:
         return {name: getattr(self, name).as_dict() for name in SECTIONS}
 
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Config) and other.as_dict() == self.as_dict()
+
+    def __repr__(self) -> str:
+        return f"Config({self.source!r}, {self.as_dict()!r})"
+
 
 SECTIONS: dict[str, type[Section]] = {
-    f.name: f.type for f in fields(Config) if isinstance(f.type, type) and issubclass(f.type, Section)}
+    name: tp for name, tp in Config.__annotations__.items() if isinstance(tp, type) and issubclass(tp, Section)}
 
 
 class _Bad(Exception):
@@ -316,15 +345,14 @@ class _Bad(Exception):
 def _section(cls: type[Section], name: str, given: object, where: str) -> Section:
     if not isinstance(given, dict):
         raise ConfigError(f"{where}: [{name}] must be a table, not {type(given).__name__}")
-    known = {f.name: f for f in fields(cls)}
     values: dict[str, object] = {}
     for key, value in given.items():
-        if key not in known:
-            raise ConfigError(f"{where}: unknown key {name}.{key}{_hint(key, known)}")
-        meta = known[key].metadata
+        if key not in cls.KEYS:
+            raise ConfigError(f"{where}: unknown key {name}.{key}{_hint(key, cls.KEYS)}")
+        tp, spec = cls.KEYS[key]
         unit = next((u for s, u in (("_s", " s"), ("_h", " h"), ("_days", " days")) if key.endswith(s)), "")
         try:
-            values[key] = _typed(value, known[key].type, f"{name}.{key}", unit, meta.get("check"), meta.get("what"))
+            values[key] = _typed(value, tp, f"{name}.{key}", unit, spec.check, spec.what)
         except _Bad as bad:
             raise ConfigError(f"{where}: {bad}") from None
     return cls(**values)
@@ -423,16 +451,16 @@ def read(path: str) -> dict[str, object]:
     """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise
     except PermissionError:
         raise ConfigError(f"config file {path} is not readable by this user") from None
     except OSError as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise
         raise ConfigError(f"config file {path} cannot be opened: {exc.strerror}") from None
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            kind = next((k for test, k in _KINDS if test(mode)), "not a regular file")
+            kind = next((k for test, k in _KINDS if test(mode)), "a special file")
             raise ConfigError(f"config file {path} is {kind}, not a regular file")
         with open(fd, "rb", closefd=False) as fh:
             raw = fh.read()

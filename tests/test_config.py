@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 import tempfile
@@ -43,9 +42,9 @@ def test_values_override_defaults(tmp_path):
 
 def test_config_is_frozen_and_typed():
     cfg = config.Config({"reports": {"price_per_gpu_hour": {"default": 2}}})
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(config.FrozenError):
         cfg.paths.spool_dir = "/elsewhere"  # type: ignore[misc]
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(config.FrozenError):
         cfg.paths = cfg.paths  # type: ignore[misc]
     assert cfg.reports.price_per_gpu_hour == {"default": 2.0}
     assert isinstance(cfg.reports.price_per_gpu_hour["default"], float)
