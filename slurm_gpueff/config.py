@@ -1,15 +1,14 @@
 """Configuration: one TOML file, validated up front with errors that name the file and the key.
 
-The schema is the frozen classes below, one per ``[section]``: an annotated attribute per key with its
-type and default, and, where a value can be out of range, a check (see ``_key``). ``Config(data)`` is
-the one way in: it refuses unknown names, wrong types, NaN and infinities, values out of range and
-combinations of keys that cannot work, so the rest of the code reads ``cfg.paths.spool_dir`` without
-second-guessing it. ``etc/gpueff.toml`` documents every key, its default and its range.
+One schema: a class per ``[section]``, an annotated attribute per key (its type, its default and, through
+``_key``, what the value must pass). ``Config(data)`` is the one way in: it refuses unknown names, wrong
+types, NaN and infinities, values out of range and keys that cannot work together, so the rest of the
+code uses ``cfg.paths.spool_dir`` as it is. ``etc/gpueff.toml`` documents every key and its range.
 
-Stdlib only and light, because the Slurm hooks load this on every job start and end: the sections are
-frozen dataclasses to type checkers (``dataclass_transform``) but not built by ``dataclasses``, whose
-import and per-class code generation would be most of a hook's start-up. The annotations are real
-classes (no postponed evaluation), so one generic checker reads the key types from them.
+The Slurm hooks load this on every job start and end, so it is stdlib only and light: the sections are
+frozen dataclasses to type checkers (``dataclass_transform``) without the ``dataclasses`` module, whose
+import and code generation would cost a hook more than the rest of its start-up. Annotations are not
+postponed, so the one type checker below reads them as classes.
 
 Lookup order: ``--config PATH`` > ``$GPUEFF_CONFIG`` > ``/etc/slurm-gpueff/gpueff.toml``. A missing
 default file is not an error (every key has a default, so a node works out of the box); a missing file
@@ -21,18 +20,13 @@ import os
 import stat
 import tomllib
 import types
-from typing import dataclass_transform  # typing is loaded anyway (tomllib imports it)
+from collections.abc import Callable, Iterable, Mapping
+from typing import ClassVar, NoReturn, TypeVar, dataclass_transform  # free: tomllib imports typing
 
 from .errors import ConfigError
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Mapping
-    from typing import ClassVar, NoReturn, TypeVar
-
-    T = TypeVar("T")
-
-    Check = Callable[[object, str], str | None]  # (value, unit) -> what is wrong, or None
+T = TypeVar("T")
+Check = Callable[[object, str], str | None]  # (value, unit) -> what is wrong, or None
 
 DEFAULT_PATH = "/etc/slurm-gpueff/gpueff.toml"
 ENV_VAR = "GPUEFF_CONFIG"
@@ -49,7 +43,7 @@ def _n(x: float, unit: str = "") -> str:
     return f"{x:.15g}{unit}{days}"
 
 
-def _range(lo: float, hi: float | None, *, above: bool = False, off: bool = False, text: str = "") -> "Check":
+def _range(lo: float, hi: float | None, *, above: bool = False, off: bool = False, text: str = "") -> Check:
     """lo <= value <= hi (lo < value with ``above``; 0 too with ``off``, where 0 switches a thing off)."""
     def check(v: object, unit: str) -> str | None:
         if not isinstance(v, int | float) or (off and v == 0):
@@ -63,7 +57,7 @@ def _range(lo: float, hi: float | None, *, above: bool = False, off: bool = Fals
     return check
 
 
-def _one_of(choices: tuple[str, ...]) -> "Check":
+def _one_of(choices: tuple[str, ...]) -> Check:
     def check(v: object, unit: str) -> str | None:
         return None if v in choices else f" = {v!r}; expected one of {', '.join(choices)}"
     return check
@@ -103,11 +97,11 @@ class _Key:
 
     __slots__ = ("default", "check", "what")
 
-    def __init__(self, default: object, check: "Check | None" = None, what: str = "") -> None:
+    def __init__(self, default: object, check: Check | None = None, what: str = "") -> None:
         self.default, self.check, self.what = default, check, what
 
 
-def _key(default: "T", check: "Check | None" = None, what: str = "") -> "T":
+def _key(default: T, check: Check | None = None, what: str = "") -> T:
     return _Key(default, check, what)  # type: ignore[return-value]  # Section collects it at class creation
 
 
@@ -115,7 +109,7 @@ class FrozenError(AttributeError):
     """The configuration is read-only: build a new ``Config`` to change a value."""
 
 
-def _read_only(self: object, name: str, value: object = None) -> "NoReturn":
+def _read_only(self: object, name: str, value: object = None) -> NoReturn:
     raise FrozenError(f"cannot change {type(self).__name__}.{name}: the configuration is read-only")
 
 
@@ -124,7 +118,7 @@ class Section:
     """Base of the section classes: each annotated class attribute is a key, its value the default (or
     a ``_key``). Instances are frozen, compare by value and take their keys as keyword arguments."""
 
-    KEYS: "ClassVar[dict[str, tuple[object, _Key]]]"  # key -> (type, _Key), in the class's order
+    KEYS: ClassVar[dict[str, tuple[object, _Key]]]  # key -> (type, _Key), in the class's order
 
     def __init_subclass__(cls) -> None:
         cls.KEYS = {}
@@ -310,7 +304,7 @@ class Config:
     service: ServiceConfig
     source: str
 
-    def __init__(self, data: "Mapping[str, object] | None" = None, source: str = "<defaults>") -> None:
+    def __init__(self, data: Mapping[str, object] | None = None, source: str = "<defaults>") -> None:
         data = data or {}
         for name in data:
             if name not in SECTIONS:
@@ -358,7 +352,7 @@ def _section(cls: type[Section], name: str, given: object, where: str) -> Sectio
     return cls(**values)
 
 
-def _typed(v: object, tp: object, name: str, unit: str, check: "Check | None", what: str | None) -> object:
+def _typed(v: object, tp: object, name: str, unit: str, check: Check | None, what: str | None) -> object:
     """``v`` as type ``tp`` (ints become floats where a float is due), checked; raise _Bad naming the key.
 
     Containers are checked item by item (the check applies to each item), under ``name.key`` in tables.
@@ -387,7 +381,7 @@ def _typed(v: object, tp: object, name: str, unit: str, check: "Check | None", w
     raise _Bad(f"{name} must be {kind}, got {type(v).__name__} ({v!r})")
 
 
-def _checked(v: object, name: str, unit: str, check: "Check | None", what: str | None) -> object:
+def _checked(v: object, name: str, unit: str, check: Check | None, what: str | None) -> object:
     problem = check(v, unit) if check else None
     if problem:
         raise _Bad(f"{name} must be {what}, got {v!r}" if what else f"{name}{problem}")
@@ -421,7 +415,7 @@ def _relations(c: Config) -> str | None:
     return None
 
 
-def _hint(word: str, choices: "Iterable[str]") -> str:
+def _hint(word: str, choices: Iterable[str]) -> str:
     import difflib  # only on the error path: keeps the hooks' start-up lean
 
     close = difflib.get_close_matches(word, list(choices), n=1)
