@@ -21,7 +21,7 @@ import stat
 import tomllib
 import types
 from collections.abc import Callable, Iterable, Mapping
-from typing import ClassVar, NoReturn, TypeVar, dataclass_transform  # free: tomllib imports typing
+from typing import ClassVar, NoReturn, TypeVar, cast, dataclass_transform  # free: tomllib imports typing
 
 from .errors import ConfigError
 
@@ -102,7 +102,7 @@ class _Key:
 
 
 def _key(default: T, check: Check | None = None, what: str = "") -> T:
-    return _Key(default, check, what)  # type: ignore[return-value]  # Section collects it at class creation
+    return cast(T, _Key(default, check, what))  # typed as the value: Section swaps it for the default
 
 
 class FrozenError(AttributeError):
