@@ -432,10 +432,6 @@ def config_path(explicit: str | None = None) -> tuple[str, bool]:
     return DEFAULT_PATH, False
 
 
-_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-
-
 def read(path: str) -> dict[str, object]:
     """The TOML table in ``path``; ConfigError naming the path for anything but a readable UTF-8 TOML file
     (FileNotFoundError passes through: whether that is an error is the caller's call).
@@ -454,7 +450,8 @@ def read(path: str) -> dict[str, object]:
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            kind = next((k for test, k in _KINDS if test(mode)), "a special file")
+            kind = {"d": "a directory", "p": "a FIFO", "c": "a character device", "b": "a block device",
+                    "s": "a socket"}.get(stat.filemode(mode)[0], "a special file")
             raise ConfigError(f"config file {path} is {kind}, not a regular file")
         with open(fd, "rb", closefd=False) as fh:
             raw = fh.read()
