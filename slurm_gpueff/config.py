@@ -1,315 +1,425 @@
-"""Configuration: one TOML file, validated up front with errors that name the file, section and key.
+"""Configuration: one TOML file, validated up front with errors that name the file and the key.
 
-Stdlib only (tomllib), because the Slurm hooks load it on every job start and end.
+One schema: a class per ``[section]``, an annotated attribute per key (its type, its default and, through
+``_key``, what the value must pass). ``Config(data)`` is the one way in: it refuses unknown names, wrong
+types, NaN and infinities, values out of range and keys that cannot work together, so the rest of the
+code uses ``cfg.paths.spool_dir`` as it is. ``etc/gpueff.toml`` documents every key and its range.
+
+The Slurm hooks load this on every job start and end, so it is stdlib only and light: the sections are
+frozen dataclasses to type checkers (``dataclass_transform``) without the ``dataclasses`` module, whose
+import and code generation would cost a hook more than the rest of its start-up. Annotations are not
+postponed, so the one type checker below reads them as classes.
 
 Lookup order: ``--config PATH`` > ``$GPUEFF_CONFIG`` > ``/etc/slurm-gpueff/gpueff.toml``. A missing
 default file is not an error (every key has a default, so a node works out of the box); a missing file
-that the user named explicitly is. The annotated example in ``etc/gpueff.toml`` documents every key.
+that the user named explicitly is.
 """
 
-from __future__ import annotations
-
+import math
 import os
+import stat
 import tomllib
+import types
+from collections.abc import Callable, Iterable, Mapping
+from typing import ClassVar, NoReturn, TypeVar, cast, dataclass_transform  # free: tomllib imports typing
 
 from .errors import ConfigError
 
-# Annotation-only imports: typing costs ~2 ms at start-up, which every Prolog/Epilog would pay.
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
+T = TypeVar("T")
+Check = Callable[[object, str], str | None]  # (value, unit) -> what is wrong, or None
 
 DEFAULT_PATH = "/etc/slurm-gpueff/gpueff.toml"
 ENV_VAR = "GPUEFF_CONFIG"
 
 BACKENDS = ("auto", "nvml", "dcgm", "simulated", "none")
-
-# section -> key -> (type(s), default).  float keys accept ints too.
-SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
-    "site": {
-        "cluster": (str, "cluster"),
-    },
-    "paths": {
-        "spool_dir": (str, "/var/spool/slurm-gpueff"),
-        "state_dir": (str, "/run/slurm-gpueff"),
-        "database": (str, "sqlite:////var/lib/slurm-gpueff/gpueff.db"),
-    },
-    "collector": {
-        "backend": (str, "auto"),
-        "hook_timeout_s": (float, 10.0),
-        "agent_stale_s": (float, 30.0),
-    },
-    "agent": {
-        "interval_s": (float, 5.0),
-        "timeline_interval_s": (float, 60.0),
-        "timeline_keep_h": (float, 168.0),
-        "metrics_address": (str, "127.0.0.1"),
-        "metrics_port": (int, 0),
-    },
-    "dcgm": {
-        "bindings_path": (str, ""),
-        "hostengine": (str, "127.0.0.1:5555"),
-        "connect_timeout_s": (float, 1.0),
-        "update_interval_s": (float, 5.0),
-        "keep_age_s": (float, 691200.0),
-        "profiling": (bool, True),
-        "exporter_mapping": (bool, False),
-        "exporter_mapping_dir": (str, "/run/dcgm-exporter/job-mapping"),
-    },
-    "simulated": {
-        "profile": (str, "bf16-healthy"),
-        "gpus_per_node": (int, 4),
-        "model": (str, "Simulated H100 80GB"),
-    },
-    "analysis": {
-        "never_used_kernel_pct": (float, 5.0),
-        "starved_kernel_pct": (float, 50.0),
-        "busy_kernel_pct": (float, 80.0),
-        "busy_sm_pct": (float, 30.0),
-        "busy_efficiency_pct": (float, 10.0),
-        "tensor_idle_sm_pct": (float, 30.0),
-        "tensor_idle_tensor_pct": (float, 2.0),
-        "tensor_idle_fp32_pct": (float, 10.0),
-        "memory_bound_dram_pct": (float, 50.0),
-        "memory_bound_tensor_pct": (float, 20.0),
-        "oversized_memory_pct": (float, 25.0),
-        "oversized_sm_pct": (float, 40.0),
-        "min_gpu_hours": (float, 0.0),
-    },
-    # Reports (issue 5): SMTP delivery, then who gets which per-job card and monthly summary.
-    "mail": {
-        "host": (str, "localhost"),
-        "port": (int, 25),
-        "security": (str, "none"),
-        "username": (str, ""),
-        "password_file": (str, ""),
-        "from_address": (str, "slurm-gpueff@localhost"),
-        "reply_to": (str, ""),
-        "timeout_s": (float, 30.0),
-        "retries": (int, 3),
-        "backoff_s": (float, 2.0),
-        "retry_after_s": (float, 900.0),
-        "max_attempts": (int, 8),
-        "dry_run": (bool, False),
-    },
-    "reports": {
-        "dir": (str, "/var/lib/slurm-gpueff/reports"),
-        "cards": (bool, False),
-        "address_pattern": (str, "{user}"),
-        "addresses": (dict, {}),
-        "card_min_gpu_hours": (float, 1.0),
-        "card_only_unhealthy": (bool, True),
-        "card_max_per_user_per_day": (int, 3),
-        "card_lookback_h": (float, 48.0),
-        "optout_file": (str, ""),
-        "monthly": (bool, False),
-        "leads": (dict, {}),
-        "admins": (list, []),
-        "price_per_gpu_hour": (dict, {}),
-        "currency": (str, "EUR"),
-        "contact": (str, ""),
-    },
-    # Slurm accounting (issue 3): the sacct reader behind `gpueff enrich` / `gpueff backfill`.
-    "sacct": {
-        "command": (str, "sacct"),
-        "format": (str, "auto"),
-        "timeout_s": (float, 60.0),
-        "batch_size": (int, 500),
-        "enrich_window_days": (float, 14.0),
-        "backfill_grace_s": (float, 600.0),
-        "settle_s": (float, 120.0),
-    },
-    # seff-gpu privacy (issue 3): like sacct with PrivateData=jobs.
-    "privacy": {
-        "enabled": (bool, True),
-        "admins": (list, []),
-    },
-    # The service host (issue 4): `gpueff serve` schedules (seconds; 0 disables a task), /metrics, and the
-    # node-side `gpueff forward`.
-    "service": {
-        "ingest_interval_s": (float, 60.0),
-        "ingest_workers": (int, 0),
-        "enrich_interval_s": (float, 300.0),
-        "rollup_interval_s": (float, 600.0),
-        "rollup_full_interval_s": (float, 86400.0),
-        "retention_interval_s": (float, 86400.0),
-        "timeline_retention_days": (float, 180.0),
-        "cards_interval_s": (float, 300.0),
-        "monthly_report_hour": (int, 6),
-        "misfire_grace_s": (float, 3600.0),
-        "plugins": (list, []),
-        "metrics_address": (str, "127.0.0.1"),
-        "metrics_port": (int, 9817),
-        "metrics_top_users": (int, 50),
-        "metrics_top_accounts": (int, 200),
-        "forward_interval_s": (float, 30.0),
-        "forward_max_backoff_s": (float, 600.0),
-    },
-}
 MAIL_SECURITY = ("none", "starttls", "ssl")
+DB_SCHEMES = ("sqlite", "postgresql", "postgresql+psycopg")  # what storage.db can open
+DAY = 86400.0
+YEAR = 366 * DAY
 
 
+def _n(x: float, unit: str = "") -> str:
+    days = f" ({x / DAY:.15g} days)" if unit == " s" and x >= DAY else ""
+    return f"{x:.15g}{unit}{days}"
+
+
+def _range(lo: float, hi: float | None, *, above: bool = False, off: bool = False, text: str = "") -> Check:
+    """lo <= value <= hi (lo < value with ``above``; 0 too with ``off``, where 0 switches a thing off)."""
+    def check(v: object, unit: str) -> str | None:
+        if not isinstance(v, int | float) or (off and v == 0):
+            return None
+        if (v > lo if above else v >= lo) and (hi is None or v <= hi):
+            return None
+        if text:
+            return text.format(v=v)
+        span = f"{'>' if above else '>='} {_n(lo, unit)}" + (f" and <= {_n(hi, unit)}" if hi is not None else "")
+        return f" must be {'0 (off) or ' if off else ''}{span}, got {v}"
+    return check
+
+
+def _one_of(choices: tuple[str, ...]) -> Check:
+    def check(v: object, unit: str) -> str | None:
+        return None if v in choices else f" = {v!r}; expected one of {', '.join(choices)}"
+    return check
+
+
+def _not_empty(v: object, unit: str) -> str | None:
+    return " must not be empty" if v == "" else None
+
+
+def _one_line(v: object, unit: str) -> str | None:
+    return " must be one line" if isinstance(v, str) and ("\n" in v or "\r" in v) else None
+
+
+def _user_pattern(v: object, unit: str) -> str | None:
+    return None if "{user}" in str(v) else ' must contain {user}, e.g. "{user}@example.org"'
+
+
+def _database(v: object, unit: str) -> str | None:
+    if v == "":
+        return " must not be empty"
+    scheme = str(v).split("://", 1)[0] if "://" in str(v) else None
+    if scheme is None or scheme in DB_SCHEMES:
+        return None
+    return (f" = {v!r}: unsupported database {scheme!r}; use a file path, sqlite:////PATH or "
+            "postgresql+psycopg://USER@HOST/DB")
+
+
+_PCT = _range(0, 100, text=" = {v} is not a percentage (0-100)")
+_PORT = _range(1, 65535, text=" = {v} is not a TCP port")
+_PORT_OR_OFF = _range(0, 65535, text=" = {v} is not a TCP port (0 = off)")
+_SCHEDULE = _range(1, YEAR, off=True)  # a task of ``gpueff serve``: 0 disables it; under 1 s is a busy loop
+
+
+class _Key:
+    """A key's default, what its value must pass beyond its type (each item's, for a table or a list)
+    and, for a table or a list, the words its error messages use for a valid value."""
+
+    __slots__ = ("default", "check", "what")
+
+    def __init__(self, default: object, check: Check | None = None, what: str = "") -> None:
+        self.default, self.check, self.what = default, check, what
+
+
+def _key(default: T, check: Check | None = None, what: str = "") -> T:
+    return cast(T, _Key(default, check, what))  # typed as the value: Section swaps it for the default
+
+
+class FrozenError(AttributeError):
+    """The configuration is read-only: build a new ``Config`` to change a value."""
+
+
+def _read_only(self: object, name: str, value: object = None) -> NoReturn:
+    raise FrozenError(f"cannot change {type(self).__name__}.{name}: the configuration is read-only")
+
+
+@dataclass_transform(frozen_default=True)
 class Section:
-    """Attribute access to one validated section (``cfg.paths.spool_dir``)."""
+    """Base of the section classes: each annotated class attribute is a key, its value the default (or
+    a ``_key``). Instances are frozen, compare by value and take their keys as keyword arguments."""
 
-    def __init__(self, name: str, values: dict[str, Any]):
-        self._name = name
-        self.__dict__.update(values)
+    KEYS: ClassVar[dict[str, tuple[object, _Key]]]  # key -> (type, _Key), in the class's order
 
-    def as_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+    def __init_subclass__(cls) -> None:
+        cls.KEYS = {}
+        for name, tp in cls.__dict__.get("__annotations__", {}).items():
+            spec = cls.__dict__.get(name)
+            spec = spec if isinstance(spec, _Key) else _Key(spec)
+            cls.KEYS[name] = (tp, spec)
+            setattr(cls, name, spec.default)  # the default, readable on the class
+
+    def __init__(self, **values: object) -> None:
+        for name, (_tp, spec) in self.KEYS.items():
+            value = values.pop(name) if name in values else spec.default
+            object.__setattr__(self, name, type(value)(value) if isinstance(value, dict | list) else value)
+        if values:
+            raise TypeError(f"{type(self).__name__} has no key {', '.join(values)}")
+
+    __setattr__ = __delattr__ = _read_only
+
+    def as_dict(self) -> dict[str, object]:
+        return {name: getattr(self, name) for name in self.KEYS}
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and isinstance(other, Section) and other.as_dict() == self.as_dict()
 
     def __repr__(self) -> str:
-        return f"Section({self._name!r}, {self.as_dict()!r})"
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.as_dict().items())})"
+
+
+class SiteConfig(Section):
+    """[site]: the cluster's name, recorded with every job."""
+    cluster: str = "cluster"
+
+
+class PathsConfig(Section):
+    """[paths]: spool, runtime state and the database."""
+    spool_dir: str = _key("/var/spool/slurm-gpueff", _not_empty)
+    state_dir: str = _key("/run/slurm-gpueff", _not_empty)
+    database: str = _key("sqlite:////var/lib/slurm-gpueff/gpueff.db", _database)
+
+
+class CollectorConfig(Section):
+    """[collector]: which backend measures the GPUs, and the hooks' time bound."""
+    backend: str = _key("auto", _one_of(BACKENDS))
+    hook_timeout_s: float = _key(10.0, _range(0, 300, above=True))
+    agent_stale_s: float = _key(30.0, _range(0, 3600, above=True))
+
+
+class AgentConfig(Section):
+    """[agent]: the node agent's sampling, timelines and live gauges."""
+    interval_s: float = _key(5.0, _range(1, 3600, text=" must be >= 1 s (GPM needs windows of at least 1 s)"
+                                                       " and <= 3600 s, got {v}"))
+    timeline_interval_s: float = _key(60.0, _range(0, DAY, above=True))
+    timeline_keep_h: float = _key(168.0, _range(0, YEAR / 3600, above=True))
+    metrics_address: str = "127.0.0.1"
+    metrics_port: int = _key(0, _PORT_OR_OFF)
+
+
+class DcgmConfig(Section):
+    """[dcgm]: the DCGM backend's hostengine and watches."""
+    bindings_path: str = ""
+    hostengine: str = "127.0.0.1:5555"
+    connect_timeout_s: float = _key(1.0, _range(0, 60, above=True))
+    update_interval_s: float = _key(5.0, _range(0, 3600, above=True))
+    keep_age_s: float = _key(691200.0, _range(0, YEAR, above=True))
+    profiling: bool = True
+    exporter_mapping: bool = False
+    exporter_mapping_dir: str = _key("/run/dcgm-exporter/job-mapping", _not_empty)
+
+
+class SimulatedConfig(Section):
+    """[simulated]: synthetic GPUs for tests and demos."""
+    profile: str = "bf16-healthy"
+    gpus_per_node: int = _key(4, _range(1, 128))
+    model: str = "Simulated H100 80GB"
+
+
+class AnalysisConfig(Section):
+    """[analysis]: the verdicts' thresholds (percent)."""
+    never_used_kernel_pct: float = _key(5.0, _PCT)
+    starved_kernel_pct: float = _key(50.0, _PCT)
+    busy_kernel_pct: float = _key(80.0, _PCT)
+    busy_sm_pct: float = _key(30.0, _PCT)
+    busy_efficiency_pct: float = _key(10.0, _PCT)
+    tensor_idle_sm_pct: float = _key(30.0, _PCT)
+    tensor_idle_tensor_pct: float = _key(2.0, _PCT)
+    tensor_idle_fp32_pct: float = _key(10.0, _PCT)
+    memory_bound_dram_pct: float = _key(50.0, _PCT)
+    memory_bound_tensor_pct: float = _key(20.0, _PCT)
+    oversized_memory_pct: float = _key(25.0, _PCT)
+    oversized_sm_pct: float = _key(40.0, _PCT)
+    min_gpu_hours: float = _key(0.0, _range(0, None))
+
+
+class MailConfig(Section):
+    """[mail]: SMTP delivery of reports."""
+    host: str = "localhost"
+    port: int = _key(25, _PORT)
+    security: str = _key("none", _one_of(MAIL_SECURITY))
+    username: str = ""
+    password_file: str = ""
+    from_address: str = "slurm-gpueff@localhost"
+    reply_to: str = ""
+    timeout_s: float = _key(30.0, _range(0, 600, above=True))
+    retries: int = _key(3, _range(1, 10))
+    backoff_s: float = _key(2.0, _range(0, 600))
+    retry_after_s: float = _key(900.0, _range(0, 7 * DAY))
+    max_attempts: int = _key(8, _range(1, 100))
+    dry_run: bool = False
+
+
+class ReportsConfig(Section):
+    """[reports]: who gets which per-job card and monthly summary."""
+    dir: str = _key("/var/lib/slurm-gpueff/reports", _not_empty)
+    cards: bool = False
+    address_pattern: str = _key("{user}", _user_pattern)
+    addresses: dict[str, str] = _key({}, _one_line, "one address (a string)")
+    card_min_gpu_hours: float = _key(1.0, _range(0, None))
+    card_only_unhealthy: bool = True
+    card_max_per_user_per_day: int = _key(3, _range(0, 1000))
+    card_lookback_h: float = _key(48.0, _range(0, YEAR / 3600, above=True))
+    optout_file: str = ""
+    monthly: bool = False
+    leads: dict[str, str | list[str]] = _key({}, what="an address or a list of them")
+    admins: list[str] = _key([], what="a list of addresses")
+    price_per_gpu_hour: dict[str, float] = _key({}, _range(0, None), "a number >= 0")
+    currency: str = "EUR"
+    contact: str = ""
+
+
+class SacctConfig(Section):
+    """[sacct]: the Slurm accounting reader behind enrich and backfill."""
+    command: str = _key("sacct", _not_empty)
+    format: str = _key("auto", _one_of(("auto", "json", "parsable")))
+    timeout_s: float = _key(60.0, _range(0, 3600, above=True))
+    batch_size: int = _key(500, _range(1, 10000))
+    enrich_window_days: float = _key(14.0, _range(0, 366, above=True))
+    backfill_grace_s: float = _key(600.0, _range(0, DAY))
+    settle_s: float = _key(120.0, _range(0, DAY))
+
+
+class PrivacyConfig(Section):
+    """[privacy]: seff-gpu shows users only their own jobs, like sacct with PrivateData=jobs."""
+    enabled: bool = True
+    admins: list[str] = _key([], _not_empty, "a list of user names")
+
+
+class ServiceConfig(Section):
+    """[service]: ``gpueff serve``'s schedules (0 disables a task), /metrics, ``gpueff forward``."""
+    ingest_interval_s: float = _key(60.0, _SCHEDULE)
+    ingest_workers: int = _key(0, _range(0, 64, text=" must be 0 (automatic) to 64, got {v}"))
+    enrich_interval_s: float = _key(300.0, _SCHEDULE)
+    rollup_interval_s: float = _key(600.0, _SCHEDULE)
+    rollup_full_interval_s: float = _key(86400.0, _SCHEDULE)
+    retention_interval_s: float = _key(86400.0, _SCHEDULE)
+    timeline_retention_days: float = _key(180.0, _range(0, 36600))
+    cards_interval_s: float = _key(300.0, _SCHEDULE)
+    monthly_report_hour: int = _key(6, _range(0, 23))
+    misfire_grace_s: float = _key(3600.0, _range(0, DAY))
+    plugins: list[str] = _key([], _not_empty, "a list of module names")
+    metrics_address: str = "127.0.0.1"
+    metrics_port: int = _key(9817, _PORT_OR_OFF)
+    metrics_top_users: int = _key(50, _range(0, 100000))
+    metrics_top_accounts: int = _key(200, _range(0, 100000))
+    forward_interval_s: float = _key(30.0, _range(0, 3600, above=True))
+    forward_max_backoff_s: float = _key(600.0, _range(0, DAY))
 
 
 class Config:
-    """The validated configuration; every section from SCHEMA is present with defaults filled in."""
+    """The validated configuration, read-only: every section, defaults filled in, ``source`` the file it
+    came from."""
 
-    site: Section
-    paths: Section
-    collector: Section
-    agent: Section
-    dcgm: Section
-    simulated: Section
-    analysis: Section
-    service: Section
-    mail: Section
-    reports: Section
-    sacct: Section
-    privacy: Section
+    site: SiteConfig
+    paths: PathsConfig
+    collector: CollectorConfig
+    agent: AgentConfig
+    dcgm: DcgmConfig
+    simulated: SimulatedConfig
+    analysis: AnalysisConfig
+    mail: MailConfig
+    reports: ReportsConfig
+    sacct: SacctConfig
+    privacy: PrivacyConfig
+    service: ServiceConfig
+    source: str
 
-    def __init__(self, data: dict[str, Any] | None = None, source: str = "<defaults>"):
-        self.source = source
+    def __init__(self, data: Mapping[str, object] | None = None, source: str = "<defaults>") -> None:
         data = data or {}
-        where = f"{source}"
-        for section in data:
-            if section not in SCHEMA:
-                raise ConfigError(f"{where}: unknown section [{section}]{_hint(section, SCHEMA)}")
-        for section, keys in SCHEMA.items():
-            given = data.get(section, {})
-            if not isinstance(given, dict):
-                raise ConfigError(f"{where}: [{section}] must be a table, not {type(given).__name__}")
-            values: dict[str, Any] = {}
-            for key in given:
-                if key not in keys:
-                    raise ConfigError(f"{where}: unknown key {section}.{key}{_hint(key, keys)}")
-            for key, (typ, default) in keys.items():
-                values[key] = _check(where, section, key, given.get(key, default), typ)
-            setattr(self, section, Section(section, values))
-        self._validate(where)
+        for name in data:
+            if name not in SECTIONS:
+                raise ConfigError(f"{source}: unknown section [{name}]{_hint(name, SECTIONS)}")
+        for name, cls in SECTIONS.items():
+            object.__setattr__(self, name, _section(cls, name, data.get(name, {}), source))
+        object.__setattr__(self, "source", source)
+        problem = _relations(self)
+        if problem:
+            raise ConfigError(f"{source}: {problem}")
 
-    def _validate(self, where: str) -> None:
-        if self.collector.backend not in BACKENDS:
-            raise ConfigError(
-                f"{where}: collector.backend = {self.collector.backend!r}; expected one of {', '.join(BACKENDS)}"
-            )
-        for section, key in (("collector", "hook_timeout_s"), ("agent", "interval_s"),
-                             ("agent", "timeline_interval_s"), ("collector", "agent_stale_s")):
-            if getattr(self, section).__dict__[key] <= 0:
-                raise ConfigError(f"{where}: {section}.{key} must be > 0")
-        if self.agent.interval_s < 1.0:
-            # GPM returns zeros / NaN for windows shorter than ~1 s (measured on H100).
-            raise ConfigError(f"{where}: agent.interval_s must be >= 1 s (GPM needs >= 1 s windows)")
-        if not 0 <= self.agent.metrics_port < 65536:
-            raise ConfigError(f"{where}: agent.metrics_port = {self.agent.metrics_port} is not a TCP port (0 = off)")
-        for key, value in self.analysis.as_dict().items():
-            if key.endswith("_pct") and not 0 <= value <= 100:
-                raise ConfigError(f"{where}: analysis.{key} = {value} is not a percentage (0-100)")
-        for key in ("connect_timeout_s", "update_interval_s", "keep_age_s"):
-            if self.dcgm.__dict__[key] <= 0:
-                raise ConfigError(f"{where}: dcgm.{key} must be > 0")
-        if self.simulated.gpus_per_node < 1:
-            raise ConfigError(f"{where}: simulated.gpus_per_node must be >= 1")
-        self._validate_reports(where)
-        self._validate_service(where)
-        self._validate_slurm(where)
+    __setattr__ = __delattr__ = _read_only
 
-    def _validate_slurm(self, where: str) -> None:
-        """[sacct] and [privacy] (issue 3)."""
-        if self.sacct.format not in ("auto", "json", "parsable"):
-            raise ConfigError(f"{where}: sacct.format = {self.sacct.format!r}; expected auto, json or parsable")
-        if self.sacct.settle_s < 0:
-            raise ConfigError(f"{where}: sacct.settle_s must be >= 0, got {self.sacct.settle_s}")
-        if self.sacct.timeout_s <= 0 or self.sacct.batch_size < 1 or self.sacct.enrich_window_days <= 0:
-            raise ConfigError(f"{where}: sacct.timeout_s, sacct.batch_size and sacct.enrich_window_days must be > 0")
-        if self.sacct.backfill_grace_s < 0:
-            raise ConfigError(f"{where}: sacct.backfill_grace_s must be >= 0")
-        if not all(isinstance(a, str) and a for a in self.privacy.admins):
-            raise ConfigError(f"{where}: privacy.admins must be a list of user names")
+    def as_dict(self) -> dict[str, dict[str, object]]:
+        return {name: getattr(self, name).as_dict() for name in SECTIONS}
 
-    def _validate_service(self, where: str) -> None:
-        """[service] (issue 4): non-negative schedules, a real port, positive caps."""
-        sv = self.service
-        for key, value in sv.as_dict().items():
-            if isinstance(value, float) and value < 0:
-                raise ConfigError(f"{where}: service.{key} must be >= 0")
-        if not 0 <= sv.metrics_port < 65536:
-            raise ConfigError(f"{where}: service.metrics_port = {sv.metrics_port} is not a TCP port (0 = off)")
-        if not 0 <= sv.monthly_report_hour <= 23:
-            raise ConfigError(f"{where}: service.monthly_report_hour must be 0-23")
-        if sv.metrics_top_users < 0 or sv.metrics_top_accounts < 0:
-            raise ConfigError(f"{where}: service.metrics_top_users and metrics_top_accounts must be >= 0")
-        if not 0 <= sv.ingest_workers <= 64:
-            raise ConfigError(f"{where}: service.ingest_workers must be 0 (automatic) to 64")
-        if sv.forward_interval_s <= 0:
-            raise ConfigError(f"{where}: service.forward_interval_s must be > 0")
-        if not all(isinstance(m, str) and m for m in sv.plugins):
-            raise ConfigError(f"{where}: service.plugins must be a list of module names")
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Config) and other.as_dict() == self.as_dict()
 
-    def _validate_reports(self, where: str) -> None:
-        """[mail] and [reports]: choices, ranges, and the shapes of the maps (issue 5)."""
-        mail, rep = self.mail, self.reports
-        if mail.security not in MAIL_SECURITY:
-            raise ConfigError(f"{where}: mail.security = {mail.security!r}; expected one of "
-                              f"{', '.join(MAIL_SECURITY)}")
-        if not 0 < mail.port < 65536:
-            raise ConfigError(f"{where}: mail.port = {mail.port} is not a TCP port")
-        for key in ("retries", "max_attempts"):
-            if getattr(mail, key) < 1:
-                raise ConfigError(f"{where}: mail.{key} must be >= 1")
-        for key in ("timeout_s", "backoff_s", "retry_after_s"):
-            if getattr(mail, key) < 0:
-                raise ConfigError(f"{where}: mail.{key} must be >= 0")
-        if rep.card_max_per_user_per_day < 0 or rep.card_min_gpu_hours < 0 or rep.card_lookback_h <= 0:
-            raise ConfigError(f"{where}: reports.card_max_per_user_per_day and card_min_gpu_hours must be "
-                              ">= 0, card_lookback_h > 0")
-        if "{user}" not in rep.address_pattern:
-            raise ConfigError(f"{where}: reports.address_pattern must contain {{user}}, e.g. "
-                              "\"{user}@example.org\"")
-        for user, addr in rep.addresses.items():
-            if not isinstance(addr, str) or "\n" in addr:
-                raise ConfigError(f"{where}: reports.addresses.{user} must be one address (a string)")
-        for account, addrs in rep.leads.items():
-            if isinstance(addrs, str):
-                addrs = [addrs]
-            if not isinstance(addrs, list) or not all(isinstance(a, str) for a in addrs):
-                raise ConfigError(f"{where}: reports.leads.{account} must be an address or a list of them")
-        if not all(isinstance(a, str) for a in rep.admins):
-            raise ConfigError(f"{where}: reports.admins must be a list of addresses")
-        for model, price in rep.price_per_gpu_hour.items():
-            if isinstance(price, bool) or not isinstance(price, int | float) or price < 0:
-                raise ConfigError(f"{where}: reports.price_per_gpu_hour.{model!r} must be a number >= 0")
-
-    def as_dict(self) -> dict[str, dict[str, Any]]:
-        return {s: getattr(self, s).as_dict() for s in SCHEMA}
+    def __repr__(self) -> str:
+        return f"Config({self.source!r}, {self.as_dict()!r})"
 
 
-def _hint(word: str, choices: Any) -> str:
+SECTIONS: dict[str, type[Section]] = {
+    name: tp for name, tp in Config.__annotations__.items() if isinstance(tp, type) and issubclass(tp, Section)}
+
+
+class _Bad(Exception):
+    """A value's problem, as text after its key's name; Config's constructor adds the file."""
+
+
+def _section(cls: type[Section], name: str, given: object, where: str) -> Section:
+    if not isinstance(given, dict):
+        raise ConfigError(f"{where}: [{name}] must be a table, not {type(given).__name__}")
+    values: dict[str, object] = {}
+    for key, value in given.items():
+        if key not in cls.KEYS:
+            raise ConfigError(f"{where}: unknown key {name}.{key}{_hint(key, cls.KEYS)}")
+        tp, spec = cls.KEYS[key]
+        unit = next((u for s, u in (("_s", " s"), ("_h", " h"), ("_days", " days")) if key.endswith(s)), "")
+        try:
+            values[key] = _typed(value, tp, f"{name}.{key}", unit, spec.check, spec.what)
+        except _Bad as bad:
+            raise ConfigError(f"{where}: {bad}") from None
+    return cls(**values)
+
+
+def _typed(v: object, tp: object, name: str, unit: str, check: Check | None, what: str | None) -> object:
+    """``v`` as type ``tp`` (ints become floats where a float is due), checked; raise _Bad naming the key.
+
+    Containers are checked item by item (the check applies to each item), under ``name.key`` in tables.
+    """
+    origin: object = getattr(tp, "__origin__", None)
+    args: tuple[object, ...] = getattr(tp, "__args__", ())
+    if origin is list and isinstance(v, list):
+        return [_typed(x, args[0], name, unit, check, what) for x in v]
+    if origin is dict and isinstance(v, dict):
+        return {k: _typed(x, args[1], f"{name}.{k}", unit, check, what) for k, x in v.items()}
+    if isinstance(tp, types.UnionType):
+        for alternative in args:
+            try:
+                return _typed(v, alternative, name, unit, check, what)
+            except _Bad:
+                continue
+    elif tp is float and isinstance(v, int | float) and not isinstance(v, bool):
+        v = float(v)
+        if not math.isfinite(v):
+            raise _Bad(f"{name} must be a finite number, got {v}")
+        return _checked(v, name, unit, check, what)
+    elif (tp is str and isinstance(v, str)) or (tp is bool and isinstance(v, bool)) or (
+            tp is int and isinstance(v, int) and not isinstance(v, bool)):
+        return _checked(v, name, unit, check, what)
+    kind = what or (tp.__name__ if isinstance(tp, type) else str(tp))
+    raise _Bad(f"{name} must be {kind}, got {type(v).__name__} ({v!r})")
+
+
+def _checked(v: object, name: str, unit: str, check: Check | None, what: str | None) -> object:
+    problem = check(v, unit) if check else None
+    if problem:
+        raise _Bad(f"{name} must be {what}, got {v!r}" if what else f"{name}{problem}")
+    return v
+
+
+def _relations(c: Config) -> str | None:
+    """Keys that are fine on their own but cannot work together; the first such problem, naming a key."""
+    a, sv = c.agent, c.service
+    if a.timeline_interval_s < a.interval_s:
+        return (f"agent.timeline_interval_s = {_n(a.timeline_interval_s)} must be >= agent.interval_s "
+                f"({_n(a.interval_s)}): a timeline point spans whole samples")
+    if a.timeline_keep_h * 3600 < a.timeline_interval_s:
+        return "agent.timeline_keep_h must keep at least one timeline point (agent.timeline_interval_s)"
+    if c.collector.agent_stale_s < 2 * a.interval_s:
+        return (f"collector.agent_stale_s = {_n(c.collector.agent_stale_s)} must be >= 2 x agent.interval_s "
+                f"({_n(a.interval_s)}), or a live agent looks dead between two samples")
+    if c.dcgm.connect_timeout_s >= c.collector.hook_timeout_s:
+        return ("dcgm.connect_timeout_s must be < collector.hook_timeout_s: the hooks try the hostengine "
+                "first and must have time left for the record")
+    if c.dcgm.keep_age_s < c.dcgm.update_interval_s:
+        return "dcgm.keep_age_s must be >= dcgm.update_interval_s, or DCGM keeps no sample"
+    if c.sacct.enrich_window_days * DAY <= c.sacct.settle_s:
+        return ("sacct.enrich_window_days must be longer than sacct.settle_s, or enrich never finds "
+                "a settled job")
+    if sv.cards_interval_s and c.reports.card_lookback_h * 3600 < sv.cards_interval_s:
+        return ("reports.card_lookback_h must cover service.cards_interval_s, or jobs that end between "
+                "two runs never get a card")
+    if sv.forward_max_backoff_s < sv.forward_interval_s:
+        return "service.forward_max_backoff_s must be >= service.forward_interval_s"
+    return None
+
+
+def _hint(word: str, choices: Iterable[str]) -> str:
     import difflib  # only on the error path: keeps the hooks' start-up lean
 
     close = difflib.get_close_matches(word, list(choices), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-def _check(where: str, section: str, key: str, value: Any, typ: Any) -> Any:
-    if typ is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
-        raise ConfigError(
-            f"{where}: {section}.{key} must be {typ.__name__}, got {type(value).__name__} ({value!r})"
-        )
-    return value
 
 
 def config_path(explicit: str | None = None) -> tuple[str, bool]:
@@ -322,18 +432,48 @@ def config_path(explicit: str | None = None) -> tuple[str, bool]:
     return DEFAULT_PATH, False
 
 
+def read(path: str) -> dict[str, object]:
+    """The TOML table in ``path``; ConfigError naming the path for anything but a readable UTF-8 TOML file
+    (FileNotFoundError passes through: whether that is an error is the caller's call).
+
+    Opened with O_NONBLOCK and checked to be a regular file before reading: a plain open() of a FIFO
+    waits for a writer, and a device can read forever; a hook must not hang on a misplaced config.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except PermissionError:
+        raise ConfigError(f"config file {path} is not readable by this user") from None
+    except OSError as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise
+        raise ConfigError(f"config file {path} cannot be opened: {exc.strerror}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = {"d": "a directory", "p": "a FIFO", "c": "a character device", "b": "a block device",
+                    "s": "a socket"}.get(stat.filemode(mode)[0], "a special file")
+            raise ConfigError(f"config file {path} is {kind}, not a regular file")
+        with open(fd, "rb", closefd=False) as fh:
+            raw = fh.read()
+    except OSError as exc:
+        raise ConfigError(f"config file {path} cannot be read: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+    try:
+        return tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path} is not UTF-8 text (byte {exc.start})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+
+
 def load(explicit: str | None = None) -> Config:
     """Load and validate the config; raise ConfigError with a one-line explanation on any problem."""
     path, named = config_path(explicit)
     try:
-        with open(path, "rb") as fh:
-            data = tomllib.load(fh)
+        data = read(path)
     except FileNotFoundError:
         if named:
             raise ConfigError(f"config file {path} does not exist") from None
         return Config(None, source="<defaults>")
-    except PermissionError:
-        raise ConfigError(f"config file {path} is not readable by this user") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     return Config(data, source=path)

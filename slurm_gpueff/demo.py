@@ -15,6 +15,8 @@ import sys
 import time
 from typing import Any
 
+from .config import Config
+
 MARKER = ".gpueff-demo"
 
 # (profile, user, account, gpus, hours, exit code): one job per profile; first job id is 4201.
@@ -131,7 +133,7 @@ def run_jobs(config_path: str, root: str, now: float | None = None) -> list[dict
     return ran
 
 
-def summary(config: Any, job_ids: list[int]) -> str:
+def summary(config: Config, job_ids: list[int]) -> str:
     """One line per demo job with its primary verdict and the site's total waste (the demo's punchline)."""
     from sqlmodel import Session
 

@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .config import Config
+
 PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
 
 
@@ -56,7 +58,7 @@ def _guard(rep: Report, check: str, fn: Callable[[], None]) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-def check_nvml(rep: Report, cfg: Any) -> None:
+def check_nvml(rep: Report, cfg: Config) -> None:
     must = cfg.collector.backend == "nvml"
     try:
         import pynvml as nv
@@ -118,7 +120,7 @@ def _nvml_gpu(rep: Report, nv: Any, i: int) -> None:
     rep.add(PASS, f"gpu{i} mig", f"MIG enabled, {len(slices)} slice(s): " + (", ".join(slices) or "none created"))
 
 
-def check_proc(rep: Report, cfg: Any) -> None:
+def check_proc(rep: Report, cfg: Config) -> None:
     from .collectors.gpu_ids import PROC_GPUS, proc_gpus
 
     gpus = proc_gpus()
@@ -128,7 +130,7 @@ def check_proc(rep: Report, cfg: Any) -> None:
     rep.add(PASS, "driver ids", ", ".join(f"/dev/nvidia{m}={g['uuid']}" for m, g in sorted(gpus.items())))
 
 
-def check_dcgm(rep: Report, cfg: Any) -> None:
+def check_dcgm(rep: Report, cfg: Config) -> None:
     from .collectors import dcgm_bindings as dcgmb
 
     must = cfg.collector.backend == "dcgm"
@@ -164,7 +166,7 @@ def check_dcgm(rep: Report, cfg: Any) -> None:
         rep.add(bad, "dcgm hostengine", f"{cfg.dcgm.hostengine}: {dcgmb.describe(exc)}")
 
 
-def check_backend(rep: Report, cfg: Any) -> None:
+def check_backend(rep: Report, cfg: Config) -> None:
     from .collectors.select import get_collector
 
     name = get_collector(cfg).name
@@ -174,7 +176,7 @@ def check_backend(rep: Report, cfg: Any) -> None:
             f"collector.backend = {cfg.collector.backend!r}: the hooks would use {what}")
 
 
-def check_agent(rep: Report, cfg: Any) -> None:
+def check_agent(rep: Report, cfg: Config) -> None:
     from .collectors.agent_files import state_path
 
     must = cfg.collector.backend == "nvml"
@@ -227,7 +229,7 @@ def slurm_config(run: Callable[..., Any] = subprocess.run) -> tuple[str | None, 
     return None, {}
 
 
-def check_slurm(rep: Report, cfg: Any) -> None:
+def check_slurm(rep: Report, cfg: Config) -> None:
     source, conf = slurm_config()
     if source is None:
         rep.add(WARN, "slurm", "no scontrol and no slurm.conf found: cannot check Prolog/Epilog")
@@ -269,12 +271,12 @@ def _dir_check(rep: Report, check: str, path: str, private: bool) -> None:
         rep.add(PASS, check, f"{path} writable, mode {mode:04o}, owner uid {st.st_uid}")
 
 
-def check_dirs(rep: Report, cfg: Any) -> None:
+def check_dirs(rep: Report, cfg: Config) -> None:
     _dir_check(rep, "spool dir", cfg.paths.spool_dir, private=True)
     _dir_check(rep, "state dir", cfg.paths.state_dir, private=False)
 
 
-def check_db(rep: Report, cfg: Any) -> None:
+def check_db(rep: Report, cfg: Config) -> None:
     from sqlalchemy import text
 
     from .storage.db import database_url, make_engine
@@ -295,13 +297,13 @@ def check_db(rep: Report, cfg: Any) -> None:
                                   f"{str(exc).splitlines()[0][:200]}); only the ingest host needs it")
 
 
-CHECKS: tuple[tuple[str, Callable[[Report, Any], None]], ...] = (
+CHECKS: tuple[tuple[str, Callable[[Report, Config], None]], ...] = (
     ("nvml", check_nvml), ("driver ids", check_proc), ("dcgm", check_dcgm), ("backend", check_backend),
     ("agent", check_agent), ("slurm", check_slurm), ("dirs", check_dirs), ("database", check_db),
 )
 
 
-def run(cfg: Any, as_json: bool = False) -> int:
+def run(cfg: Config, as_json: bool = False) -> int:
     rep = Report()
     rep.add(PASS, "config", f"{cfg.source}: collector.backend = {cfg.collector.backend!r}")
     for name, fn in CHECKS:

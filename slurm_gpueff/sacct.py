@@ -31,6 +31,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .config import Config
 from .errors import GpueffError
 
 if TYPE_CHECKING:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+import threading
 
 import pytest
 
@@ -24,9 +27,9 @@ def test_example_in_etc_is_valid_and_equals_defaults():
     assert cfg.as_dict() == config.Config().as_dict()
     with open(os.path.join(ROOT, "etc", "gpueff.toml")) as fh:
         text = fh.read()
-    for section, keys in config.SCHEMA.items():
+    for section, cls in config.SECTIONS.items():
         assert f"[{section}]" in text
-        for key in keys:
+        for key in cls().as_dict():
             assert f"\n{key} = " in text, f"{section}.{key} is not documented in etc/gpueff.toml"
 
 
@@ -37,12 +40,25 @@ def test_values_override_defaults(tmp_path):
     assert cfg.paths.spool_dir == "/var/spool/slurm-gpueff"
 
 
+def test_config_is_frozen_and_typed():
+    cfg = config.Config({"reports": {"price_per_gpu_hour": {"default": 2}}})
+    with pytest.raises(config.FrozenError):
+        cfg.paths.spool_dir = "/elsewhere"  # type: ignore[misc]
+    with pytest.raises(config.FrozenError):
+        cfg.paths = cfg.paths  # type: ignore[misc]
+    assert cfg.reports.price_per_gpu_hour == {"default": 2.0}
+    assert isinstance(cfg.reports.price_per_gpu_hour["default"], float)
+    assert config.Config().paths == config.Config().paths != cfg.paths.__class__(spool_dir="/x")
+    assert config.Config().service.plugins is not config.Config().service.plugins  # no shared defaults
+
+
 @pytest.mark.parametrize(
     "text, message",
     [
         ("[site\ncluster = 1", "not valid TOML"),
         ("[sites]\ncluster = 'x'", "unknown section [sites] (did you mean 'site'?)"),
         ("[paths]\nspool = 'x'", "unknown key paths.spool"),
+        ("[paths]\nspool_dri = 'x'", "unknown key paths.spool_dri (did you mean 'spool_dir'?)"),
         ("[agent]\ninterval_s = 'fast'", "agent.interval_s must be float, got str"),
         ("[agent]\ninterval_s = 0.1", "agent.interval_s must be >= 1 s"),
         ("[collector]\nbackend = 'gpu'", "collector.backend = 'gpu'; expected one of"),
@@ -51,6 +67,56 @@ def test_values_override_defaults(tmp_path):
         ("paths = 3", "[paths] must be a table"),
         ("[service]\ningest_workers = 65", "service.ingest_workers must be 0 (automatic) to 64"),
         ("[service]\ningest_workers = -1", "service.ingest_workers must be 0 (automatic) to 64"),
+        # NaN and infinities, in any float (TOML spells them nan, inf, -inf)
+        ("[agent]\ntimeline_interval_s = nan", "agent.timeline_interval_s must be a finite number, got nan"),
+        ("[collector]\nhook_timeout_s = inf", "collector.hook_timeout_s must be a finite number, got inf"),
+        ("[sacct]\nsettle_s = -inf", "sacct.settle_s must be a finite number, got -inf"),
+        ("[analysis]\nmin_gpu_hours = nan", "analysis.min_gpu_hours must be a finite number, got nan"),
+        ("[reports]\nprice_per_gpu_hour = { default = inf }",
+         "reports.price_per_gpu_hour.default must be a finite number, got inf"),
+        # negative
+        ("[collector]\nhook_timeout_s = -1", "collector.hook_timeout_s must be > 0 s and <= 300 s, got -1.0"),
+        ("[mail]\nbackoff_s = -2", "mail.backoff_s must be >= 0 s and <= 600 s, got -2.0"),
+        ("[reports]\ncard_min_gpu_hours = -1", "reports.card_min_gpu_hours must be >= 0, got -1.0"),
+        ("[reports]\nprice_per_gpu_hour = { default = -1 }",
+         "reports.price_per_gpu_hour.default must be a number >= 0"),
+        # absurd
+        ("[collector]\nhook_timeout_s = 3600", "collector.hook_timeout_s must be > 0 s and <= 300 s, got 3600.0"),
+        ("[collector]\nhook_timeout_s = 0", "collector.hook_timeout_s must be > 0 s"),
+        ("[sacct]\nbatch_size = 10000000", "sacct.batch_size must be >= 1 and <= 10000, got 10000000"),
+        ("[mail]\nretries = 1000", "mail.retries must be >= 1 and <= 10, got 1000"),
+        ("[dcgm]\nkeep_age_s = 1e12",
+         "dcgm.keep_age_s must be > 0 s and <= 31622400 s (366 days), got 1000000000000.0"),
+        ("[agent]\nmetrics_port = 70000", "agent.metrics_port = 70000 is not a TCP port (0 = off)"),
+        # intervals that could never fire
+        ("[service]\ningest_interval_s = 1e12", "service.ingest_interval_s must be 0 (off) or >= 1 s and <= "),
+        ("[service]\ncards_interval_s = 0.001", "service.cards_interval_s must be 0 (off) or >= 1 s"),
+        ("[service]\nenrich_interval_s = -60", "service.enrich_interval_s must be 0 (off) or >= 1 s"),
+        ("[agent]\ninterval_s = 120", "agent.timeline_interval_s = 60 must be >= agent.interval_s (120)"),
+        ("[agent]\ntimeline_keep_h = 0.001", "agent.timeline_keep_h must keep at least one timeline point"),
+        ("[collector]\nagent_stale_s = 5", "collector.agent_stale_s = 5 must be >= 2 x agent.interval_s (5)"),
+        ("[dcgm]\nconnect_timeout_s = 20", "dcgm.connect_timeout_s must be < collector.hook_timeout_s"),
+        ("[dcgm]\nkeep_age_s = 1", "dcgm.keep_age_s must be >= dcgm.update_interval_s"),
+        ("[sacct]\nenrich_window_days = 0.001", "sacct.enrich_window_days must be longer than sacct.settle_s"),
+        ("[reports]\ncard_lookback_h = 0.01", "reports.card_lookback_h must cover service.cards_interval_s"),
+        ("[service]\nforward_max_backoff_s = 1", "service.forward_max_backoff_s must be >= service.forward_interval_s"),
+        # database URLs of dialects that storage cannot open
+        ("[paths]\ndatabase = 'mysql://u@h/db'", "paths.database = 'mysql://u@h/db': unsupported database 'mysql'"),
+        ("[paths]\ndatabase = 'postgresql+psycopg2://u@h/db'", "unsupported database 'postgresql+psycopg2'"),
+        # empty paths
+        ("[paths]\nspool_dir = ''", "paths.spool_dir must not be empty"),
+        ("[paths]\nstate_dir = ''", "paths.state_dir must not be empty"),
+        ("[paths]\ndatabase = ''", "paths.database must not be empty"),
+        ("[reports]\ndir = ''", "reports.dir must not be empty"),
+        ("[dcgm]\nexporter_mapping_dir = ''", "dcgm.exporter_mapping_dir must not be empty"),
+        ("[sacct]\ncommand = ''", "sacct.command must not be empty"),
+        # lists and tables, item by item
+        ("[privacy]\nadmins = ['alice', '']", "privacy.admins must be a list of user names"),
+        ("[privacy]\nadmins = 'alice'", "privacy.admins must be a list of user names, got str"),
+        ("[service]\nplugins = [3]", "service.plugins must be a list of module names"),
+        ("[reports]\nadmins = [1]", "reports.admins must be a list of addresses"),
+        ('[reports]\naddresses = { bob = "b@x\\nBcc: y" }', "reports.addresses.bob must be one address (a string)"),
+        ("[reports]\nleads = { physics = [1] }", "reports.leads.physics must be an address or a list of them"),
     ],
 )
 def test_bad_config_is_a_clear_error(tmp_path, text, message):
@@ -59,6 +125,28 @@ def test_bad_config_is_a_clear_error(tmp_path, text, message):
         config.load(path)
     assert message in str(err.value)
     assert path in str(err.value) or "not valid TOML" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"paths": {"database": "/var/lib/gpueff.db"}},  # a plain path is a SQLite file
+        {"paths": {"database": "sqlite:///relative.db"}},
+        {"paths": {"database": "postgresql://gpueff@db/gpueff"}},
+        {"paths": {"database": "postgresql+psycopg://gpueff:secret@db:5432/gpueff"}},
+        {"mail": {"password_file": ""}, "reports": {"optout_file": ""}, "dcgm": {"bindings_path": ""}},
+        {"service": {"ingest_interval_s": 0, "enrich_interval_s": 0, "cards_interval_s": 0}},  # 0 = off
+        {"service": {"cards_interval_s": 0}, "reports": {"card_lookback_h": 0.01}},  # no cards task, no limit
+        {"collector": {"hook_timeout_s": 300}, "agent": {"interval_s": 1, "timeline_interval_s": 1}},
+        {"reports": {"leads": {"physics": ["a@x", "b@x"], "vision": "c@x"}, "price_per_gpu_hour": {"default": 0}}},
+        {"service": {"forward_interval_s": 0.2, "forward_max_backoff_s": 0.5}},
+    ],
+)
+def test_good_values_are_accepted(data):
+    cfg = config.Config(data, source="<test>")
+    for section, keys in data.items():
+        for key, value in keys.items():
+            assert getattr(getattr(cfg, section), key) == value
 
 
 def test_named_missing_file_is_an_error_default_missing_is_not(tmp_path, monkeypatch):
@@ -76,3 +164,94 @@ def test_env_var_is_used(tmp_path, monkeypatch):
     monkeypatch.setenv("GPUEFF_CONFIG", write(tmp_path, '[site]\ncluster = "from-env"\n'))
     assert config.load().site.cluster == "from-env"
     assert config.load(write(tmp_path, '[site]\ncluster = "explicit"\n')).site.cluster == "explicit"
+
+
+def test_directory_and_device_are_refused(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        config.load(str(tmp_path))
+    assert str(err.value) == f"config file {tmp_path} is a directory, not a regular file"
+    with pytest.raises(ConfigError) as err:
+        config.load("/dev/null")
+    assert str(err.value) == "config file /dev/null is a character device, not a regular file"
+
+
+def test_not_utf8_is_refused(tmp_path):
+    p = tmp_path / "gpueff.toml"
+    p.write_bytes(b'[site]\ncluster = "caf\xe9"\n')
+    with pytest.raises(ConfigError) as err:
+        config.load(str(p))
+    assert str(err.value) == f"config file {p} is not UTF-8 text (byte 21)"
+
+
+def test_fifo_is_refused_without_blocking(tmp_path, monkeypatch):
+    """open() of a FIFO waits for a writer: load() must check the file type without waiting."""
+    fifo = tmp_path / "gpueff.toml"
+    os.mkfifo(fifo)
+    link = tmp_path / "link.toml"
+    link.symlink_to(fifo)
+    monkeypatch.setenv("GPUEFF_CONFIG", str(link))
+    errors: list[str] = []
+
+    def attempt() -> None:
+        for path in (str(fifo), None):  # named, and through $GPUEFF_CONFIG and a symlink
+            try:
+                config.load(path)
+            except ConfigError as exc:
+                errors.append(str(exc))
+
+    t = threading.Thread(target=attempt, daemon=True)
+    t.start()
+    t.join(10)
+    if t.is_alive():
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # lets the blocked open() return
+        pytest.fail("config.load() blocked on a FIFO")
+    assert errors == [f"config file {fifo} is a FIFO, not a regular file",
+                      f"config file {link} is a FIFO, not a regular file"]
+
+
+def _load_as_nobody(path: str) -> str:
+    """config.load(path) in a child process that dropped root for nobody; what it raised (or 'loaded')."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            try:
+                config.load(path)
+                out = "loaded"
+            except BaseException as exc:  # noqa: BLE001
+                out = f"{type(exc).__name__}: {exc}"
+            os.write(w, out.encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as fh:
+        out = fh.read()
+    os.waitpid(pid, 0)
+    return out
+
+
+def test_unreadable_file_is_refused():
+    """Root reads any file, so as root the check runs as nobody (after proving nobody can read it at 0644)."""
+    d = tempfile.mkdtemp(prefix="gpueff-config-")
+    try:
+        os.chmod(d, 0o755)
+        p = os.path.join(d, "gpueff.toml")
+        with open(p, "w") as fh:
+            fh.write('[site]\ncluster = "c"\n')
+        expected = f"config file {p} is not readable by this user"
+        if os.geteuid() == 0:
+            os.chmod(p, 0o644)
+            assert _load_as_nobody(p) == "loaded"
+            os.chmod(p, 0)
+            assert _load_as_nobody(p) == f"ConfigError: {expected}"
+        else:
+            os.chmod(p, 0)
+            with pytest.raises(ConfigError) as err:
+                config.load(p)
+            assert str(err.value) == expected
+    finally:
+        shutil.rmtree(d)

@@ -249,8 +249,9 @@ def test_collector_module_does_not_import_pynvml(repo_root):
 @pytest.mark.parametrize("backend", ["nvml", "auto"])
 def test_select_returns_the_nvml_collector(tmp_path, backend):
     from slurm_gpueff.collectors.select import get_collector
+    from slurm_gpueff.config import Config
 
     n = Node(tmp_path, [hopper(U0)], [0])
     n.ticks(1)
-    n.cfg.collector.backend = backend
+    n.cfg = Config({**n.cfg.as_dict(), "collector": {**n.cfg.collector.as_dict(), "backend": backend}})
     assert isinstance(get_collector(n.cfg), NvmlCollector)

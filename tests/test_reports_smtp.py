@@ -15,6 +15,7 @@ import pytest
 from reports_data import EVIL_NAME, config, make_db
 from sqlmodel import Session, select
 
+from slurm_gpueff.config import Config
 from slurm_gpueff.models import ReportLog
 from slurm_gpueff.reports import runner, sentlog
 
@@ -55,9 +56,8 @@ def smtp_server():
 
 def mail_config(tmp_path, port, **reports):
     cfg = config(tmp_path, **reports)
-    cfg.mail.host, cfg.mail.port = "127.0.0.1", port
-    cfg.mail.from_address = "gpueff@cluster.example"
-    return cfg
+    mail = {"host": "127.0.0.1", "port": port, "from_address": "gpueff@cluster.example"}
+    return Config({**cfg.as_dict(), "mail": {**cfg.mail.as_dict(), **mail}})
 
 
 JOBS = [
@@ -176,7 +176,7 @@ def test_failed_send_is_kept_and_retried(tmp_path, smtp_server):
     inbox, port = smtp_server
     engine = make_db(tmp_path, JOBS[:1])
     dead = mail_config(tmp_path, free_port())  # nobody listens there
-    dead.mail.retries = 2
+    dead = Config({**dead.as_dict(), "mail": {**dead.mail.as_dict(), "retries": 2}})
     result = runner.send_cards(dead, engine)
     assert result.failed == 1 and inbox.messages == []
     with Session(engine) as s:

@@ -25,7 +25,7 @@ from sqlmodel import Session
 
 from ..analysis.diagnose import assess
 from ..analysis.figures import job_figures, naive_utc
-from ..config import Config, Section
+from ..config import Config, ReportsConfig
 from ..fmt import job_label
 from ..models import Job, ReportLog
 from ..storage.queries import gpu_timelines, job_gpus
@@ -50,7 +50,7 @@ class RunResult:
     __str__ = summary  # the scheduler logs ``f"{result}"``
 
 
-def owner_address(job: Job, rep: Section) -> str | None:
+def owner_address(job: Job, rep: ReportsConfig) -> str | None:
     """addresses[user], else Slurm's MailUser where the record has it, else the pattern; None if unusable."""
     user = job.user
     if not user:
@@ -67,7 +67,7 @@ def valid_address(addr: str | None) -> str | None:
     return parsed if parsed == addr and not name else None
 
 
-def _archive_dir(rep: Section, kind: str, when: datetime, slug: str, dry_run: bool) -> str:
+def _archive_dir(rep: ReportsConfig, kind: str, when: datetime, slug: str, dry_run: bool) -> str:
     root = os.path.join(rep.dir, "dry-run") if dry_run else rep.dir
     safe = "".join(c if c.isalnum() or c in "-_.+" else "_" for c in slug)
     return os.path.join(root, kind, when.strftime("%Y-%m"), safe)
@@ -199,7 +199,7 @@ def default_month(now: datetime | None = None) -> str:
     return previous_month(f"{now.year}-{now.month:02d}")
 
 
-def _leads(rep: Section, account: str) -> list[str]:
+def _leads(rep: ReportsConfig, account: str) -> list[str]:
     value = rep.leads.get(account) or []
     addrs = [value] if isinstance(value, str) else list(value)
     return [a for a in (valid_address(x) for x in addrs) if a]

@@ -19,6 +19,8 @@ import logging
 import threading
 from typing import Any
 
+from ..config import Config
+
 log = logging.getLogger("gpueff.forward")
 
 
@@ -26,7 +28,7 @@ class ForwardError(Exception):
     """Forwarding cannot work with this configuration."""
 
 
-def forward_once(config: Any, engine: Any = None, *, batch: int | None = None) -> Any:
+def forward_once(config: Config, engine: Any = None, *, batch: int | None = None) -> Any:
     """One pass over the spool; returns the IngestResult (``failed`` > 0: left for the next pass)."""
     from ..storage.db import database_url, make_engine
     from ..storage.ingest import ingest_spool
@@ -45,7 +47,7 @@ def forward_once(config: Any, engine: Any = None, *, batch: int | None = None) -
             engine.dispose()
 
 
-def run_forwarder(config: Any, *, once: bool = False, stop: threading.Event | None = None,
+def run_forwarder(config: Config, *, once: bool = False, stop: threading.Event | None = None,
                   batch: int | None = None) -> int:
     """Loop: forward, sleep ``service.forward_interval_s`` (longer after failures). Exit status."""
     from ..storage.db import make_engine

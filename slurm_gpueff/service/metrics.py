@@ -24,6 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 
+from ..config import Config
 from ..models import UsageRollup
 
 OTHER = "other"
@@ -70,7 +71,7 @@ def _capped(rows: list[Any], key: str, top: int) -> dict[tuple[str, str, str], d
 class UsageCollector(Collector):
     """A prometheus_client collector over the rollups (and the service's own task bookkeeping)."""
 
-    def __init__(self, engine: Any, config: Any, ctx: Any = None):
+    def __init__(self, engine: Any, config: Config, ctx: Any = None):
         self.engine, self.config, self.ctx = engine, config, ctx
 
     def _rows(self, key: str) -> list[Any]:
@@ -138,7 +139,7 @@ class UsageCollector(Collector):
         yield GaugeMetricFamily("gpueff_service_scrape_timestamp_seconds", "Time of this scrape", value=time.time())
 
 
-def registry_for(engine: Any, config: Any, ctx: Any = None) -> Any:
+def registry_for(engine: Any, config: Config, ctx: Any = None) -> Any:
     from prometheus_client import CollectorRegistry
 
     reg = CollectorRegistry()

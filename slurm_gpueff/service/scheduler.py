@@ -20,6 +20,7 @@ import threading
 from datetime import datetime, timedelta
 from typing import Any
 
+from ..config import Config
 from .tasks import REGISTRY, Context, Task, builtin_tasks, load_plugins, run_task
 
 log = logging.getLogger("gpueff.serve")
@@ -44,7 +45,7 @@ def build_scheduler(ctx: Context, tasks: list[Task], *, start_now: bool = True) 
     return sched
 
 
-def serve(config: Any, *, engine: Any = None, stop: threading.Event | None = None) -> int:
+def serve(config: Config, *, engine: Any = None, stop: threading.Event | None = None) -> int:
     """Run until SIGTERM/SIGINT (or ``stop`` is set). Returns the exit status."""
     from ..storage.db import make_engine
 

@@ -21,6 +21,7 @@ from typing import Any
 from sqlalchemy import delete, select
 from sqlalchemy.engine import Engine
 
+from ..config import Config
 from ..models import Job, JobGpu, JobGpuTimeline
 
 log = logging.getLogger("gpueff.serve")
@@ -28,7 +29,7 @@ log = logging.getLogger("gpueff.serve")
 
 @dataclass
 class Context:
-    config: Any
+    config: Config
     engine: Engine
     last_ok: dict[str, float] = field(default_factory=dict)  # task -> epoch of last success (metrics)
     last_error: dict[str, float] = field(default_factory=dict)
@@ -149,7 +150,7 @@ def report_monthly(ctx: Context) -> str:
     return f"monthly: {runner.send_monthly(ctx.config, ctx.engine)}"
 
 
-def builtin_tasks(config: Any) -> list[Task]:
+def builtin_tasks(config: Config) -> list[Task]:
     """The built-in tasks with the schedules from ``[service]`` (an interval of 0 disables a task)."""
     s = config.service
     out = [Task("ingest", ingest, s.ingest_interval_s), Task("enrich", enrich, s.enrich_interval_s),
@@ -160,7 +161,7 @@ def builtin_tasks(config: Any) -> list[Task]:
     return [t for t in out if t.cron is not None or (t.interval_s or 0) > 0]
 
 
-def load_plugins(config: Any) -> list[str]:
+def load_plugins(config: Config) -> list[str]:
     """Import the modules of ``service.plugins`` (they call :func:`register_task`); returns problems."""
     problems = []
     for name in config.service.plugins:

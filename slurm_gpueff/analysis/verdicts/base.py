@@ -71,9 +71,9 @@ class Thresholds:
     """Read-only view of ``config.analysis`` (a Section, a dict, or None for the schema defaults)."""
 
     def __init__(self, source: ThresholdSource = None):
-        from ...config import SCHEMA
+        from ...config import AnalysisConfig
 
-        values: dict[str, Any] = {k: default for k, (_t, default) in SCHEMA["analysis"].items()}
+        values: dict[str, Any] = AnalysisConfig().as_dict()
         if source is not None:
             values.update(source if isinstance(source, Mapping) else source.as_dict())
         self._values = values
