@@ -20,8 +20,6 @@ from typing import Any
 
 from ..figures import LABELS, GpuFigures, JobFigures, combine
 
-SEVERITIES = ("critical", "warning", "info", "ok")
-
 
 class NotAssessed(Exception):  # noqa: N818 - a signal, not an error
     """A rule could not run because a figure it needs was not measured (the message says which).
