@@ -19,7 +19,11 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..config import Config
+    from ..jobid import JobSpec
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -66,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="seff-gpu", description=DESCRIPTION, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("jobid", nargs="?", help="Slurm job id: 123, 123_4 (array task) or 123+1 (het component)")
-    # Many jobs (issue 4): a reportseff-style table from the stored summaries (slurm_gpueff.cli.seff_table).
+    # Many jobs: a reportseff-style table from the stored summaries (slurm_gpueff.cli.seff_table).
     p.add_argument("-u", "--user", help="list this user's jobs (one line each, with totals) instead of a card")
     p.add_argument("-A", "--account", help="list this account's jobs (with -u: that user's jobs in it)")
     p.add_argument("-S", "--starttime", dest="start", metavar="TIME", help="jobs that ended from TIME (local; "
@@ -86,7 +90,7 @@ def _err(msg: str) -> None:
     print(f"seff-gpu: {msg}", file=sys.stderr)
 
 
-def still_running(spec: Any, state_dir: str, timeout: float = SQUEUE_TIMEOUT_S) -> str | None:
+def still_running(spec: JobSpec, state_dir: str, timeout: float = SQUEUE_TIMEOUT_S) -> str | None:
     """Why we think the job has not finished (None if it has or we cannot tell).
 
     Two signs, cheapest first: the Prolog's state file for the job on this node, then ``squeue``
@@ -121,7 +125,7 @@ def _safe_url(url: str) -> str:
         return url
 
 
-def lookup(database: str, spec: Any, cluster: str | None) -> list[tuple[Any, list[Any]]]:
+def lookup(database: str, spec: JobSpec, cluster: str | None) -> list[tuple[Any, list[Any]]]:
     """(job, its GPU rows) for every match. Raises RuntimeError with a clear message on DB problems.
 
     SQLite is read with the standard library (storage/sqlite_read.py: the same rows without importing
@@ -164,45 +168,44 @@ def lookup(database: str, spec: Any, cluster: str | None) -> list[tuple[Any, lis
         engine.dispose()
 
 
+def _refuse_conflicts(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """A JOBID shows cards, -u/-A a table of jobs: a flag of the one mode is refused in the other."""
+    table = [flag for flag, value in (("-u/--user", args.user), ("-A/--account", args.account),
+                                      ("-S/--starttime", args.start), ("-E/--endtime", args.end)) if value]
+    if args.jobid is None and not (args.user or args.account):
+        parser.error("give a JOBID, or -u USER / -A ACCOUNT for a table of jobs")
+    if args.jobid is not None and table:
+        parser.error(f"{', '.join(table)} (a table of jobs) cannot be combined with a JOBID (a job's card)")
+    if args.jobid is None and args.html:
+        parser.error("--html writes a job's card: give a JOBID, not -u/-A")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.jobid is None and not (args.user or args.account):
-        parser.error("give a JOBID, or -u USER / -A ACCOUNT for a table of jobs")
-    from ..errors import ConfigError, JobIdError
+    _refuse_conflicts(parser, args)
+    from ..config import load
+    from ..errors import GpueffError
 
-    if args.jobid is None:  # the many-jobs table
-        from ..config import load
-        from .seff_table import run as run_table
+    try:
+        if args.jobid is None:  # the many-jobs table
+            from .seff_table import run as run_table
 
-        try:
             return run_table(args, load(args.config))
-        except ConfigError as exc:
-            _err(str(exc))
-            return EXIT_USAGE
-    from ..jobid import parse
+        from ..jobid import parse
 
-    try:
         spec = parse(args.jobid)
-    except JobIdError as exc:
+        return _show(args, spec, load(args.config))
+    except GpueffError as exc:  # a bad job id or config exits 2, as documented
         _err(str(exc))
-        return EXIT_USAGE
-    try:
-        from ..config import load
-
-        config = load(args.config)
-    except ConfigError as exc:
-        _err(str(exc))
-        return EXIT_USAGE
-    try:
-        return _show(args, spec, config)
+        return exc.exit_code
     except BrokenPipeError:  # `seff-gpu 123 | head`
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return EXIT_OK
 
 
-def _show(args: argparse.Namespace, spec: Any, config: Any) -> int:
+def _show(args: argparse.Namespace, spec: JobSpec, config: Config) -> int:
     error = None
     found: list[tuple[Any, list[Any]]] = []
     try:
@@ -245,7 +248,7 @@ def _show(args: argparse.Namespace, spec: Any, config: Any) -> int:
     for job, gpus in with_gpus:
         fig = job_figures(job, gpus)
         items.append((job, fig, assess(fig, config.analysis)))
-    if args.html:  # the mailed card as a file (issue 5); the terminal output below is unchanged
+    if args.html:  # the mailed card as a file; the terminal output below is unchanged
         from ..reports.standalone import write_html
 
         try:
