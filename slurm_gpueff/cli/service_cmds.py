@@ -1,27 +1,29 @@
-"""The service-side commands (issue 4):
+"""The service-side commands: the database schema, the scheduler service, the node forwarder, rollups.
 
-    gpueff [--config PATH] db upgrade|current      Alembic migrations of the job database
+    gpueff [--config PATH] db upgrade [--revision R] | current   Alembic migrations of the job database
     gpueff [--config PATH] serve [-v]              scheduler (ingest, enrich, rollups, retention, reports) + /metrics
-    gpueff [--config PATH] forward [--once] [-v]   node: ship the spool to the central PostgreSQL
+    gpueff [--config PATH] forward [--once] [--batch N] [-v]   node: ship the spool to the central PostgreSQL
     gpueff [--config PATH] rollup [--full]         refresh the per-day/per-month rollups now
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
-import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
-COMMANDS = ("db", "serve", "forward", "rollup")
+from .common import UsageError, at_least_one, load_config, log_to_stderr, open_database
+
+if TYPE_CHECKING:
+    from ..config import Config
+    from .common import Subparsers
 
 
-def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
+def add_parsers(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     db = sub.add_parser("db", parents=[common], help="database schema: upgrade (migrate) or show the revision",
                         description="Alembic migrations. SQLite files are upgraded automatically when opened for "
                                     "writing; a PostgreSQL database only by `gpueff db upgrade`.")
     db.add_argument("action", choices=("upgrade", "current"))
-    db.add_argument("--revision", default="head", help="target revision for upgrade (default: head)")
+    db.add_argument("--revision", help="target revision for upgrade (default: head)")
     s = sub.add_parser("serve", parents=[common], help="the service: scheduled ingest, enrichment, rollups, "
                        "retention and reports, and Prometheus /metrics (until SIGTERM)")
     s.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -34,59 +36,60 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     r.add_argument("--full", action="store_true", help="recompute every month, not only changed ones")
 
 
-def _log(verbose: bool, name: str) -> None:
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, stream=sys.stderr,
-                        format=f"%(asctime)s gpueff-{name} %(levelname)s %(message)s")
-    if not verbose:
-        logging.getLogger("apscheduler").setLevel(logging.WARNING)
-
-
-def run(args: argparse.Namespace, config: Any) -> int:
+def run(args: argparse.Namespace) -> int:
+    if args.command == "db" and args.action == "current" and args.revision:
+        raise UsageError("db current: --revision applies to `db upgrade` only")
+    if args.command == "forward":
+        at_least_one("--batch", args.batch)
+    config = load_config(args)
     if args.command == "db":
-        return _db(args, config)
+        return _db(config, args.action, args.revision or "head")
     if args.command == "serve":
         from ..service.scheduler import serve
 
-        _log(args.verbose, "serve")
+        log_to_stderr(args.verbose, "serve")
         return serve(config)
     if args.command == "forward":
-        from ..service.forward import ForwardError, run_forwarder
-
-        _log(args.verbose, "forward")
-        import signal
-        import threading
-
-        stop = threading.Event()
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        try:
-            return run_forwarder(config, once=args.once, stop=stop, batch=args.batch)
-        except ForwardError as exc:
-            print(f"gpueff: {exc}", file=sys.stderr)
-            return 2
-    if args.command == "rollup":
-        from ..storage.db import make_engine
-        from ..storage.rollups import refresh
-
-        engine = make_engine(config.paths.database)
-        try:
-            res = refresh(engine, full=args.full)
-        finally:
-            engine.dispose()
-        months = ", ".join(m.strftime("%Y-%m") for m in res.months)
-        print(f"rollups refreshed: {months} ({res.rows} rows, {res.seconds:.2f} s)")
-        return 0
-    raise AssertionError(args.command)  # pragma: no cover
+        return _forward(config, args.once, args.batch, args.verbose)
+    return _rollup(config, args.full)
 
 
-def _db(args: argparse.Namespace, config: Any) -> int:
+def _forward(config: Config, once: bool, batch: int | None, verbose: bool) -> int:
+    import signal
+    import threading
+
+    from ..service.forward import ForwardError, run_forwarder
+
+    log_to_stderr(verbose, "forward")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        return run_forwarder(config, once=once, stop=stop, batch=batch)
+    except ForwardError as exc:  # a configuration that cannot forward: a usage error
+        raise UsageError(str(exc)) from None
+
+
+def _rollup(config: Config, full: bool) -> int:
+    from ..storage.rollups import refresh
+
+    engine = open_database(config)
+    try:
+        res = refresh(engine, full=full)
+    finally:
+        engine.dispose()
+    months = ", ".join(m.strftime("%Y-%m") for m in res.months)
+    print(f"rollups refreshed: {months} ({res.rows} rows, {res.seconds:.2f} s)")
+    return 0
+
+
+def _db(config: Config, action: str, revision: str) -> int:
     from ..storage import migrate
-    from ..storage.db import make_engine
 
-    engine = make_engine(config.paths.database, create=False)
+    engine = open_database(config, create=False)
     url = engine.url.render_as_string(hide_password=True)
     try:
-        if args.action == "upgrade":
-            before, after = migrate.upgrade(engine, args.revision)
+        if action == "upgrade":
+            before, after = migrate.upgrade(engine, revision)
             print(f"{url}: {before or '(empty)'} -> {after}" if before != after else f"{url}: already at {after}")
             return 0
         with engine.connect() as conn:
