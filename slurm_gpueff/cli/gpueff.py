@@ -5,21 +5,7 @@ Each module in :data:`GROUPS` adds its commands' parsers (``add_parsers``) and r
 import their heavy modules only when one of their commands runs, so that ``gpueff hook prolog`` (run by
 slurmd on every job start) loads no database or analysis code.
 
-    gpueff [--config PATH] agent [--once] [-v]       the NVML node agent (nvml backend)
-    gpueff [--config PATH] hook prolog|epilog        the Slurm hooks (always exit 0)
-    gpueff hook install DIR                          install the hook scripts into DIR
-    gpueff [--config PATH] ingest [--limit N] [--quiet]   spool -> database
-    gpueff [--config PATH] enrich [--since DATE]    complete job rows from sacct (array ids, state, ...)
-    gpueff [--config PATH] backfill --since DATE [--until DATE]   records for GPU jobs the hooks missed
-    gpueff [--config PATH] db upgrade|current        database schema (Alembic migrations)
-    gpueff [--config PATH] serve                     the service: scheduler + Prometheus /metrics
-    gpueff [--config PATH] forward [--once]          node: ship the spool to the central PostgreSQL
-    gpueff [--config PATH] rollup [--full]           refresh the per-day/per-month rollups
-    gpueff [--config PATH] report cards|monthly|retry|optout|status   mail efficiency cards and summaries
-    gpueff demo [--dir DIR] [--keep]                 the whole product on simulated GPUs
-    gpueff [--config PATH] config check [--json]     validate and print the effective config
-    gpueff [--config PATH] doctor [--json]           what this node offers: NVML, GPM, MIG, DCGM, hooks, dirs, DB
-    gpueff version
+The commands and their flags are listed in each group's docstring and in ``gpueff COMMAND --help``.
 
 Exit status: 0 ok; 1 error; 2 bad usage or invalid config (the message names file, section and key).
 """
@@ -31,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from . import ingest_cmd, node_cmds, report_cmds, service_cmds, setup_cmds, slurm_cmds
+from . import node_cmds, report_cmds, service_cmds, setup_cmds, slurm_cmds
 from .common import err
 
 if TYPE_CHECKING:
@@ -48,7 +34,7 @@ class CommandGroup(Protocol):
 
 # The registry, in the order `gpueff --help` lists the commands: a job's data from the node to the mail,
 # then the tools to try and check an installation.
-GROUPS: tuple[CommandGroup, ...] = (node_cmds, ingest_cmd, slurm_cmds, service_cmds, report_cmds, setup_cmds)
+GROUPS: tuple[CommandGroup, ...] = (node_cmds, service_cmds, slurm_cmds, report_cmds, setup_cmds)
 
 EPILOG = """\
 examples:

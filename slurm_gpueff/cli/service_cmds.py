@@ -1,5 +1,6 @@
-"""The service-side commands: the database schema, the scheduler service, the node forwarder, rollups.
+"""The database side: ingest, the schema, the scheduler service, the node forwarder, rollups.
 
+    gpueff [--config PATH] ingest [--limit N] [--workers N] [--quiet]   spool -> database
     gpueff [--config PATH] db upgrade [--revision R] | current   Alembic migrations of the job database
     gpueff [--config PATH] serve [-v]              scheduler (ingest, enrich, rollups, retention, reports) + /metrics
     gpueff [--config PATH] forward [--once] [--batch N] [-v]   node: ship the spool to the central PostgreSQL
@@ -9,9 +10,10 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import TYPE_CHECKING
 
-from .common import UsageError, at_least_one, load_config, log_to_stderr, open_database
+from .common import UsageError, at_least_one, err, load_config, log_to_stderr, open_database
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -19,6 +21,13 @@ if TYPE_CHECKING:
 
 
 def add_parsers(sub: Subparsers, common: argparse.ArgumentParser) -> None:
+    i = sub.add_parser("ingest", parents=[common],
+                       help="load finished-job records from the spool into the database")
+    i.add_argument("--limit", type=int, metavar="N", help="ingest at most N records")
+    i.add_argument("--workers", type=int, metavar="N",
+                   help="processes for a backlog of 500+ records (default: [service] ingest_workers; "
+                        "0 = automatic: half the CPUs, 2-8, on SQLite; 3/4, 2-12, on PostgreSQL)")
+    i.add_argument("--quiet", action="store_true", help="no progress bar and no summary unless errors")
     db = sub.add_parser("db", parents=[common], help="database schema: upgrade (migrate) or show the revision",
                         description="Alembic migrations. SQLite files are upgraded automatically when opened for "
                                     "writing; a PostgreSQL database only by `gpueff db upgrade`.")
@@ -39,9 +48,15 @@ def add_parsers(sub: Subparsers, common: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.command == "db" and args.action == "current" and args.revision:
         raise UsageError("db current: --revision applies to `db upgrade` only")
+    if args.command == "ingest":
+        at_least_one("--limit", args.limit)
+        if args.workers is not None and not 0 <= args.workers <= 64:
+            raise UsageError("--workers must be 0 (automatic) to 64")
     if args.command == "forward":
         at_least_one("--batch", args.batch)
     config = load_config(args)
+    if args.command == "ingest":
+        return _ingest(config, args.limit, args.workers, args.quiet)
     if args.command == "db":
         return _db(config, args.action, args.revision or "head")
     if args.command == "serve":
@@ -52,6 +67,32 @@ def run(args: argparse.Namespace) -> int:
     if args.command == "forward":
         return _forward(config, args.once, args.batch, args.verbose)
     return _rollup(config, args.full)
+
+
+def _ingest(config: Config, limit: int | None, workers: int | None, quiet: bool) -> int:
+    engine = open_database(config)
+    from ..storage.ingest import ingest_spool, worker_count
+    from ..summarize import summarize_pending
+    from .progress import ProgressBar
+
+    progress = ProgressBar("ingest", enabled=not quiet and sys.stderr.isatty())
+    analysed = 0
+    try:
+        n = worker_count(config.service.ingest_workers if workers is None else workers, engine.dialect.name)
+        result = ingest_spool(engine, config.paths.spool_dir, limit=limit, progress=progress, workers=n)
+        try:  # the stored per-job summaries that rollups and reports aggregate
+            analysed = summarize_pending(engine, config.analysis)
+        except Exception as exc:  # the records are safely in the DB; the next run retries the summaries
+            err(f"ingested, but could not update job summaries (next run retries): {exc}")
+    finally:
+        progress.close()
+        engine.dispose()
+    for e in result.errors:
+        err(e)
+    if not quiet or result.quarantined or result.failed:
+        print(f"ingested {result.ingested}, quarantined {result.quarantined}, failed {result.failed}, "
+              f"analysed {analysed} (spool {config.paths.spool_dir})")
+    return 1 if result.failed else 0
 
 
 def _forward(config: Config, once: bool, batch: int | None, verbose: bool) -> int:
