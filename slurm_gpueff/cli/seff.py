@@ -21,6 +21,8 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..errors import GpueffError
+
 if TYPE_CHECKING:
     from ..config import Config
     from ..jobid import JobSpec
@@ -185,7 +187,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _refuse_conflicts(parser, args)
     from ..config import load
-    from ..errors import GpueffError
 
     try:
         if args.jobid is None:  # the many-jobs table
@@ -196,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         spec = parse(args.jobid)
         return _show(args, spec, load(args.config))
-    except GpueffError as exc:  # a bad job id or config exits 2, as documented
+    except GpueffError as exc:  # a bad job id or config exits 2, no card the EXIT_* above
         _err(str(exc))
         return exc.exit_code
     except BrokenPipeError:  # `seff-gpu 123 | head`
@@ -205,62 +206,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK
 
 
+class NoCard(GpueffError):
+    """Why there is no card to show; ``exit_code`` is one of the documented EXIT_* values."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
 def _show(args: argparse.Namespace, spec: JobSpec, config: Config) -> int:
-    error = None
-    found: list[tuple[Any, list[Any]]] = []
-    try:
-        found = lookup(config.paths.database, spec, args.cluster)
-    except RuntimeError as exc:
-        error = str(exc)
-    from ..privacy import current_user, denied_message, visible  # like sacct's PrivateData=jobs
-
-    found, hidden = visible(found, config.privacy)
-    if hidden and not found:
-        _err(denied_message(str(spec), current_user()[1]))
-        return EXIT_DENIED
-    if not found:
-        running = still_running(spec, config.paths.state_dir)
-        if running:
-            _err(f"job {spec} has not finished: {running}. Its GPU card is available after it ends.")
-            return EXIT_RUNNING
-        if error:
-            _err(error)
-            return EXIT_ERROR
-        from ..sacct import no_gpus_note  # CPU-only jobs have no record by design: ask accounting
-
-        note = no_gpus_note(str(spec), config)
-        if note:
-            _err(note)
-            return EXIT_NO_GPUS
-        where = f" on cluster {args.cluster}" if args.cluster else ""
-        _err(f"job {spec} is not in the GPU job database{where} (it had no GPUs, has not been ingested yet, "
-             "or the id is wrong)")
-        return EXIT_UNKNOWN
-    with_gpus = [(j, g) for j, g in found if g or j.gpu_count]
-    if not with_gpus:
-        _err(f"job {spec} had no GPUs allocated: nothing to report")
-        return EXIT_NO_GPUS
-
+    """Inquire (the jobs with GPUs that ``spec`` names), assess each, render the cards, table or JSON."""
+    found, skipped = _inquire(spec, config, args.cluster)
     from ..analysis import assess, job_figures
-    from ..render import dumps, render_card, render_table
 
     items = []
-    for job, gpus in with_gpus:
+    for job, gpus in found:
         fig = job_figures(job, gpus)
         items.append((job, fig, assess(fig, config.analysis)))
     if args.html:  # the mailed card as a file; the terminal output below is unchanged
         from ..reports.standalone import write_html
 
         try:
-            for path in write_html(config, with_gpus, items, args.html):
+            for path in write_html(config, found, items, args.html):
                 print(f"wrote {path}", file=sys.stderr)
         except OSError as exc:
-            _err(f"cannot write {args.html}: {exc.strerror or exc}")
-            return EXIT_ERROR
+            raise NoCard(f"cannot write {args.html}: {exc.strerror or exc}", EXIT_ERROR) from None
+    from ..render import dumps, render_card, render_table
+
     if args.json:
         print(dumps(items))
         return EXIT_OK
-    skipped = len(found) - len(with_gpus)
     if len(items) > 1:
         print(f"{len(items)} jobs match {spec}" + (f" ({skipped} without GPUs not shown)" if skipped else ""))
         print()
@@ -275,6 +250,40 @@ def _show(args: argparse.Namespace, spec: JobSpec, config: Config) -> int:
             print("-" * 80)
         print(render_card(job, fig, diag))
     return EXIT_OK
+
+
+def _inquire(spec: JobSpec, config: Config, cluster: str | None) -> tuple[list[tuple[Any, list[Any]]], int]:
+    """The jobs with GPUs this user may see, and how many without GPUs were left out; else NoCard saying why."""
+    error = None
+    found: list[tuple[Any, list[Any]]] = []
+    try:
+        found = lookup(config.paths.database, spec, cluster)
+    except RuntimeError as exc:
+        error = str(exc)
+    from ..privacy import current_user, denied_message, visible  # like sacct's PrivateData=jobs
+
+    found, hidden = visible(found, config.privacy)
+    if hidden and not found:
+        raise NoCard(denied_message(str(spec), current_user()[1]), EXIT_DENIED)
+    if not found:
+        running = still_running(spec, config.paths.state_dir)
+        if running:
+            raise NoCard(f"job {spec} has not finished: {running}. Its GPU card is available after it ends.",
+                         EXIT_RUNNING)
+        if error:
+            raise NoCard(error, EXIT_ERROR)
+        from ..sacct import no_gpus_note  # CPU-only jobs have no record by design: ask accounting
+
+        note = no_gpus_note(str(spec), config)
+        if note:
+            raise NoCard(note, EXIT_NO_GPUS)
+        where = f" on cluster {cluster}" if cluster else ""
+        raise NoCard(f"job {spec} is not in the GPU job database{where} (it had no GPUs, has not been ingested "
+                     "yet, or the id is wrong)", EXIT_UNKNOWN)
+    with_gpus = [(j, g) for j, g in found if g or j.gpu_count]
+    if not with_gpus:
+        raise NoCard(f"job {spec} had no GPUs allocated: nothing to report", EXIT_NO_GPUS)
+    return with_gpus, len(found) - len(with_gpus)
 
 
 if __name__ == "__main__":
