@@ -7,7 +7,6 @@ Stdlib-only at import time: every command module imports this while ``gpueff`` b
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from typing import TYPE_CHECKING
 
@@ -55,6 +54,8 @@ def at_least_one(flag: str, value: int | None) -> None:
 
 def log_to_stderr(verbose: bool, name: str) -> None:
     """Log lines as journald shows them best; the scheduler's own chatter only with ``-v``."""
+    import logging  # here, not at the top: `gpueff hook prolog` does not pay for it
+
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s gpueff-{name} %(levelname)s %(message)s")
     if not verbose:
