@@ -159,3 +159,21 @@ def test_agent_command_runs_the_agent(tmp_path):
     else:
         assert p.returncode == 1 and "gpueff-agent ERROR gpueff agent cannot start" in p.stderr, p.stderr
     assert "Traceback" not in p.stderr
+
+
+def test_every_command_runs_through_the_group_that_lists_it():
+    """The registry: each command's parser carries its group's ``run``, and that group's docstring lists it."""
+    import re
+
+    from slurm_gpueff.cli import gpueff as cli
+
+    parser = cli.build_parser()
+    (sub,) = [a for a in parser._actions if a.dest == "command"]
+    minimal = {"hook": ["prolog"], "db": ["current"], "backfill": ["--since", "now"], "config": ["check"],
+               "report": ["status"]}
+    runs = {group.run for group in cli.GROUPS}
+    for name in sub.choices:
+        args = parser.parse_args([name, *minimal.get(name, [])])
+        assert args.command == name and args.run in runs, name
+        doc = sys.modules[args.run.__module__].__doc__
+        assert re.search(rf"gpueff (\[--config PATH\] )?{name}\b", doc), name
