@@ -14,7 +14,7 @@ backend = "nvml"
 interval_s = 2.0
 metrics_port = 9818
 EOT
-python3 -m slurm_gpueff.collectors.agent --config $D/cfg.toml > $D/agent.log 2>&1 &
+python3 -m slurm_gpueff.cli.gpueff agent --config $D/cfg.toml > $D/agent.log 2>&1 &
 AG=$!
 python3 - <<'PY' &
 import sys, time

@@ -174,7 +174,7 @@ def write_config(tmp: str, interval: float) -> str:
 
 def start_agent(cfg_path: str, state_dir: str) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=ROOT)
-    proc = subprocess.Popen([sys.executable, "-m", "slurm_gpueff.collectors.agent", "--config", cfg_path],
+    proc = subprocess.Popen([sys.executable, "-m", "slurm_gpueff.cli.gpueff", "agent", "--config", cfg_path],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     path = os.path.join(state_dir, "agent", "state.json")

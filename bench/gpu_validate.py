@@ -9,7 +9,7 @@ bf16 matmul) a child process runs it on one GPU; once it is warm, the job's wind
   (backend "nvml"), the spool record they write, then -- where sqlmodel is importable -- ``gpueff
   ingest`` and ``seff-gpu JOBID`` (card printed, ``--json`` saved).
 
-The agent is the real one (``python3 -m slurm_gpueff.collectors.agent``) in its own process. A table of
+The agent is the real one (``python3 -m slurm_gpueff.cli.gpueff agent``) in its own process. A table of
 kernel / SM / tensor / DRAM / FP32 % per workload is printed; JSON results go to ``--out`` ($OUT).
 
 Run (repo root, on a GPU node):  ``PYTHONPATH=. python3 bench/gpu_validate.py --interval 1 --seconds 20``
@@ -127,7 +127,7 @@ def write_config(tmp: str, interval: float, backend: str = "nvml") -> str:
 def start_agent(cfg_path: str, state_dir: str, log_path: str) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     logf = open(log_path, "ab")  # noqa: SIM115 - lives as long as the agent
-    proc = subprocess.Popen([sys.executable, "-m", "slurm_gpueff.collectors.agent", "--config", cfg_path],
+    proc = subprocess.Popen([sys.executable, "-m", "slurm_gpueff.cli.gpueff", "agent", "--config", cfg_path],
                             env=env, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
     path = os.path.join(state_dir, "agent", "state.json")
     deadline = time.time() + 60

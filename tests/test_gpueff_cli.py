@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from slurm_gpueff import spool
 from slurm_gpueff.collectors.base import JobContext
 from slurm_gpueff.collectors.simulated import SimulatedCollector
@@ -119,3 +121,59 @@ def test_hook_install_writes_both_hooks(tmp_path):
     for kind in ("prolog", "epilog"):
         path = tmp_path / "hooks" / kind
         assert f"installed {path}" in p.stdout and os.access(path, os.X_OK)
+
+
+def test_help_lists_every_command_of_the_registry():
+    p = gpueff("--help")
+    assert p.returncode == 0
+    for name in ("agent", "hook", "ingest", "enrich", "backfill", "db", "serve", "forward", "rollup", "report",
+                 "demo", "config", "doctor", "version"):
+        assert f"\n    {name} " in p.stdout, name
+
+
+@pytest.mark.parametrize("args, message", [
+    (["report", "optout", "--list", "alice"], "--list takes no USER and no --undo"),
+    (["report", "optout", "--list", "--undo"], "--list takes no USER and no --undo"),
+    (["report", "optout", "--undo"], "--undo needs the USERs to opt back in"),
+    (["report", "monthly", "--site"], "--site goes with --account"),
+    (["db", "current", "--revision", "abc"], "--revision applies to `db upgrade` only"),
+    (["demo", "--config", "x.toml"], "--config does not apply"),
+    (["forward", "--batch", "0"], "--batch must be at least 1"),
+    (["agent", "--energy-interval", "0"], "--energy-interval must be a positive number"),
+    (["agent", "--energy-interval", "nan"], "--energy-interval must be a positive number"),
+])
+def test_flags_that_do_not_combine_are_refused(tmp_path, args, message):
+    """Refused before any config, database or GPU is touched: exit 2 with the reason, nothing done."""
+    p = gpueff(*args, cwd=str(tmp_path))
+    assert p.returncode == 2 and message in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr and p.stdout == ""
+    assert os.listdir(tmp_path) == []  # e.g. the demo built no folder
+
+
+def test_agent_command_runs_the_agent(tmp_path):
+    """`gpueff agent --once`: one tick and a state file on a GPU node; without NVIDIA's driver, the reason."""
+    cfg = site_config(tmp_path)
+    p = gpueff("--config", str(cfg), "agent", "--once")
+    if p.returncode == 0:
+        assert os.path.exists(tmp_path / "run" / "agent" / "state.json")
+    else:
+        assert p.returncode == 1 and "gpueff-agent ERROR gpueff agent cannot start" in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_every_command_runs_through_the_group_that_lists_it():
+    """The registry: each command's parser carries its group's ``run``, and that group's docstring lists it."""
+    import re
+
+    from slurm_gpueff.cli import gpueff as cli
+
+    parser = cli.build_parser()
+    (sub,) = [a for a in parser._actions if a.dest == "command"]
+    minimal = {"hook": ["prolog"], "db": ["current"], "backfill": ["--since", "now"], "config": ["check"],
+               "report": ["status"]}
+    runs = {group.run for group in cli.GROUPS}
+    for name in sub.choices:
+        args = parser.parse_args([name, *minimal.get(name, [])])
+        assert args.command == name and args.run in runs, name
+        doc = sys.modules[args.run.__module__].__doc__
+        assert re.search(rf"gpueff (\[--config PATH\] )?{name}\b", doc), name

@@ -195,6 +195,27 @@ def test_exit_codes(site, args, code, message):
     assert message in p.stderr and p.stdout == ""
 
 
+@pytest.mark.parametrize("args, message", [
+    (["-u", "alice", "--html", "f.html"], "--html writes a job's card: give a JOBID, not -u/-A"),
+    (["-A", "vision", "--html", "f.html"], "--html writes a job's card"),
+    (["4201", "-u", "alice"], "-u/--user (a table of jobs) cannot be combined with a JOBID"),
+    (["4201", "-A", "vision"], "-A/--account (a table of jobs) cannot be combined with a JOBID"),
+    (["4201", "-S", "2025-01-01"], "-S/--starttime (a table of jobs) cannot be combined with a JOBID"),
+    (["4201", "-E", "2025-01-01"], "-E/--endtime (a table of jobs) cannot be combined with a JOBID"),
+])
+def test_flags_of_the_other_mode_are_refused(site, args, message, tmp_path):
+    """A JOBID shows its card, -u/-A list jobs: a flag that only the other mode reads is refused, not ignored."""
+    p = run(site, *args)
+    assert p.returncode == 2 and message in p.stderr, p.stderr
+    assert p.stderr.startswith("usage: seff-gpu") and "Traceback" not in p.stderr and p.stdout == ""
+    assert not (site[0] / "f.html").exists()
+
+
+def test_a_window_that_ends_before_it_starts_is_refused(site):
+    p = run(site, "-u", "alice", "-S", "2025-02-01", "-E", "2025-01-01")
+    assert p.returncode == 2 and "-S/--starttime must be before -E/--endtime" in p.stderr and p.stdout == ""
+
+
 def test_bad_config_is_usage_error(site, tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text("[paths]\ndatabse = 'x'\n")

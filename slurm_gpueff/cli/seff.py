@@ -19,7 +19,13 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from ..errors import GpueffError
+
+if TYPE_CHECKING:
+    from ..config import Config
+    from ..jobid import JobSpec
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -66,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="seff-gpu", description=DESCRIPTION, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("jobid", nargs="?", help="Slurm job id: 123, 123_4 (array task) or 123+1 (het component)")
-    # Many jobs (issue 4): a reportseff-style table from the stored summaries (slurm_gpueff.cli.seff_table).
+    # Many jobs: a reportseff-style table from the stored summaries (slurm_gpueff.cli.seff_table).
     p.add_argument("-u", "--user", help="list this user's jobs (one line each, with totals) instead of a card")
     p.add_argument("-A", "--account", help="list this account's jobs (with -u: that user's jobs in it)")
     p.add_argument("-S", "--starttime", dest="start", metavar="TIME", help="jobs that ended from TIME (local; "
@@ -86,7 +92,7 @@ def _err(msg: str) -> None:
     print(f"seff-gpu: {msg}", file=sys.stderr)
 
 
-def still_running(spec: Any, state_dir: str, timeout: float = SQUEUE_TIMEOUT_S) -> str | None:
+def still_running(spec: JobSpec, state_dir: str, timeout: float = SQUEUE_TIMEOUT_S) -> str | None:
     """Why we think the job has not finished (None if it has or we cannot tell).
 
     Two signs, cheapest first: the Prolog's state file for the job on this node, then ``squeue``
@@ -121,7 +127,7 @@ def _safe_url(url: str) -> str:
         return url
 
 
-def lookup(database: str, spec: Any, cluster: str | None) -> list[tuple[Any, list[Any]]]:
+def lookup(database: str, spec: JobSpec, cluster: str | None) -> list[tuple[Any, list[Any]]]:
     """(job, its GPU rows) for every match. Raises RuntimeError with a clear message on DB problems.
 
     SQLite is read with the standard library (storage/sqlite_read.py: the same rows without importing
@@ -164,100 +170,72 @@ def lookup(database: str, spec: Any, cluster: str | None) -> list[tuple[Any, lis
         engine.dispose()
 
 
+def _refuse_conflicts(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """A JOBID shows cards, -u/-A a table of jobs: a flag of the one mode is refused in the other."""
+    table = [flag for flag, value in (("-u/--user", args.user), ("-A/--account", args.account),
+                                      ("-S/--starttime", args.start), ("-E/--endtime", args.end)) if value]
+    if args.jobid is None and not (args.user or args.account):
+        parser.error("give a JOBID, or -u USER / -A ACCOUNT for a table of jobs")
+    if args.jobid is not None and table:
+        parser.error(f"{', '.join(table)} (a table of jobs) cannot be combined with a JOBID (a job's card)")
+    if args.jobid is None and args.html:
+        parser.error("--html writes a job's card: give a JOBID, not -u/-A")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.jobid is None and not (args.user or args.account):
-        parser.error("give a JOBID, or -u USER / -A ACCOUNT for a table of jobs")
-    from ..errors import ConfigError, JobIdError
+    _refuse_conflicts(parser, args)
+    from ..config import load
 
-    if args.jobid is None:  # the many-jobs table
-        from ..config import load
-        from .seff_table import run as run_table
+    try:
+        if args.jobid is None:  # the many-jobs table
+            from .seff_table import run as run_table
 
-        try:
             return run_table(args, load(args.config))
-        except ConfigError as exc:
-            _err(str(exc))
-            return EXIT_USAGE
-    from ..jobid import parse
+        from ..jobid import parse
 
-    try:
         spec = parse(args.jobid)
-    except JobIdError as exc:
+        return _show(args, spec, load(args.config))
+    except GpueffError as exc:  # a bad job id or config exits 2, no card the EXIT_* above
         _err(str(exc))
-        return EXIT_USAGE
-    try:
-        from ..config import load
-
-        config = load(args.config)
-    except ConfigError as exc:
-        _err(str(exc))
-        return EXIT_USAGE
-    try:
-        return _show(args, spec, config)
+        return exc.exit_code
     except BrokenPipeError:  # `seff-gpu 123 | head`
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return EXIT_OK
 
 
-def _show(args: argparse.Namespace, spec: Any, config: Any) -> int:
-    error = None
-    found: list[tuple[Any, list[Any]]] = []
-    try:
-        found = lookup(config.paths.database, spec, args.cluster)
-    except RuntimeError as exc:
-        error = str(exc)
-    from ..privacy import current_user, denied_message, visible  # like sacct's PrivateData=jobs
+class NoCard(GpueffError):
+    """Why there is no card to show; ``exit_code`` is one of the documented EXIT_* values."""
 
-    found, hidden = visible(found, config.privacy)
-    if hidden and not found:
-        _err(denied_message(str(spec), current_user()[1]))
-        return EXIT_DENIED
-    if not found:
-        running = still_running(spec, config.paths.state_dir)
-        if running:
-            _err(f"job {spec} has not finished: {running}. Its GPU card is available after it ends.")
-            return EXIT_RUNNING
-        if error:
-            _err(error)
-            return EXIT_ERROR
-        from ..sacct import no_gpus_note  # CPU-only jobs have no record by design: ask accounting
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
 
-        note = no_gpus_note(str(spec), config)
-        if note:
-            _err(note)
-            return EXIT_NO_GPUS
-        where = f" on cluster {args.cluster}" if args.cluster else ""
-        _err(f"job {spec} is not in the GPU job database{where} (it had no GPUs, has not been ingested yet, "
-             "or the id is wrong)")
-        return EXIT_UNKNOWN
-    with_gpus = [(j, g) for j, g in found if g or j.gpu_count]
-    if not with_gpus:
-        _err(f"job {spec} had no GPUs allocated: nothing to report")
-        return EXIT_NO_GPUS
 
+def _show(args: argparse.Namespace, spec: JobSpec, config: Config) -> int:
+    """Inquire (the jobs with GPUs that ``spec`` names), assess each, render the cards, table or JSON."""
+    found, skipped = _inquire(spec, config, args.cluster)
     from ..analysis import assess, job_figures
-    from ..render import dumps, render_card, render_table
 
     items = []
-    for job, gpus in with_gpus:
+    for job, gpus in found:
         fig = job_figures(job, gpus)
         items.append((job, fig, assess(fig, config.analysis)))
-    if args.html:  # the mailed card as a file (issue 5); the terminal output below is unchanged
+    if args.html:  # the mailed card as a file; the terminal output below is unchanged
         from ..reports.standalone import write_html
 
         try:
-            for path in write_html(config, with_gpus, items, args.html):
+            for path in write_html(config, found, items, args.html):
                 print(f"wrote {path}", file=sys.stderr)
         except OSError as exc:
-            _err(f"cannot write {args.html}: {exc.strerror or exc}")
-            return EXIT_ERROR
+            raise NoCard(f"cannot write {args.html}: {exc.strerror or exc}", EXIT_ERROR) from None
+    from ..render import dumps, render_card, render_table
+
     if args.json:
         print(dumps(items))
         return EXIT_OK
-    skipped = len(found) - len(with_gpus)
     if len(items) > 1:
         print(f"{len(items)} jobs match {spec}" + (f" ({skipped} without GPUs not shown)" if skipped else ""))
         print()
@@ -272,6 +250,40 @@ def _show(args: argparse.Namespace, spec: Any, config: Any) -> int:
             print("-" * 80)
         print(render_card(job, fig, diag))
     return EXIT_OK
+
+
+def _inquire(spec: JobSpec, config: Config, cluster: str | None) -> tuple[list[tuple[Any, list[Any]]], int]:
+    """The jobs with GPUs this user may see, and how many without GPUs were left out; else NoCard saying why."""
+    error = None
+    found: list[tuple[Any, list[Any]]] = []
+    try:
+        found = lookup(config.paths.database, spec, cluster)
+    except RuntimeError as exc:
+        error = str(exc)
+    from ..privacy import current_user, denied_message, visible  # like sacct's PrivateData=jobs
+
+    found, hidden = visible(found, config.privacy)
+    if hidden and not found:
+        raise NoCard(denied_message(str(spec), current_user()[1]), EXIT_DENIED)
+    if not found:
+        running = still_running(spec, config.paths.state_dir)
+        if running:
+            raise NoCard(f"job {spec} has not finished: {running}. Its GPU card is available after it ends.",
+                         EXIT_RUNNING)
+        if error:
+            raise NoCard(error, EXIT_ERROR)
+        from ..sacct import no_gpus_note  # CPU-only jobs have no record by design: ask accounting
+
+        note = no_gpus_note(str(spec), config)
+        if note:
+            raise NoCard(note, EXIT_NO_GPUS)
+        where = f" on cluster {cluster}" if cluster else ""
+        raise NoCard(f"job {spec} is not in the GPU job database{where} (it had no GPUs, has not been ingested "
+                     "yet, or the id is wrong)", EXIT_UNKNOWN)
+    with_gpus = [(j, g) for j, g in found if g or j.gpu_count]
+    if not with_gpus:
+        raise NoCard(f"job {spec} had no GPUs allocated: nothing to report", EXIT_NO_GPUS)
+    return with_gpus, len(found) - len(with_gpus)
 
 
 if __name__ == "__main__":

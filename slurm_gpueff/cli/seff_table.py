@@ -11,7 +11,10 @@ import argparse
 import json
 import sys
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..config import Config
 
 DEFAULT_DAYS = 7
 
@@ -27,7 +30,7 @@ def parse_time(text: str) -> datetime:
     return local.astimezone(UTC).replace(tzinfo=None)
 
 
-def run(args: argparse.Namespace, config: Any) -> int:
+def run(args: argparse.Namespace, config: Config) -> int:
     from sqlalchemy.exc import SQLAlchemyError
     from sqlmodel import Session
 
@@ -42,20 +45,20 @@ def run(args: argparse.Namespace, config: Any) -> int:
     except ValueError as exc:
         print(f"seff-gpu: {exc}", file=sys.stderr)
         return 2
+    if start >= end:
+        print("seff-gpu: -S/--starttime must be before -E/--endtime", file=sys.stderr)
+        return 2
     user = args.user
-    try:  # privacy like sacct (issue 3's module): non-admins see only their own jobs
-        from ..privacy import current_user, sees_everything
+    from ..privacy import current_user, sees_everything  # like sacct: non-admins see only their own jobs
 
-        uid, name = current_user()
-        if not sees_everything(config.privacy, uid, name):
-            if user is None:
-                user = name
-            elif user != name:
-                print(f"seff-gpu: you may only list your own jobs (user {name}); [privacy] in the config",
-                      file=sys.stderr)
-                return 6
-    except ImportError:
-        pass
+    uid, name = current_user()
+    if not sees_everything(config.privacy, uid, name):
+        if user is None:
+            user = name
+        elif user != name:
+            print(f"seff-gpu: you may only list your own jobs (user {name}); [privacy] in the config",
+                  file=sys.stderr)
+            return 6
     try:
         engine = make_engine(config.paths.database, create=False)
         with Session(engine) as session:

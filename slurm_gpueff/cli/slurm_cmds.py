@@ -1,7 +1,7 @@
 """``gpueff enrich`` and ``gpueff backfill``: join Slurm accounting (sacct) into the job database.
 
     gpueff enrich [--since DATE] [--limit N] [--quiet]
-    gpueff backfill --since DATE [--until DATE] [--quiet]
+    gpueff backfill --since DATE [--until DATE] [--cluster NAME] [--quiet]
 
 Exit status: 0 ok; 1 sacct or the database failed (nothing lost: the next run retries); 2 bad usage.
 Dates are ``YYYY-MM-DD``, ``YYYY-MM-DDTHH:MM[:SS]`` (local time, like sacct) or ``now-2d`` / ``now-6h``.
@@ -14,13 +14,20 @@ import re
 import sys
 import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING
 
+from .common import UsageError, at_least_one, err, load_config, open_database
 from .progress import ProgressBar
 
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
 
-def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
-    """Register the subcommands on ``gpueff``'s subparsers."""
+    from ..config import Config
+    from ..sacct import SacctReader
+    from .common import Subparsers
+
+
+def add_parsers(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     e = sub.add_parser("enrich", parents=[common], help="complete job rows from Slurm accounting (sacct)",
                        description="Fill array/het ids, job name, QOS, submit time, final state and exit code "
                                    "from sacct into jobs not enriched yet. Safe to run any time; a sacct "
@@ -57,45 +64,30 @@ def parse_date(text: str, now: float | None = None) -> float:
     raise ValueError(f"invalid date {text!r}: expected YYYY-MM-DD, YYYY-MM-DDTHH:MM[:SS] or now-2d")
 
 
-def _err(msg: str) -> None:
-    print(f"gpueff: {msg}", file=sys.stderr)
-
-
-def run(args: argparse.Namespace, config: Any) -> int:
-    from ..sacct import SacctError, SacctReader
-    from ..storage.db import make_engine
-
+def run(args: argparse.Namespace) -> int:
     try:
         since = parse_date(args.since) if args.since else None
-        until = parse_date(args.until) if getattr(args, "until", None) else None
+        until = parse_date(args.until) if args.command == "backfill" and args.until else None
     except ValueError as exc:
-        _err(str(exc))
-        return 2
-    if getattr(args, "limit", None) is not None and args.limit < 1:
-        _err("--limit must be at least 1")
-        return 2
+        raise UsageError(str(exc)) from None
+    if args.command == "enrich":
+        at_least_one("--limit", args.limit)
+    config = load_config(args)
+    from ..sacct import SacctReader  # its SacctError reaches `gpueff` (exit 1): nothing was changed
+
     reader = SacctReader.from_config(config)
-    try:
-        engine = make_engine(config.paths.database)
-    except Exception as exc:
-        _err(f"cannot open the job database {config.paths.database}: {exc}")
-        return 1
+    engine = open_database(config)
     bar = ProgressBar(args.command, enabled=not args.quiet and sys.stderr.isatty(), unit="jobs")
     try:
         if args.command == "enrich":
             return _enrich(engine, reader, config, since, args, bar)
-        try:
-            return _backfill(engine, reader, config, since or 0.0, until, args, bar)
-        except SacctError as exc:
-            bar.close()
-            _err(str(exc))
-            return 1
+        return _backfill(engine, reader, config, since or 0.0, until, args, bar)
     finally:
         bar.close()
         engine.dispose()
 
 
-def _enrich(engine: Any, reader: Any, config: Any, since: float | None, args: argparse.Namespace,
+def _enrich(engine: Engine, reader: SacctReader, config: Config, since: float | None, args: argparse.Namespace,
             bar: ProgressBar) -> int:
     from ..storage.enrich import enrich_jobs
 
@@ -105,7 +97,7 @@ def _enrich(engine: Any, reader: Any, config: Any, since: float | None, args: ar
     res = enrich_jobs(engine, reader, since=since_dt, limit=args.limit, progress=bar, settle_s=config.sacct.settle_s)
     bar.close()
     for e in res.errors:
-        _err(e)
+        err(e)
     if not args.quiet or res.errors:
         print(f"enriched {res.enriched} of {res.checked} job(s) checked; {res.not_final} not finished in sacct "
               f"yet, {res.settling} ended less than {config.sacct.settle_s:g} s ago, {res.not_found} unknown to "
@@ -113,23 +105,22 @@ def _enrich(engine: Any, reader: Any, config: Any, since: float | None, args: ar
     return 1 if res.errors else 0
 
 
-def _backfill(engine: Any, reader: Any, config: Any, since: float, until: float | None, args: argparse.Namespace,
-              bar: ProgressBar) -> int:
+def _backfill(engine: Engine, reader: SacctReader, config: Config, since: float, until: float | None,
+              args: argparse.Namespace, bar: ProgressBar) -> int:
     from ..storage.enrich import backfill_jobs
 
     if until is None:
         until = time.time() - config.sacct.backfill_grace_s
     if until <= since:
-        _err("backfill: --until is not after --since (without --until the window ends "
-             f"[sacct] backfill_grace_s = {config.sacct.backfill_grace_s:g} s before now)")
-        return 2
+        raise UsageError("backfill: --until is not after --since (without --until the window ends "
+                         f"[sacct] backfill_grace_s = {config.sacct.backfill_grace_s:g} s before now)")
     jobs = reader.window(since, until, cluster=args.cluster)
     # sacct lists jobs *active* in the window; keep those that ended inside it
     jobs = [j for j in jobs if j.end is None or since <= j.end <= until]
     res = backfill_jobs(engine, jobs, default_cluster=config.site.cluster, progress=bar)
     bar.close()
     for e in res.errors:
-        _err(e)
+        err(e)
     if not args.quiet or res.errors:
         print(f"backfill: {res.seen} job(s) in sacct; created {res.created} allocation-only record(s)"
               + (f" ({', '.join(res.created_ids[:20])}{' ...' if len(res.created_ids) > 20 else ''})"

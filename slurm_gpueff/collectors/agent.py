@@ -29,8 +29,8 @@ between reads the agent extends it with the power integral (``energy_est_mj``). 
 difference of that estimate: the counter difference, with at most ``ENERGY_INTERVAL_S`` of integrated
 power at each end.
 
-Run with ``gpueff agent`` (or ``python3 -m slurm_gpueff.collectors.agent``) as root. SIGTERM/SIGINT finish
-the current tick, write a final state marked ``stopped`` and exit 0.
+Run with ``gpueff agent`` as root. SIGTERM/SIGINT finish the current tick, write a final state marked
+``stopped`` and exit 0.
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ import math
 import os
 import signal
 import socket
-import sys
 import threading
 import time
 import uuid as uuidlib
@@ -50,7 +49,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from .. import spool
-from ..errors import CollectorError, GpueffError
+from ..errors import CollectorError
 from . import agent_files, integrals
 from .agent_files import agent_dir, job_file_uuids, jobs_dir, line_time, mig_key, state_path, timeline_path
 from .gpu_ids import parse_legacy_mig
@@ -484,29 +483,3 @@ def run_agent(config: Config, *, once: bool = False, sampler: Sampler | None = N
     log.info("gpueff agent stopped after %d ticks", agent.ticks)
     return 0
 
-
-def main(argv: list[str] | None = None) -> None:
-    """``python3 -m slurm_gpueff.collectors.agent [--config PATH] [--once]`` (same as ``gpueff agent``)."""
-    import argparse
-
-    from ..config import load
-
-    ap = argparse.ArgumentParser(prog="gpueff-agent", description=__doc__.split("\n")[0])
-    ap.add_argument("--config", help="TOML config (default $GPUEFF_CONFIG or /etc/slurm-gpueff/gpueff.toml)")
-    ap.add_argument("--once", action="store_true", help="sample once, write the state file, exit")
-    ap.add_argument("--energy-interval", type=float, default=None,
-                    help=f"seconds between energy-counter reads (default {ENERGY_INTERVAL_S:.0f})")
-    ap.add_argument("-v", "--verbose", action="store_true")
-    args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s gpueff-agent %(levelname)s %(message)s")
-    try:
-        cfg = load(args.config)
-    except GpueffError as exc:
-        print(f"gpueff agent: {exc}", file=sys.stderr)
-        sys.exit(exc.exit_code)
-    sys.exit(run_agent(cfg, once=args.once, energy_interval_s=args.energy_interval))
-
-
-if __name__ == "__main__":
-    main()

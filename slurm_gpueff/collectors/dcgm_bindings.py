@@ -46,7 +46,6 @@ BINDING_DIRS = (
     "/usr/share/datacenter-gpu-manager-4/bindings/python3",  # DCGM 4.x packages
     "/usr/local/dcgm/bindings/python3",  # DCGM 3.x packages
 )
-MODULES = ("dcgm_structs", "dcgm_fields", "dcgm_agent")
 
 # DCGM status codes we treat specially (dcgm_structs.DCGM_ST_*; numeric so we need no import to name them).
 ST_NO_DATA = -14

@@ -28,7 +28,7 @@ import time
 
 from ..record import empty_gpu
 from . import integrals, nvml_mig
-from .agent_files import job_file_uuids, read_job_timeline, state_path
+from .agent_files import read_job_timeline, state_path
 from .base import Collector, JobContext, Measurement, slurm_index_to_minor
 from .nvml_sampler import GPM_METRICS, NO_GPM_REASON
 
@@ -257,14 +257,3 @@ class NvmlCollector(Collector):
             gpu["timeline"] = read_job_timeline(self.state_dir, ident["uuid"], {"instance": state.get("instance")},
                                                 t_start, snap, t_end, ag, t0)
         return gpu
-
-
-
-def uuids_of_job_file(path: str) -> list[str]:
-    """Convenience for tools: the GPU UUIDs a Prolog job file names (what the agent tracks)."""
-    try:
-        with open(path, "rb") as fh:
-            return job_file_uuids(json.loads(fh.read()))
-    except (OSError, ValueError):
-        return []
-

@@ -81,15 +81,3 @@ def run_forwarder(config: Config, *, once: bool = False, stop: threading.Event |
     finally:
         if engine is not None:
             engine.dispose()
-
-
-def _main_loop(config: Any, once: bool) -> int:  # pragma: no cover - signal wiring
-    import signal
-
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    try:
-        return run_forwarder(config, once=once, stop=stop)
-    except ForwardError as exc:
-        log.error("%s", exc)
-        return 2

@@ -1,10 +1,10 @@
 """What the service runs on schedule. Each task is a plain function ``task(ctx) -> str`` (a one-line
 summary for the log); failures raise and are logged by the scheduler, never stop it.
 
-Built in: ``ingest`` (spool -> DB, then job summaries), ``enrich`` (sacct, when slurm_gpueff.sacct is
-installed), ``rollups`` (changed months), ``rollups_full`` (every month), ``retention`` (raw timelines
-older than ``service.timeline_retention_days``), ``report_cards`` / ``report_monthly`` (when
-slurm_gpueff.reports is installed and enabled in ``[reports]``). Other code can add tasks with
+Built in: ``ingest`` (spool -> DB, then job summaries), ``enrich`` (sacct), ``rollups`` (changed
+months), ``rollups_full`` (every month), ``retention`` (raw timelines older than
+``service.timeline_retention_days``), ``report_cards`` / ``report_monthly`` (when enabled in
+``[reports]``). Other code can add tasks with
 :func:`register_task` from a module named in ``service.plugins``.
 """
 
@@ -74,11 +74,8 @@ def ingest(ctx: Context) -> str:
 
 
 def enrich(ctx: Context) -> str:
-    try:
-        from ..sacct import SacctReader
-        from ..storage.enrich import enrich_jobs
-    except ImportError as exc:
-        return f"skipped: sacct enrichment is not available in this installation ({exc})"
+    from ..sacct import SacctReader
+    from ..storage.enrich import enrich_jobs
     from ..summarize import summarize_pending
 
     since = _utcnow() - timedelta(days=ctx.config.sacct.enrich_window_days)
@@ -125,26 +122,17 @@ def prune_timelines(engine: Engine, before: datetime, batch: int = 5000) -> int:
             gone += len(ids)
 
 
-def _reports_runner() -> Any:
-    try:
-        return importlib.import_module("slurm_gpueff.reports.runner")
-    except ImportError:
-        return None
-
-
 def report_cards(ctx: Context) -> str:
-    runner = _reports_runner()
-    if runner is None:
-        return "skipped: reports are not available in this installation"
+    from ..reports import runner
+
     if not ctx.config.reports.cards:
         return "skipped: reports.cards is off"
     return f"cards: {runner.send_cards(ctx.config, ctx.engine)}"  # it retries due failures first, once
 
 
 def report_monthly(ctx: Context) -> str:
-    runner = _reports_runner()
-    if runner is None:
-        return "skipped: reports are not available in this installation"
+    from ..reports import runner
+
     if not ctx.config.reports.monthly:
         return "skipped: reports.monthly is off"
     return f"monthly: {runner.send_monthly(ctx.config, ctx.engine)}"

@@ -1,0 +1,77 @@
+"""Trying and checking an installation: the demo, the effective config, the node's doctor, the version.
+
+    gpueff demo [--dir DIR] [--keep]                 the whole product on simulated GPUs
+    gpueff [--config PATH] config check [--json]     validate and print the effective config
+    gpueff [--config PATH] doctor [--json]           what this node offers: NVML, GPM, MIG, DCGM, hooks, dirs, DB
+    gpueff version
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import TYPE_CHECKING
+
+from .common import UsageError, load_config
+
+if TYPE_CHECKING:
+    from ..config import Config
+    from .common import Subparsers
+
+
+def add_parsers(sub: Subparsers, common: argparse.ArgumentParser) -> None:
+    d = sub.add_parser("demo", parents=[common], help="run the product end to end on simulated GPUs")
+    d.add_argument("--dir", metavar="DIR", help="where to build the demo cluster (default ./gpueff-demo)")
+    d.add_argument("--keep", action="store_true", help="keep the demo folder afterwards")
+
+    c = sub.add_parser("config", parents=[common], help="configuration tools")
+    csub = c.add_subparsers(dest="config_command", metavar="ACTION", required=True)
+    cc = csub.add_parser("check", parents=[common], help="validate the config and print the effective values")
+    cc.add_argument("--json", action="store_true", help="print as JSON")
+
+    dr = sub.add_parser("doctor", parents=[common], help="check this node: NVML, GPM, MIG, DCGM, agent, Slurm "
+                                                         "hooks, spool, database (PASS/WARN/FAIL per line)")
+    dr.add_argument("--json", action="store_true", help="print as JSON")
+
+    sub.add_parser("version", help="print the version")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.command == "version":
+        from .. import __version__
+
+        print(f"slurm-gpueff {__version__}")
+        return 0
+    if args.command == "demo":
+        if args.config:
+            raise UsageError("the demo writes and uses a config of its own in its folder; --config does not apply")
+        from .. import demo
+
+        return int(demo.run(args) or 0)
+    config = load_config(args)
+    if args.command == "doctor":
+        from .. import doctor
+
+        return doctor.run(config, args.json)
+    return _config_check(config, args.json)
+
+
+def _toml_value(v: object) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return json.dumps(v)
+    return repr(v)
+
+
+def _config_check(config: Config, as_json: bool) -> int:
+    data = config.as_dict()
+    if as_json:
+        print(json.dumps({"source": config.source, "config": data}, indent=2))
+        return 0
+    print(f"# effective configuration: {config.source} (valid)")
+    for section, values in data.items():
+        print(f"\n[{section}]")
+        for key, value in values.items():
+            print(f"{key} = {_toml_value(value)}")
+    return 0
