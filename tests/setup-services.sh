@@ -2,7 +2,7 @@
 # Installs and starts the real services the test suite talks to; idempotent, needs root (Debian 12).
 # Used by .ci/run and by the README's test command:  bash tests/setup-services.sh && .venv/bin/python -m pytest
 set -euo pipefail
-# --- reports (issue 5): Debian's headless Chromium for the `browser` tests, DejaVu fonts for it and for
+# --- reports: Debian's headless Chromium for the `browser` tests, DejaVu fonts for it and for
 # the matplotlib charts. (The `smtp` tests need no system package: aiosmtpd is in the `test` extra.)
 echo "== reports: chromium"
 if ! command -v chromium >/dev/null; then
@@ -10,7 +10,7 @@ if ! command -v chromium >/dev/null; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core >/dev/null
 fi
 # --- end reports
-# --- service (issue 4): PostgreSQL for the `postgres` tests. They create and drop their own databases
+# --- service: PostgreSQL for the `postgres` tests. They create and drop their own databases
 # on the server at 127.0.0.1:5432 (trust auth for local TCP), and start private clusters with
 # /usr/lib/postgresql/*/bin/{initdb,pg_ctl} as the postgres user for the DB-down tests.
 echo "== service: postgresql"
@@ -28,7 +28,7 @@ else
   for _ in $(seq 30); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 1; done
 fi
 # --- end service
-# --- slurm (issue 3): Debian's Slurm 22.05, munge and MariaDB for the `slurm` tests. The harness
+# --- slurm: Debian's Slurm 22.05, munge and MariaDB for the `slurm` tests. The harness
 # (tests/slurm/start-slurm.sh, started by tests/slurm/conftest.py) installs them itself when missing; doing
 # it here keeps apt out of the test timing. It then runs everything privately and stops it by PID: MariaDB
 # with its own datadir under a temp dir on 127.0.0.1:3307 or the next free port (a system MariaDB may hold

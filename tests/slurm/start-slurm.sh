@@ -2,7 +2,7 @@
 # start-slurm.sh - a real single-node Slurm 22.05 for slurm-gpueff's tests (Debian 12, root, no systemd):
 #   munged + a private MariaDB + slurmdbd + slurmctld + slurmd, NGPUS fake GPUs (gres/gpu on mknod'ed
 #   /dev/nvidiaN character devices), the project's hooks as Prolog/Epilog.
-# Adapted from the verified recipe in ../shared/slurm-testbed (kept self-contained: the tests use this copy).
+# A self-contained recipe: the tests use this copy and nothing outside the repository.
 # Idempotent: installs missing Debian packages, (re)writes configs, starts only daemons not yet running.
 # Everything it starts is recorded by PID file under $BASE/run (stop-slurm.sh stops exactly those);
 # /dev/nvidiaN nodes it creates are listed in $BASE/run/created-devices (stop-slurm.sh removes them).
