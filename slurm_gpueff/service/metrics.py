@@ -23,6 +23,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
+from sqlmodel import col
 
 from ..config import Config
 from ..models import UsageRollup
@@ -76,9 +77,9 @@ class UsageCollector(Collector):
 
     def _rows(self, key: str) -> list[Any]:
         r = UsageRollup
-        stmt = (select(r.cluster, getattr(r, key), r.verdict, func.sum(r.jobs).label("jobs"),
+        stmt = (select(col(r.cluster), getattr(r, key), col(r.verdict), func.sum(r.jobs).label("jobs"),
                        *[func.sum(getattr(r, m)).label(m) for m in MEASURES])
-                .where(r.period == "month").group_by(r.cluster, getattr(r, key), r.verdict))
+                .where(col(r.period) == "month").group_by(col(r.cluster), getattr(r, key), col(r.verdict)))
         with self.engine.connect() as conn:
             return list(conn.execute(stmt))
 
