@@ -49,17 +49,13 @@ if TYPE_CHECKING:
 WRITER = f"slurm-gpueff {__version__}"
 KINDS = ("prolog", "epilog")
 
-# Set when a step's thread is still running after its bound: the process must then leave with
-# os._exit (interpreter shutdown could wait on whatever the thread is blocked in).
-_stuck = False
-# Set by main(): arm the watchdog that ends the *process* at the bound (never in-process callers).
-_process_mode = False
+_stuck = False  # a step's thread outlived its bound: main() must leave with os._exit
+_process_mode = False  # set by main(): arm the watchdog that ends the *process* (never in-process callers)
 
 
-# --------------------------------------------------------------------------------------------------
-# logging: syslog (LOG_DAEMON) for the site's log collection, stderr for a person running it by hand
 class HookLog:
-    """Log to syslog and (warnings and errors) to stderr; never raises, works without /dev/log."""
+    """Log to syslog (LOG_DAEMON, for the site's log collection) and warnings and errors to stderr (for a
+    person running it by hand); never raises, works without /dev/log."""
 
     _PRIO = {"info": 6, "warning": 4, "error": 3}  # LOG_INFO, LOG_WARNING, LOG_ERR
 
@@ -72,8 +68,8 @@ class HookLog:
 
             syslog.openlog("slurm-gpueff", syslog.LOG_PID, syslog.LOG_DAEMON)
             self._syslog = syslog
-        except Exception:  # noqa: BLE001 - no syslog module / socket: stderr still works
-            self._syslog = None
+        except Exception:  # noqa: BLE001, S110 - no syslog module / socket: stderr still works
+            pass
 
     def __call__(self, level: str, msg: str) -> None:
         line = f"{self.kind}: {msg}"
@@ -91,8 +87,6 @@ class HookLog:
                 pass
 
 
-# --------------------------------------------------------------------------------------------------
-# entry points
 def run(kind: str, env: Mapping[str, str] | None = None, config_path: str | None = None) -> int:
     """Run the ``prolog`` or ``epilog`` hook for the job described by ``env``; always returns 0."""
     log = HookLog(kind)
@@ -113,14 +107,11 @@ def run(kind: str, env: Mapping[str, str] | None = None, config_path: str | None
 
 
 def main(kind: str, config_path: str | None = None) -> NoReturn:
-    """Process entry point (console scripts, hooks/*, ``gpueff hook``): run, then exit 0 at once."""
+    """Process entry point (console scripts, hooks/*, ``gpueff hook``): run, then exit 0 at once, with
+    ``os._exit`` when a step's thread is stuck (interpreter shutdown could wait on it)."""
     global _process_mode
     _process_mode = True
-    finish(run(kind, config_path=config_path))
-
-
-def finish(code: int) -> NoReturn:
-    """Exit with ``code``; with ``os._exit`` when a step's thread is stuck (it must not hold us)."""
+    code = run(kind, config_path=config_path)
     if _stuck:
         for stream in (sys.stdout, sys.stderr):
             try:  # noqa: SIM105
@@ -139,8 +130,6 @@ def epilog_main() -> NoReturn:
     main("epilog")
 
 
-# --------------------------------------------------------------------------------------------------
-# one hook run
 class HookRun:
     """One Prolog or Epilog run: the job, its config, its deadline, and what each step found.
 
@@ -151,11 +140,11 @@ class HookRun:
     def __init__(self, kind: str, env: dict[str, str], log: HookLog):
         self.t0 = time.monotonic()
         self.kind, self.env, self.log = kind, env, log
-        self.job = slurmenv.parse(env)  # never raises: problems are kept in job.problems
+        self.job = slurmenv.parse(env)
         # The default bound until the config is loaded: loading it can block too (a hung filesystem).
         self.deadline = self.t0 + float(cfgmod.Config().collector.hook_timeout_s)
         self.cfg: Config | None = None
-        self.reasons: list[str] = []  # for the record's reason, in order
+        self.reasons: list[str] = []  # for the record's reason
         self.backend: str | None = None  # the collector's name, once chosen
         self.saved: dict[str, Any] | None = None  # the Prolog's state (Epilog)
         self.state_problem: str | None = None
@@ -226,8 +215,7 @@ class HookRun:
         return None, f"collector {self.backend or cfg.collector.backend} {err}"
 
     def job_context(self, cfg: Config, gpus: list[int], start: float | None, end: float | None) -> JobContext:
-        job = self.job
-        return JobContext(job.job_id or 0, job.node, job.cluster or cfg.site.cluster, list(gpus),
+        return JobContext(self.job.job_id or 0, self.job.node, self.job.cluster or cfg.site.cluster, list(gpus),
                           start_time=start, end_time=end, env=self.env)
 
     def prolog(self, cfg: Config, job_id: int) -> None:
@@ -351,8 +339,6 @@ class _Watchdog:
             self._wake.wait(remaining)
 
 
-# --------------------------------------------------------------------------------------------------
-# pieces
 def _last_resort(env: Mapping[str, str], cfg: Config | None, reason: str, log: HookLog) -> bool:
     """Keep what Slurm told us about a job we could not record normally, in the spool's quarantine;
     True once it is on disk."""
