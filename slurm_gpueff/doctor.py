@@ -1,14 +1,9 @@
-"""``gpueff doctor``: what this node has, line by line, PASS / WARN / FAIL.
+"""``gpueff doctor``: what this node offers and which backend the hooks will use, PASS / WARN / FAIL.
 
-An admin installing slurm-gpueff (or wondering why a job's card reads "n/a") needs one command that says
-what the node offers and which backend the hooks will use: NVML and the GPUs (with GPM and MIG), the
-driver's /proc identity table the hooks map Slurm indexes with, DCGM's bindings, version and
-hostengine, the gpueff agent's freshness, the Slurm Prolog/Epilog lines, the spool and state
-directories, and the database. FAIL is reserved for what breaks the configured setup (e.g. no
-hostengine with ``backend = "dcgm"``); what merely limits it is WARN. Exit status 1 if any line FAILs.
-
-Every probe is bounded (short timeouts, subprocesses with a time limit) and none raises: a doctor that
-crashes on the broken node it is meant to diagnose is no use.
+FAIL is reserved for what breaks the configured setup (e.g. no hostengine with ``backend = "dcgm"``);
+what merely limits it is WARN; exit status 1 if any line FAILs. Every probe is bounded (short timeouts,
+subprocesses with a time limit) and none raises: a doctor that crashes on the broken node it is meant
+to diagnose is no use.
 """
 
 from __future__ import annotations
