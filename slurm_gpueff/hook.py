@@ -9,16 +9,13 @@ A hook that exits non-zero DRAINS the node, so the rules are:
   config, reading the Prolog's state, the collector) runs in a daemon thread joined with a timeout
   (:meth:`HookRun.bounded`). A config that does not load in time gives the defaults; a collector that
   overruns gives an allocation-only record ("collector timed out after N s"). Run as a process
-  (:func:`main`: the console scripts and ``hooks/*``) a watchdog also ends the process with status 0 at
-  the bound, and a stuck thread is abandoned with ``os._exit``.
+  (:func:`main`) a watchdog also ends the process with status 0 at the bound.
 * A finished job's record is never dropped: if the spool is unwritable it goes to a node-local
-  fallback, moved back by a later Epilog (:mod:`slurm_gpueff.spool_fallback`); a job that cannot be
-  recorded at all keeps its environment in the spool's quarantine.
+  fallback (:mod:`slurm_gpueff.spool_fallback`); a job that cannot be recorded at all keeps its
+  environment in the spool's quarantine.
 * Jobs without GPUs (no SLURM_JOB_GPUS / CUDA_VISIBLE_DEVICES) cost nothing: both hooks return before
   even reading the config, and no record is written.
 * Stdlib only and few imports: the hook path must start about as fast as ``python3 -c pass``.
-
-The job's state between the two hooks: :mod:`slurm_gpueff.hook_state`.
 """
 
 from __future__ import annotations
@@ -35,8 +32,7 @@ from . import config as cfgmod
 from . import record as recmod
 from .collectors.base import JobContext, Measurement
 
-# Annotation-only imports: importing typing would slow every Prolog/Epilog's start-up.
-TYPE_CHECKING = False
+TYPE_CHECKING = False  # typing, for annotations only, would slow every Prolog/Epilog's start-up
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
     from typing import Any, NoReturn, TypeVar
@@ -312,7 +308,7 @@ class _Step(threading.Thread):
     def run(self) -> None:
         try:
             self.result = self.work()
-        except BaseException as exc:  # noqa: BLE001 - reported as the reason, never raised
+        except BaseException as exc:  # noqa: BLE001 - becomes the record's reason
             self.error = exc
 
 
@@ -340,8 +336,8 @@ class _Watchdog:
 
 
 def _last_resort(env: Mapping[str, str], cfg: Config | None, reason: str, log: HookLog) -> bool:
-    """Keep what Slurm told us about a job we could not record normally, in the spool's quarantine;
-    True once it is on disk."""
+    """Keep what Slurm told us about a job we could not record, in the spool's quarantine; True once
+    it is on disk."""
     try:
         snapshot = {"error": reason, "written_at": time.time(), "writer": WRITER,
                     "env": {k: v for k, v in env.items() if k.startswith(("SLURM", "CUDA", "GPUEFF"))}}
@@ -391,10 +387,7 @@ def _allocation_only(cfg: Config, jc: JobContext, reason: str) -> Measurement:
 def build_record(job: slurmenv.HookEnv, jc: JobContext, meas: Measurement,
                  reasons: list[str]) -> dict[str, Any]:
     """The spool record (record.py schema) for this job on this node."""
-    parts: list[str] = []
-    for r in (*reasons, meas.reason):
-        if r and r not in parts:
-            parts.append(r)
+    parts = [r for r in dict.fromkeys((*reasons, meas.reason)) if r]
     return {
         "schema": recmod.SCHEMA_VERSION, "cluster": jc.cluster, "node": job.node, "job_id": job.job_id,
         "array_job_id": job.array_job_id, "array_task_id": job.array_task_id,
