@@ -71,12 +71,10 @@ def hook_command(kind: str) -> list[str]:
 
 def prepare(root: str) -> str:
     """Create (or recreate) the demo folder; refuse to wipe a folder the demo did not make."""
-    if os.path.exists(root):
-        if not os.path.exists(os.path.join(root, MARKER)):
-            if os.listdir(root):
-                raise SystemExit(f"gpueff demo: {root} exists and was not made by the demo; use --dir")
-        else:
-            shutil.rmtree(root)
+    if os.path.exists(os.path.join(root, MARKER)):
+        shutil.rmtree(root)
+    elif os.path.exists(root) and os.listdir(root):
+        raise SystemExit(f"gpueff demo: {root} exists and was not made by the demo; use --dir")
     os.makedirs(root, exist_ok=True)
     with open(os.path.join(root, MARKER), "w") as fh:
         fh.write("made by gpueff demo; safe to delete\n")
@@ -162,7 +160,6 @@ def summary(config: Config, job_ids: list[int]) -> str:
 
 
 def run(args: Any) -> int:
-    """Entry point of ``gpueff demo``."""
     from .cli import seff
     from .config import load
     from .storage.db import make_engine
