@@ -86,7 +86,7 @@ def prepare(root: str) -> str:
 
 def slurm_env(config_path: str, job_id: int, user: str, account: str, gpus: int, now: float,
               profile: str, exit_code: int | None) -> dict[str, str]:
-    """What slurmd gives a Prolog/Epilog (see DESIGN/testbed notes), plus the demo's clock and profile."""
+    """What slurmd gives a Prolog/Epilog (slurm_gpueff.slurmenv), plus the demo's clock and profile."""
     env = {
         "SLURM_JOB_ID": str(job_id),
         "SLURM_JOB_USER": user,

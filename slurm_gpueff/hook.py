@@ -64,7 +64,7 @@ class HookLog:
 
             syslog.openlog("slurm-gpueff", syslog.LOG_PID, syslog.LOG_DAEMON)
             self._syslog = syslog
-        except Exception:  # noqa: BLE001, S110 - no syslog module / socket: stderr still works
+        except Exception:  # noqa: BLE001 - no syslog module / socket: stderr still works
             pass
 
     def __call__(self, level: str, msg: str) -> None:

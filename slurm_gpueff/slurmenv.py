@@ -71,11 +71,7 @@ def _int(env: Mapping[str, str], key: str, problems: list[str], minimum: int = 0
 
 
 def parse_gpu_list(value: str | None) -> list[int]:
-    """Indexes in ``"0,1,3"`` (sorted, unique); MIG UUIDs and junk are skipped.
-
-    Same rule as :func:`slurm_gpueff.collectors.base.parse_gpu_list`; kept here because this module
-    sits below ``collectors`` in the layering (tests/test_layering.py).
-    """
+    """Indexes in ``"0,1,3"`` (sorted, unique); MIG UUIDs and junk are skipped."""
     if not value:
         return []
     return sorted({int(p) for p in (part.strip() for part in value.split(",")) if p.isdigit()})
