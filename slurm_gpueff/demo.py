@@ -60,12 +60,9 @@ def hook_command(kind: str) -> list[str]:
     checkout = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "hooks", kind)
     if os.path.isfile(checkout):
         return [sys.executable, checkout]
-    script = os.path.join(os.path.dirname(sys.executable), f"gpueff-{kind}")
-    if os.path.isfile(script):
-        return [script]
-    found = shutil.which(f"gpueff-{kind}")
-    if found:
-        return [found]
+    for script in (os.path.join(os.path.dirname(sys.executable), f"gpueff-{kind}"), shutil.which(f"gpueff-{kind}")):
+        if script and os.path.isfile(script):
+            return [script]
     raise FileNotFoundError(f"cannot find the {kind} hook (hooks/{kind} or gpueff-{kind})")
 
 

@@ -151,10 +151,11 @@ class HookRun:
         job = self.job
         if not job.wants_gpus:
             return  # CPU-only job: nothing to measure, nothing to record (see module docstring)
-        watchdog = _Watchdog(self.log, self.deadline) if _process_mode else None
+        watchdog = self.watchdog() if _process_mode else None
         cfg = self.load_config(config_path)
-        if watchdog is not None:
-            watchdog.set_deadline(self.deadline)
+        if watchdog is not None:  # the config's bound replaces the default one
+            watchdog.cancel()
+            self.watchdog()
         if job.job_id is None:
             reason = "; ".join(job.problems)
             self.log("error", f"cannot identify the job: {reason}")
@@ -181,6 +182,17 @@ class HookRun:
             self.reasons.append(problem)
         self.deadline = self.t0 + float(cfg.collector.hook_timeout_s)
         return cfg
+
+    def watchdog(self) -> threading.Timer:
+        """End the hook *process* with status 0 at the deadline, whatever the main thread is stuck in."""
+        def expire() -> None:
+            self.log("error", "hook reached its time bound (collector.hook_timeout_s); exiting 0 now")
+            os._exit(0)
+
+        timer = threading.Timer(self.deadline - time.monotonic(), expire)
+        timer.daemon = True
+        timer.start()
+        return timer
 
     def budget(self) -> float:
         """Seconds a blocking step may take now, keeping a reserve for writing the record after it."""
@@ -310,29 +322,6 @@ class _Step(threading.Thread):
             self.result = self.work()
         except BaseException as exc:  # noqa: BLE001 - becomes the record's reason
             self.error = exc
-
-
-class _Watchdog:
-    """Ends the hook *process* with status 0 at its deadline, whatever the main thread is stuck in."""
-
-    def __init__(self, log: HookLog, deadline: float):
-        self.log = log
-        self.deadline = deadline
-        self._wake = threading.Event()
-        threading.Thread(target=self._loop, name="gpueff-watchdog", daemon=True).start()
-
-    def set_deadline(self, deadline: float) -> None:
-        self.deadline = deadline
-        self._wake.set()
-
-    def _loop(self) -> None:
-        while True:
-            self._wake.clear()
-            remaining = self.deadline - time.monotonic()
-            if remaining <= 0:
-                self.log("error", "hook reached its time bound (collector.hook_timeout_s); exiting 0 now")
-                os._exit(0)
-            self._wake.wait(remaining)
 
 
 def _last_resort(env: Mapping[str, str], cfg: Config | None, reason: str, log: HookLog) -> bool:

@@ -53,11 +53,7 @@ class HookEnv:
 
 
 def _text(env: Mapping[str, str], key: str) -> str | None:
-    v = env.get(key)
-    if v is None:
-        return None
-    v = v.strip()
-    return v or None
+    return (env.get(key) or "").strip() or None
 
 
 def _int(env: Mapping[str, str], key: str, problems: list[str], minimum: int = 0) -> int | None:
