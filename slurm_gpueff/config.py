@@ -1,18 +1,17 @@
 """Configuration: one TOML file, validated up front with errors that name the file and the key.
 
 One schema: a class per ``[section]``, an annotated attribute per key (its type, its default and, through
-``_key``, what the value must pass). ``Config(data)`` is the one way in: it refuses unknown names, wrong
-types, NaN and infinities, values out of range and keys that cannot work together, so the rest of the
-code uses ``cfg.paths.spool_dir`` as it is. ``etc/gpueff.toml`` documents every key and its range.
+``_key``, what the value must pass). ``Config(data)`` refuses unknown names, wrong types, NaN and
+infinities, values out of range and keys that cannot work together, so the rest of the code uses
+``cfg.paths.spool_dir`` as it is. ``etc/gpueff.toml`` documents every key and its range.
 
-The Slurm hooks load this on every job start and end, so it is stdlib only and light: the sections are
-frozen dataclasses to type checkers (``dataclass_transform``) without the ``dataclasses`` module, whose
-import and code generation would cost a hook more than the rest of its start-up. Annotations are not
-postponed, so the one type checker below reads them as classes.
+The Slurm hooks load this on every job start and end, so it is stdlib only: the sections are frozen
+dataclasses to type checkers (``dataclass_transform``) without the ``dataclasses`` module, whose import
+and code generation would cost a hook more than the rest of its start-up. Annotations are not postponed,
+so ``_typed`` reads them as classes.
 
-Lookup order: ``--config PATH`` > ``$GPUEFF_CONFIG`` > ``/etc/slurm-gpueff/gpueff.toml``. A missing
-default file is not an error (every key has a default, so a node works out of the box); a missing file
-that the user named explicitly is.
+Lookup order: ``--config PATH`` > ``$GPUEFF_CONFIG`` > ``/etc/slurm-gpueff/gpueff.toml``; only the
+default file may be missing (every key has a default, so a node works out of the box).
 """
 
 import math
@@ -21,7 +20,7 @@ import stat
 import tomllib
 import types
 from collections.abc import Callable, Iterable, Mapping
-from typing import ClassVar, NoReturn, TypeVar, cast, dataclass_transform  # free: tomllib imports typing
+from typing import ClassVar, NamedTuple, NoReturn, TypeVar, cast, dataclass_transform  # tomllib imports typing
 
 from .errors import ConfigError
 
@@ -91,14 +90,13 @@ _PORT_OR_OFF = _range(0, 65535, text=" = {v} is not a TCP port (0 = off)")
 _SCHEDULE = _range(1, YEAR, off=True)  # a task of ``gpueff serve``: 0 disables it; under 1 s is a busy loop
 
 
-class _Key:
+class _Key(NamedTuple):
     """A key's default, what its value must pass beyond its type (each item's, for a table or a list)
     and, for a table or a list, the words its error messages use for a valid value."""
 
-    __slots__ = ("default", "check", "what")
-
-    def __init__(self, default: object, check: Check | None = None, what: str = "") -> None:
-        self.default, self.check, self.what = default, check, what
+    default: object
+    check: Check | None = None
+    what: str = ""
 
 
 def _key(default: T, check: Check | None = None, what: str = "") -> T:
@@ -116,7 +114,7 @@ def _read_only(self: object, name: str, value: object = None) -> NoReturn:
 @dataclass_transform(frozen_default=True)
 class Section:
     """Base of the section classes: each annotated class attribute is a key, its value the default (or
-    a ``_key``). Instances are frozen, compare by value and take their keys as keyword arguments."""
+    a ``_key``)."""
 
     KEYS: ClassVar[dict[str, tuple[object, _Key]]]  # key -> (type, _Key), in the class's order
 
@@ -287,8 +285,7 @@ class ServiceConfig(Section):
 
 
 class Config:
-    """The validated configuration, read-only: every section, defaults filled in, ``source`` the file it
-    came from."""
+    """The validated configuration, read-only; ``source`` is the file it came from."""
 
     site: SiteConfig
     paths: PathsConfig
@@ -353,10 +350,8 @@ def _section(cls: type[Section], name: str, given: object, where: str) -> Sectio
 
 
 def _typed(v: object, tp: object, name: str, unit: str, check: Check | None, what: str | None) -> object:
-    """``v`` as type ``tp`` (ints become floats where a float is due), checked; raise _Bad naming the key.
-
-    Containers are checked item by item (the check applies to each item), under ``name.key`` in tables.
-    """
+    """``v`` as type ``tp`` (ints become floats where a float is due), checked item by item in a list or a
+    table (under ``name.key``); raise _Bad naming the key."""
     origin: object = getattr(tp, "__origin__", None)
     args: tuple[object, ...] = getattr(tp, "__args__", ())
     if origin is list and isinstance(v, list):
@@ -423,21 +418,17 @@ def _hint(word: str, choices: Iterable[str]) -> str:
 
 
 def config_path(explicit: str | None = None) -> tuple[str, bool]:
-    """Return (path, was_named): named paths must exist, the default one may be absent."""
-    if explicit:
-        return explicit, True
-    env = os.environ.get(ENV_VAR)
-    if env:
-        return env, True
-    return DEFAULT_PATH, False
+    """(path, was_named): named paths must exist, the default one may be absent."""
+    named = explicit or os.environ.get(ENV_VAR)
+    return (named, True) if named else (DEFAULT_PATH, False)
 
 
 def read(path: str) -> dict[str, object]:
     """The TOML table in ``path``; ConfigError naming the path for anything but a readable UTF-8 TOML file
     (FileNotFoundError passes through: whether that is an error is the caller's call).
 
-    Opened with O_NONBLOCK and checked to be a regular file before reading: a plain open() of a FIFO
-    waits for a writer, and a device can read forever; a hook must not hang on a misplaced config.
+    Opened with O_NONBLOCK and read only if a regular file: a plain open() of a FIFO waits for a writer,
+    and a device can read forever; a hook must not hang on a misplaced config.
     """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -468,7 +459,7 @@ def read(path: str) -> dict[str, object]:
 
 
 def load(explicit: str | None = None) -> Config:
-    """Load and validate the config; raise ConfigError with a one-line explanation on any problem."""
+    """The validated config; ConfigError with a one-line explanation on any problem."""
     path, named = config_path(explicit)
     try:
         data = read(path)

@@ -60,23 +60,18 @@ def hook_command(kind: str) -> list[str]:
     checkout = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "hooks", kind)
     if os.path.isfile(checkout):
         return [sys.executable, checkout]
-    script = os.path.join(os.path.dirname(sys.executable), f"gpueff-{kind}")
-    if os.path.isfile(script):
-        return [script]
-    found = shutil.which(f"gpueff-{kind}")
-    if found:
-        return [found]
+    for script in (os.path.join(os.path.dirname(sys.executable), f"gpueff-{kind}"), shutil.which(f"gpueff-{kind}")):
+        if script and os.path.isfile(script):
+            return [script]
     raise FileNotFoundError(f"cannot find the {kind} hook (hooks/{kind} or gpueff-{kind})")
 
 
 def prepare(root: str) -> str:
     """Create (or recreate) the demo folder; refuse to wipe a folder the demo did not make."""
-    if os.path.exists(root):
-        if not os.path.exists(os.path.join(root, MARKER)):
-            if os.listdir(root):
-                raise SystemExit(f"gpueff demo: {root} exists and was not made by the demo; use --dir")
-        else:
-            shutil.rmtree(root)
+    if os.path.exists(os.path.join(root, MARKER)):
+        shutil.rmtree(root)
+    elif os.path.exists(root) and os.listdir(root):
+        raise SystemExit(f"gpueff demo: {root} exists and was not made by the demo; use --dir")
     os.makedirs(root, exist_ok=True)
     with open(os.path.join(root, MARKER), "w") as fh:
         fh.write("made by gpueff demo; safe to delete\n")
@@ -88,7 +83,7 @@ def prepare(root: str) -> str:
 
 def slurm_env(config_path: str, job_id: int, user: str, account: str, gpus: int, now: float,
               profile: str, exit_code: int | None) -> dict[str, str]:
-    """What slurmd gives a Prolog/Epilog (see DESIGN/testbed notes), plus the demo's clock and profile."""
+    """What slurmd gives a Prolog/Epilog (slurm_gpueff.slurmenv), plus the demo's clock and profile."""
     env = {
         "SLURM_JOB_ID": str(job_id),
         "SLURM_JOB_USER": user,
@@ -162,7 +157,6 @@ def summary(config: Config, job_ids: list[int]) -> str:
 
 
 def run(args: Any) -> int:
-    """Entry point of ``gpueff demo``."""
     from .cli import seff
     from .config import load
     from .storage.db import make_engine

@@ -1,14 +1,9 @@
-"""``gpueff doctor``: what this node has, line by line, PASS / WARN / FAIL.
+"""``gpueff doctor``: what this node offers and which backend the hooks will use, PASS / WARN / FAIL.
 
-An admin installing slurm-gpueff (or wondering why a job's card reads "n/a") needs one command that says
-what the node offers and which backend the hooks will use: NVML and the GPUs (with GPM and MIG), the
-driver's /proc identity table the hooks map Slurm indexes with, DCGM's bindings, version and
-hostengine, the gpueff agent's freshness, the Slurm Prolog/Epilog lines, the spool and state
-directories, and the database. FAIL is reserved for what breaks the configured setup (e.g. no
-hostengine with ``backend = "dcgm"``); what merely limits it is WARN. Exit status 1 if any line FAILs.
-
-Every probe is bounded (short timeouts, subprocesses with a time limit) and none raises: a doctor that
-crashes on the broken node it is meant to diagnose is no use.
+FAIL is reserved for what breaks the configured setup (e.g. no hostengine with ``backend = "dcgm"``);
+what merely limits it is WARN; exit status 1 if any line FAILs. Every probe is bounded (short timeouts,
+subprocesses with a time limit) and none raises: a doctor that crashes on the broken node it is meant
+to diagnose is no use.
 """
 
 from __future__ import annotations
@@ -19,7 +14,7 @@ import shutil
 import stat
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from .config import Config
@@ -50,14 +45,6 @@ class Report:
                           indent=1)
 
 
-def _guard(rep: Report, check: str, fn: Callable[[], None]) -> None:
-    try:
-        fn()
-    except Exception as exc:  # noqa: BLE001 - a probe that crashes is itself a finding
-        rep.add(FAIL, check, f"check crashed: {type(exc).__name__}: {exc}")
-
-
-# --------------------------------------------------------------------------------------------------
 def check_nvml(rep: Report, cfg: Config) -> None:
     must = cfg.collector.backend == "nvml"
     try:
@@ -135,19 +122,19 @@ def check_dcgm(rep: Report, cfg: Config) -> None:
 
     must = cfg.collector.backend == "dcgm"
     bad = FAIL if must else WARN
+    b: dcgmb.Bindings | None = None
     try:
-        b = dcgmb.import_bindings(cfg.dcgm.bindings_path)
+        found = dcgmb.import_bindings(cfg.dcgm.bindings_path)
     except dcgmb.DcgmUnavailable as exc:
         rep.add(bad, "dcgm bindings", str(exc))
-        b = None
     else:
         try:
-            b.structs._dcgmInit()
-            ver = dcgmb.version(b)
-            rep.add(PASS, "dcgm bindings", f"{b.path} (DCGM {ver or 'version unknown'})")
+            found.structs._dcgmInit()
+            ver = dcgmb.version(found)
+            rep.add(PASS, "dcgm bindings", f"{found.path} (DCGM {ver or 'version unknown'})")
+            b = found
         except Exception as exc:  # noqa: BLE001 - libdcgm missing etc.
-            rep.add(bad, "dcgm bindings", f"{b.path}: library not loadable: {dcgmb.describe(exc)}")
-            b = None
+            rep.add(bad, "dcgm bindings", f"{found.path}: library not loadable: {dcgmb.describe(exc)}")
     why = dcgmb.probe(cfg.dcgm.hostengine, cfg.dcgm.connect_timeout_s)
     if why:
         rep.add(bad, "dcgm hostengine", why)
@@ -200,33 +187,30 @@ def check_agent(rep: Report, cfg: Config) -> None:
         rep.add(PASS, "agent", f"pid {st.get('pid')}, {gpus} GPU(s), updated {age:.1f} s ago")
 
 
-def slurm_config(run: Callable[..., Any] = subprocess.run) -> tuple[str | None, dict[str, str]]:
+def slurm_config() -> tuple[str | None, dict[str, str]]:
     """(source, {Prolog, Epilog, PrologFlags}) from ``scontrol show config``, else slurm.conf."""
-    keys = ("Prolog", "Epilog", "PrologFlags")
     exe = shutil.which("scontrol")
     if exe:
         try:
-            p = run([exe, "show", "config"], capture_output=True, text=True, timeout=10)
+            p = subprocess.run([exe, "show", "config"], capture_output=True, text=True, timeout=10)
             if p.returncode == 0:
-                out = {}
-                for line in p.stdout.splitlines():
-                    k, sep, v = line.partition("=")
-                    if sep and k.strip() in keys:
-                        out[k.strip()] = v.strip()
-                return "scontrol show config", out
+                return "scontrol show config", _hook_keys(p.stdout.splitlines())
         except (OSError, subprocess.SubprocessError):
             pass
     for path in (os.environ.get("SLURM_CONF") or "", "/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf"):
         if path and os.path.isfile(path):
-            out = {}
             with open(path, errors="replace") as fh:
-                for line in fh:
-                    line = line.split("#", 1)[0].strip()
-                    k, sep, v = line.partition("=")
-                    if sep and k.strip() in keys:
-                        out[k.strip()] = v.strip()
-            return path, out
+                return path, _hook_keys(line.split("#", 1)[0] for line in fh)
     return None, {}
+
+
+def _hook_keys(lines: Iterable[str]) -> dict[str, str]:
+    out = {}
+    for line in lines:
+        k, sep, v = line.partition("=")
+        if sep and k.strip() in ("Prolog", "Epilog", "PrologFlags"):
+            out[k.strip()] = v.strip()
+    return out
 
 
 def check_slurm(rep: Report, cfg: Config) -> None:
@@ -238,13 +222,16 @@ def check_slurm(rep: Report, cfg: Config) -> None:
         v = conf.get(key)
         if not v or v == "(null)":
             rep.add(FAIL, f"slurm {key}", f"not set ({source}); see etc/slurm.conf.snippet")
+        elif "gpueff" in v:
+            rep.add(PASS, f"slurm {key}", f"{v} ({source})")
         else:
-            rep.add(PASS if "gpueff" in v else WARN, f"slurm {key}",
-                    f"{v} ({source})" + ("" if "gpueff" in v else ": does not look like slurm-gpueff's hook"))
+            rep.add(WARN, f"slurm {key}", f"{v} ({source}): does not look like slurm-gpueff's hook")
     flags = conf.get("PrologFlags", "")
-    rep.add(PASS if "alloc" in flags.lower() else WARN, "slurm PrologFlags",
-            f"{flags or '(none)'}" + ("" if "alloc" in flags.lower()
-                                      else ": add Alloc so the Prolog runs at allocation, before the job"))
+    if "alloc" in flags.lower():
+        rep.add(PASS, "slurm PrologFlags", flags)
+    else:
+        rep.add(WARN, "slurm PrologFlags", f"{flags or '(none)'}: add Alloc so the Prolog runs at allocation, "
+                                           "before the job")
 
 
 def _dir_check(rep: Report, check: str, path: str, private: bool) -> None:
@@ -279,7 +266,8 @@ def check_dirs(rep: Report, cfg: Config) -> None:
 def check_db(rep: Report, cfg: Config) -> None:
     from sqlalchemy import text
 
-    from .storage.db import database_url, make_engine
+    from .storage.db import make_engine
+    from .storage.dburl import database_url
 
     url = database_url(cfg.paths.database)
     if url.startswith("sqlite") and "///" in url:
@@ -306,7 +294,10 @@ CHECKS: tuple[tuple[str, Callable[[Report, Config], None]], ...] = (
 def run(cfg: Config, as_json: bool = False) -> int:
     rep = Report()
     rep.add(PASS, "config", f"{cfg.source}: collector.backend = {cfg.collector.backend!r}")
-    for name, fn in CHECKS:
-        _guard(rep, name, lambda fn=fn: fn(rep, cfg))
+    for name, check in CHECKS:
+        try:
+            check(rep, cfg)
+        except Exception as exc:  # noqa: BLE001 - a probe that crashes is itself a finding
+            rep.add(FAIL, name, f"check crashed: {type(exc).__name__}: {exc}")
     print(rep.as_json() if as_json else rep.text())
     return 1 if rep.failures else 0

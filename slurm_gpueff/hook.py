@@ -9,16 +9,13 @@ A hook that exits non-zero DRAINS the node, so the rules are:
   config, reading the Prolog's state, the collector) runs in a daemon thread joined with a timeout
   (:meth:`HookRun.bounded`). A config that does not load in time gives the defaults; a collector that
   overruns gives an allocation-only record ("collector timed out after N s"). Run as a process
-  (:func:`main`: the console scripts and ``hooks/*``) a watchdog also ends the process with status 0 at
-  the bound, and a stuck thread is abandoned with ``os._exit``.
+  (:func:`main`) a watchdog also ends the process with status 0 at the bound.
 * A finished job's record is never dropped: if the spool is unwritable it goes to a node-local
-  fallback, moved back by a later Epilog (:mod:`slurm_gpueff.spool_fallback`); a job that cannot be
-  recorded at all keeps its environment in the spool's quarantine.
+  fallback (:mod:`slurm_gpueff.spool_fallback`); a job that cannot be recorded at all keeps its
+  environment in the spool's quarantine.
 * Jobs without GPUs (no SLURM_JOB_GPUS / CUDA_VISIBLE_DEVICES) cost nothing: both hooks return before
   even reading the config, and no record is written.
 * Stdlib only and few imports: the hook path must start about as fast as ``python3 -c pass``.
-
-The job's state between the two hooks: :mod:`slurm_gpueff.hook_state`.
 """
 
 from __future__ import annotations
@@ -35,8 +32,7 @@ from . import config as cfgmod
 from . import record as recmod
 from .collectors.base import JobContext, Measurement
 
-# Annotation-only imports: importing typing would slow every Prolog/Epilog's start-up.
-TYPE_CHECKING = False
+TYPE_CHECKING = False  # typing, for annotations only, would slow every Prolog/Epilog's start-up
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
     from typing import Any, NoReturn, TypeVar
@@ -49,17 +45,13 @@ if TYPE_CHECKING:
 WRITER = f"slurm-gpueff {__version__}"
 KINDS = ("prolog", "epilog")
 
-# Set when a step's thread is still running after its bound: the process must then leave with
-# os._exit (interpreter shutdown could wait on whatever the thread is blocked in).
-_stuck = False
-# Set by main(): arm the watchdog that ends the *process* at the bound (never in-process callers).
-_process_mode = False
+_stuck = False  # a step's thread outlived its bound: main() must leave with os._exit
+_process_mode = False  # set by main(): arm the watchdog that ends the *process* (never in-process callers)
 
 
-# --------------------------------------------------------------------------------------------------
-# logging: syslog (LOG_DAEMON) for the site's log collection, stderr for a person running it by hand
 class HookLog:
-    """Log to syslog and (warnings and errors) to stderr; never raises, works without /dev/log."""
+    """Log to syslog (LOG_DAEMON, for the site's log collection) and warnings and errors to stderr (for a
+    person running it by hand); never raises, works without /dev/log."""
 
     _PRIO = {"info": 6, "warning": 4, "error": 3}  # LOG_INFO, LOG_WARNING, LOG_ERR
 
@@ -73,7 +65,7 @@ class HookLog:
             syslog.openlog("slurm-gpueff", syslog.LOG_PID, syslog.LOG_DAEMON)
             self._syslog = syslog
         except Exception:  # noqa: BLE001 - no syslog module / socket: stderr still works
-            self._syslog = None
+            pass
 
     def __call__(self, level: str, msg: str) -> None:
         line = f"{self.kind}: {msg}"
@@ -91,8 +83,6 @@ class HookLog:
                 pass
 
 
-# --------------------------------------------------------------------------------------------------
-# entry points
 def run(kind: str, env: Mapping[str, str] | None = None, config_path: str | None = None) -> int:
     """Run the ``prolog`` or ``epilog`` hook for the job described by ``env``; always returns 0."""
     log = HookLog(kind)
@@ -113,14 +103,11 @@ def run(kind: str, env: Mapping[str, str] | None = None, config_path: str | None
 
 
 def main(kind: str, config_path: str | None = None) -> NoReturn:
-    """Process entry point (console scripts, hooks/*, ``gpueff hook``): run, then exit 0 at once."""
+    """Process entry point (console scripts, hooks/*, ``gpueff hook``): run, then exit 0 at once, with
+    ``os._exit`` when a step's thread is stuck (interpreter shutdown could wait on it)."""
     global _process_mode
     _process_mode = True
-    finish(run(kind, config_path=config_path))
-
-
-def finish(code: int) -> NoReturn:
-    """Exit with ``code``; with ``os._exit`` when a step's thread is stuck (it must not hold us)."""
+    code = run(kind, config_path=config_path)
     if _stuck:
         for stream in (sys.stdout, sys.stderr):
             try:  # noqa: SIM105
@@ -139,8 +126,6 @@ def epilog_main() -> NoReturn:
     main("epilog")
 
 
-# --------------------------------------------------------------------------------------------------
-# one hook run
 class HookRun:
     """One Prolog or Epilog run: the job, its config, its deadline, and what each step found.
 
@@ -151,11 +136,11 @@ class HookRun:
     def __init__(self, kind: str, env: dict[str, str], log: HookLog):
         self.t0 = time.monotonic()
         self.kind, self.env, self.log = kind, env, log
-        self.job = slurmenv.parse(env)  # never raises: problems are kept in job.problems
+        self.job = slurmenv.parse(env)
         # The default bound until the config is loaded: loading it can block too (a hung filesystem).
         self.deadline = self.t0 + float(cfgmod.Config().collector.hook_timeout_s)
         self.cfg: Config | None = None
-        self.reasons: list[str] = []  # for the record's reason, in order
+        self.reasons: list[str] = []  # for the record's reason
         self.backend: str | None = None  # the collector's name, once chosen
         self.saved: dict[str, Any] | None = None  # the Prolog's state (Epilog)
         self.state_problem: str | None = None
@@ -166,10 +151,11 @@ class HookRun:
         job = self.job
         if not job.wants_gpus:
             return  # CPU-only job: nothing to measure, nothing to record (see module docstring)
-        watchdog = _Watchdog(self.log, self.deadline) if _process_mode else None
+        watchdog = self.watchdog() if _process_mode else None
         cfg = self.load_config(config_path)
-        if watchdog is not None:
-            watchdog.set_deadline(self.deadline)
+        if watchdog is not None:  # the config's bound replaces the default one
+            watchdog.cancel()
+            self.watchdog()
         if job.job_id is None:
             reason = "; ".join(job.problems)
             self.log("error", f"cannot identify the job: {reason}")
@@ -196,6 +182,17 @@ class HookRun:
             self.reasons.append(problem)
         self.deadline = self.t0 + float(cfg.collector.hook_timeout_s)
         return cfg
+
+    def watchdog(self) -> threading.Timer:
+        """End the hook *process* with status 0 at the deadline, whatever the main thread is stuck in."""
+        def expire() -> None:
+            self.log("error", "hook reached its time bound (collector.hook_timeout_s); exiting 0 now")
+            os._exit(0)
+
+        timer = threading.Timer(self.deadline - time.monotonic(), expire)
+        timer.daemon = True
+        timer.start()
+        return timer
 
     def budget(self) -> float:
         """Seconds a blocking step may take now, keeping a reserve for writing the record after it."""
@@ -226,8 +223,7 @@ class HookRun:
         return None, f"collector {self.backend or cfg.collector.backend} {err}"
 
     def job_context(self, cfg: Config, gpus: list[int], start: float | None, end: float | None) -> JobContext:
-        job = self.job
-        return JobContext(job.job_id or 0, job.node, job.cluster or cfg.site.cluster, list(gpus),
+        return JobContext(self.job.job_id or 0, self.job.node, self.job.cluster or cfg.site.cluster, list(gpus),
                           start_time=start, end_time=end, env=self.env)
 
     def prolog(self, cfg: Config, job_id: int) -> None:
@@ -324,38 +320,13 @@ class _Step(threading.Thread):
     def run(self) -> None:
         try:
             self.result = self.work()
-        except BaseException as exc:  # noqa: BLE001 - reported as the reason, never raised
+        except BaseException as exc:  # noqa: BLE001 - becomes the record's reason
             self.error = exc
 
 
-class _Watchdog:
-    """Ends the hook *process* with status 0 at its deadline, whatever the main thread is stuck in."""
-
-    def __init__(self, log: HookLog, deadline: float):
-        self.log = log
-        self.deadline = deadline
-        self._wake = threading.Event()
-        threading.Thread(target=self._loop, name="gpueff-watchdog", daemon=True).start()
-
-    def set_deadline(self, deadline: float) -> None:
-        self.deadline = deadline
-        self._wake.set()
-
-    def _loop(self) -> None:
-        while True:
-            self._wake.clear()
-            remaining = self.deadline - time.monotonic()
-            if remaining <= 0:
-                self.log("error", "hook reached its time bound (collector.hook_timeout_s); exiting 0 now")
-                os._exit(0)
-            self._wake.wait(remaining)
-
-
-# --------------------------------------------------------------------------------------------------
-# pieces
 def _last_resort(env: Mapping[str, str], cfg: Config | None, reason: str, log: HookLog) -> bool:
-    """Keep what Slurm told us about a job we could not record normally, in the spool's quarantine;
-    True once it is on disk."""
+    """Keep what Slurm told us about a job we could not record, in the spool's quarantine; True once
+    it is on disk."""
     try:
         snapshot = {"error": reason, "written_at": time.time(), "writer": WRITER,
                     "env": {k: v for k, v in env.items() if k.startswith(("SLURM", "CUDA", "GPUEFF"))}}
@@ -405,10 +376,7 @@ def _allocation_only(cfg: Config, jc: JobContext, reason: str) -> Measurement:
 def build_record(job: slurmenv.HookEnv, jc: JobContext, meas: Measurement,
                  reasons: list[str]) -> dict[str, Any]:
     """The spool record (record.py schema) for this job on this node."""
-    parts: list[str] = []
-    for r in (*reasons, meas.reason):
-        if r and r not in parts:
-            parts.append(r)
+    parts = [r for r in dict.fromkeys((*reasons, meas.reason)) if r]
     return {
         "schema": recmod.SCHEMA_VERSION, "cluster": jc.cluster, "node": job.node, "job_id": job.job_id,
         "array_job_id": job.array_job_id, "array_task_id": job.array_task_id,

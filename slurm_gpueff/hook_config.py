@@ -8,7 +8,6 @@ the record's reason. Stdlib only (hook path).
 from __future__ import annotations
 
 import os
-import stat
 
 from . import config as cfgmod
 
@@ -22,11 +21,8 @@ if TYPE_CHECKING:
 
 def load_config(config_path: str | None, env: Mapping[str, str],
                 log: Callable[[str, str], None]) -> tuple[Config, str | None]:
-    """The config (explicit path > $GPUEFF_CONFIG in ``env`` > default file > built-in defaults).
-
-    A broken config must not lose the job: keep every setting that is valid on its own, use defaults
-    for the rest, and return the problem so it lands in the record's reason.
-    """
+    """The config (explicit path > $GPUEFF_CONFIG in ``env`` > default file > built-in defaults) and
+    the problem that made it fall back to defaults, if any."""
     path = config_path or env.get(cfgmod.ENV_VAR) or None
     try:
         if path:
@@ -43,11 +39,8 @@ def load_config(config_path: str | None, env: Mapping[str, str],
 
 def salvage(path: str) -> Config:
     """Every setting of a broken config file that is valid on its own (paths above all)."""
-    import tomllib
-
-    try:  # opened without blocking and read only if it is a regular file: never wait on a FIFO
-        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as fh:
-            data = tomllib.load(fh) if stat.S_ISREG(os.fstat(fh.fileno()).st_mode) else {}
+    try:  # read() never waits on a FIFO
+        data = cfgmod.read(path)
     except Exception:  # noqa: BLE001
         data = {}
     good: dict[str, dict[str, Any]] = {}

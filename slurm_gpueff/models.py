@@ -1,11 +1,9 @@
 """The data model (SQLModel tables): one ``job`` row per Slurm job, one ``job_gpu`` row per job GPU.
 
-Design notes, so later migrations (Alembic) and PostgreSQL stay easy:
-- explicit table names and a constraint naming convention (Alembic needs stable names);
+- explicit table names and a constraint naming convention: Alembic needs stable names;
 - times are timezone-naive UTC ``DateTime`` (identical on SQLite and PostgreSQL);
-- job ids are BigInteger; the natural key is (cluster, job_id) where job_id is Slurm's raw id
-  (JobIDRaw): an array task or a heterogeneous component has its own raw id, and the array/het ids
-  are extra columns so ``123_4`` and ``123+1`` can be looked up;
+- a job's natural key is (cluster, job_id), job_id being Slurm's raw id (JobIDRaw): an array task or a
+  het component has its own; the array/het ids are extra columns so ``123_4`` and ``123+1`` resolve;
 - a job GPU's natural key is (job, node, gpu_index): re-ingesting one node's record replaces its rows;
 - every measured figure is nullable: NULL means "not measured" (see ``missing`` for why), never 0.
 """
@@ -32,7 +30,7 @@ UTC_NAIVE = DateTime(timezone=False)
 
 
 class Job(SQLModel, table=True):
-    """A Slurm job that had (or should have had) GPUs. Times are naive UTC."""
+    """A Slurm job that had (or should have had) GPUs."""
 
     __tablename__ = "job"
     __table_args__ = (UniqueConstraint("cluster", "job_id", name="uq_job_cluster_job_id"),)
@@ -65,9 +63,8 @@ class Job(SQLModel, table=True):
     record_source: str = Field(default="hook", max_length=16)
     enriched: bool = False
     ingested_at: datetime | None = Field(default=None, sa_type=UTC_NAIVE)
-    # --- The job's summary, written by slurm_gpueff.summarize from the analysis, so rollups, reports and
-    # Prometheus aggregate in SQL. NULL until analysed (analyzed_at NULL = needs (re)analysis: ingest and
-    # enrichment reset it). A NULL part means "unknown", exactly as in the analysis; never 0 for unknown.
+    # The job's summary, written by slurm_gpueff.summarize, so rollups, reports and Prometheus aggregate
+    # in SQL. analyzed_at NULL = needs (re)analysis (ingest and enrichment reset it); NULL parts: unknown.
     gpu_hours: float | None = None
     idle_gpu_hours: float | None = None
     underfilled_gpu_hours: float | None = None
@@ -126,7 +123,7 @@ class JobGpu(SQLModel, table=True):
 
 
 class JobGpuTimeline(SQLModel, table=True):
-    """Coarse timeline of one job GPU (kept apart so retention can drop it without touching figures)."""
+    """Coarse timeline of one job GPU, kept apart so retention can drop it without touching figures."""
 
     __tablename__ = "job_gpu_timeline"
 
@@ -138,11 +135,10 @@ class ReportLog(SQLModel, table=True):
     """The reports' sent-log: one row per message (a job's card, a monthly summary), so none goes twice.
 
     ``subject`` is the message's natural key (``card``: ``<cluster>:<raw job id>``; ``monthly``:
-    ``<YYYY-MM>:<account or *>``); it is unique per ``kind`` and ``dry_run``, so a dry run never blocks a
-    real send and neither ever repeats. The row is claimed (status ``sending``) and committed *before*
-    the SMTP conversation: two runners cannot both send. ``failed`` rows are retried from the archived
-    ``.eml`` (``archive``) after ``next_try_at``; ``skipped`` rows say why no card went (opt-out, rate
-    limit, no address). Written by slurm_gpueff.reports.
+    ``<YYYY-MM>:<account or *>``), unique per ``kind`` and ``dry_run``: a dry run never blocks a real
+    send. The row is claimed (status ``sending``) and committed *before* the SMTP conversation, so two
+    runners cannot both send. ``failed`` rows are retried from the archived ``.eml`` after
+    ``next_try_at``; ``skipped`` rows say why no card went (opt-out, rate limit, no address).
     """
 
     __tablename__ = "report_log"
@@ -175,13 +171,10 @@ class ReportOptOut(SQLModel, table=True):
 
 
 class UsageRollup(SQLModel, table=True):
-    """Per-day and per-month sums of the job summaries, by (cluster, user, account, verdict).
-
-    Written by slurm_gpueff.storage.rollups with INSERT ... SELECT ... GROUP BY; per-user,
-    per-account and site totals are GROUP BYs over these few rows instead of over every job. A job
-    counts on the UTC day (and month) it ended. A sum is NULL when no job of the group had that figure
-    measured; ``*_measured_gpu_hours`` are the GPU-hours behind each sum (the right denominator for a
-    percentage when only some jobs were measured).
+    """Per-day and per-month sums of the job summaries, by (cluster, user, account, verdict), so totals
+    group these few rows instead of every job. A job counts on the UTC day (and month) it ended. A sum is
+    NULL when no job of the group had that figure measured; ``*_measured_gpu_hours`` are the GPU-hours
+    behind each sum (the right denominator when only some jobs were measured).
     """
 
     __tablename__ = "usage_rollup"
@@ -210,10 +203,9 @@ class UsageRollup(SQLModel, table=True):
 class RollupPending(SQLModel, table=True):
     """Months whose rollups must be recomputed although no job in them was analysed since the last refresh.
 
-    A job whose end time moves to another month (sacct enrichment correcting it, ingest merging a later
-    node record) leaves its *old* month: the writer that moves it notes that month here in the same
-    transaction (slurm_gpueff.storage.rollups.note_moved); the next refresh recomputes it and removes the
-    row in the transaction that recomputes it. ``noted_at`` is when it was first noted (naive UTC).
+    A job whose end time moves to another month (enrichment correcting it, a later node record) leaves
+    its *old* month stale: the writer that moves it notes that month here in the same transaction
+    (storage.rollups.note_moved); the refresh that recomputes the month removes the row.
     """
 
     __tablename__ = "rollup_pending"

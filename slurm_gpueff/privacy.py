@@ -4,7 +4,6 @@ A user other than root sees only their own jobs (matched by uid, else by user na
 ``[privacy] admins`` names them or the site sets ``[privacy] enabled = false``. This is enforced by
 the commands (seff-gpu); a site that needs it enforced against people reading the database file
 directly keeps the database readable only by a service account (or uses PostgreSQL roles).
-Stdlib only.
 """
 
 from __future__ import annotations
@@ -14,15 +13,7 @@ import pwd
 from collections.abc import Sequence
 from typing import Protocol, TypeVar
 
-
-class PrivacyRules(Protocol):
-    """The ``[privacy]`` section of the config."""
-
-    @property
-    def enabled(self) -> bool: ...
-
-    @property
-    def admins(self) -> Sequence[str]: ...
+from .config import PrivacyConfig
 
 
 class Owned(Protocol):
@@ -48,7 +39,7 @@ def current_user() -> tuple[int, str | None]:
         return uid, None
 
 
-def sees_everything(privacy: PrivacyRules, uid: int, name: str | None) -> bool:
+def sees_everything(privacy: PrivacyConfig, uid: int, name: str | None) -> bool:
     """True for root, for configured admins, and for everyone when privacy is off."""
     return uid == 0 or not privacy.enabled or (name is not None and name in privacy.admins)
 
@@ -59,7 +50,7 @@ def owns(job: Owned, uid: int, name: str | None) -> bool:
     return name is not None and job.user == name
 
 
-def visible(found: Sequence[tuple[_Job, _Gpus]], privacy: PrivacyRules, uid: int | None = None,
+def visible(found: Sequence[tuple[_Job, _Gpus]], privacy: PrivacyConfig, uid: int | None = None,
             name: str | None = None) -> tuple[list[tuple[_Job, _Gpus]], int]:
     """(the (job, gpus) pairs this user may see, how many were hidden)."""
     if uid is None:

@@ -25,7 +25,6 @@ import math
 
 from .errors import RecordError
 
-# Annotation-only imports.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, TypeGuard
@@ -33,16 +32,8 @@ if TYPE_CHECKING:
 SCHEMA_VERSION = 1
 
 # Time-weighted mean fractions in [0, 1].
-FRACTIONS = (
-    "kernel_active",
-    "sm_active",
-    "sm_occupancy",
-    "tensor_active",
-    "dram_active",
-    "fp64_active",
-    "fp32_active",
-    "fp16_active",
-)
+FRACTIONS = ("kernel_active", "sm_active", "sm_occupancy", "tensor_active", "dram_active", "fp64_active",
+             "fp32_active", "fp16_active")
 # Other per-GPU measurements (non-negative numbers).
 QUANTITIES = ("memory_used_peak_bytes", "energy_j", "power_mean_w")
 METRICS = FRACTIONS + QUANTITIES
@@ -70,16 +61,9 @@ def _is_number(v: object) -> TypeGuard[int | float]:
 
 def empty_gpu(index: int, source: str, reason: str | None = None, **ident: Any) -> dict[str, Any]:
     """A GPU entry with nothing measured; every metric None with the same reason."""
-    gpu: dict[str, Any] = {"index": index, "minor": None, "uuid": None, "pci_bus_id": None, "model": None,
-                           "memory_total_bytes": None}
-    gpu.update(ident)
-    for m in METRICS:
-        gpu[m] = None
-    gpu["samples"] = 0
-    gpu["source"] = source
-    gpu["missing"] = {m: reason for m in METRICS} if reason else {}
-    gpu["timeline"] = []
-    return gpu
+    return {"index": index, "minor": None, "uuid": None, "pci_bus_id": None, "model": None,
+            "memory_total_bytes": None, **ident, **dict.fromkeys(METRICS), "samples": 0, "source": source,
+            "missing": dict.fromkeys(METRICS, reason) if reason else {}, "timeline": []}
 
 
 def validate(rec: object) -> dict[str, Any]:

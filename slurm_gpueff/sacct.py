@@ -29,13 +29,10 @@ import subprocess
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .config import Config
 from .errors import GpueffError
-
-if TYPE_CHECKING:
-    from .config import Config
 
 # The job fields asked of ``sacct -P``; JobName last because it may contain the delimiter.
 PARSABLE_FIELDS = ("JobIDRaw", "JobID", "Cluster", "User", "UID", "Account", "Partition", "QOS", "NodeList",
@@ -46,8 +43,7 @@ BROKEN_JSON_EXIT_PLUGINS = ("openapi/dbv0.0.38", "openapi/dbv0.0.37", "openapi/d
 ACTIVE_STATES = frozenset({"PENDING", "RUNNING", "SUSPENDED", "REQUEUED", "RESIZING", "COMPLETING",
                            "CONFIGURING", "REQUEUE_FED", "REQUEUE_HOLD", "SPECIAL_EXIT", "STAGE_OUT",
                            "SIGNALING", "STOPPED"})
-# sacct -s codes of every final state (backfill looks for finished jobs only)
-FINAL_STATE_CODES = "BF,CA,CD,DL,F,NF,OOM,PR,TO"
+FINAL_STATE_CODES = "BF,CA,CD,DL,F,NF,OOM,PR,TO"  # sacct -s codes of every final state
 _NONE_TEXT = {"", "None", "Unknown", "None assigned", "(null)"}
 
 
@@ -89,7 +85,6 @@ class SacctJob:
 
     @property
     def final(self) -> bool:
-        """True when the job has finished (its record will not change any more)."""
         return self.state is not None and self.state not in ACTIVE_STATES
 
     @property
@@ -97,10 +92,7 @@ class SacctJob:
         return expand_hostlist(self.nodelist)
 
 
-# --------------------------------------------------------------------------------------------------
-# small parsers
 def state_word(text: str | None) -> str | None:
-    """``"CANCELLED by 0"`` -> ``"CANCELLED"``; None for empty text."""
     if not text:
         return None
     return text.split()[0].upper() or None
@@ -140,7 +132,7 @@ def parse_tres(text: str | None) -> tuple[int, str | None]:
 
 
 def _count(value: str) -> int | None:
-    """TRES counts are integers, sometimes with a unit suffix for memory-like TRES (ignored here)."""
+    """TRES counts are integers (memory-like TRES carry a unit suffix: not GPUs, ignored)."""
     value = value.strip()
     return int(value) if value.isdigit() else None
 
@@ -171,7 +163,7 @@ def expand_hostlist(text: str | None) -> list[str]:
 
 
 def _split_top(text: str) -> list[str]:
-    """Split on commas outside brackets."""
+    """Split on the commas outside brackets."""
     parts: list[str] = []
     cur: list[str] = []
     depth = 0
@@ -228,8 +220,6 @@ def _int(value: object) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-# --------------------------------------------------------------------------------------------------
-# output parsers (pure functions: unit-tested on captured output)
 def parse_json(text: str) -> tuple[list[SacctJob], dict[str, Any]]:
     """Jobs and the ``meta`` block from ``sacct --json`` output. Steps are ignored (-X semantics)."""
     try:
@@ -252,7 +242,6 @@ def parse_json(text: str) -> tuple[list[SacctJob], dict[str, Any]]:
 
 
 def _obj(value: object) -> dict[str, Any]:
-    """A JSON object, or {} for anything else (absent, null, another type)."""
     return value if isinstance(value, dict) else {}
 
 
@@ -347,8 +336,6 @@ def parse_exit_codes(text: str, delimiter: str = "|") -> dict[int, tuple[int | N
     return out
 
 
-# --------------------------------------------------------------------------------------------------
-# running sacct
 def slurm_time(epoch: float) -> str:
     """An epoch as sacct's -S/-E expect it (local time, like every Slurm command line)."""
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(epoch))
@@ -378,7 +365,6 @@ class SacctReader:
         s = config.sacct
         return cls(command=s.command, timeout_s=s.timeout_s, batch_size=s.batch_size, fmt=s.format)
 
-    # -- public
     def jobs(self, job_ids: Iterable[int], cluster: str | None = None) -> list[SacctJob]:
         """Accounting records of these raw job ids (only those sacct knows; array ids expand to tasks)."""
         ids = sorted({int(i) for i in job_ids})
@@ -398,7 +384,6 @@ class SacctReader:
         return self._query(["-a", "-s", FINAL_STATE_CODES, "-S", slurm_time(since), "-E", slurm_time(until)],
                            cluster)
 
-    # -- internals
     def _query(self, selection: list[str], cluster: str | None) -> list[SacctJob]:
         sel = ["-X", *selection] + (["-M", cluster] if cluster else [])
         if self.fmt in ("auto", "json"):

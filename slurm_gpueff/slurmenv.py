@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 
-# Annotation-only imports.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -26,29 +25,25 @@ _NO_GPU_VALUES = ("", "NoDevFiles")
 class HookEnv:
     """The job as the hook sees it. ``job_id`` is None when SLURM_JOB_ID is missing or not a job id."""
 
-    __slots__ = ("job_id", "job_id_raw", "node", "cluster", "user", "uid", "account", "partition",
-                 "gpu_indexes", "gpu_var", "gpu_raw", "exit_code", "signal", "array_job_id",
-                 "array_task_id", "het_job_id", "het_job_offset", "start_time", "problems")
+    job_id: int | None = None
+    node = ""
+    cluster: str | None = None
+    user: str | None = None
+    uid: int | None = None
+    account: str | None = None
+    partition: str | None = None
+    gpu_var: str | None = None  # which variable the GPU list came from
+    gpu_raw: str | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    array_job_id: int | None = None
+    array_task_id: int | None = None
+    het_job_id: int | None = None
+    het_job_offset: int | None = None
+    start_time: float | None = None  # SLURM_JOB_START_TIME where Slurm sets it (23.02+)
 
     def __init__(self) -> None:
-        self.job_id: int | None = None
-        self.job_id_raw: str | None = None
-        self.node = ""
-        self.cluster: str | None = None
-        self.user: str | None = None
-        self.uid: int | None = None
-        self.account: str | None = None
-        self.partition: str | None = None
         self.gpu_indexes: list[int] = []
-        self.gpu_var: str | None = None  # which variable the GPU list came from
-        self.gpu_raw: str | None = None
-        self.exit_code: int | None = None
-        self.signal: int | None = None
-        self.array_job_id: int | None = None
-        self.array_task_id: int | None = None
-        self.het_job_id: int | None = None
-        self.het_job_offset: int | None = None
-        self.start_time: float | None = None  # SLURM_JOB_START_TIME where Slurm sets it (23.02+)
         self.problems: list[str] = []
 
     @property
@@ -56,16 +51,9 @@ class HookEnv:
         """True when Slurm allocated GPUs, even ones we could not parse (MIG UUIDs etc.)."""
         return self.gpu_raw is not None
 
-    def as_dict(self) -> dict[str, object]:
-        return {k: getattr(self, k) for k in self.__slots__}
-
 
 def _text(env: Mapping[str, str], key: str) -> str | None:
-    v = env.get(key)
-    if v is None:
-        return None
-    v = v.strip()
-    return v or None
+    return (env.get(key) or "").strip() or None
 
 
 def _int(env: Mapping[str, str], key: str, problems: list[str], minimum: int = 0) -> int | None:
@@ -79,11 +67,7 @@ def _int(env: Mapping[str, str], key: str, problems: list[str], minimum: int = 0
 
 
 def parse_gpu_list(value: str | None) -> list[int]:
-    """Indexes in ``"0,1,3"`` (sorted, unique); MIG UUIDs and junk are skipped.
-
-    Same rule as :func:`slurm_gpueff.collectors.base.parse_gpu_list`; kept here because this module
-    sits below ``collectors`` in the layering (tests/test_layering.py).
-    """
+    """Indexes in ``"0,1,3"`` (sorted, unique); MIG UUIDs and junk are skipped."""
     if not value:
         return []
     return sorted({int(p) for p in (part.strip() for part in value.split(",")) if p.isdigit()})
@@ -136,7 +120,6 @@ def parse(env: Mapping[str, str]) -> HookEnv:
     h = HookEnv()
     p = h.problems
     raw_id = env.get("SLURM_JOB_ID")
-    h.job_id_raw = raw_id
     if raw_id is None or not raw_id.strip():
         p.append("SLURM_JOB_ID is not set")
     elif raw_id.strip().isdigit() and int(raw_id) > 0:

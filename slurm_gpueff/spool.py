@@ -17,8 +17,7 @@ import os
 import re
 import time
 
-# Annotation-only imports: importing typing would slow every Prolog/Epilog's start-up.
-TYPE_CHECKING = False
+TYPE_CHECKING = False  # typing, for annotations only, would slow every Prolog/Epilog's start-up
 if TYPE_CHECKING:
     from collections.abc import Iterator
     from typing import Any
@@ -75,9 +74,8 @@ def write_record(spool_dir: str, record: dict[str, Any]) -> str:
 
 
 def pending(spool_dir: str, stale_tmp_s: float | None = None) -> Iterator[str]:
-    """Paths of records waiting in ``incoming/``, oldest first (temp files skipped): one ``stat`` per file.
-    Ingest without a limit needs less (:func:`pending_by_job`). ``stale_tmp_s``: also remove temp files
-    older than that (left by a writer that died), seen in the same pass."""
+    """Paths of records waiting in ``incoming/``, oldest first; with ``stale_tmp_s``, temp files older
+    than that (left by a writer that died) are removed in the same pass."""
     d = os.path.join(spool_dir, INCOMING)
     prefix = d + os.sep
     for name in _by_arrival(d, _listing(d, stale_tmp_s)):
@@ -85,7 +83,7 @@ def pending(spool_dir: str, stale_tmp_s: float | None = None) -> Iterator[str]:
 
 
 def job_of(name: str) -> str | None:
-    """The job id in a record's file name (``job-<id>-<node>.json``), or None for a file named otherwise."""
+    """The job id in a record's file name (``job-<id>-<node>.json``), None for a file named otherwise."""
     parts = name.split("-", 2)
     return parts[1] if len(parts) == 3 and parts[0] == "job" else None
 
@@ -105,11 +103,9 @@ def pending_by_job(spool_dir: str, stale_tmp_s: float | None = None) -> list[lis
     """Records waiting in ``incoming/`` as groups of one job's node records (:func:`group_by_job`).
 
     Within a group the files are in arrival order (modification time, then name): ingest merges a job's
-    records with "latest wins" for its identity fields, so that order decides. Between jobs no order
-    changes the outcome, so only jobs with several files are ``stat``-ed (a ``stat`` per file costs more
-    than the listing itself) and the groups come in job id order (numeric), files named otherwise last.
-    Job ids grow with time, so that is close to arrival order, and it inserts neighbouring ids together
-    into the job id indexes (directory order would scatter them). ``stale_tmp_s``: as :func:`pending`.
+    records with "latest wins" for its identity fields. Between jobs no order changes the outcome, so
+    only jobs with several files are ``stat``-ed, and the groups come in job id order (close to arrival
+    order, and neighbouring ids go into the indexes together), files named otherwise last.
     """
     d = os.path.join(spool_dir, INCOMING)
     by_job: dict[str, list[str]] = {}
@@ -120,7 +116,7 @@ def pending_by_job(spool_dir: str, stale_tmp_s: float | None = None) -> list[lis
     ids.sort(key=int)
     if len(ids) < len(by_job):  # files named otherwise, last
         ids += sorted(k for k in by_job if not k.isdigit())
-    prefix = d + os.sep  # not os.path.join per file: it cost more than the listing itself
+    prefix = d + os.sep
     out = []
     for key in ids:
         group = by_job[key]
@@ -129,7 +125,7 @@ def pending_by_job(spool_dir: str, stale_tmp_s: float | None = None) -> list[lis
 
 
 def _listing(d: str, stale_tmp_s: float | None) -> list[str]:
-    """Names of the record files in ``d`` (none if it does not exist); stale temp files removed on the way."""
+    """Names of the record files in ``d``; stale temp files removed on the way."""
     names: list[str] = []
     try:
         with os.scandir(d) as it:
@@ -158,14 +154,12 @@ def _by_arrival(d: str, names: list[str]) -> list[str]:
     return [name for _mtime, name in keyed]
 
 
-def _remove_if_stale(path: str, older_than_s: float) -> bool:
+def _remove_if_stale(path: str, older_than_s: float) -> None:
     try:
         if time.time() - os.stat(path).st_mtime > older_than_s:
             os.unlink(path)
-            return True
     except FileNotFoundError:
         pass
-    return False
 
 
 def quarantine(spool_dir: str, path: str, error: str) -> str:
