@@ -1,23 +1,12 @@
 """Hook side of the nvml backend: difference the node agent's cumulative counters over a job.
 
-This never imports pynvml and never talks to a GPU: the Prolog and Epilog must stay fast and must not
-depend on the driver answering. It reads the agent's ``agent/state.json`` (and timeline files) that
-:mod:`slurm_gpueff.collectors.agent` publishes.
-
-* ``start(job)``: Slurm GPU index -> ``/dev/nvidiaN`` minor -> the agent's GPU with that minor -> UUID;
-  snapshot that GPU's counters. The returned dict (saved by the Prolog under ``start`` in
-  ``<state_dir>/jobs/<job_id>.json``) carries ``uuids``; that is how the agent learns which GPUs the
-  job holds, to track its peak memory.
-* ``stop(job, start_state)``: read the state again; per GPU, mean = delta(sum) / delta(covered seconds),
-  energy = delta(energy counter), peak memory from the agent's per-job peaks, samples = delta(readings),
-  a coarse timeline from the timeline file.
-
-The window is the agent's ticks: from the last tick before the Prolog to the last tick before the
-Epilog, so each end can be off by up to one ``agent.interval_s``.
-
-Nothing here raises to the hook: every failure becomes ``None`` figures with a reason (agent not
-running, stale, restarted or stopped during the job, GPU index without a device, Prolog state missing,
-job shorter than one sampling interval).
+Never imports pynvml or talks to a GPU (the hooks must not depend on the driver answering): it reads the
+``agent/state.json`` and timeline files that :mod:`.agent` publishes. The Prolog maps each Slurm GPU
+index to its /dev/nvidiaN minor, the agent's GPU with that minor and its UUID, and snapshots its
+counters; ``uuids`` in the start state tells the agent whose peak memory to track. The Epilog differences
+the counters (docs/FIGURES.md). The window runs from the agent's last tick before the Prolog to its
+last tick before the Epilog, so each end is off by up to one ``agent.interval_s``. Nothing raises to
+the hook: every failure becomes ``None`` figures with a reason.
 """
 
 from __future__ import annotations
@@ -107,7 +96,7 @@ class NvmlCollector(Collector):
     def _start(self, job: JobContext) -> dict[str, Any]:
         state, err = self.read_state()
         if nvml_mig.slices(job):  # MIG slices: the slice's own counters, never the whole GPU's (see nvml_mig)
-            return nvml_mig.start(self.state_dir, job, self.name, state=state, err=err, now=self.now)
+            return nvml_mig.start(self.state_dir, job, self.name, state, err, self.now)
         minors = slurm_index_to_minor(job.gpu_indexes, self.dev_dir)
         out: dict[str, Any] = {"backend": self.name, "t": self.now(), "uuids": [], "gpus": {}, "error": err}
         if state is not None:
