@@ -1,16 +1,10 @@
 """Live per-GPU gauges of the node agent for Prometheus (``[agent] metrics_port``; 0, the default, = off).
 
-What the agent read at its last tick, one series per GPU: kernel-active (what nvidia-smi calls "GPU
-utilization"), the GPM activities (SM, occupancy, tensor, DRAM, FP64/32/16) on Hopper and newer,
-power, memory used and total, and the energy counter (the agent's estimate, see collectors/agent.py).
-Labels are the GPU's ``/dev/nvidiaN`` minor, UUID and model only: bounded by the node's GPUs, never a
-job id. A figure the agent could not read has no sample at all (a missing series, never an invented
-0): pre-Hopper GPUs have no GPM series. Agent health: last tick time, CPU per tick, tick count.
-
-The exporter reads the agent's state in the HTTP server's thread; each tick replaces a GPU's ``last``
-readings with a new dict, so a scrape sees one tick's readings per GPU, never a half-written one.
-prometheus_client is imported when the exporter starts, not with this module: collectors stay
-stdlib-only at import time (tests/test_layering.py), as the hooks load them.
+What the agent read at its last tick, one series per GPU, labelled by minor, UUID and model only (never
+a job id, so the series stay bounded). A figure the agent could not read has no sample (a missing
+series, never an invented 0). Each tick replaces a GPU's ``last`` readings with a new dict, so a scrape
+from the server's thread sees one tick's readings, never a half-written one. prometheus_client is
+imported when the exporter starts: collectors stay stdlib-only at import time.
 """
 
 from __future__ import annotations
@@ -34,7 +28,6 @@ ACTIVITIES = ("kernel_active", *GPM_METRICS)  # fractions 0-1 in the agent's ``l
 
 
 class AgentCollector:
-    """prometheus_client collector over a running :class:`slurm_gpueff.collectors.agent.Agent`."""
 
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
@@ -88,7 +81,7 @@ def registry_for(agent: Agent) -> CollectorRegistry:
 
 
 def serve(agent: Agent, address: str, port: int) -> tuple[WSGIServer, threading.Thread]:
-    """Start the /metrics HTTP server in a daemon thread; returns (server, thread) from prometheus_client."""
+    """Start the /metrics HTTP server in a daemon thread."""
     from prometheus_client import start_http_server
 
     return start_http_server(port, addr=address, registry=registry_for(agent))

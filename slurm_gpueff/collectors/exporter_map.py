@@ -1,14 +1,9 @@
-"""dcgm-exporter's HPC job mapping: one file per DCGM GPU id holding the ids of the jobs on that GPU.
+"""dcgm-exporter's HPC job mapping (``dcgm.exporter_mapping``): ``DIR/<DCGM gpu id>`` lists the jobs on that GPU.
 
-dcgm-exporter started with ``--hpc-job-mapping-dir DIR`` reads ``DIR/<gpu id>`` (one job id per line)
-and adds an ``hpc_job`` label to that GPU's metrics, so existing Grafana dashboards can filter by job.
-The Prolog adds the job's id to the file of each of its GPUs; the Epilog takes it out again and
-deletes a file that becomes empty. Files of other GPUs, and other jobs' lines on a shared GPU, are
-never touched.
-
-Every change is read-modify-write under an exclusive ``flock`` on ``DIR/.gpueff.lock`` (two hooks on
-one node may run at once) and lands with an atomic rename, so the exporter never reads a half file.
-Stdlib only (hook path).
+dcgm-exporter started with ``--hpc-job-mapping-dir DIR`` labels that GPU's metrics ``hpc_job``. The
+Prolog adds the job's id to each of its GPUs' files, the Epilog takes it out (deleting emptied files).
+Each change is read-modify-write under an exclusive ``flock`` (two hooks may run at once) and lands
+with an atomic rename, so the exporter never reads a half file. Stdlib only (hook path).
 """
 
 from __future__ import annotations

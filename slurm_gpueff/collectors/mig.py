@@ -1,14 +1,8 @@
 """Which MIG slice is which: MIG UUID -> parent GPU UUID, GPU/compute instance ids, profile and memory.
 
-A job given MIG slices must be attributed to *its* slice (parent GPU + GPU instance id), never to the
-whole GPU. The opaque R470+ MIG UUID says nothing by itself, so the answer comes from, in order:
-
-1. the legacy UUID form ``MIG-GPU-<parent>/<gi>/<ci>`` (parsed, no call at all);
-2. the gpueff agent's published MIG inventory (``mig`` in ``agent/state.json``), when it runs;
-3. NVML, imported lazily (``nvmlDeviceGetHandleByUUID`` on the MIG UUID, then its parent, its GPU
-   and compute instance ids, memory and name, which ends in the profile such as ``1g.10gb``).
-
-Stdlib only at import time (hook path); pynvml only inside :func:`nvml_lookup`.
+The opaque R470+ MIG UUID says nothing by itself, so the answer comes from the gpueff agent's MIG
+inventory (``mig`` in ``agent/state.json``), else the legacy form ``MIG-GPU-<parent>/<gi>/<ci>``, else
+NVML. Stdlib only at import time (hook path); pynvml only inside :func:`nvml_lookup`.
 """
 
 from __future__ import annotations
@@ -23,7 +17,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-# Why figures are missing on a slice (shown next to "n/a" on the card).
+# Why figures are missing on a slice.
 JOBSTATS_REASON = "DCGM job statistics do not cover MIG slices"
 UTIL_REASON = "not measurable per MIG slice (NVML utilization and energy are whole-GPU only)"
 KERNEL_MIG_REASON = ("not measurable per MIG slice: NVML utilization.gpu is whole-GPU only "

@@ -1,5 +1,5 @@
 """Choose the collector backend: config first, else auto (dcgm if a hostengine answers, else nvml if the
-node agent is publishing, else allocation-only). Stdlib only; never imports pynvml itself.
+node agent is publishing, else allocation-only). Stdlib only.
 """
 
 from __future__ import annotations
