@@ -132,7 +132,6 @@ class Agent:
         self.tick_cpu_s: float | None = None  # cost of the previous tick (published for bench/ and ops)
         self.tick_wall_s: float | None = None
 
-    # -- life cycle ----------------------------------------------------------------------------
     def open(self) -> None:
         infos = self.sampler.open()
         self.gpus = {i.uuid: _Gpu(i) for i in infos}
@@ -152,7 +151,6 @@ class Agent:
         except Exception as exc:  # noqa: BLE001 - shutting down anyway
             log.warning("sampler close failed: %s", exc)
 
-    # -- one tick ------------------------------------------------------------------------------
     def tick(self) -> None:
         cpu0, wall0 = time.process_time(), time.perf_counter()
         self._tick()
@@ -244,7 +242,6 @@ class Agent:
             return self.gpus[legacy["parent_uuid"]].mig.get(legacy["gi_id"])
         return None
 
-    # -- jobs and their peak memory ------------------------------------------------------------
     def _track_jobs(self) -> None:
         d = jobs_dir(self.state_dir)
         seen: set[str] = set()
@@ -287,7 +284,6 @@ class Agent:
                 del self.job_files[job_id]
                 self.job_peaks.pop(job_id, None)
 
-    # -- publishing ----------------------------------------------------------------------------
     def state(self, stopped: bool = False) -> dict[str, Any]:
         gpus: dict[str, dict[str, Any]] = {}
         for u, g in self.gpus.items():

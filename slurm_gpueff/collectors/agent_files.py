@@ -5,6 +5,7 @@ Apart from the agent so the hooks import neither signal handling nor threads. St
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 
@@ -70,10 +71,8 @@ def replace_file(path: str, data: bytes, mode: int = 0o644) -> None:
             fh.write(data)
         os.replace(tmp, path)
     except BaseException:
-        try:  # noqa: SIM105 - contextlib would be one more import on the hook path
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
 
 

@@ -19,7 +19,6 @@ if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
     from prometheus_client.metrics_core import Metric
-    from prometheus_client.registry import CollectorRegistry
 
     from .agent import Agent
 
@@ -71,17 +70,11 @@ class AgentCollector:
             yield GaugeMetricFamily("gpueff_agent_tick_cpu_seconds", "CPU time of the last tick", value=a.tick_cpu_s)
 
 
-def registry_for(agent: Agent) -> CollectorRegistry:
-    """A registry holding only the agent's collector (not the process's default metrics)."""
+def serve(agent: Agent, address: str, port: int) -> tuple[WSGIServer, threading.Thread]:
+    """Start the /metrics HTTP server in a daemon thread, with the agent's collector only."""
+    from prometheus_client import start_http_server
     from prometheus_client.registry import CollectorRegistry
 
     reg = CollectorRegistry(auto_describe=False)
     reg.register(AgentCollector(agent))
-    return reg
-
-
-def serve(agent: Agent, address: str, port: int) -> tuple[WSGIServer, threading.Thread]:
-    """Start the /metrics HTTP server in a daemon thread."""
-    from prometheus_client import start_http_server
-
-    return start_http_server(port, addr=address, registry=registry_for(agent))
+    return start_http_server(port, addr=address, registry=reg)

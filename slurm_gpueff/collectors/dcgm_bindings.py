@@ -10,6 +10,7 @@ a dead hostengine costs at most ``dcgm.connect_timeout_s``, never a hung hook.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import socket
@@ -171,10 +172,8 @@ def connect(b: Bindings, address: str, timeout_s: float) -> object:
 
 
 def disconnect(b: Bindings, handle: object) -> None:
-    try:  # noqa: SIM105 - contextlib would be one more import on the hook path
+    with contextlib.suppress(Exception):  # nothing useful to do about a failed disconnect
         b.agent.dcgmDisconnect(handle)
-    except Exception:  # noqa: BLE001,S110 - nothing useful to do about a failed disconnect
-        pass
 
 
 def version(b: Bindings) -> str | None:
@@ -191,7 +190,7 @@ def version(b: Bindings) -> str | None:
     return raw or None
 
 
-# -- DCGM's values: blank sentinels (not supported / not recorded) and handles ---------------------------
+# DCGM's blank sentinels: a value not supported or not recorded.
 INT32_BLANK = 0x7FFFFFF0
 INT64_BLANK = 0x7FFFFFFFFFFFFFF0
 FP64_BLANK = 140737488355328.0

@@ -35,6 +35,10 @@ def _no_minor(minor: int) -> str:
     return f"the gpueff agent sees no GPU with minor number {minor} (/dev/nvidia{minor})"
 
 
+def _backend(gpus: list[dict[str, Any]]) -> str:
+    return "nvml-gpm" if any(g["source"] == "nvml-gpm" for g in gpus) else "nvml"
+
+
 def _fmt_time(t: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
 
@@ -51,7 +55,6 @@ class NvmlCollector(Collector):
         self.state_dir = config.paths.state_dir
         self.stale_s = float(config.collector.agent_stale_s)
 
-    # -- reading the agent's state ---------------------------------------------------------------
     def read_state(self) -> tuple[dict[str, Any] | None, str | None]:
         """(state, None) when usable, else (state or None, reason)."""
         path = state_path(self.state_dir)
@@ -84,7 +87,6 @@ class NvmlCollector(Collector):
     def _snapshot(g: dict[str, Any]) -> dict[str, Any]:
         return {k: g.get(k) for k in ("sum", "covered_s", "count", "ticks", "energy_est_mj", "energy_mj")}
 
-    # -- Prolog -----------------------------------------------------------------------------------
     def start(self, job: JobContext) -> dict[str, Any]:
         try:
             return self._start(job)
@@ -121,7 +123,6 @@ class NvmlCollector(Collector):
             out["gpus"][str(idx)] = entry
         return out
 
-    # -- Epilog -----------------------------------------------------------------------------------
     def stop(self, job: JobContext, start_state: dict[str, Any] | None) -> Measurement:
         try:
             return self._stop(job, start_state)
@@ -132,16 +133,14 @@ class NvmlCollector(Collector):
 
     def _stop(self, job: JobContext, start_state: dict[str, Any] | None) -> Measurement:
         state, err = self.read_state()
+        reason = self._job_reason(start_state, state, err)
         if nvml_mig.slices(job):
-            reason = self._job_reason(start_state, state, err)
             interval = float((state or {}).get("interval_s") or self.config.agent.interval_s)
             gpus = nvml_mig.stop(job, start_state, self.name, state=state, reason=reason, interval_s=interval,
                                  state_dir=self.state_dir)
-            backend = "nvml-gpm" if any(g["source"] == "nvml-gpm" for g in gpus) else "nvml"
-            return Measurement(backend, gpus, reason)
+            return Measurement(_backend(gpus), gpus, reason)
         minors = slurm_index_to_minor(job.gpu_indexes, self.dev_dir)
         by_minor = self._by_minor(state) if state is not None else {}
-        reason = self._job_reason(start_state, state, err)
         gpus = []
         for idx in job.gpu_indexes:
             entry = ((start_state or {}).get("gpus") or {}).get(str(idx)) or {}
@@ -167,7 +166,7 @@ class NvmlCollector(Collector):
             # No reason: _job_reason found both states, and ag is this GPU's entry.
             assert start_state is not None and state is not None and ag is not None
             gpus.append(self._gpu_figures(job, idx, ident, entry["snapshot"], ag, start_state, state))
-        backend = "nvml-gpm" if any(g["source"] == "nvml-gpm" for g in gpus) else "nvml"
+        backend = _backend(gpus)
         if reason is None and backend == "nvml" and gpus:
             reasons = {r for g in gpus for r in [g["missing"].get("sm_active")] if r}
             reason = reasons.pop() if len(reasons) == 1 else None
@@ -205,18 +204,14 @@ class NvmlCollector(Collector):
             elif m in GPM_METRICS and not gpm:
                 missing[key] = ag.get("gpm_reason") or NO_GPM_REASON
             else:
-                missing[key] = None  # filled below once we know whether there were samples at all
+                missing[key] = None  # the reason depends on whether there were samples at all
         gpu["samples"] = samples
-        if samples == 0:
-            why = (f"job shorter than one sampling interval ({interval:g} s): no agent sample fell inside it")
-            for m in list(missing):
-                if missing[m] is None:
-                    missing[m] = why
-        else:
-            for m in list(missing):
-                if missing[m] is None:
-                    missing[m] = ("GPM returned no valid value during the job" if m in GPM_METRICS
-                                  else "NVML returned no value during the job")
+        for m, why in missing.items():
+            if why is None and samples == 0:
+                missing[m] = f"job shorter than one sampling interval ({interval:g} s): no agent sample fell inside it"
+            elif why is None:
+                missing[m] = ("GPM returned no valid value during the job" if m in GPM_METRICS
+                              else "NVML returned no value during the job")
         # Energy: difference of the cumulative counter (extended by integrated power between reads).
         e0, e1 = snap.get("energy_est_mj"), ag.get("energy_est_mj")
         if isinstance(e0, int | float) and isinstance(e1, int | float) and e1 >= e0:

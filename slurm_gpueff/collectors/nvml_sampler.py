@@ -353,7 +353,6 @@ class NvmlSampler:
             dev.gpm_prev, dev.gpm_cur = dev.gpm_cur, dev.gpm_prev
             dev.gpm_prev_t = t
 
-    # -- MIG -------------------------------------------------------------------------------------------
     def _mig_enabled(self, handle: object) -> bool:
         """MIG mode is on now (changing it needs a GPU reset, so once at open is enough)."""
         nv = self._nvml
