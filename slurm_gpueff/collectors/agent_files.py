@@ -25,6 +25,16 @@ def state_path(state_dir: str) -> str:
     return os.path.join(state_dir, "agent", "state.json")
 
 
+def read_state(state_dir: str) -> dict[str, Any]:
+    """The agent's published state; empty when it is missing, unreadable or not an object."""
+    try:
+        with open(state_path(state_dir), "rb") as fh:
+            state = json.loads(fh.read())
+    except (OSError, ValueError):
+        return {}
+    return state if isinstance(state, dict) else {}
+
+
 def timeline_path(state_dir: str, uuid: str) -> str:
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in uuid)
     return os.path.join(state_dir, "agent", "timeline", f"{safe}.jsonl")

@@ -27,7 +27,7 @@ from ..record import METRICS, empty_gpu
 from . import dcgm_bindings as dcgmb
 from . import exporter_map
 from . import mig as migmod
-from .agent_files import state_path
+from .agent_files import read_state, state_path
 from .base import Collector, JobContext, Measurement, slurm_index_to_minor
 from .dcgm_bindings import fp64, handle, handle_int, i32, i64
 from .gpu_ids import PROC_GPUS, job_slices, normalize_bus_id, proc_gpus
@@ -144,13 +144,7 @@ class DcgmCollector(Collector):
         return out
 
     def _agent_minors(self) -> dict[int, dict[str, Any]]:
-        import json
-
-        try:
-            with open(state_path(self.config.paths.state_dir), "rb") as fh:
-                gpus = json.loads(fh.read()).get("gpus") or {}
-        except (OSError, ValueError, AttributeError):
-            return {}
+        gpus = read_state(self.config.paths.state_dir).get("gpus") or {}
         return {g["minor"]: {"uuid": u, "pci_bus_id": normalize_bus_id(g.get("pci_bus_id")), "index": g.get("index")}
                 for u, g in gpus.items() if isinstance(g, dict) and isinstance(g.get("minor"), int)}
 

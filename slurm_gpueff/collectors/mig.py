@@ -7,9 +7,7 @@ NVML. Stdlib only at import time (hook path); pynvml only inside :func:`nvml_loo
 
 from __future__ import annotations
 
-import json
-import os
-
+from .agent_files import read_state
 from .gpu_ids import parse_legacy_mig
 
 TYPE_CHECKING = False
@@ -64,13 +62,8 @@ def nvml_lookup(mig_uuid: str) -> dict[str, Any]:
 
 
 def agent_inventory(state_dir: str) -> dict[str, dict[str, Any]]:
-    """The agent's MIG inventory ``{mig_uuid: {...}}`` from ``agent/state.json`` (empty if none)."""
-    try:
-        with open(os.path.join(state_dir, "agent", "state.json"), "rb") as fh:
-            state = json.loads(fh.read())
-    except (OSError, ValueError):
-        return {}
-    mig = state.get("mig") if isinstance(state, dict) else None
+    """The agent's MIG inventory ``{mig_uuid: {...}}`` (empty if none)."""
+    mig = read_state(state_dir).get("mig")
     return mig if isinstance(mig, dict) else {}
 
 

@@ -97,14 +97,14 @@ class NvmlCollector(Collector):
 
     def _start(self, job: JobContext) -> dict[str, Any]:
         state, err = self.read_state()
-        if nvml_mig.slices(job):  # MIG slices: the slice's own counters, never the whole GPU's (see nvml_mig)
-            return nvml_mig.start(self.state_dir, job, self.name, state, err, self.now)
-        minors = slurm_index_to_minor(job.gpu_indexes, self.dev_dir)
         out: dict[str, Any] = {"backend": self.name, "t": self.now(), "uuids": [], "gpus": {}, "error": err}
         if state is not None:
             out["agent"] = {"pid": state.get("pid"), "instance": state.get("instance"),
                             "started": state.get("started")}
             out["updated"] = state.get("updated")
+        if nvml_mig.slices(job):  # MIG slices: the slice's own counters, never the whole GPU's (see nvml_mig)
+            return nvml_mig.start(self.state_dir, job, out, state, err)
+        minors = slurm_index_to_minor(job.gpu_indexes, self.dev_dir)
         by_minor = self._by_minor(state) if state is not None else {}
         for idx in job.gpu_indexes:
             minor = minors.get(idx)

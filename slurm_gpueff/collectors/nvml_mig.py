@@ -19,7 +19,6 @@ from .gpu_ids import job_slices, parse_legacy_mig
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
     from typing import Any
 
     from .base import JobContext
@@ -58,17 +57,14 @@ def _snapshot(sl: dict[str, Any]) -> dict[str, Any]:
         "n_ci": len(sl.get("devices") or {})}
 
 
-def start(state_dir: str, job: JobContext, backend: str, state: dict[str, Any] | None, err: str | None,
-          now: Callable[[], float]) -> dict[str, Any]:
-    """Prolog state for a MIG job: each slice resolved (while it exists) and its counters snapshotted.
-
-    ``state``/``err`` come from NvmlCollector.read_state; ``uuids`` lets the agent track each slice's peak memory.
+def start(state_dir: str, job: JobContext, out: dict[str, Any], state: dict[str, Any] | None,
+          err: str | None) -> dict[str, Any]:
+    """Complete ``out``, the Prolog state, for a MIG job: each slice resolved (while it exists) and its
+    counters snapshotted. ``state``/``err`` come from NvmlCollector.read_state; ``uuids`` lets the agent
+    track each slice's peak memory.
     """
     inventory = (state.get("mig") if isinstance(state, dict) else None) or migmod.agent_inventory(state_dir)
-    out: dict[str, Any] = {"backend": backend, "t": now(), "mig": {}, "uuids": [], "gpus": {}, "error": err}
-    if isinstance(state, dict):
-        out["agent"] = {"pid": state.get("pid"), "instance": state.get("instance"), "started": state.get("started")}
-        out["updated"] = state.get("updated")
+    out["mig"] = {}
     for idx, mig_uuid in slices(job):
         desc, why = migmod.resolve(mig_uuid, inventory if isinstance(inventory, dict) else {}, migmod.nvml_lookup)
         entry: dict[str, Any] = {"uuid": mig_uuid, "desc": desc, "error": why}
