@@ -102,8 +102,8 @@ class _Gpu:
 class Agent:
     """One agent instance: open the sampler, then call :meth:`tick` every interval.
 
-    ``wall_clock`` gives epoch seconds for published times; durations come from the samples' own
-    monotonic ``t``. Both are injectable so tests can drive uneven intervals deterministically.
+    Published times come from ``wall_clock``, durations from the samples' monotonic ``t``: both
+    injectable, so tests drive uneven intervals deterministically.
     """
 
     def __init__(self, config: Config, sampler: Sampler, *, wall_clock: Callable[[], float] = time.time,
@@ -122,7 +122,7 @@ class Agent:
         self.pid = os.getpid()
         self.started = self.clock()
         self.gpus: dict[str, _Gpu] = {}
-        self.job_files: dict[str, tuple[int, int, list[str]]] = {}  # name -> (mtime_ns, size, uuids)
+        self.job_files: dict[str, tuple[int, int, list[str]]] = {}  # job id -> (mtime_ns, size, uuids)
         self.job_peaks: dict[str, dict[str, int]] = {}
         self.updated: float | None = None
         self.last_energy_t: float | None = None
@@ -411,7 +411,7 @@ def _r(v: float | None) -> float | None:
 
 def run_agent(config: Config, *, once: bool = False, sampler: Sampler | None = None,
               energy_interval_s: float | None = None) -> int:
-    """The body of ``gpueff agent``: sample until SIGTERM/SIGINT (or one tick with ``once``); exit code.
+    """The body of ``gpueff agent``: sample until SIGTERM/SIGINT (or one tick with ``once``).
 
     Returns 1 (after logging why) when the GPUs cannot be read at all, e.g. no NVIDIA driver.
     """

@@ -29,7 +29,7 @@ def profile_from_name(name: str | None) -> str | None:
     """``NVIDIA H100 80GB HBM3 MIG 1g.10gb`` -> ``1g.10gb``."""
     if not name:
         return None
-    head, sep, tail = name.rpartition("MIG ")
+    _, sep, tail = name.rpartition("MIG ")
     return (tail.strip() or None) if sep else None
 
 
