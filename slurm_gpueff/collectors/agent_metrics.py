@@ -46,20 +46,14 @@ class AgentCollector:
         for g in list(a.gpus.values()):
             info, last = g.info, g.last  # one tick's readings (a new dict each tick)
             labels = [str(info.minor) if info.minor is not None else "", info.uuid, info.model or ""]
-            for m, fam in act.items():
-                v = last.get(m)
-                if v is not None:
-                    fam.add_metric(labels, v)
-            w = last.get("power_w")
-            if w is not None:
-                power.add_metric(labels, w)
-            if g.memory_used is not None:
-                used.add_metric(labels, g.memory_used)
-            if info.memory_total_bytes is not None:
-                total.add_metric(labels, info.memory_total_bytes)
             est = g.energy_est_mj()
-            if est is not None:
-                energy.add_metric(labels, est / 1000.0)
+            readings: list[tuple[GaugeMetricFamily | CounterMetricFamily, float | None]] = [
+                *((fam, last.get(m)) for m, fam in act.items()),
+                (power, last.get("power_w")), (used, g.memory_used), (total, info.memory_total_bytes),
+                (energy, est / 1000.0 if est is not None else None)]
+            for fam, v in readings:
+                if v is not None:  # an unread figure is a missing series, never 0
+                    fam.add_metric(labels, v)
         yield from act.values()
         yield from (power, used, total, energy)
         yield CounterMetricFamily("gpueff_agent_ticks", "Sampling ticks since the agent started", value=a.ticks)
