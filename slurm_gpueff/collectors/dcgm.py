@@ -293,8 +293,8 @@ class DcgmCollector(Collector):
     def stop(self, job: JobContext, start_state: dict[str, Any] | None) -> Measurement:
         st = start_state if isinstance(start_state, dict) else {}
         try:
-            if st.get("exporter"):
-                self._exporter_remove(job, st["exporter"])
+            if ex := st.get("exporter"):
+                exporter_map.remove_job(ex["dir"], ex.get("gpu_ids") or [], str(ex.get("job") or job.job_id))
         except Exception as exc:  # noqa: BLE001
             log.warning("job %s: cannot remove dcgm-exporter job mapping: %s", job.job_id, exc)
         d = st.get("dcgm")
@@ -469,7 +469,3 @@ class DcgmCollector(Collector):
             out["error"] = str(exc)
             log.warning("job %s: cannot write dcgm-exporter job mapping in %s: %s", job.job_id, directory, exc)
         return out
-
-    @staticmethod
-    def _exporter_remove(job: JobContext, ex: dict[str, Any]) -> None:
-        exporter_map.remove_job(ex["dir"], ex.get("gpu_ids") or [], str(ex.get("job") or job.job_id))

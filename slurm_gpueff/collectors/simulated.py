@@ -93,9 +93,7 @@ class SimulatedCollector(Collector):
             return Measurement(self.name, [empty_gpu(i, self.name, reason) for i in job.gpu_indexes], reason)
         if nvml_mig.slices(job):
             return Measurement(self.name, _mig_slices(job, profile, self.config), None)
-        start = job.start_time
-        end = job.end_time
-        # Without both ends of the window (Prolog state lost) there is no energy to report: None, not 0.
+        start, end = job.start_time, job.end_time
         elapsed = max(0.0, end - start) if start and end else None
         total = int(80 * GiB)
         gpus = []
@@ -110,8 +108,7 @@ class SimulatedCollector(Collector):
                 gpu[m] = base if base == 0.0 else min(1.0, max(0.0, base + _jitter(job.job_id, index, m)))
             power = spec["power"] * (1 + _jitter(job.job_id, index, "power"))
             gpu["power_mean_w"] = round(power, 1)
-            if elapsed is None:
-                gpu["energy_j"] = None
+            if elapsed is None:  # no energy window: None, not 0
                 gpu["missing"]["energy_j"] = "job start unknown (Prolog state lost): no energy window"
             else:
                 gpu["energy_j"] = round(power * elapsed, 1)
