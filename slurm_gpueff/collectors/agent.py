@@ -153,11 +153,6 @@ class Agent:
 
     def tick(self) -> None:
         cpu0, wall0 = time.process_time(), time.perf_counter()
-        self._tick()
-        self.tick_cpu_s = time.process_time() - cpu0
-        self.tick_wall_s = time.perf_counter() - wall0
-
-    def _tick(self) -> None:
         last = [g.last_t for g in self.gpus.values() if g.last_t is not None]
         now_mono = max(last) + self.interval_s if last else None
         read_energy = (self.last_energy_t is None or now_mono is None
@@ -172,8 +167,10 @@ class Agent:
         self.ticks += 1
         self.updated = self.clock()
         self._track_jobs()
-        self.write_state()
+        self.write_state()  # publishes the previous tick's cost
         self._maybe_timeline()
+        self.tick_cpu_s = time.process_time() - cpu0
+        self.tick_wall_s = time.perf_counter() - wall0
 
     def _integrate(self, g: _Gpu, s: GpuSample, read_energy: bool) -> None:
         dt = s.t - g.last_t if g.last_t is not None else None

@@ -194,9 +194,7 @@ class DcgmCollector(Collector):
             elif parent is None:
                 t["error"] = f"DCGM does not list the parent GPU {t['uuid']} of MIG device {mig_uuid}"
             else:
-                t["gpu_id"] = parent["gpu_id"]
-                t["model"] = parent["model"]
-                t["pci_bus_id"] = parent["pci_bus_id"]
+                t.update({k: parent[k] for k in ("gpu_id", "model", "pci_bus_id")})
                 for e in entities:
                     if (int(e.entity.entityGroupId) == fe_gpu_i and int(e.parent.entityId) == parent["gpu_id"]
                             and int(e.info.nvmlInstanceId) == t["mig_gi_id"]):
