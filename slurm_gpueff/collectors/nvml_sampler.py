@@ -1,21 +1,13 @@
 """Read every GPU of the node through NVML (and GPM on Hopper and newer): the node agent's only GPU access.
 
 The agent sees GPUs only through :class:`Sampler`, so tests drive the real agent loop with a fake one
-(the GPU mock); :class:`NvmlSampler` is the real one. What a sample holds, per GPU, and why:
-
-* ``kernel_pct`` -- NVML ``utilization.gpu``, averaged over every reading of the driver's ring buffer
-  since the previous sample (``nvmlDeviceGetSamples``), so a tick sees its whole interval, not one
-  glimpse; without the buffer, the latest reading (``nvmlDeviceGetUtilizationRates``).
-* ``gpm`` -- GPM metrics in percent: exact means over the interval between two GPM samples; NaN or a
-  per-metric error becomes ``None``, never 0.
-* ``power_mw``; ``energy_mj`` (cumulative, the slowest call: only when asked); ``memory_used_bytes``
-  (v2 ``used``, which excludes reserved memory).
-* ``mig_devices`` / ``mig`` -- MIG mode only: the MIG devices enumerated every tick (GPU instances can be
-  re-created without a GPU reset) and per GPU instance its memory used and GPM metrics
-  (``nvmlGpmMigSampleGet``), shared by all its compute instances. NVML has no per-slice
-  utilization.gpu, power or energy.
-
-pynvml is imported lazily: this module is importable (and the agent's tests run) without it.
+(the GPU mock). Sources per figure: docs/FIGURES.md. Facts the code relies on: NVML's utilization.gpu
+is a ring buffer of readings, so a tick averages every reading since the previous one rather than one
+glimpse; GPM returns exact means over the interval between two GPM samples (NaN or a per-metric error
+becomes ``None``, never 0); the energy counter is the slowest call, read only when asked. MIG devices
+are enumerated every tick (GPU instances can be re-created without a GPU reset); GPM is sampled per GPU
+instance (``nvmlGpmMigSampleGet``), shared by its compute instances; NVML has no per-slice
+utilization.gpu, power or energy. pynvml is imported lazily: the agent's tests run without it.
 """
 
 from __future__ import annotations
