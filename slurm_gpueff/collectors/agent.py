@@ -1,36 +1,25 @@
 """The node agent of the nvml backend: sample every GPU every few seconds, publish cumulative integrals.
 
 Why an agent at all: NVML's utilization and GPM readings are short-window averages; a job's mean needs
-samples all through the job, and a Slurm Prolog/Epilog pair only runs at its two ends. The agent samples
-all GPUs of the node every ``agent.interval_s`` (5 s by default) and keeps, per GPU, *cumulative*
-integrals since it started (see :mod:`slurm_gpueff.collectors.integrals`). It knows nothing about jobs'
-GPU time; the hook-side collector (:mod:`slurm_gpueff.collectors.nvml`) snapshots the counters at job
-start and end and differences them. Files, all under ``paths.state_dir``:
+samples all through the job, and a Prolog/Epilog pair only runs at its two ends. The agent keeps per GPU
+*cumulative* integrals since it started (:mod:`.integrals`) and knows nothing about jobs' GPU time; the
+hook-side collector (:mod:`.nvml`) differences them. Files, under ``paths.state_dir``:
 
-* ``agent/state.json`` -- rewritten atomically every tick: identity of the agent (pid, instance id,
-  start time), ``updated``, per GPU (by UUID) its identity, GPM support, the cumulative counters, the
-  energy counter, current memory used, and ``jobs``: peak memory per (job, GPU UUID).
-* ``agent/timeline/<uuid>.jsonl`` -- every ``agent.timeline_interval_s`` one line holding the cumulative
-  kernel/SM/tensor counters, so the Epilog can difference consecutive lines into a coarse timeline.
-  Lines older than ``agent.timeline_keep_h`` are dropped about once an hour.
-* ``jobs/<job_id>.json`` -- written by the Prolog (not by us); while one exists, the agent tracks that
-  job's peak memory on the GPUs it names, so a job's peak is never contaminated by an earlier job.
+* ``agent/state.json`` -- rewritten every tick: the agent's identity (pid, instance, start), per GPU
+  UUID its identity, GPM support, counters, energy and memory used, and ``jobs``: peak memory per
+  (job, GPU UUID). For a GPU in MIG mode, ``mig`` holds per GPU instance the same GPM counters, its
+  devices and a generation ``gen`` that changes when the instance is re-created (counters restart);
+  the top-level ``mig`` maps each MIG device UUID to its parent and instance (for :mod:`.mig`).
+  Kernel activity, power and energy are per physical GPU only.
+* ``agent/timeline/<uuid>.jsonl`` (a slice: ``<parent uuid>_gi<N>.jsonl``) -- every
+  ``agent.timeline_interval_s`` the cumulative timeline counters, for the Epilog's coarse timeline.
+* ``jobs/<job_id>.json`` -- the Prolog's; while one exists the agent tracks that job's peak memory on
+  the GPUs it names, so a job's peak never includes an earlier job's.
 
-MIG: for a GPU in MIG mode the parent GPU's entry also holds ``mig``: per GPU instance id the same
-cumulative counters for the GPM metrics (from ``nvmlGpmMigSampleGet``), its memory used, its devices
-(MIG UUID -> compute instance id), profile and a generation id ``gen`` that changes when the GPU
-instance is destroyed and re-created (its counters then restart and are not comparable). The top-level
-``mig`` maps every MIG device UUID to its parent GPU, GPU/compute instance, profile and memory (what
-:mod:`slurm_gpueff.collectors.mig` resolves slices with). Kernel activity, power and energy are per
-physical GPU only: a slice has none. Slice timelines go to ``agent/timeline/<parent uuid>_gi<N>.jsonl``.
+Energy: the cumulative counter is NVML's slowest call, so it is read every ``ENERGY_INTERVAL_S`` only and
+extended in between with the power integral (``energy_est_mj``).
 
-Energy: the cumulative counter is NVML's slowest call, so it is read every ``ENERGY_INTERVAL_S`` only;
-between reads the agent extends it with the power integral (``energy_est_mj``). A job's energy is the
-difference of that estimate: the counter difference, with at most ``ENERGY_INTERVAL_S`` of integrated
-power at each end.
-
-Run with ``gpueff agent`` as root. SIGTERM/SIGINT finish the current tick, write a final state marked
-``stopped`` and exit 0.
+SIGTERM/SIGINT finish the current tick, write a final state marked ``stopped`` and exit 0.
 """
 
 from __future__ import annotations
@@ -113,8 +102,8 @@ class _Gpu:
 class Agent:
     """One agent instance: open the sampler, then call :meth:`tick` every interval.
 
-    ``wall_clock`` gives epoch seconds for published times; durations come from the samples' own
-    monotonic ``t``. Both are injectable so tests can drive uneven intervals deterministically.
+    Published times come from ``wall_clock``, durations from the samples' monotonic ``t``: both
+    injectable, so tests drive uneven intervals deterministically.
     """
 
     def __init__(self, config: Config, sampler: Sampler, *, wall_clock: Callable[[], float] = time.time,
@@ -133,7 +122,7 @@ class Agent:
         self.pid = os.getpid()
         self.started = self.clock()
         self.gpus: dict[str, _Gpu] = {}
-        self.job_files: dict[str, tuple[int, int, list[str]]] = {}  # name -> (mtime_ns, size, uuids)
+        self.job_files: dict[str, tuple[int, int, list[str]]] = {}  # job id -> (mtime_ns, size, uuids)
         self.job_peaks: dict[str, dict[str, int]] = {}
         self.updated: float | None = None
         self.last_energy_t: float | None = None
@@ -143,7 +132,6 @@ class Agent:
         self.tick_cpu_s: float | None = None  # cost of the previous tick (published for bench/ and ops)
         self.tick_wall_s: float | None = None
 
-    # -- life cycle ----------------------------------------------------------------------------
     def open(self) -> None:
         infos = self.sampler.open()
         self.gpus = {i.uuid: _Gpu(i) for i in infos}
@@ -163,14 +151,8 @@ class Agent:
         except Exception as exc:  # noqa: BLE001 - shutting down anyway
             log.warning("sampler close failed: %s", exc)
 
-    # -- one tick ------------------------------------------------------------------------------
     def tick(self) -> None:
         cpu0, wall0 = time.process_time(), time.perf_counter()
-        self._tick()
-        self.tick_cpu_s = time.process_time() - cpu0
-        self.tick_wall_s = time.perf_counter() - wall0
-
-    def _tick(self) -> None:
         last = [g.last_t for g in self.gpus.values() if g.last_t is not None]
         now_mono = max(last) + self.interval_s if last else None
         read_energy = (self.last_energy_t is None or now_mono is None
@@ -185,8 +167,10 @@ class Agent:
         self.ticks += 1
         self.updated = self.clock()
         self._track_jobs()
-        self.write_state()
+        self.write_state()  # publishes the previous tick's cost
         self._maybe_timeline()
+        self.tick_cpu_s = time.process_time() - cpu0
+        self.tick_wall_s = time.perf_counter() - wall0
 
     def _integrate(self, g: _Gpu, s: GpuSample, read_energy: bool) -> None:
         dt = s.t - g.last_t if g.last_t is not None else None
@@ -199,10 +183,6 @@ class Agent:
         added = integrals.add(c, "power_w", power_w, held_dt)
         if added and g.energy_mj is not None and power_w is not None and held_dt is not None:
             g.power_since_energy_mj += power_w * held_dt * 1000.0
-        if s.gpm is not None:
-            for metric, pct in s.gpm.items():
-                v = pct / 100.0 if pct is not None else None
-                integrals.add(c, metric, _fraction(v), s.gpm_dt)  # GPM values are exact interval means
         if s.energy_mj is not None:
             g.energy_mj = int(s.energy_mj)
             g.energy_read_at = self.clock()
@@ -213,7 +193,7 @@ class Agent:
         g.memory_used = s.memory_used_bytes
         g.last = {"kernel_active": kernel, "power_w": power_w}
         if s.gpm is not None:
-            g.last.update({m: (p / 100.0 if p is not None else None) for m, p in s.gpm.items()})
+            g.last.update(_add_gpm(c, s.gpm, s.gpm_dt))
         g.errors = dict(s.errors)
         g.last_t = s.t
         if dt is not None:
@@ -240,10 +220,7 @@ class Agent:
                 sl.errors = {"sample": "no reading of this GPU instance at this tick"}
                 continue
             if ms.gpm is not None:
-                for metric, pct in ms.gpm.items():
-                    v = pct / 100.0 if pct is not None else None
-                    integrals.add(sl.counters, metric, _fraction(v), ms.gpm_dt)
-                sl.last = {m: (p / 100.0 if p is not None else None) for m, p in ms.gpm.items()}
+                sl.last = _add_gpm(sl.counters, ms.gpm, ms.gpm_dt)
             sl.gpm_reason = ms.gpm_reason
             sl.memory_used = ms.memory_used_bytes
             sl.errors = dict(ms.errors)
@@ -262,7 +239,6 @@ class Agent:
             return self.gpus[legacy["parent_uuid"]].mig.get(legacy["gi_id"])
         return None
 
-    # -- jobs and their peak memory ------------------------------------------------------------
     def _track_jobs(self) -> None:
         d = jobs_dir(self.state_dir)
         seen: set[str] = set()
@@ -305,7 +281,6 @@ class Agent:
                 del self.job_files[job_id]
                 self.job_peaks.pop(job_id, None)
 
-    # -- publishing ----------------------------------------------------------------------------
     def state(self, stopped: bool = False) -> dict[str, Any]:
         gpus: dict[str, dict[str, Any]] = {}
         for u, g in self.gpus.items():
@@ -315,9 +290,7 @@ class Agent:
                 "memory_total_bytes": i.memory_total_bytes, "gpm_supported": i.gpm_supported,
                 "gpm_reason": None if i.gpm_supported else (i.gpm_reason or NO_GPM_REASON),
                 "gpm_metrics": sorted(GPM_METRICS) if i.gpm_supported else [],
-                "sum": {m: _r(v) for m, v in g.counters["sum"].items()},
-                "covered_s": {m: _r(v) for m, v in g.counters["covered_s"].items()},
-                "count": dict(g.counters["count"]),
+                **_counters_state(g.counters, integrals.METRICS),
                 "ticks": g.ticks,
                 "energy_mj": g.energy_mj, "energy_read_at": g.energy_read_at,
                 "energy_est_mj": _r(g.energy_est_mj()), "energy_error": g.energy_error,
@@ -350,9 +323,7 @@ class Agent:
             "gi_id": sl.gi_id, "gen": sl.gen, "since": sl.since, "profile": d0.profile,
             "memory_total_bytes": d0.memory_total_bytes, "devices": {d.uuid: d.ci_id for d in sl.devices},
             "gpm_supported": gpm, "gpm_reason": None if gpm else sl.gpm_reason,
-            "sum": {m: _r(v) for m, v in sl.counters["sum"].items()},
-            "covered_s": {m: _r(v) for m, v in sl.counters["covered_s"].items()},
-            "count": dict(sl.counters["count"]), "ticks": sl.ticks,
+            **_counters_state(sl.counters, integrals.METRICS), "ticks": sl.ticks,
             "memory_used_bytes": sl.memory_used, "last": {m: _r(v) for m, v in sl.last.items()},
             "errors": sl.errors,
         }
@@ -373,9 +344,7 @@ class Agent:
             series += [(mig_key(u, gi), sl.counters, {"gen": sl.gen}) for gi, sl in g.mig.items()]
         for u, c, extra in series:
             line = {"t": round(now, 3), "instance": self.instance, **extra,
-                    "sum": {m: _r(c["sum"][m]) for m in integrals.TIMELINE_METRICS},
-                    "covered_s": {m: _r(c["covered_s"][m]) for m in integrals.TIMELINE_METRICS},
-                    "count": {m: c["count"][m] for m in integrals.TIMELINE_METRICS}}
+                    **_counters_state(c, integrals.TIMELINE_METRICS)}
             path = timeline_path(self.state_dir, u)
             try:
                 with open(path, "a") as fh:
@@ -412,10 +381,23 @@ class Agent:
         return dropped
 
 
+def _add_gpm(c: Counters, gpm: dict[str, float | None], dt: float | None) -> dict[str, float | None]:
+    """Integrate GPM percentages (exact means over ``dt``); return them as fractions."""
+    fractions = {m: (p / 100.0 if p is not None else None) for m, p in gpm.items()}
+    for metric, v in fractions.items():
+        integrals.add(c, metric, _fraction(v), dt)
+    return fractions
+
+
 def _fraction(v: float | None) -> float | None:
     if v is None or not math.isfinite(v):
         return None
     return min(1.0, max(0.0, v))
+
+
+def _counters_state(c: Counters, metrics: tuple[str, ...]) -> dict[str, Any]:
+    return {"sum": {m: _r(c["sum"][m]) for m in metrics}, "covered_s": {m: _r(c["covered_s"][m]) for m in metrics},
+            "count": {m: c["count"][m] for m in metrics}}
 
 
 def _r(v: float | None) -> float | None:
@@ -426,7 +408,7 @@ def _r(v: float | None) -> float | None:
 
 def run_agent(config: Config, *, once: bool = False, sampler: Sampler | None = None,
               energy_interval_s: float | None = None) -> int:
-    """The body of ``gpueff agent``: sample until SIGTERM/SIGINT (or one tick with ``once``); exit code.
+    """The body of ``gpueff agent``: sample until SIGTERM/SIGINT (or one tick with ``once``).
 
     Returns 1 (after logging why) when the GPUs cannot be read at all, e.g. no NVIDIA driver.
     """

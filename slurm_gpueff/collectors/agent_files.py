@@ -1,11 +1,11 @@
 """Where the nvml node agent publishes, and how readers find their way in those files.
 
-Shared by the agent (writer) and the hook-side collector (reader); kept apart from the agent so the
-Prolog/Epilog import neither argparse nor signal handling nor threads. Stdlib only.
+Apart from the agent so the hooks import neither signal handling nor threads. Stdlib only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 
@@ -23,6 +23,16 @@ def agent_dir(state_dir: str) -> str:
 
 def state_path(state_dir: str) -> str:
     return os.path.join(state_dir, "agent", "state.json")
+
+
+def read_state(state_dir: str) -> dict[str, Any]:
+    """The agent's published state; empty when it is missing, unreadable or not an object."""
+    try:
+        with open(state_path(state_dir), "rb") as fh:
+            state = json.loads(fh.read())
+    except (OSError, ValueError):
+        return {}
+    return state if isinstance(state, dict) else {}
 
 
 def timeline_path(state_dir: str, uuid: str) -> str:
@@ -59,9 +69,8 @@ def job_file_uuids(data: object) -> list[str]:
 def replace_file(path: str, data: bytes, mode: int = 0o644) -> None:
     """Atomic for readers (temp file + rename) but without fsync, unlike :func:`spool.atomic_write`.
 
-    The state file is rewritten every tick and lives in /run (tmpfs); after a crash or reboot its
-    counters mean nothing anyway (the collector checks the agent's pid and instance). Skipping the two
-    fsyncs keeps a tick cheap where the state dir is on a disk (bench/agent_overhead.py measures both).
+    After a crash or reboot the state's counters mean nothing anyway (the collector checks the agent's
+    pid and instance), so the fsyncs would only make every tick dear where the state dir is on a disk.
     """
     import tempfile  # the agent's, not the hooks' import
 
@@ -72,10 +81,8 @@ def replace_file(path: str, data: bytes, mode: int = 0o644) -> None:
             fh.write(data)
         os.replace(tmp, path)
     except BaseException:
-        try:  # noqa: SIM105 - contextlib would be one more import on the hook path
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
 
 
@@ -93,12 +100,11 @@ def line_time(line: str) -> float | None:
 def read_job_timeline(state_dir: str, key: str, match: Mapping[str, object], t_start: float,
                       snap: Mapping[str, Any], t_end: float, end: Mapping[str, Any],
                       t0: float) -> list[list[float | None]]:
-    """A job's coarse timeline: the agent's timeline lines for ``key`` strictly inside the job's window,
-    bracketed by the Prolog snapshot and the Epilog state, differenced into per-interval means.
+    """A job's coarse timeline: the timeline lines of ``key`` inside the job's window, between the
+    Prolog snapshot and the Epilog state, differenced into per-interval means.
 
-    ``match`` holds the fields a line must carry to be comparable with the snapshot (the agent
-    ``instance``; for a MIG slice also its ``gen``): counters from another agent run or another slice
-    generation are skipped, never mixed in.
+    A line counts only if it carries ``match`` (the agent ``instance``; for a MIG slice also its
+    ``gen``): counters of another agent run or slice generation are never mixed in.
     """
     points: list[tuple[float, Mapping[str, Any]]] = [(t_start, snap)]
     try:

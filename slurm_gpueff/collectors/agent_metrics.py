@@ -1,16 +1,10 @@
 """Live per-GPU gauges of the node agent for Prometheus (``[agent] metrics_port``; 0, the default, = off).
 
-What the agent read at its last tick, one series per GPU: kernel-active (what nvidia-smi calls "GPU
-utilization"), the GPM activities (SM, occupancy, tensor, DRAM, FP64/32/16) on Hopper and newer,
-power, memory used and total, and the energy counter (the agent's estimate, see collectors/agent.py).
-Labels are the GPU's ``/dev/nvidiaN`` minor, UUID and model only: bounded by the node's GPUs, never a
-job id. A figure the agent could not read has no sample at all (a missing series, never an invented
-0): pre-Hopper GPUs have no GPM series. Agent health: last tick time, CPU per tick, tick count.
-
-The exporter reads the agent's state in the HTTP server's thread; each tick replaces a GPU's ``last``
-readings with a new dict, so a scrape sees one tick's readings per GPU, never a half-written one.
-prometheus_client is imported when the exporter starts, not with this module: collectors stay
-stdlib-only at import time (tests/test_layering.py), as the hooks load them.
+What the agent read at its last tick, one series per GPU, labelled by minor, UUID and model only (never
+a job id, so the series stay bounded). A figure the agent could not read has no sample (a missing
+series, never an invented 0). Each tick replaces a GPU's ``last`` readings with a new dict, so a scrape
+from the server's thread sees one tick's readings, never a half-written one. prometheus_client is
+imported when the exporter starts: collectors stay stdlib-only at import time.
 """
 
 from __future__ import annotations
@@ -25,7 +19,6 @@ if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
     from prometheus_client.metrics_core import Metric
-    from prometheus_client.registry import CollectorRegistry
 
     from .agent import Agent
 
@@ -34,7 +27,6 @@ ACTIVITIES = ("kernel_active", *GPM_METRICS)  # fractions 0-1 in the agent's ``l
 
 
 class AgentCollector:
-    """prometheus_client collector over a running :class:`slurm_gpueff.collectors.agent.Agent`."""
 
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
@@ -54,20 +46,14 @@ class AgentCollector:
         for g in list(a.gpus.values()):
             info, last = g.info, g.last  # one tick's readings (a new dict each tick)
             labels = [str(info.minor) if info.minor is not None else "", info.uuid, info.model or ""]
-            for m, fam in act.items():
-                v = last.get(m)
-                if v is not None:
-                    fam.add_metric(labels, v)
-            w = last.get("power_w")
-            if w is not None:
-                power.add_metric(labels, w)
-            if g.memory_used is not None:
-                used.add_metric(labels, g.memory_used)
-            if info.memory_total_bytes is not None:
-                total.add_metric(labels, info.memory_total_bytes)
             est = g.energy_est_mj()
-            if est is not None:
-                energy.add_metric(labels, est / 1000.0)
+            readings: list[tuple[GaugeMetricFamily | CounterMetricFamily, float | None]] = [
+                *((fam, last.get(m)) for m, fam in act.items()),
+                (power, last.get("power_w")), (used, g.memory_used), (total, info.memory_total_bytes),
+                (energy, est / 1000.0 if est is not None else None)]
+            for fam, v in readings:
+                if v is not None:  # an unread figure is a missing series, never 0
+                    fam.add_metric(labels, v)
         yield from act.values()
         yield from (power, used, total, energy)
         yield CounterMetricFamily("gpueff_agent_ticks", "Sampling ticks since the agent started", value=a.ticks)
@@ -78,17 +64,11 @@ class AgentCollector:
             yield GaugeMetricFamily("gpueff_agent_tick_cpu_seconds", "CPU time of the last tick", value=a.tick_cpu_s)
 
 
-def registry_for(agent: Agent) -> CollectorRegistry:
-    """A registry holding only the agent's collector (not the process's default metrics)."""
+def serve(agent: Agent, address: str, port: int) -> tuple[WSGIServer, threading.Thread]:
+    """Start the /metrics HTTP server in a daemon thread, with the agent's collector only."""
+    from prometheus_client import start_http_server
     from prometheus_client.registry import CollectorRegistry
 
     reg = CollectorRegistry(auto_describe=False)
     reg.register(AgentCollector(agent))
-    return reg
-
-
-def serve(agent: Agent, address: str, port: int) -> tuple[WSGIServer, threading.Thread]:
-    """Start the /metrics HTTP server in a daemon thread; returns (server, thread) from prometheus_client."""
-    from prometheus_client import start_http_server
-
-    return start_http_server(port, addr=address, registry=registry_for(agent))
+    return start_http_server(port, addr=address, registry=reg)

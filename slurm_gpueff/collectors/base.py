@@ -1,15 +1,10 @@
 """The collector interface and the pieces every backend shares. Stdlib only (hook path).
 
-Life of a job on a node:
-
-1. Prolog: ``collector.start(job)`` returns a small JSON-able *start state* (e.g. a snapshot of the
-   agent's cumulative counters). The hook saves it under ``<state_dir>/jobs/<job_id>.json``.
-2. Epilog: ``collector.stop(job, start_state)`` returns a :class:`Measurement`: the backend label,
-   a reason when something could not be measured, and one GPU dict per allocated GPU (see
-   :mod:`slurm_gpueff.record` for the GPU dict's fields). ``start_state`` is ``None`` when the Prolog did
-   not run or its state was lost; the backend then measures what it can and says why the rest is missing.
-
-A collector must not hang forever, but the hook bounds it anyway (see :mod:`slurm_gpueff.hook`).
+The Prolog's ``collector.start(job)`` returns a small JSON-able start state, which the hook saves under
+``<state_dir>/jobs/<job_id>.json``; the Epilog's ``collector.stop(job, start_state)`` returns a
+:class:`Measurement` with one GPU dict (:mod:`slurm_gpueff.record`) per allocated GPU. ``start_state``
+is ``None`` when the Prolog did not run or its state was lost: the backend measures what it can and says
+why the rest is missing. The hook bounds a collector's run time.
 """
 
 from __future__ import annotations
@@ -27,8 +22,8 @@ if TYPE_CHECKING:
 class JobContext:
     """What the hook knows about the job from Slurm's environment (plus the clock).
 
-    ``gpu_indexes`` are Slurm's indexes (SLURM_JOB_GPUS), i.e. positions in slurmd's sorted GRES
-    device list, *not* NVML indexes. Use :func:`slurm_index_to_minor` to get /dev/nvidiaN minors.
+    ``gpu_indexes`` are Slurm's (SLURM_JOB_GPUS), positions in slurmd's sorted GRES device list, *not*
+    NVML indexes: :func:`slurm_index_to_minor` maps them to /dev/nvidiaN minors.
     """
 
     __slots__ = ("job_id", "node", "cluster", "gpu_indexes", "start_time", "end_time", "env")
@@ -78,7 +73,7 @@ def device_minors(dev_dir: str = "/dev") -> list[int]:
     """Minor numbers of the node's /dev/nvidiaN devices, in the order Slurm indexes them.
 
     slurmd sorts its GRES device list by File name; for the usual ``/dev/nvidia[0-N]`` that is the
-    numeric order of N, which we use. (nvidiactl, nvidia-uvm etc. are not GPUs and are skipped.)
+    numeric order of N.
     """
     try:
         names = os.listdir(dev_dir)
@@ -88,10 +83,9 @@ def device_minors(dev_dir: str = "/dev") -> list[int]:
 
 
 def slurm_index_to_minor(indexes: list[int], dev_dir: str = "/dev") -> dict[int, int | None]:
-    """Map Slurm GPU indexes to /dev/nvidiaN minor numbers (None where the device does not exist).
+    """Map Slurm GPU indexes to /dev/nvidiaN minors (None where the device does not exist).
 
-    NVML's index order is PCI bus order and need not equal the minor order, so we never assume that
-    Slurm's index equals NVML's: callers look the minor up with ``nvmlDeviceGetMinorNumber``.
+    NVML's index order is PCI bus order, not the minor order: callers match minors, never NVML indexes.
     """
     minors = device_minors(dev_dir)
     return {i: (minors[i] if 0 <= i < len(minors) else None) for i in indexes}

@@ -1,32 +1,19 @@
 """The dcgm backend: DCGM job statistics and profiling fields per allocation, through nv-hostengine.
 
-Prolog (:meth:`DcgmCollector.start`), with a hostengine connection that persists after we disconnect:
+Prolog: find the job's GPUs in DCGM by UUID / PCI bus id (Slurm index -> /dev/nvidiaN minor -> the
+driver's ``/proc`` entry -> UUID -> DCGM gpu id; never by assuming ordinals match), or for MIG slices the
+GPU-instance entity; make a DCGM group of exactly those, watch the job fields with a keep age above the
+job's time limit and the profiling fields (by numeric id: DCGM 4.6 renamed the symbols), start job stats.
+Epilog: stop and read the job stats, average each profiling field over the job's window, remove it all.
 
-1. find the job's GPUs in DCGM by UUID / PCI bus id (Slurm index -> /dev/nvidiaN minor -> the driver's
-   ``/proc`` entry -> UUID -> DCGM gpu id; never by assuming ordinals match), or, for MIG slices, the
-   GPU-instance entity (parent UUID + GPU instance id);
-2. a DCGM group of exactly those GPUs; job-field watches with a keep age above the job's time limit;
-   profiling-field watches (SM active 1002, occupancy 1003, tensor 1004, DRAM 1005, FP64/32/16 pipes
-   1006/1007/1008, by numeric id: DCGM 4.6 renamed the symbols); ``dcgmJobStartStats``.
+DCGM's job-stats "SM Utilization" is NVML's utilization.gpu (NVIDIA/DCGM#305), so it is stored as
+``kernel_active``; SM activity comes only from field 1002. Job statistics do not work on MIG: the
+profiling fields are read per GPU instance.
 
-Epilog (:meth:`DcgmCollector.stop`): ``dcgmJobStopStats`` + ``dcgmJobGetStats`` (energy, power, peak memory,
-kernel activity, XID errors, throttle times, processes), each profiling field's average over the job's
-window (``dcgmGetFieldSummary``), then the job, watches and group are removed.
-
-Labels: DCGM's job-stats "SM Utilization" is NVML's utilization.gpu (share of time a kernel ran,
-NVIDIA/DCGM#305), so it is stored as ``kernel_active``; SM activity comes only from field 1002.
-Blank sentinels (int32 >= 0x7ffffff0, int64 >= 0x7ffffffffffffff0, fp64 >= 2**47) become None with
-a reason. Job statistics do not work on MIG: those figures are None with the reason, the profiling
-fields are read per GPU instance.
-
-Failures never fail the hook. Hostengine down, bindings missing, duplicate job id that cannot be
-cleared, no data, root required: the job falls back to the nvml path (the gpueff agent's counters,
-snapshotted at job start alongside DCGM for exactly this reason) when the agent runs, else to an
-allocation-only record; the reason says what happened. A profiling watch refused because the GPU
-cannot collect all fields in one pass (PROFILING_MULTI_PASS, pre-Hopper) is retried with fewer
-fields; the dropped ones are None with the reason.
-
-Optionally (``dcgm.exporter_mapping``) the hooks keep dcgm-exporter's HPC job-mapping files (:mod:`.exporter_map`).
+Failures never fail the hook: when DCGM cannot measure, the job falls back to the gpueff agent's counters
+(snapshotted at job start for exactly this reason) when the agent runs, else to an allocation-only record;
+the reason says why. A profiling watch refused with PROFILING_MULTI_PASS (pre-Hopper) is retried with
+fewer fields, the dropped ones None with the reason.
 """
 
 from __future__ import annotations
@@ -40,7 +27,7 @@ from ..record import METRICS, empty_gpu
 from . import dcgm_bindings as dcgmb
 from . import exporter_map
 from . import mig as migmod
-from .agent_files import state_path
+from .agent_files import read_state, state_path
 from .base import Collector, JobContext, Measurement, slurm_index_to_minor
 from .dcgm_bindings import fp64, handle, handle_int, i32, i64
 from .gpu_ids import PROC_GPUS, job_slices, normalize_bus_id, proc_gpus
@@ -93,14 +80,13 @@ class DcgmCollector(Collector):
         self.mig_lookup = mig_lookup
         self.dc = config.dcgm
 
-    # -- plumbing ---------------------------------------------------------------------------------
     def _nvml(self) -> NvmlCollector:
         from .nvml import NvmlCollector
 
         return NvmlCollector(self.config, dev_dir=self.dev_dir)
 
     def _fallback(self, wanted: bool = False) -> NvmlCollector | None:
-        """The nvml hook collector when the gpueff agent publishes on this node (or was used at start)."""
+        """The nvml collector when the gpueff agent publishes on this node (or was used at start)."""
         if wanted or os.path.exists(state_path(self.config.paths.state_dir)):
             return self._nvml()
         return None
@@ -126,7 +112,6 @@ class DcgmCollector(Collector):
             return str(exc)
         return dcgmb.describe(exc)
 
-    # -- Prolog -----------------------------------------------------------------------------------
     def start(self, job: JobContext) -> dict[str, Any]:
         state: dict[str, Any] = {"backend": self.name, "t": self.now()}
         fb = self._fallback()
@@ -147,7 +132,6 @@ class DcgmCollector(Collector):
         return state
 
     def _dcgm_gpus(self, b: Bindings, h: object) -> list[dict[str, Any]]:
-        """Every GPU DCGM supports here, with the identity we match on."""
         out = []
         for gid in b.agent.dcgmGetAllSupportedDevices(h):
             attrs = b.agent.dcgmGetDeviceAttributes(h, gid)
@@ -160,13 +144,7 @@ class DcgmCollector(Collector):
         return out
 
     def _agent_minors(self) -> dict[int, dict[str, Any]]:
-        import json
-
-        try:
-            with open(state_path(self.config.paths.state_dir), "rb") as fh:
-                gpus = json.loads(fh.read()).get("gpus") or {}
-        except (OSError, ValueError, AttributeError):
-            return {}
+        gpus = read_state(self.config.paths.state_dir).get("gpus") or {}
         return {g["minor"]: {"uuid": u, "pci_bus_id": normalize_bus_id(g.get("pci_bus_id")), "index": g.get("index")}
                 for u, g in gpus.items() if isinstance(g, dict) and isinstance(g.get("minor"), int)}
 
@@ -216,9 +194,7 @@ class DcgmCollector(Collector):
             elif parent is None:
                 t["error"] = f"DCGM does not list the parent GPU {t['uuid']} of MIG device {mig_uuid}"
             else:
-                t["gpu_id"] = parent["gpu_id"]
-                t["model"] = parent["model"]
-                t["pci_bus_id"] = parent["pci_bus_id"]
+                t.update({k: parent[k] for k in ("gpu_id", "model", "pci_bus_id")})
                 for e in entities:
                     if (int(e.entity.entityGroupId) == fe_gpu_i and int(e.parent.entityId) == parent["gpu_id"]
                             and int(e.info.nvmlInstanceId) == t["mig_gi_id"]):
@@ -312,12 +288,11 @@ class DcgmCollector(Collector):
             return
         out["prof_reason"] = f"DCGM profiling fields not available: {dropped_why}"
 
-    # -- Epilog -----------------------------------------------------------------------------------
     def stop(self, job: JobContext, start_state: dict[str, Any] | None) -> Measurement:
         st = start_state if isinstance(start_state, dict) else {}
         try:
-            if st.get("exporter"):
-                self._exporter_remove(job, st["exporter"])
+            if ex := st.get("exporter"):
+                exporter_map.remove_job(ex["dir"], ex.get("gpu_ids") or [], str(ex.get("job") or job.job_id))
         except Exception as exc:  # noqa: BLE001
             log.warning("job %s: cannot remove dcgm-exporter job mapping: %s", job.job_id, exc)
         d = st.get("dcgm")
@@ -471,7 +446,6 @@ class DcgmCollector(Collector):
             except Exception as exc:  # noqa: BLE001
                 log.warning("DCGM cleanup (%s) for %s failed: %s", what, d.get("key"), dcgmb.describe(exc))
 
-    # -- dcgm-exporter job mapping ----------------------------------------------------------------
     def _exporter_add(self, job: JobContext, state: dict[str, Any]) -> dict[str, Any]:
         """Write the mapping files; DCGM gpu ids when known, else the agent's NVML index (DCGM numbers
         GPUs in NVML order). MIG slices are skipped: the exporter labels whole GPUs only."""
@@ -493,7 +467,3 @@ class DcgmCollector(Collector):
             out["error"] = str(exc)
             log.warning("job %s: cannot write dcgm-exporter job mapping in %s: %s", job.job_id, directory, exc)
         return out
-
-    @staticmethod
-    def _exporter_remove(job: JobContext, ex: dict[str, Any]) -> None:
-        exporter_map.remove_job(ex["dir"], ex.get("gpu_ids") or [], str(ex.get("job") or job.job_id))

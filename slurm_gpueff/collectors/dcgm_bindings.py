@@ -1,19 +1,16 @@
 """Finding DCGM's own Python bindings and reaching nv-hostengine, fast and bounded. Stdlib only at import.
 
-DCGM has no PyPI package: its bindings (``dcgm_agent``, ``dcgm_structs``, ``dcgm_fields``,
-``dcgmvalue``) ship with the DCGM install, at ``/usr/share/datacenter-gpu-manager-4/bindings/python3``
-(4.x) or ``/usr/local/dcgm/bindings/python3`` (3.x); ``dcgm.bindings_path`` overrides both. They are
-imported only inside functions, only when the dcgm backend is used.
-
-Connecting: nv-hostengine keeps the job's group, watches and job statistics between the Prolog and the
-Epilog (two separate processes), so we connect with ``persistAfterDisconnect = 1``; embedded mode
-cannot work across hooks. Before importing anything (``auto`` asks on every job start), :func:`probe`
-does a plain TCP (or unix-socket) connect with a short timeout: a dead hostengine costs at most
-``dcgm.connect_timeout_s``, never a hung hook.
+DCGM has no PyPI package: its bindings ship with the DCGM install (``BINDING_DIRS``, or
+``dcgm.bindings_path``) and are imported only inside functions, only when the dcgm backend is used.
+nv-hostengine keeps the job's group, watches and statistics between the Prolog and the Epilog (two
+processes), so we connect with ``persistAfterDisconnect = 1``; embedded mode cannot work across hooks.
+Before importing anything, :func:`probe` does a plain TCP (or unix-socket) connect with a short timeout:
+a dead hostengine costs at most ``dcgm.connect_timeout_s``, never a hung hook.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import socket
@@ -47,24 +44,19 @@ BINDING_DIRS = (
     "/usr/local/dcgm/bindings/python3",  # DCGM 3.x packages
 )
 
-# DCGM status codes we treat specially (dcgm_structs.DCGM_ST_*; numeric so we need no import to name them).
+# DCGM status codes (dcgm_structs.DCGM_ST_*; numeric so we need no import to name them).
 ST_NO_DATA = -14
-ST_NOT_WATCHED = -16
-ST_CONNECTION_NOT_VALID = -21
 ST_DUPLICATE_KEY = -26
-ST_REQUIRES_ROOT = -29
-ST_MODULE_NOT_LOADED = -33
-ST_PROFILING_NOT_SUPPORTED = -36
 ST_PROFILING_MULTI_PASS = -38
 
 _ST_WORDS = {
     ST_NO_DATA: "no data",
-    ST_NOT_WATCHED: "field not watched",
-    ST_CONNECTION_NOT_VALID: "connection to the hostengine lost",
+    -16: "field not watched",
+    -21: "connection to the hostengine lost",
     ST_DUPLICATE_KEY: "duplicate job id",
-    ST_REQUIRES_ROOT: "nv-hostengine must run as root for this",
-    ST_MODULE_NOT_LOADED: "DCGM module not loaded",
-    ST_PROFILING_NOT_SUPPORTED: "profiling not supported on this GPU",
+    -29: "nv-hostengine must run as root for this",
+    -33: "DCGM module not loaded",
+    -36: "profiling not supported on this GPU",
     ST_PROFILING_MULTI_PASS: "profiling fields need several passes on this GPU",
 }
 
@@ -102,14 +94,9 @@ def describe(exc: BaseException) -> str:
     return f"DCGM error {code} ({words}: {text})" if words else f"DCGM error {code} ({text})"
 
 
-def binding_dirs(configured: str = "") -> list[str]:
-    """Where to look for the bindings: the configured dir alone if set, else the 4.x then the 3.x path."""
-    return [configured] if configured else list(BINDING_DIRS)
-
-
 def import_bindings(configured: str = "") -> Bindings:
     """Import DCGM's bindings (lazily, from the first dir that has them); DcgmUnavailable if none does."""
-    dirs = binding_dirs(configured)
+    dirs = [configured] if configured else list(BINDING_DIRS)
     found = next((d for d in dirs if os.path.isfile(os.path.join(d, "dcgm_agent.py"))), None)
     if found is None:
         raise DcgmUnavailable("DCGM Python bindings not found (looked in " + ", ".join(dirs)
@@ -148,11 +135,7 @@ def parse_address(address: str) -> tuple[str, str, int]:
 
 
 def probe(address: str, timeout_s: float) -> str | None:
-    """None if something accepts connections at ``address`` within ``timeout_s``, else why not.
-
-    A TCP/unix connect only, cheap when the hostengine is up: ``auto`` runs it on every job start, before
-    paying for the bindings' import and the library load.
-    """
+    """None if something accepts connections at ``address`` within ``timeout_s``, else why not."""
     try:
         kind, where, port = parse_address(address)
     except ValueError as exc:
@@ -189,10 +172,8 @@ def connect(b: Bindings, address: str, timeout_s: float) -> object:
 
 
 def disconnect(b: Bindings, handle: object) -> None:
-    try:  # noqa: SIM105 - contextlib would be one more import on the hook path
+    with contextlib.suppress(Exception):  # nothing useful to do about a failed disconnect
         b.agent.dcgmDisconnect(handle)
-    except Exception:  # noqa: BLE001,S110 - nothing useful to do about a failed disconnect
-        pass
 
 
 def version(b: Bindings) -> str | None:
@@ -209,7 +190,7 @@ def version(b: Bindings) -> str | None:
     return raw or None
 
 
-# -- DCGM's values: blank sentinels (not supported / not recorded) and handles ---------------------------
+# DCGM's blank sentinels: a value not supported or not recorded.
 INT32_BLANK = 0x7FFFFFF0
 INT64_BLANK = 0x7FFFFFFFFFFFFFF0
 FP64_BLANK = 140737488355328.0

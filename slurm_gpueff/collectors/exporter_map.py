@@ -1,18 +1,14 @@
-"""dcgm-exporter's HPC job mapping: one file per DCGM GPU id holding the ids of the jobs on that GPU.
+"""dcgm-exporter's HPC job mapping (``dcgm.exporter_mapping``): ``DIR/<DCGM gpu id>`` lists the jobs on that GPU.
 
-dcgm-exporter started with ``--hpc-job-mapping-dir DIR`` reads ``DIR/<gpu id>`` (one job id per line)
-and adds an ``hpc_job`` label to that GPU's metrics, so existing Grafana dashboards can filter by job.
-The Prolog adds the job's id to the file of each of its GPUs; the Epilog takes it out again and
-deletes a file that becomes empty. Files of other GPUs, and other jobs' lines on a shared GPU, are
-never touched.
-
-Every change is read-modify-write under an exclusive ``flock`` on ``DIR/.gpueff.lock`` (two hooks on
-one node may run at once) and lands with an atomic rename, so the exporter never reads a half file.
-Stdlib only (hook path).
+dcgm-exporter started with ``--hpc-job-mapping-dir DIR`` labels that GPU's metrics ``hpc_job``. The
+Prolog adds the job's id to each of its GPUs' files, the Epilog takes it out (deleting emptied files).
+Each change is read-modify-write under an exclusive ``flock`` (two hooks may run at once) and lands
+with an atomic rename, so the exporter never reads a half file. Stdlib only (hook path).
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 
@@ -20,7 +16,7 @@ from .. import spool
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Iterable, Iterator
 
 LOCK_NAME = ".gpueff.lock"
 
@@ -33,28 +29,22 @@ def _read_ids(path: str) -> list[str]:
         return []
 
 
-class _Locked:
-    def __init__(self, directory: str):
-        self.path = os.path.join(directory, LOCK_NAME)
-        self.fd = -1
-
-    def __enter__(self) -> _Locked:
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-        finally:
-            os.close(self.fd)
+@contextlib.contextmanager
+def _locked(directory: str) -> Iterator[None]:
+    """Hold an exclusive flock on the directory's lock file (closing the file releases it)."""
+    fd = os.open(os.path.join(directory, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def add_job(directory: str, gpu_ids: Iterable[int], job_id: str) -> list[str]:
     """Add ``job_id`` to the file of each GPU id; return the paths written."""
     os.makedirs(directory, mode=0o755, exist_ok=True)
     written: list[str] = []
-    with _Locked(directory):
+    with _locked(directory):
         for gid in sorted(set(int(g) for g in gpu_ids)):
             path = os.path.join(directory, str(gid))
             ids = _read_ids(path)
@@ -70,7 +60,7 @@ def remove_job(directory: str, gpu_ids: Iterable[int], job_id: str) -> list[str]
     changed: list[str] = []
     if not os.path.isdir(directory):
         return changed
-    with _Locked(directory):
+    with _locked(directory):
         for gid in sorted(set(int(g) for g in gpu_ids)):
             path = os.path.join(directory, str(gid))
             ids = _read_ids(path)

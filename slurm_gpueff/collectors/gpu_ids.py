@@ -1,18 +1,10 @@
 """GPU identity without NVML: Slurm index -> /dev minor -> UUID / PCI bus id, and MIG slice ids.
 
-Why this exists: the DCGM backend must put *exactly* the job's GPUs into a DCGM group, and DCGM numbers
-GPUs its own way (gpu ids), while Slurm hands the hooks its GRES indexes (positions in slurmd's sorted
-device list, i.e. /dev/nvidiaN minors) or, for MIG, MIG UUIDs. The reliable join key is the GPU UUID
-(or the PCI bus id), never an ordinal. The NVIDIA kernel driver publishes both per minor in
-``/proc/driver/nvidia/gpus/<bus id>/information`` ("Device Minor", "GPU UUID", "Bus Location"), so the
-hooks can resolve them with a file read: no NVML, no driver call that could hang.
-
-MIG: ``CUDA_VISIBLE_DEVICES`` (and sometimes ``SLURM_JOB_GPUS``) holds MIG UUIDs. Since R470 they are
-opaque (``MIG-<uuid>``); the legacy form ``MIG-GPU-<parent uuid>/<gi>/<ci>`` carries the parent GPU
-and the GPU/compute instance ids. :func:`job_slices` says which slices a job holds and under which
-Slurm index to record each one.
-
-Stdlib only (hook path).
+DCGM numbers GPUs its own way while Slurm hands the hooks /dev/nvidiaN positions or MIG UUIDs: the
+reliable join key is the GPU UUID (or PCI bus id), never an ordinal. The kernel driver publishes both
+per minor in ``/proc/driver/nvidia/gpus/<bus id>/information``, so the hooks resolve them with a file
+read, never a driver call that could hang. MIG UUIDs are opaque since R470 (``MIG-<uuid>``); the legacy
+``MIG-GPU-<parent uuid>/<gi>/<ci>`` names the parent and instance ids. Stdlib only (hook path).
 """
 
 from __future__ import annotations
@@ -32,11 +24,7 @@ _LEGACY_MIG = re.compile(r"^MIG-(GPU-[0-9a-fA-F-]+)/(\d+)/(\d+)$")
 
 
 def normalize_bus_id(bus_id: str | None) -> str | None:
-    """One spelling for a PCI bus id: ``0000:3b:00.0`` (4-digit domain, lower case).
-
-    NVML and DCGM write ``00000000:3B:00.0``, the kernel ``0000:3b:00.0``; comparing raw strings would
-    miss every match.
-    """
+    """One spelling for a PCI bus id: ``0000:3b:00.0`` (NVML and DCGM write ``00000000:3B:00.0``)."""
     if not bus_id:
         return None
     m = _BUS.match(bus_id.strip())
@@ -85,12 +73,6 @@ def proc_gpus(proc_dir: str = PROC_GPUS) -> dict[int, dict[str, Any]]:
     return out
 
 
-# --------------------------------------------------------------------------------------------------
-# MIG
-def is_mig_uuid(value: str) -> bool:
-    return value.strip().startswith("MIG-")
-
-
 def parse_legacy_mig(uuid: str) -> dict[str, Any] | None:
     """``MIG-GPU-<parent>/<gi>/<ci>`` -> {parent_uuid, gi_id, ci_id}; None for the opaque R470+ form."""
     m = _LEGACY_MIG.match(uuid.strip())
@@ -106,15 +88,13 @@ def _split(value: str | None) -> list[str]:
 def job_slices(env: Mapping[str, str]) -> list[tuple[int, str]]:
     """The MIG slices a job holds as ``[(slurm_index, mig_uuid), ...]``; ``[]`` for whole-GPU jobs.
 
-    Slurm with MIG GRES gives SLURM_JOB_GPUS as indexes into its GRES list and CUDA_VISIBLE_DEVICES as
-    the slices' MIG UUIDs, position by position: pair them. When only MIG UUIDs are known (either
-    variable holding them, no index list of the same length), the slice's position is its index so
-    each slice still gets its own row.
+    Slurm with MIG GRES gives SLURM_JOB_GPUS as GRES indexes and CUDA_VISIBLE_DEVICES as the slices' MIG
+    UUIDs, position by position: pair them. Without a matching index list, a slice's position is its index.
     """
     job_gpus = _split(env.get("SLURM_JOB_GPUS"))
     cuda = _split(env.get("CUDA_VISIBLE_DEVICES"))
     for source in (job_gpus, cuda):
-        migs = [p for p in source if is_mig_uuid(p)]
+        migs = [p for p in source if p.startswith("MIG-")]
         if not migs:
             continue
         indexes = [int(p) for p in job_gpus if p.isdigit()]

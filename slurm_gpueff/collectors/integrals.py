@@ -1,12 +1,9 @@
 """Cumulative time integrals: the arithmetic shared by the node agent and the hook-side collector.
 
-The agent never knows which job is running; it only keeps, per GPU and metric, three running totals
-since it started: ``sum`` (value x seconds), ``covered_s`` (seconds that had a value) and ``count``
-(readings). Any window's time-weighted mean is then ``delta(sum) / delta(covered_s)`` between two
-snapshots -- exact for whatever was integrated, however uneven the sampling was, and a metric that was
-missing for part of the window is averaged over the part it covered (not diluted by zeros).
-
-Stdlib only (the Epilog imports this).
+Per GPU and metric, three running totals since the agent started: ``sum`` (value x seconds),
+``covered_s`` (seconds that had a value) and ``count`` (readings). A window's time-weighted mean is
+``delta(sum) / delta(covered_s)``: exact however uneven the sampling, and a metric missing for part of
+the window is averaged over the part it covered, not diluted by zeros. Stdlib only (the Epilog imports this).
 """
 
 from __future__ import annotations
@@ -67,12 +64,10 @@ def clamp_fraction(v: float) -> float:
 
 def timeline_points(snapshots: list[tuple[float, Mapping[str, Any]]], t0: float,
                     max_points: int = 100) -> list[list[float | None]]:
-    """Difference consecutive cumulative snapshots into ``[t_offset_s, kernel, sm, tensor]`` points.
+    """Difference ``(epoch, counters)`` snapshots in time order into ``[t_offset_s, kernel, sm, tensor]`` points.
 
-    ``snapshots`` are ``(epoch, counters)`` in time order (counters as in :func:`new_counters`, or any
-    dict with ``sum``/``covered_s``/``count`` for the timeline metrics). Each point is the mean over one
-    bucket, placed at the bucket's midpoint relative to ``t0``. When there are more than ``max_points``
-    buckets, neighbours are merged by adding their deltas, so merged means stay exact.
+    Each point is one bucket's mean at its midpoint relative to ``t0``. Beyond ``max_points`` buckets,
+    neighbours are merged by adding their deltas, so merged means stay exact.
     """
     buckets: list[tuple[float, float, dict[str, tuple[float, float]]]] = []
     for (ta, a), (tb, b) in zip(snapshots, snapshots[1:], strict=False):

@@ -1,21 +1,13 @@
 """Which MIG slice is which: MIG UUID -> parent GPU UUID, GPU/compute instance ids, profile and memory.
 
-A job given MIG slices must be attributed to *its* slice (parent GPU + GPU instance id), never to the
-whole GPU. The opaque R470+ MIG UUID says nothing by itself, so the answer comes from, in order:
-
-1. the legacy UUID form ``MIG-GPU-<parent>/<gi>/<ci>`` (parsed, no call at all);
-2. the gpueff agent's published MIG inventory (``mig`` in ``agent/state.json``), when it runs;
-3. NVML, imported lazily (``nvmlDeviceGetHandleByUUID`` on the MIG UUID, then its parent, its GPU
-   and compute instance ids, memory and name, which ends in the profile such as ``1g.10gb``).
-
-Stdlib only at import time (hook path); pynvml only inside :func:`nvml_lookup`.
+The opaque R470+ MIG UUID says nothing by itself, so the answer comes from the gpueff agent's MIG
+inventory (``mig`` in ``agent/state.json``), else the legacy form ``MIG-GPU-<parent>/<gi>/<ci>``, else
+NVML. Stdlib only at import time (hook path); pynvml only inside :func:`nvml_lookup`.
 """
 
 from __future__ import annotations
 
-import json
-import os
-
+from .agent_files import read_state
 from .gpu_ids import parse_legacy_mig
 
 TYPE_CHECKING = False
@@ -23,7 +15,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-# Why figures are missing on a slice (shown next to "n/a" on the card).
+# Why figures are missing on a slice.
 JOBSTATS_REASON = "DCGM job statistics do not cover MIG slices"
 UTIL_REASON = "not measurable per MIG slice (NVML utilization and energy are whole-GPU only)"
 KERNEL_MIG_REASON = ("not measurable per MIG slice: NVML utilization.gpu is whole-GPU only "
@@ -37,7 +29,7 @@ def profile_from_name(name: str | None) -> str | None:
     """``NVIDIA H100 80GB HBM3 MIG 1g.10gb`` -> ``1g.10gb``."""
     if not name:
         return None
-    head, sep, tail = name.rpartition("MIG ")
+    _, sep, tail = name.rpartition("MIG ")
     return (tail.strip() or None) if sep else None
 
 
@@ -70,13 +62,8 @@ def nvml_lookup(mig_uuid: str) -> dict[str, Any]:
 
 
 def agent_inventory(state_dir: str) -> dict[str, dict[str, Any]]:
-    """The agent's MIG inventory ``{mig_uuid: {...}}`` from ``agent/state.json`` (empty if none)."""
-    try:
-        with open(os.path.join(state_dir, "agent", "state.json"), "rb") as fh:
-            state = json.loads(fh.read())
-    except (OSError, ValueError):
-        return {}
-    mig = state.get("mig") if isinstance(state, dict) else None
+    """The agent's MIG inventory ``{mig_uuid: {...}}`` (empty if none)."""
+    mig = read_state(state_dir).get("mig")
     return mig if isinstance(mig, dict) else {}
 
 

@@ -1,23 +1,12 @@
 """Hook side of the nvml backend: difference the node agent's cumulative counters over a job.
 
-This never imports pynvml and never talks to a GPU: the Prolog and Epilog must stay fast and must not
-depend on the driver answering. It reads the agent's ``agent/state.json`` (and timeline files) that
-:mod:`slurm_gpueff.collectors.agent` publishes.
-
-* ``start(job)``: Slurm GPU index -> ``/dev/nvidiaN`` minor -> the agent's GPU with that minor -> UUID;
-  snapshot that GPU's counters. The returned dict (saved by the Prolog under ``start`` in
-  ``<state_dir>/jobs/<job_id>.json``) carries ``uuids``; that is how the agent learns which GPUs the
-  job holds, to track its peak memory.
-* ``stop(job, start_state)``: read the state again; per GPU, mean = delta(sum) / delta(covered seconds),
-  energy = delta(energy counter), peak memory from the agent's per-job peaks, samples = delta(readings),
-  a coarse timeline from the timeline file.
-
-The window is the agent's ticks: from the last tick before the Prolog to the last tick before the
-Epilog, so each end can be off by up to one ``agent.interval_s``.
-
-Nothing here raises to the hook: every failure becomes ``None`` figures with a reason (agent not
-running, stale, restarted or stopped during the job, GPU index without a device, Prolog state missing,
-job shorter than one sampling interval).
+Never imports pynvml or talks to a GPU (the hooks must not depend on the driver answering): it reads the
+``agent/state.json`` and timeline files that :mod:`.agent` publishes. The Prolog maps each Slurm GPU
+index to its /dev/nvidiaN minor, the agent's GPU with that minor and its UUID, and snapshots its
+counters; ``uuids`` in the start state tells the agent whose peak memory to track. The Epilog differences
+the counters (docs/FIGURES.md). The window runs from the agent's last tick before the Prolog to its
+last tick before the Epilog, so each end is off by up to one ``agent.interval_s``. Nothing raises to
+the hook: every failure becomes ``None`` figures with a reason.
 """
 
 from __future__ import annotations
@@ -46,6 +35,10 @@ def _no_minor(minor: int) -> str:
     return f"the gpueff agent sees no GPU with minor number {minor} (/dev/nvidia{minor})"
 
 
+def _backend(gpus: list[dict[str, Any]]) -> str:
+    return "nvml-gpm" if any(g["source"] == "nvml-gpm" for g in gpus) else "nvml"
+
+
 def _fmt_time(t: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
 
@@ -62,7 +55,6 @@ class NvmlCollector(Collector):
         self.state_dir = config.paths.state_dir
         self.stale_s = float(config.collector.agent_stale_s)
 
-    # -- reading the agent's state ---------------------------------------------------------------
     def read_state(self) -> tuple[dict[str, Any] | None, str | None]:
         """(state, None) when usable, else (state or None, reason)."""
         path = state_path(self.state_dir)
@@ -95,7 +87,6 @@ class NvmlCollector(Collector):
     def _snapshot(g: dict[str, Any]) -> dict[str, Any]:
         return {k: g.get(k) for k in ("sum", "covered_s", "count", "ticks", "energy_est_mj", "energy_mj")}
 
-    # -- Prolog -----------------------------------------------------------------------------------
     def start(self, job: JobContext) -> dict[str, Any]:
         try:
             return self._start(job)
@@ -106,14 +97,14 @@ class NvmlCollector(Collector):
 
     def _start(self, job: JobContext) -> dict[str, Any]:
         state, err = self.read_state()
-        if nvml_mig.slices(job):  # MIG slices: the slice's own counters, never the whole GPU's (see nvml_mig)
-            return nvml_mig.start(self.state_dir, job, self.name, state=state, err=err, now=self.now)
-        minors = slurm_index_to_minor(job.gpu_indexes, self.dev_dir)
         out: dict[str, Any] = {"backend": self.name, "t": self.now(), "uuids": [], "gpus": {}, "error": err}
         if state is not None:
             out["agent"] = {"pid": state.get("pid"), "instance": state.get("instance"),
                             "started": state.get("started")}
             out["updated"] = state.get("updated")
+        if nvml_mig.slices(job):  # MIG slices: the slice's own counters, never the whole GPU's (see nvml_mig)
+            return nvml_mig.start(self.state_dir, job, out, state, err)
+        minors = slurm_index_to_minor(job.gpu_indexes, self.dev_dir)
         by_minor = self._by_minor(state) if state is not None else {}
         for idx in job.gpu_indexes:
             minor = minors.get(idx)
@@ -132,7 +123,6 @@ class NvmlCollector(Collector):
             out["gpus"][str(idx)] = entry
         return out
 
-    # -- Epilog -----------------------------------------------------------------------------------
     def stop(self, job: JobContext, start_state: dict[str, Any] | None) -> Measurement:
         try:
             return self._stop(job, start_state)
@@ -143,16 +133,14 @@ class NvmlCollector(Collector):
 
     def _stop(self, job: JobContext, start_state: dict[str, Any] | None) -> Measurement:
         state, err = self.read_state()
+        reason = self._job_reason(start_state, state, err)
         if nvml_mig.slices(job):
-            reason = self._job_reason(start_state, state, err)
             interval = float((state or {}).get("interval_s") or self.config.agent.interval_s)
             gpus = nvml_mig.stop(job, start_state, self.name, state=state, reason=reason, interval_s=interval,
                                  state_dir=self.state_dir)
-            backend = "nvml-gpm" if any(g["source"] == "nvml-gpm" for g in gpus) else "nvml"
-            return Measurement(backend, gpus, reason)
+            return Measurement(_backend(gpus), gpus, reason)
         minors = slurm_index_to_minor(job.gpu_indexes, self.dev_dir)
         by_minor = self._by_minor(state) if state is not None else {}
-        reason = self._job_reason(start_state, state, err)
         gpus = []
         for idx in job.gpu_indexes:
             entry = ((start_state or {}).get("gpus") or {}).get(str(idx)) or {}
@@ -178,7 +166,7 @@ class NvmlCollector(Collector):
             # No reason: _job_reason found both states, and ag is this GPU's entry.
             assert start_state is not None and state is not None and ag is not None
             gpus.append(self._gpu_figures(job, idx, ident, entry["snapshot"], ag, start_state, state))
-        backend = "nvml-gpm" if any(g["source"] == "nvml-gpm" for g in gpus) else "nvml"
+        backend = _backend(gpus)
         if reason is None and backend == "nvml" and gpus:
             reasons = {r for g in gpus for r in [g["missing"].get("sm_active")] if r}
             reason = reasons.pop() if len(reasons) == 1 else None
@@ -216,18 +204,14 @@ class NvmlCollector(Collector):
             elif m in GPM_METRICS and not gpm:
                 missing[key] = ag.get("gpm_reason") or NO_GPM_REASON
             else:
-                missing[key] = None  # filled below once we know whether there were samples at all
+                missing[key] = None  # the reason depends on whether there were samples at all
         gpu["samples"] = samples
-        if samples == 0:
-            why = (f"job shorter than one sampling interval ({interval:g} s): no agent sample fell inside it")
-            for m in list(missing):
-                if missing[m] is None:
-                    missing[m] = why
-        else:
-            for m in list(missing):
-                if missing[m] is None:
-                    missing[m] = ("GPM returned no valid value during the job" if m in GPM_METRICS
-                                  else "NVML returned no value during the job")
+        for m, why in missing.items():
+            if why is None and samples == 0:
+                missing[m] = f"job shorter than one sampling interval ({interval:g} s): no agent sample fell inside it"
+            elif why is None:
+                missing[m] = ("GPM returned no valid value during the job" if m in GPM_METRICS
+                              else "NVML returned no value during the job")
         # Energy: difference of the cumulative counter (extended by integrated power between reads).
         e0, e1 = snap.get("energy_est_mj"), ag.get("energy_est_mj")
         if isinstance(e0, int | float) and isinstance(e1, int | float) and e1 >= e0:

@@ -1,25 +1,15 @@
 """MIG jobs on the nvml backend: each slice's own figures from the agent's per-GPU-instance counters.
 
-A job given MIG slices must never be charged the whole GPU's figures: Slurm's index of a MIG slice is
-not a /dev/nvidiaN minor, and NVML's utilization, energy and power are whole-GPU readings. Each slice is
-attributed to (parent GPU UUID, GPU instance id) via :mod:`slurm_gpueff.collectors.mig`; the record
-names the parent's UUID, the slice's MIG UUID, GPU/compute instance ids, profile and memory.
-
-Figures: the gpueff agent samples GPM per GPU instance (``nvmlGpmMigSampleGet``) and keeps cumulative
-integrals per slice under the parent GPU in ``agent/state.json`` (``gpus[parent].mig[gi]``), exactly
-as per GPU; the Prolog snapshots the slice's counters and the Epilog differences them (SM activity,
-occupancy, tensor, DRAM, FP64/32/16). Peak memory is the slice's (GPU instance's) memory used, tracked
-by the agent while the job's state file exists. ``kernel_active``, ``energy_j`` and ``power_mean_w``
-are None with the reason (whole-GPU only). Also None with a clear reason: the slice disappeared or was
-re-created between Prolog and Epilog (MIG reconfigured), the GPU instance holds several compute
-instances (GPM cannot tell them apart), the GPU has no GPM, the agent is down or restarted.
-
-Stdlib only (hook path).
+A job given MIG slices must never be charged the whole GPU's figures: Slurm's index of a slice is not a
+/dev/nvidiaN minor, and NVML's utilization, energy and power are whole-GPU readings. Each slice is
+attributed to (parent GPU UUID, GPU instance id) via :mod:`.mig`. The Prolog snapshots the slice's GPM
+counters (``gpus[parent].mig[gi]`` in the agent's state), the Epilog differences them; peak memory is
+the GPU instance's. Kernel activity, energy and power are None with the reason, and so is everything
+when the slice was re-created during the job, its GPU instance holds several compute instances (GPM
+cannot tell them apart), the GPU has no GPM, or the agent is down or restarted. Stdlib only (hook path).
 """
 
 from __future__ import annotations
-
-import time
 
 from ..record import METRICS, empty_gpu
 from . import integrals
@@ -29,7 +19,6 @@ from .gpu_ids import job_slices, parse_legacy_mig
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
     from typing import Any
 
     from .base import JobContext
@@ -37,8 +26,6 @@ if TYPE_CHECKING:
 GPM_MIG_METRICS = ("sm_active", "sm_occupancy", "tensor_active", "dram_active", "fp64_active", "fp32_active",
                    "fp16_active")
 WHOLE_GPU_ONLY = ("kernel_active", "energy_j", "power_mean_w")
-# Kept for callers that list what a slice never gets from NVML directly (peak memory comes from the agent).
-SLICE_FIGURES = GPM_MIG_METRICS + ("memory_used_peak_bytes",)
 
 
 def slices(job: JobContext) -> list[tuple[int, str]]:
@@ -70,23 +57,16 @@ def _snapshot(sl: dict[str, Any]) -> dict[str, Any]:
         "n_ci": len(sl.get("devices") or {})}
 
 
-def start(state_dir: str, job: JobContext, backend: str,
-          lookup: Callable[[str], dict[str, Any]] | None = migmod.nvml_lookup,
-          state: dict[str, Any] | None = None, err: str | None = None,
-          now: Callable[[], float] = time.time) -> dict[str, Any]:
-    """Prolog state for a MIG job: each slice resolved (while it exists) and its counters snapshotted.
-
-    ``state``/``err`` are the agent state and why it is unusable (from NvmlCollector.read_state); without
-    a state the agent inventory is read from ``state_dir`` for identity only. ``uuids`` lists the MIG
-    UUIDs so the agent tracks the job's peak memory per slice.
+def start(state_dir: str, job: JobContext, out: dict[str, Any], state: dict[str, Any] | None,
+          err: str | None) -> dict[str, Any]:
+    """Complete ``out``, the Prolog state, for a MIG job: each slice resolved (while it exists) and its
+    counters snapshotted. ``state``/``err`` come from NvmlCollector.read_state; ``uuids`` lets the agent
+    track each slice's peak memory.
     """
     inventory = (state.get("mig") if isinstance(state, dict) else None) or migmod.agent_inventory(state_dir)
-    out: dict[str, Any] = {"backend": backend, "t": now(), "mig": {}, "uuids": [], "gpus": {}, "error": err}
-    if isinstance(state, dict):
-        out["agent"] = {"pid": state.get("pid"), "instance": state.get("instance"), "started": state.get("started")}
-        out["updated"] = state.get("updated")
+    out["mig"] = {}
     for idx, mig_uuid in slices(job):
-        desc, why = migmod.resolve(mig_uuid, inventory if isinstance(inventory, dict) else {}, lookup)
+        desc, why = migmod.resolve(mig_uuid, inventory if isinstance(inventory, dict) else {}, migmod.nvml_lookup)
         entry: dict[str, Any] = {"uuid": mig_uuid, "desc": desc, "error": why}
         out["uuids"].append(mig_uuid)
         if desc is not None and err is None and isinstance(state, dict):
@@ -99,11 +79,10 @@ def start(state_dir: str, job: JobContext, backend: str,
     return out
 
 
-def stop(job: JobContext, start_state: dict[str, Any] | None, backend: str,
-         lookup: Callable[[str], dict[str, Any]] | None = None, *, state: dict[str, Any] | None = None,
-         reason: str | None = None, interval_s: float = 5.0, state_dir: str | None = None) -> list[dict[str, Any]]:
-    """One record entry per slice: identity from the Prolog's state (or resolved now), figures from the
-    difference of the slice's counters; ``reason`` (agent down, restarted, no Prolog state) voids them all."""
+def stop(job: JobContext, start_state: dict[str, Any] | None, backend: str, *, state: dict[str, Any] | None,
+         reason: str | None, interval_s: float, state_dir: str) -> list[dict[str, Any]]:
+    """One record entry per slice: identity from the Prolog's state (or the agent's inventory), figures
+    from the difference of the slice's counters; ``reason`` (agent down, restarted, no Prolog state) voids them."""
     saved = (start_state or {}).get("mig") or {}
     gpus = []
     for idx, mig_uuid in slices(job):
@@ -111,7 +90,7 @@ def stop(job: JobContext, start_state: dict[str, Any] | None, backend: str,
         desc, why = entry.get("desc"), entry.get("error")
         if desc is None and why is None:
             inventory = (state or {}).get("mig") if isinstance(state, dict) else None
-            desc, why = migmod.resolve(mig_uuid, inventory if isinstance(inventory, dict) else None, lookup)
+            desc, why = migmod.resolve(mig_uuid, inventory if isinstance(inventory, dict) else None, None)
             if desc is None and parse_legacy_mig(mig_uuid) is None:
                 why = why or "no Prolog state for this slice"
         ident = migmod.slice_ident(desc, mig_uuid)
@@ -128,7 +107,7 @@ def stop(job: JobContext, start_state: dict[str, Any] | None, backend: str,
             assert desc is not None  # a slice without a reason was resolved
             slice_reason = reason or _slice_reason(entry, state, desc)
             if slice_reason:
-                for m in SLICE_FIGURES:
+                for m in (*GPM_MIG_METRICS, "memory_used_peak_bytes"):
                     missing[m] = slice_reason
             else:
                 # Counters to difference: a Prolog snapshot (so a start state) and the slice at job end.
@@ -163,7 +142,7 @@ def _slice_reason(entry: dict[str, Any], state: dict[str, Any] | None, desc: dic
 
 def _figures(job: JobContext, gpu: dict[str, Any], missing: dict[str, str], entry: dict[str, Any], mig_uuid: str,
              desc: dict[str, Any], start_state: dict[str, Any], state: dict[str, Any], interval_s: float,
-             state_dir: str | None) -> None:
+             state_dir: str) -> None:
     snap = entry["snapshot"]
     end = _slice_entry(state, desc)
     assert end is not None  # _slice_reason checked
@@ -192,7 +171,7 @@ def _figures(job: JobContext, gpu: dict[str, Any], missing: dict[str, str], entr
         gpu["source"] = "nvml-gpm"
     t_start = start_state.get("updated") or start_state.get("t")
     t_end = state.get("updated")
-    if state_dir and samples > 0 and isinstance(t_start, int | float) and isinstance(t_end, int | float):
+    if samples > 0 and isinstance(t_start, int | float) and isinstance(t_end, int | float):
         t0 = job.start_time if job.start_time else t_start
         gpu["timeline"] = read_job_timeline(state_dir, mig_key(desc["parent_uuid"], desc["gi_id"]),
                                             {"instance": state.get("instance"), "gen": snap.get("gen")},

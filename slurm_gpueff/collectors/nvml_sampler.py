@@ -1,30 +1,13 @@
 """Read every GPU of the node through NVML (and GPM on Hopper and newer): the node agent's only GPU access.
 
-The agent (:mod:`slurm_gpueff.collectors.agent`) talks to GPUs only through the small *sampler*
-interface below (:class:`Sampler`: ``open()``, ``sample(read_energy)``, ``close()``). That keeps the
-integration arithmetic testable on machines without a GPU: tests feed a fake sampler (the GPU mock)
-into the real agent loop. :class:`NvmlSampler` is the real one.
-
-What one sample holds, per GPU, and why:
-
-* ``kernel_pct`` -- NVML ``utilization.gpu`` (share of time any kernel ran). The driver keeps a ring
-  buffer of these readings (several a second, some seconds' worth); we average every reading since the
-  previous sample (``nvmlDeviceGetSamples``) so a tick sees all of its interval, not one glimpse
-  (intervals longer than the buffer see its last part). Where the buffer is unavailable we fall back
-  to ``nvmlDeviceGetUtilizationRates`` (the latest reading only).
-* ``gpm`` -- GPM metrics (SM active, occupancy, tensor, DRAM, FP pipes) in percent. GPM returns the
-  average over the interval between two GPM samples, so the agent integrates them exactly; NaN or a
-  per-metric error becomes ``None`` (missing), never 0.
-* ``power_mw`` (cheap, every tick), ``energy_mj`` (cumulative counter since driver load; the slowest
-  call, so only when the agent asks for it), ``memory_used_bytes`` (v2 ``used``, which excludes reserved memory).
-* ``mig_devices`` / ``mig`` -- only for a GPU in MIG mode: the MIG devices that exist now (enumerated
-  every tick with ``nvmlDeviceGetMigDeviceHandleByIndex``, because GPU instances can be destroyed and
-  re-created without a GPU reset) and, per GPU instance, its memory used (``nvmlDeviceGetMemoryInfo``
-  on the MIG device handle) and GPM metrics from ``nvmlGpmMigSampleGet(parent, gpuInstanceId, sample)``.
-  GPM samples per GPU instance, not per compute instance: all compute instances of one GPU instance
-  share one reading. NVML has no per-slice utilization.gpu, power or energy.
-
-pynvml is imported lazily: this module is importable (and the agent's tests run) without it.
+The agent sees GPUs only through :class:`Sampler`, so tests drive the real agent loop with a fake one
+(the GPU mock). Sources per figure: docs/FIGURES.md. Facts the code relies on: NVML's utilization.gpu
+is a ring buffer of readings, so a tick averages every reading since the previous one rather than one
+glimpse; GPM returns exact means over the interval between two GPM samples (NaN or a per-metric error
+becomes ``None``, never 0); the energy counter is the slowest call, read only when asked. MIG devices
+are enumerated every tick (GPU instances can be re-created without a GPU reset); GPM is sampled per GPU
+instance (``nvmlGpmMigSampleGet``), shared by its compute instances; NVML has no per-slice
+utilization.gpu, power or energy. pynvml is imported lazily: the agent's tests run without it.
 """
 
 from __future__ import annotations
@@ -295,9 +278,7 @@ class NvmlSampler:
     def _util_buffer(self, dev: _Dev) -> list[float]:
         """Utilization readings newer than the last seen one (the driver's ring buffer).
 
-        The largest part of a tick's CPU time, yet it sees every reading of a 5 s tick; the buffer's depth
-        and the call's cost are in docs/gpu-validation/h100-agent-overhead.log. A single-call ctypes
-        variant was no cheaper.
+        The largest part of a tick's CPU time (docs/gpu-validation/h100-agent-overhead.log).
         """
         nv = self._nvml
         vtype, samples = nv.nvmlDeviceGetSamples(dev.handle, nv.NVML_GPU_UTILIZATION_SAMPLES, dev.util_ts)
@@ -364,7 +345,6 @@ class NvmlSampler:
             dev.gpm_prev, dev.gpm_cur = dev.gpm_cur, dev.gpm_prev
             dev.gpm_prev_t = t
 
-    # -- MIG -------------------------------------------------------------------------------------------
     def _mig_enabled(self, handle: object) -> bool:
         """MIG mode is on now (changing it needs a GPU reset, so once at open is enough)."""
         nv = self._nvml
@@ -487,10 +467,7 @@ class NvmlSampler:
         if nv is None:
             return
         for dev in self._devs:
-            for smp in (dev.gpm_prev, dev.gpm_cur):
-                if smp is not None:
-                    with contextlib.suppress(nv.NVMLError):
-                        nv.nvmlGpmSampleFree(smp)
+            self._free(dev)
             for buf in dev.mig_bufs.values():
                 self._free(buf)
         self._devs = []

@@ -1,5 +1,5 @@
 """Choose the collector backend: config first, else auto (dcgm if a hostengine answers, else nvml if the
-node agent is publishing, else allocation-only). Stdlib only; never imports pynvml itself.
+node agent is publishing, else allocation-only). Stdlib only.
 """
 
 from __future__ import annotations
@@ -17,12 +17,19 @@ if TYPE_CHECKING:
 
 def get_collector(config: Config) -> Collector:
     backend = config.collector.backend
+    if backend == "auto":
+        from .dcgm_bindings import probe
+
+        if probe(config.dcgm.hostengine, config.dcgm.connect_timeout_s) is None:  # a bounded connect, no bindings
+            backend = "dcgm"
+        elif os.path.exists(state_path(config.paths.state_dir)):  # the agent publishes (nvml says if it is stale)
+            backend = "nvml"
+        else:
+            return NoneCollector(config, "no GPU collector running on this node (auto: no DCGM, no gpueff agent)")
     if backend == "simulated":
         from .simulated import SimulatedCollector
 
         return SimulatedCollector(config)
-    if backend == "none":
-        return NoneCollector(config)
     if backend == "dcgm":
         from .dcgm import DcgmCollector
 
@@ -31,16 +38,4 @@ def get_collector(config: Config) -> Collector:
         from .nvml import NvmlCollector
 
         return NvmlCollector(config)
-    # auto: dcgm if a hostengine accepts a connection (a bounded TCP connect, no bindings imported)...
-    from .dcgm_bindings import probe
-
-    if probe(config.dcgm.hostengine, config.dcgm.connect_timeout_s) is None:
-        from .dcgm import DcgmCollector
-
-        return DcgmCollector(config)
-    # ...else the nvml agent publishes a state file; if it is there, use it (it says if it is stale).
-    if os.path.exists(state_path(config.paths.state_dir)):
-        from .nvml import NvmlCollector
-
-        return NvmlCollector(config)
-    return NoneCollector(config, "no GPU collector running on this node (auto: no DCGM, no gpueff agent)")
+    return NoneCollector(config)

@@ -27,57 +27,36 @@ if TYPE_CHECKING:
 
 GiB = 1024**3
 
-# Per-GPU figures of each profile: fractions in [0, 1]; mem = peak memory as a fraction of total;
-# power in W. "gpus" overrides per GPU position (position 0 = first allocated GPU; "rest" = others).
-_IDLE = dict(kernel_active=0.0, sm_active=0.0, sm_occupancy=0.0, tensor_active=0.0, dram_active=0.0,
-             fp64_active=0.0, fp32_active=0.0, fp16_active=0.0, mem=0.005, power=70.0)
-_HEALTHY = dict(kernel_active=0.97, sm_active=0.82, sm_occupancy=0.35, tensor_active=0.78, dram_active=0.22,
-                fp64_active=0.0, fp32_active=0.08, fp16_active=0.05, mem=0.85, power=610.0)
+# A profile's figures per GPU, in this order: the record's fractions (kernel, SM, occupancy, tensor, DRAM,
+# FP64, FP32, FP16) in [0, 1], peak memory as a fraction of the total, power in W.
+_FIELDS = (*FRACTIONS, "mem", "power")
 
+
+def _spec(*values: float) -> dict[str, float]:
+    return dict(zip(_FIELDS, values, strict=True))
+
+
+_IDLE = _spec(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.005, 70.0)
+_HEALTHY = _spec(0.97, 0.82, 0.35, 0.78, 0.22, 0.0, 0.08, 0.05, 0.85, 610.0)
+
+# "first" is the first allocated GPU, "rest" the others (default: as the first).
 PROFILES: dict[str, dict[str, Any]] = {
     "idle": {"describe": "GPU allocated, nothing ever ran on it", "first": _IDLE, "rest": _IDLE},
-    "one-sm-spin": {
-        "describe": "one thread block spinning: 100 % 'GPU utilization', 1 of 132 SMs busy",
-        "first": dict(kernel_active=1.0, sm_active=0.0076, sm_occupancy=0.0001, tensor_active=0.0,
-                      dram_active=0.0, fp64_active=0.0, fp32_active=0.0, fp16_active=0.0, mem=0.01,
-                      power=120.0),
-    },
-    "tiny-kernels": {
-        "describe": "a Python loop launching tiny kernels: launch-bound",
-        "first": dict(kernel_active=0.85, sm_active=0.02, sm_occupancy=0.01, tensor_active=0.0,
-                      dram_active=0.01, fp64_active=0.0, fp32_active=0.004, fp16_active=0.0, mem=0.05,
-                      power=140.0),
-    },
-    "starved": {
-        "describe": "training loop waiting on its data loader most of the time",
-        "first": dict(kernel_active=0.25, sm_active=0.20, sm_occupancy=0.08, tensor_active=0.18,
-                      dram_active=0.05, fp64_active=0.0, fp32_active=0.02, fp16_active=0.01, mem=0.6,
-                      power=210.0),
-    },
-    "fp32-no-tensor": {
-        "describe": "fp32 matmuls with TF32 off: SMs busy, tensor cores idle",
-        "first": dict(kernel_active=0.98, sm_active=0.79, sm_occupancy=0.25, tensor_active=0.0,
-                      dram_active=0.15, fp64_active=0.0, fp32_active=0.63, fp16_active=0.0, mem=0.5,
-                      power=520.0),
-    },
-    "memory-bound": {
-        "describe": "large memory copies / elementwise kernels: DRAM saturated",
-        "first": dict(kernel_active=0.99, sm_active=0.80, sm_occupancy=0.6, tensor_active=0.0,
-                      dram_active=0.85, fp64_active=0.0, fp32_active=0.05, fp16_active=0.0, mem=0.7,
-                      power=480.0),
-    },
-    "oversized": {
-        "describe": "small model on a big GPU: little memory and few SMs used",
-        "first": dict(kernel_active=0.70, sm_active=0.30, sm_occupancy=0.1, tensor_active=0.2,
-                      dram_active=0.05, fp64_active=0.0, fp32_active=0.03, fp16_active=0.02, mem=0.06,
-                      power=180.0),
-    },
+    "one-sm-spin": {"describe": "one thread block spinning: 100 % 'GPU utilization', 1 of 132 SMs busy",
+                    "first": _spec(1.0, 0.0076, 0.0001, 0.0, 0.0, 0.0, 0.0, 0.0, 0.01, 120.0)},
+    "tiny-kernels": {"describe": "a Python loop launching tiny kernels: launch-bound",
+                     "first": _spec(0.85, 0.02, 0.01, 0.0, 0.01, 0.0, 0.004, 0.0, 0.05, 140.0)},
+    "starved": {"describe": "training loop waiting on its data loader most of the time",
+                "first": _spec(0.25, 0.20, 0.08, 0.18, 0.05, 0.0, 0.02, 0.01, 0.6, 210.0)},
+    "fp32-no-tensor": {"describe": "fp32 matmuls with TF32 off: SMs busy, tensor cores idle",
+                       "first": _spec(0.98, 0.79, 0.25, 0.0, 0.15, 0.0, 0.63, 0.0, 0.5, 520.0)},
+    "memory-bound": {"describe": "large memory copies / elementwise kernels: DRAM saturated",
+                     "first": _spec(0.99, 0.80, 0.6, 0.0, 0.85, 0.0, 0.05, 0.0, 0.7, 480.0)},
+    "oversized": {"describe": "small model on a big GPU: little memory and few SMs used",
+                  "first": _spec(0.70, 0.30, 0.1, 0.2, 0.05, 0.0, 0.03, 0.02, 0.06, 180.0)},
     "bf16-healthy": {"describe": "bf16 training with large matmuls: tensor cores busy", "first": _HEALTHY},
-    "one-of-n-gpus": {
-        "describe": "job asked for several GPUs and used only the first",
-        "first": _HEALTHY,
-        "rest": _IDLE,
-    },
+    "one-of-n-gpus": {"describe": "job asked for several GPUs and used only the first",
+                      "first": _HEALTHY, "rest": _IDLE},
 }
 
 
@@ -114,9 +93,7 @@ class SimulatedCollector(Collector):
             return Measurement(self.name, [empty_gpu(i, self.name, reason) for i in job.gpu_indexes], reason)
         if nvml_mig.slices(job):
             return Measurement(self.name, _mig_slices(job, profile, self.config), None)
-        start = job.start_time
-        end = job.end_time
-        # Without both ends of the window (Prolog state lost) there is no energy to report: None, not 0.
+        start, end = job.start_time, job.end_time
         elapsed = max(0.0, end - start) if start and end else None
         total = int(80 * GiB)
         gpus = []
@@ -131,8 +108,7 @@ class SimulatedCollector(Collector):
                 gpu[m] = base if base == 0.0 else min(1.0, max(0.0, base + _jitter(job.job_id, index, m)))
             power = spec["power"] * (1 + _jitter(job.job_id, index, "power"))
             gpu["power_mean_w"] = round(power, 1)
-            if elapsed is None:
-                gpu["energy_j"] = None
+            if elapsed is None:  # no energy window: None, not 0
                 gpu["missing"]["energy_j"] = "job start unknown (Prolog state lost): no energy window"
             else:
                 gpu["energy_j"] = round(power * elapsed, 1)
@@ -158,9 +134,7 @@ def _timeline(gpu: dict[str, Any], elapsed: float, job_id: int, index: int, poin
 
 
 def _mig_slices(job: JobContext, profile: dict[str, Any], config: Config) -> list[dict[str, Any]]:
-    """MIG jobs: one entry per slice, attributed to (parent GPU, GPU instance), as a real MIG node would
-    report them: per-slice activity (as GPM MIG sampling gives it) and the slice's memory; the
-    whole-GPU-only figures (utilization, energy, power) None with the reason."""
+    """One entry per slice, as a real MIG node reports them: whole-GPU-only figures None with the reason."""
     from .gpu_ids import parse_legacy_mig
     from .mig import UTIL_REASON
 
