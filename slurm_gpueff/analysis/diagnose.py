@@ -38,14 +38,13 @@ def assess(figures: JobFigures, thresholds: ThresholdSource = None) -> Diagnosis
     ctx = Context(figures=figures, used=list(figures.gpus), thresholds=th)
     for rule in RULES:
         try:
-            found = rule.check(ctx)
+            gpus = rule.hits(ctx)
         except NotAssessed as exc:
             ctx.skipped.append(Skipped(rule.name, rule.label, str(exc), exc.figure, exc.detail))
             continue
-        if found is None:
+        if not gpus:
             continue
-        values, gpus = found
-        ctx.raised.append(rule.verdict(values, gpus))
+        ctx.raised.append(rule.verdict(ctx, gpus))
         if rule.name == "never_used":
             ctx.used = [g for g in ctx.used if all(g is not x for x in gpus)]
     return Diagnosis(ctx.raised, ctx.skipped)
