@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from ..fmt import gpu_hours
 from .figures import JobFigures
-from .verdicts import RULES, Context, NotAssessed, Skipped, Thresholds, Verdict
+from .verdicts import RULES, Context, NotAssessed, Skipped, Thresholds, Verdict, label_of
 from .verdicts.base import ThresholdSource
 
 
@@ -24,6 +24,20 @@ class Diagnosis:
     @property
     def primary(self) -> Verdict | None:
         return self.verdicts[0] if self.verdicts else None
+
+    @property
+    def not_assessed(self) -> list[Skipped]:
+        """The skipped checks, less "healthy" (not called healthy because a check could not run) when
+        other checks say why."""
+        return [s for s in self.skipped if len(self.skipped) == 1 or s.name != "healthy"]
+
+    def gpu_verdicts(self) -> dict[tuple[str, int], str]:
+        """Per GPU (node, index): the plain name of the first verdict that concerns it."""
+        first: dict[tuple[str, int], str] = {}
+        for v in self.verdicts:
+            for ref in v.gpus:
+                first.setdefault(ref, label_of(v.name))
+        return first
 
 
 def assess(figures: JobFigures, thresholds: ThresholdSource = None) -> Diagnosis:

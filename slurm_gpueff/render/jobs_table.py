@@ -7,7 +7,7 @@ reads ``n/a`` (``null`` in JSON), never 0. A job not analysed yet shows ``(pendi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..fmt import gpu_hours, hms, iso, job_label, pct
@@ -19,12 +19,12 @@ VERSION = 1
 def _waste(job: Any) -> float | None:
     if job.idle_gpu_hours is None or job.underfilled_gpu_hours is None:
         return None
-    return job.idle_gpu_hours + job.underfilled_gpu_hours
+    return float(job.idle_gpu_hours + job.underfilled_gpu_hours)
 
 
 def totals(jobs: Sequence[Any]) -> dict[str, Any]:
     """Sums and GPU-hour-weighted means over the jobs (each over the jobs where it was measured)."""
-    def wmean(getter) -> float | None:  # type: ignore[no-untyped-def]
+    def wmean(getter: Callable[[Any], float | None]) -> float | None:
         num = den = 0.0
         for j in jobs:
             v = getter(j)
