@@ -6,7 +6,7 @@ Money is shown only where the site set a price for the GPU model (``reports.pric
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from .. import fmt
 
@@ -38,6 +38,18 @@ class Prices:
         if gpu_hours is None or price is None:
             return None
         return gpu_hours * price
+
+    def total(self, hours_by_model: Iterable[tuple[float | None, str | None]]) -> float | None:
+        """The cost of GPU-hours on several models; None when prices are off or any of them is unknown."""
+        if not self.enabled:
+            return None
+        total = 0.0
+        for hours, model in hours_by_model:
+            cost = self.cost(hours, model)
+            if cost is None:
+                return None
+            total += cost
+        return total
 
     def fmt(self, amount: float | None) -> str | None:
         """The amount in the site's currency; None when prices are off (the templates leave it out)."""
