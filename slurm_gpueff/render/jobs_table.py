@@ -70,15 +70,11 @@ def render(jobs: Sequence[Any]) -> str:
 
 
 def as_json(jobs: Sequence[Any], query: dict[str, Any]) -> dict[str, Any]:
-    out = []
-    for j in jobs:
-        out.append({
-            "job_id": job_label(j), "raw_job_id": j.job_id, "cluster": j.cluster, "user": j.user,
+    out = [{"job_id": job_label(j), "raw_job_id": j.job_id, "cluster": j.cluster, "user": j.user,
             "account": j.account, "state": j.state, "end_time": iso(j.end_time),
             "elapsed_s": j.elapsed_s, "gpus": j.gpu_count, "gpu_hours": j.gpu_hours,
             "kernel_active": j.kernel_active, "sm_active": j.sm_active, "tensor_active": j.tensor_active,
             "idle_gpu_hours": j.idle_gpu_hours, "underfilled_gpu_hours": j.underfilled_gpu_hours,
             "waste_gpu_hours": _waste(j), "energy_j": j.energy_j, "verdict": j.verdict,
-            "verdict_title": j.verdict_title, "analyzed": j.analyzed_at is not None,
-        })
+            "verdict_title": j.verdict_title, "analyzed": j.analyzed_at is not None} for j in jobs]
     return {"schema": SCHEMA, "schema_version": VERSION, "query": query, "jobs": out, "totals": totals(jobs)}

@@ -49,11 +49,10 @@ def _frame(fig, ax, grid: str, at: tuple[float, float], title: str) -> None:  # 
 
 
 def job_series(timelines: Sequence[Sequence[Sequence[Any]]]) -> tuple[list[float], dict[str, list[float]]]:
-    """Job-wide series (hours since start; kernel, SM, tensor as fractions, NaN where unmeasured).
+    """Job-wide series (hours since start; kernel, SM, tensor in percent, NaN where no GPU measured it).
 
-    Each GPU's points are ``[t_offset_s, k, s, t]``. GPUs are put on the first GPU's time grid by linear
-    interpolation (GPUs of one job are sampled together, so the grids nearly agree) and averaged; a
-    metric is NaN at a time where no GPU measured it.
+    Each GPU's points are ``[t_offset_s, k, s, t]``. GPUs are put on the longest GPU's time grid by linear
+    interpolation (GPUs of one job are sampled together, so the grids nearly agree) and averaged.
     """
     import numpy as np
 
