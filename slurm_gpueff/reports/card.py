@@ -23,7 +23,7 @@ from ..config import Config
 from ..models import Job
 from ..render.text import SIM_BANNER, gpus_line, measured_by, render_card, state_text
 from . import charts
-from .prices import Prices, share
+from .prices import Prices, bar_part, share
 from .templates import Page, render, sentence
 
 SEVERITY_COLORS = {"critical": "#b3261e", "warning": "#9a5b00", "info": "#2a5db0", "ok": "#1b7f3b"}
@@ -73,10 +73,8 @@ def _gpu_cost(fig: JobFigures, prices: Prices, part: str) -> float | None:
 
 
 def _split(fig: JobFigures, prices: Prices) -> list[dict[str, Any]]:
-    return [{"key": key, "hours": getattr(fig.waste, f"{key}_h"),
-             "hours_text": fmt.gpu_hours(getattr(fig.waste, f"{key}_h")),
-             "share_text": fmt.pct(share(getattr(fig.waste, f"{key}_h"), fig.hours)),
-             "cost_text": prices.fmt(_gpu_cost(fig, prices, f"{key}_h")), "color": charts.COLORS[color]}
+    return [bar_part(key, getattr(fig.waste, f"{key}_h"), fig.hours, prices.fmt(_gpu_cost(fig, prices, f"{key}_h")),
+                     charts.COLORS[color])
             for key, color in (("sm_active", "active"), ("underfilled", "underfilled"), ("idle", "idle"))]
 
 

@@ -18,7 +18,7 @@ from ..analysis.verdicts import RULES, label_of
 from ..config import Config
 from . import charts, queries
 from .card import clean
-from .prices import Prices, share
+from .prices import Prices, bar_part, share
 from .queries import PARTS
 from .templates import Page, render, sentence, toml
 
@@ -60,9 +60,6 @@ class Totals:
     def wasted_cost(self) -> float | None:
         a, b = self.cost["idle"], self.cost["underfilled"]
         return None if a is None or b is None else a + b
-
-    def share(self, part: str) -> float | None:
-        return share(self.hours[part], self.hours["allocated"])
 
     @property
     def measured(self) -> float:
@@ -153,9 +150,7 @@ def build_summary(session: Session, config: Config, month: str, account: str | N
         "prev_allocated": fmt.gpu_hours(prev_t.hours["allocated"]), "prev_wasted": fmt.gpu_hours(prev_t.wasted),
         "prev_active_share": fmt.pct(prev_t.measured_share("active")),
     }
-    parts = [{"key": key, "hours": now_t.hours[key], "hours_text": fmt.gpu_hours(now_t.hours[key]),
-              "share_text": fmt.pct(now_t.share(key)), "cost_text": prices.fmt(now_t.cost[key]),
-              "color": charts.COLORS[key]}
+    parts = [bar_part(key, now_t.hours[key], now_t.hours["allocated"], prices.fmt(now_t.cost[key]), charts.COLORS[key])
              for key in ("active", "underfilled", "idle", "unmeasured", "tensor")
              if key != "unmeasured" or now_t.hours["unmeasured"] > 0]
     ctx: dict[str, Any] = {

@@ -7,6 +7,7 @@ Money is shown only where the site set a price for the GPU model (``reports.pric
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from .. import fmt
 
@@ -16,6 +17,12 @@ def share(part: float | None, whole: float | None) -> float | None:
     if part is None or not whole:
         return None
     return part / whole
+
+
+def bar_part(key: str, hours: float | None, whole: float | None, cost: str | None, color: str) -> dict[str, Any]:
+    """One part of a stacked GPU-hours bar, as the card and the monthly templates print it."""
+    return {"key": key, "hours": hours, "hours_text": fmt.gpu_hours(hours), "share_text": fmt.pct(share(hours, whole)),
+            "cost_text": cost, "color": color}
 
 
 class Prices:
