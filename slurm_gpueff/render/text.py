@@ -188,13 +188,6 @@ def measured_by(job: Job, fig: JobFigures) -> list[str]:
     return out
 
 
-def _measured_by(job: Job, fig: JobFigures) -> list[str]:
-    out: list[str] = []
-    for text in measured_by(job, fig):
-        out += _wrap(f"Measured by: {text}", indent="    ", first="")
-    return out
-
-
 def render_card(job: Job, fig: JobFigures, diag: Diagnosis) -> str:
     """The card of one job, as printed by ``seff-gpu``."""
     lines: list[str] = []
@@ -232,7 +225,8 @@ def render_card(job: Job, fig: JobFigures, diag: Diagnosis) -> str:
     lines += _verdicts(diag)
     if fig.gpu_count > 1:
         lines += _gpu_rows(fig, diag)
-    lines += _measured_by(job, fig)
+    for text in measured_by(job, fig):
+        lines += _line("Measured by", text)
     return "\n".join(lines)
 
 

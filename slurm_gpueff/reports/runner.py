@@ -189,12 +189,6 @@ def retry_failed(config: Config, engine: Engine, *, now: datetime | None = None,
     return result
 
 
-def default_month(now: datetime | None = None) -> str:
-    """The month before ``now`` (the one a summary on the 1st is about)."""
-    now = now or sentlog.utcnow()
-    return previous_month(f"{now.year}-{now.month:02d}")
-
-
 def _leads(rep: ReportsConfig, account: str) -> list[str]:
     value = rep.leads.get(account) or []
     return _valid([value] if isinstance(value, str) else value)
@@ -208,7 +202,7 @@ def send_monthly(config: Config, engine: Engine, *, month: str | None = None, ac
     site can look at them before configuring leads."""
     dry = config.mail.dry_run if dry_run is None else dry_run
     now = now or sentlog.utcnow()
-    month = month or default_month(now)
+    month = month or previous_month(f"{now.year}-{now.month:02d}")  # a summary on the 1st is about last month
     start, end = month_bounds(month)
     rep = config.reports
     result = RunResult()
