@@ -108,14 +108,11 @@ def things_to_change(verdicts: Sequence[dict[str, Any]]) -> list[dict[str, Any]]
 
 
 def _group_rows(groups: dict[str, Totals], top: dict[str, str], prices: Prices) -> list[dict[str, Any]]:
-    rows = []
-    for key, t in sorted(groups.items(), key=lambda kv: (-kv[1].wasted, -kv[1].hours["allocated"], kv[0])):
-        rows.append({"label": clean(key, 40), "jobs": t.jobs, **{p: t.hours[p] for p in PARTS},
-                     "allocated_text": fmt.gpu_hours(t.hours["allocated"]),
-                     "active_share": fmt.pct(t.measured_share("active")),
-                     "wasted_text": fmt.gpu_hours(t.wasted), "wasted_cost": prices.fmt(t.wasted_cost),
-                     "top_verdict": label_of(top[key]) if key in top else "\u2013"})
-    return rows
+    return [{"label": clean(key, 40), "jobs": t.jobs, **{p: t.hours[p] for p in PARTS},
+             "allocated_text": fmt.gpu_hours(t.hours["allocated"]), "active_share": fmt.pct(t.measured_share("active")),
+             "wasted_text": fmt.gpu_hours(t.wasted), "wasted_cost": prices.fmt(t.wasted_cost),
+             "top_verdict": label_of(top[key]) if key in top else "\u2013"}
+            for key, t in sorted(groups.items(), key=lambda kv: (-kv[1].wasted, -kv[1].hours["allocated"], kv[0]))]
 
 
 def build_summary(session: Session, config: Config, month: str, account: str | None) -> Page:
