@@ -1,10 +1,8 @@
 """Store each job's analysis summary on its ``job`` row, so that aggregates are plain SQL.
 
-Rollups, Prometheus counters, the monthly report and multi-job tables all need per-job GPU-hours, the
-waste split and the primary verdict. Computing them in Python for a million rows a month would be slow,
-so the analysis runs once per job (when its data changes: ingest and enrichment set ``analyzed_at`` to
-NULL) and its results are written to the job's summary columns. This module sits above storage and
-analysis (it imports both; neither imports it).
+Rollups, metrics, the monthly report and the jobs table need per-job GPU-hours, the waste split and the
+primary verdict; analysing a million rows a month in Python for each would be slow, so a job is analysed
+once, whenever its data changes (ingest and enrichment set ``analyzed_at`` to NULL).
 """
 
 from __future__ import annotations

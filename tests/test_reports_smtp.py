@@ -232,9 +232,9 @@ def test_failed_mail_is_retried_once_per_tick(tmp_path):
     ctl.start()
     try:
         engine = make_db(tmp_path, JOBS[:1])
-        cfg = mail_config(tmp_path, port)
-        cfg.reports.cards = True
-        cfg.mail.retries, cfg.mail.retry_after_s = 1, 0.0  # every failure is due again at once
+        cfg = mail_config(tmp_path, port, cards=True)
+        # one try per run, and every failure is due again at once
+        cfg = Config({**cfg.as_dict(), "mail": {**cfg.mail.as_dict(), "retries": 1, "retry_after_s": 0.0}})
         tries = []
         for _tick in range(3):
             before = handler.tries

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from ..fmt import gpu_hours
 from .figures import JobFigures
-from .verdicts import RULES, Context, NotAssessed, Skipped, Thresholds, Verdict
+from .verdicts import RULES, Context, NotAssessed, Skipped, Thresholds, Verdict, label_of
 from .verdicts.base import ThresholdSource
 
 
@@ -24,6 +24,20 @@ class Diagnosis:
     @property
     def primary(self) -> Verdict | None:
         return self.verdicts[0] if self.verdicts else None
+
+    @property
+    def not_assessed(self) -> list[Skipped]:
+        """The skipped checks, less "healthy" (not called healthy because a check could not run) when
+        other checks say why."""
+        return [s for s in self.skipped if len(self.skipped) == 1 or s.name != "healthy"]
+
+    def gpu_verdicts(self) -> dict[tuple[str, int], str]:
+        """Per GPU (node, index): the plain name of the first verdict that concerns it."""
+        first: dict[tuple[str, int], str] = {}
+        for v in self.verdicts:
+            for ref in v.gpus:
+                first.setdefault(ref, label_of(v.name))
+        return first
 
 
 def assess(figures: JobFigures, thresholds: ThresholdSource = None) -> Diagnosis:
@@ -38,14 +52,13 @@ def assess(figures: JobFigures, thresholds: ThresholdSource = None) -> Diagnosis
     ctx = Context(figures=figures, used=list(figures.gpus), thresholds=th)
     for rule in RULES:
         try:
-            found = rule.check(ctx)
+            gpus = rule.hits(ctx)
         except NotAssessed as exc:
             ctx.skipped.append(Skipped(rule.name, rule.label, str(exc), exc.figure, exc.detail))
             continue
-        if found is None:
+        if not gpus:
             continue
-        values, gpus = found
-        ctx.raised.append(rule.verdict(values, gpus))
+        ctx.raised.append(rule.verdict(ctx, gpus))
         if rule.name == "never_used":
             ctx.used = [g for g in ctx.used if all(g is not x for x in gpus)]
     return Diagnosis(ctx.raised, ctx.skipped)

@@ -1,23 +1,8 @@
 """The job's figures: GPU-hours, activity means, the waste split, memory and energy.
 
-Definitions (DESIGN.md), per GPU over its allocated wall time T, job = sum over its GPUs:
-
-- allocated GPU-hours ``A = T / 3600``;
-- ``k`` kernel-active, ``s`` SM-active, ``t`` tensor, ``d`` DRAM, ``o`` occupancy: time-weighted means;
-- waste split: idle ``A*(1-k)``, busy-but-underfilled ``A*max(k-s, 0)``, SM-active ``A*min(s, k)``.
-  (SM activity cannot really exceed kernel activity; where sampling noise makes ``s > k`` we count
-  ``min(s, k)`` so the three parts always sum to A);
-- efficiency ``s / k`` (capped at 1; None when ``k`` is 0 or unknown).
-
-Nothing is invented: a figure that was not measured is ``None`` and its reason is kept (from
-``JobGpu.missing``, or derived here: "SM activity not measured", "allocated time unknown"). If ``k`` is
-unknown the whole split is unknown; if only ``s`` is unknown the idle part is still known.
-
-Job level: fractions are means weighted by each GPU's A over the GPUs that measured them (``coverage``
-says how many); GPU-hour sums, energy and the split are None unless every GPU has them, because a sum
-over some GPUs would understate the job. Memory is the worst (largest) GPU's peak.
-
-Works on unsaved model instances too (see :func:`from_record`), so the analysis runs without a DB.
+Every definition, and how a job combines its GPUs, is in docs/DESIGN.md ("Figures"). Nothing is invented:
+a figure that was not measured is ``None`` and its reason is kept (from ``JobGpu.missing``, or derived
+here). Works on unsaved model instances too (:func:`from_record`), so the analysis runs without a DB.
 """
 
 from __future__ import annotations
@@ -44,12 +29,11 @@ LABELS = {
     "memory_fraction": "peak memory share",
 }
 NOT_MEASURED = "not measured"
+NO_GPUS = "job had no GPUs"
 
 
-def _reason(missing: dict[str, str] | None, metric: str, fallback: str = NOT_MEASURED) -> str:
-    if missing and missing.get(metric):
-        return str(missing[metric])
-    return fallback
+def _reason(missing: dict[str, str], metric: str) -> str:
+    return str(missing.get(metric) or NOT_MEASURED)
 
 
 @dataclass
@@ -125,11 +109,7 @@ class JobFigures:
     @property
     def backends(self) -> list[str]:
         """Distinct GPU sources, in GPU order (``["simulated"]``, ``["nvml-gpm", "none"]``)."""
-        seen: list[str] = []
-        for g in self.gpus:
-            if g.source not in seen:
-                seen.append(g.source)
-        return seen
+        return list(dict.fromkeys(g.source for g in self.gpus))
 
 
 def naive_utc(dt: datetime | None) -> datetime | None:
@@ -168,12 +148,7 @@ def gpu_figures(job: Job, gpu: JobGpu) -> GpuFigures:
         if v is None:
             missing[m] = _reason(missing, m)
     k, s = means["kernel_active"], means["sm_active"]
-    efficiency = min(1.0, s / k) if (k is not None and s is not None and k > 0) else None
-    if efficiency is None:
-        if k is not None and k == 0:
-            missing["efficiency"] = "no kernel ever ran"
-        else:
-            missing["efficiency"] = missing.get("sm_active") or missing.get("kernel_active") or NOT_MEASURED
+    efficiency = _efficiency(k, s, missing)
     waste = split(hours, k, s, missing)
     quantities: dict[str, Any] = {}
     for q in ("memory_used_peak_bytes", "memory_total_bytes", "energy_j", "power_mean_w"):
@@ -187,7 +162,7 @@ def gpu_figures(job: Job, gpu: JobGpu) -> GpuFigures:
 
 
 def split(hours: float | None, k: float | None, s: float | None, missing: dict[str, str]) -> Waste:
-    """The waste split of one GPU (see module docstring for the unknown cases)."""
+    """The waste split of one GPU: unknown without ``k``; only the idle part without ``s``."""
     if hours is None:
         return Waste(reason=missing.get("gpu_hours", "allocated time unknown"))
     if k is None:
@@ -197,6 +172,15 @@ def split(hours: float | None, k: float | None, s: float | None, missing: dict[s
         return Waste(idle_h=idle, reason=_not_measured("SM activity", missing, "sm_active"))
     active = min(s, k)
     return Waste(idle_h=idle, underfilled_h=hours * (k - active), sm_active_h=hours * active)
+
+
+def _efficiency(k: float | None, s: float | None, missing: dict[str, str]) -> float | None:
+    """``s / k`` capped at 1; None (its reason put in ``missing``) when ``k`` is 0 or either is unknown."""
+    if k is not None and s is not None and k > 0:
+        return min(1.0, s / k)
+    missing["efficiency"] = ("no kernel ever ran" if k == 0 else
+                             missing.get("sm_active") or missing.get("kernel_active") or NOT_MEASURED)
+    return None
 
 
 def _not_measured(label: str, missing: dict[str, str], metric: str) -> str:
@@ -219,26 +203,19 @@ def _sum(values: Iterable[float | None]) -> float | None:
     return float(sum(vals))  # type: ignore[arg-type]
 
 
-def _first_reason(gpus: Sequence[GpuFigures], metric: str) -> str:
-    reasons = []
-    for g in gpus:
-        r = g.missing.get(metric)
-        if r and r not in reasons:
-            reasons.append(r)
-    return "; ".join(reasons) if reasons else NOT_MEASURED
+def _reasons(gpus: Sequence[GpuFigures], metric: str) -> str:
+    """Every distinct reason the GPUs give for a missing figure."""
+    if not gpus:
+        return NO_GPUS
+    return "; ".join(dict.fromkeys(r for g in gpus if (r := g.missing.get(metric)))) or NOT_MEASURED
 
 
 def _partial(gpus: Sequence[GpuFigures], metric: str, have: int) -> str:
-    reason = _first_reason([g for g in gpus if metric in g.missing], metric)
-    return f"{reason} on {len(gpus) - have} of {len(gpus)} GPUs"
+    return f"{_reasons(gpus, metric)} on {len(gpus) - have} of {len(gpus)} GPUs"
 
 
 def _source(gpus: Sequence[GpuFigures], ok: Sequence[bool]) -> str:
-    srcs: list[str] = []
-    for g, present in zip(gpus, ok, strict=True):
-        if present and g.source not in srcs:
-            srcs.append(g.source)
-    return "+".join(srcs) if srcs else "none"
+    return "+".join(dict.fromkeys(g.source for g, present in zip(gpus, ok, strict=True) if present)) or "none"
 
 
 def job_figures(job: Job, gpus: Sequence[JobGpu]) -> JobFigures:
@@ -248,7 +225,7 @@ def job_figures(job: Job, gpus: Sequence[JobGpu]) -> JobFigures:
 
 
 def combine(per: list[GpuFigures], elapsed_s: float | None = None) -> JobFigures:
-    """Job-level figures from per-GPU figures (rules in the module docstring)."""
+    """Job-level figures from per-GPU figures: sums are None unless every GPU has them (DESIGN.md)."""
     weights = _weights(per)
     means: dict[str, float | None] = {}
     coverage: dict[str, int] = {}
@@ -261,7 +238,7 @@ def combine(per: list[GpuFigures], elapsed_s: float | None = None) -> JobFigures
         wsum = sum(w for _, w in pairs)
         if not pairs:
             means[m] = None
-            missing[m] = _first_reason(per, m) if per else "job had no GPUs"
+            missing[m] = _reasons(per, m)
         else:
             if wsum > 0:
                 means[m] = sum(v * w for v, w in pairs) / wsum
@@ -271,13 +248,9 @@ def combine(per: list[GpuFigures], elapsed_s: float | None = None) -> JobFigures
                 missing[m] = _partial(per, m, len(pairs))
     hours = _sum(g.hours for g in per)
     if hours is None:
-        missing["gpu_hours"] = _first_reason(per, "gpu_hours") if per else "job had no GPUs"
+        missing["gpu_hours"] = _reasons(per, "gpu_hours")
     sources["gpu_hours"] = "slurm"
-    k, s = means["kernel_active"], means["sm_active"]
-    efficiency = min(1.0, s / k) if (k is not None and s is not None and k > 0) else None
-    if efficiency is None:
-        missing["efficiency"] = ("no kernel ever ran" if k == 0 else
-                                 missing.get("sm_active") or missing.get("kernel_active") or NOT_MEASURED)
+    efficiency = _efficiency(means["kernel_active"], means["sm_active"], missing)
     sources["efficiency"] = sources["sm_active"] if efficiency is not None else "none"
     waste = Waste(
         idle_h=_sum(g.waste.idle_h for g in per),
@@ -290,17 +263,17 @@ def combine(per: list[GpuFigures], elapsed_s: float | None = None) -> JobFigures
         if len(distinct) == 1 and len(lacking) == len(per):
             waste.reason = distinct[0]  # the same on every GPU: say it once
         else:
-            waste.reason = "; ".join(f"{g.label}: {g.waste.reason}" for g in lacking) or "job had no GPUs"
+            waste.reason = "; ".join(f"{g.label}: {g.waste.reason}" for g in lacking) or NO_GPUS
     energy = _sum(g.energy_j for g in per)
     sources["energy_j"] = _source(per, [g.energy_j is not None for g in per])
     if energy is None:
-        missing["energy_j"] = _first_reason(per, "energy_j") if per else "job had no GPUs"
+        missing["energy_j"] = _reasons(per, "energy_j")
     powers = [(g.power_mean_w, w) for g, w in zip(per, weights, strict=True) if g.power_mean_w is not None]
-    power = sum(p * w for p, w in powers) / sum(w for _, w in powers) if powers and sum(
-        w for _, w in powers) > 0 else None
+    power_weight = sum(w for _, w in powers)
+    power = sum(p * w for p, w in powers) / power_weight if power_weight > 0 else None
     sources["power_mean_w"] = _source(per, [g.power_mean_w is not None for g in per])
     if power is None:
-        missing["power_mean_w"] = _first_reason(per, "power_mean_w") if per else "job had no GPUs"
+        missing["power_mean_w"] = _reasons(per, "power_mean_w")
     elif len(powers) < len(per):
         missing["power_mean_w"] = _partial(per, "power_mean_w", len(powers))
     # Memory: the GPU with the largest peak share (or largest peak where totals are unknown).
@@ -319,8 +292,7 @@ def combine(per: list[GpuFigures], elapsed_s: float | None = None) -> JobFigures
         totals = [g.memory_total_bytes for g in per if g.memory_total_bytes]
         mem_total = max(totals) if totals else None
         sources["memory"] = _source(per, [g.memory_used_peak_bytes is not None for g in per])
-        missing["memory"] = (_first_reason(per, "memory_used_peak_bytes") if mem_used is None
-                             else _first_reason(per, "memory_total_bytes")) if per else "job had no GPUs"
+        missing["memory"] = _reasons(per, "memory_used_peak_bytes" if mem_used is None else "memory_total_bytes")
     return JobFigures(gpus=per, hours=hours, elapsed_s=elapsed_s, means=means, coverage=coverage,
                       efficiency=efficiency, waste=waste, memory_used_peak_bytes=mem_used,
                       memory_total_bytes=mem_total, memory_fraction=mem_frac, energy_j=energy,

@@ -7,7 +7,7 @@ reads ``n/a`` (``null`` in JSON), never 0. A job not analysed yet shows ``(pendi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..fmt import gpu_hours, hms, iso, job_label, pct
@@ -19,12 +19,12 @@ VERSION = 1
 def _waste(job: Any) -> float | None:
     if job.idle_gpu_hours is None or job.underfilled_gpu_hours is None:
         return None
-    return job.idle_gpu_hours + job.underfilled_gpu_hours
+    return float(job.idle_gpu_hours + job.underfilled_gpu_hours)
 
 
 def totals(jobs: Sequence[Any]) -> dict[str, Any]:
     """Sums and GPU-hour-weighted means over the jobs (each over the jobs where it was measured)."""
-    def wmean(getter) -> float | None:  # type: ignore[no-untyped-def]
+    def wmean(getter: Callable[[Any], float | None]) -> float | None:
         num = den = 0.0
         for j in jobs:
             v = getter(j)
@@ -70,15 +70,11 @@ def render(jobs: Sequence[Any]) -> str:
 
 
 def as_json(jobs: Sequence[Any], query: dict[str, Any]) -> dict[str, Any]:
-    out = []
-    for j in jobs:
-        out.append({
-            "job_id": job_label(j), "raw_job_id": j.job_id, "cluster": j.cluster, "user": j.user,
+    out = [{"job_id": job_label(j), "raw_job_id": j.job_id, "cluster": j.cluster, "user": j.user,
             "account": j.account, "state": j.state, "end_time": iso(j.end_time),
             "elapsed_s": j.elapsed_s, "gpus": j.gpu_count, "gpu_hours": j.gpu_hours,
             "kernel_active": j.kernel_active, "sm_active": j.sm_active, "tensor_active": j.tensor_active,
             "idle_gpu_hours": j.idle_gpu_hours, "underfilled_gpu_hours": j.underfilled_gpu_hours,
             "waste_gpu_hours": _waste(j), "energy_j": j.energy_j, "verdict": j.verdict,
-            "verdict_title": j.verdict_title, "analyzed": j.analyzed_at is not None,
-        })
+            "verdict_title": j.verdict_title, "analyzed": j.analyzed_at is not None} for j in jobs]
     return {"schema": SCHEMA, "schema_version": VERSION, "query": query, "jobs": out, "totals": totals(jobs)}

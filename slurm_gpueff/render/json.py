@@ -1,28 +1,6 @@
-"""The machine-readable job document (``seff-gpu --json``). Stable: fields are only ever added.
-
-Shape (``SCHEMA_VERSION`` 1; fractions in [0, 1]; times ISO 8601 UTC; unmeasured = null + reason)::
-
-    {"schema": "slurm-gpueff/seff-gpu", "schema_version": 1, "jobs": [JOB, ...]}
-
-    JOB = {"job": {"id": "123_4", "job_id": 127, "cluster", "array_job_id", "array_task_id",
-                   "het_job_id", "het_job_offset", "user", "account", "partition", "state",
-                   "state_text", "exit_code", "signal", "nodes": [..], "gpu_count", "gpu_model",
-                   "start_time", "end_time", "elapsed_s", "backend", "reason"},
-           "figures": {NAME: {"value": number|null, "source": str, "missing": str|null}, ...},
-           "waste": {"gpu_hours", "idle_gpu_hours", "underfilled_gpu_hours", "sm_active_gpu_hours",
-                     "reason"},
-           "verdicts": [{"name", "title", "severity", "why", "advice": [..],
-                         "gpus": [{"node", "index"}]}],          # primary first
-           "not_assessed": [{"name", "title", "reason"}],
-           "gpus": [{"node", "index", "uuid", "model", "source", "samples", "gpu_hours",
-                     "kernel_active", "sm_active", "sm_occupancy", "tensor_active", "dram_active",
-                     "fp32_active", "fp16_active", "fp64_active", "efficiency",
-                     "memory_used_peak_bytes", "memory_total_bytes", "energy_j", "power_mean_w",
-                     "waste": {...}, "missing": {metric: reason}}]}
-
-Figure names: gpu_hours, kernel_active, sm_active, efficiency, tensor_active, dram_active, sm_occupancy,
-fp32_active, fp16_active, fp64_active, memory_used_peak_bytes, memory_total_bytes, memory_fraction,
-energy_j, power_mean_w. ``missing`` on a figure with a value means it was measured on some GPUs only.
+"""The machine-readable job document (``seff-gpu --json``; README.md, "--json"). Stable: fields are only
+ever added. Fractions are in [0, 1], times ISO 8601 UTC; an unmeasured value is null with its reason in
+``missing`` (on a figure with a value, ``missing`` means it was measured on some GPUs only).
 """
 
 from __future__ import annotations
@@ -55,39 +33,27 @@ def _waste(w: Waste, hours: float | None) -> dict[str, Any]:
 
 def _figures(fig: JobFigures) -> dict[str, Any]:
     m, src = fig.missing, fig.sources
-    out: dict[str, Any] = {
-        "gpu_hours": {"value": _num(fig.hours), "source": "slurm", "missing": m.get("gpu_hours")},
-    }
-    for name in MEANS:
-        out[name] = {"value": _num(fig.mean(name)), "source": src.get(name, "none"), "missing": m.get(name)}
-    out["efficiency"] = {"value": _num(fig.efficiency), "source": src.get("efficiency", "none"),
-                         "missing": m.get("efficiency")}
-    mem_src = src.get("memory", "none")
-    for name, value in (("memory_used_peak_bytes", fig.memory_used_peak_bytes),
-                        ("memory_total_bytes", fig.memory_total_bytes)):
-        out[name] = {"value": value, "source": mem_src, "missing": m.get("memory") if value is None else None}
-    out["memory_fraction"] = {"value": _num(fig.memory_fraction), "source": mem_src,
-                              "missing": m.get("memory")}
-    out["energy_j"] = {"value": _num(fig.energy_j, 1), "source": src.get("energy_j", "none"),
-                       "missing": m.get("energy_j")}
-    out["power_mean_w"] = {"value": _num(fig.power_mean_w, 1), "source": src.get("power_mean_w", "none"),
-                           "missing": m.get("power_mean_w")}
+    values = {"gpu_hours": _num(fig.hours), **{name: _num(fig.mean(name)) for name in MEANS},
+              "efficiency": _num(fig.efficiency)}
+    out: dict[str, Any] = {name: {"value": value, "source": src.get(name, "none"), "missing": m.get(name)}
+                           for name, value in values.items()}
+    mem_src, mem_missing = src.get("memory", "none"), m.get("memory")
+    for name, size in (("memory_used_peak_bytes", fig.memory_used_peak_bytes),
+                       ("memory_total_bytes", fig.memory_total_bytes)):
+        out[name] = {"value": size, "source": mem_src, "missing": mem_missing if size is None else None}
+    out["memory_fraction"] = {"value": _num(fig.memory_fraction), "source": mem_src, "missing": mem_missing}
+    for name, value in (("energy_j", fig.energy_j), ("power_mean_w", fig.power_mean_w)):
+        out[name] = {"value": _num(value, 1), "source": src.get(name, "none"), "missing": m.get(name)}
     return out
 
 
 def _gpu(g: GpuFigures) -> dict[str, Any]:
-    d: dict[str, Any] = {"node": g.node, "index": g.index, "uuid": g.uuid, "model": g.model,
-                         "source": g.source, "samples": g.samples, "gpu_hours": _num(g.hours)}
-    for name in MEANS:
-        d[name] = _num(g.mean(name))
-    d["efficiency"] = _num(g.efficiency)
-    d["memory_used_peak_bytes"] = g.memory_used_peak_bytes
-    d["memory_total_bytes"] = g.memory_total_bytes
-    d["energy_j"] = _num(g.energy_j, 1)
-    d["power_mean_w"] = _num(g.power_mean_w, 1)
-    d["waste"] = _waste(g.waste, g.hours)
-    d["missing"] = dict(sorted(g.missing.items()))
-    return d
+    return {"node": g.node, "index": g.index, "uuid": g.uuid, "model": g.model, "source": g.source,
+            "samples": g.samples, "gpu_hours": _num(g.hours), **{name: _num(g.mean(name)) for name in MEANS},
+            "efficiency": _num(g.efficiency), "memory_used_peak_bytes": g.memory_used_peak_bytes,
+            "memory_total_bytes": g.memory_total_bytes, "energy_j": _num(g.energy_j, 1),
+            "power_mean_w": _num(g.power_mean_w, 1), "waste": _waste(g.waste, g.hours),
+            "missing": dict(sorted(g.missing.items()))}
 
 
 def job_document(job: Job, fig: JobFigures, diag: Diagnosis) -> dict[str, Any]:

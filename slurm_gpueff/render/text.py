@@ -1,9 +1,7 @@
-"""The seff-style text card of one job (fits an 80-column terminal), and a short table for many jobs.
+"""The seff-style text card of one job (wrapped at 80 columns), and a short table for many jobs.
 
-Layout follows Slurm's ``seff``: ``Key: value`` lines (Job ID, Cluster, User/Account, State, ...),
-then the GPU figures, the split of the allocated GPU-hours, the verdicts with the things to try, one
-line per GPU for multi-GPU jobs, and where the figures came from. A figure that was not measured reads
-``n/a (<reason>)``, never 0. Long lines are wrapped at 80 columns.
+Layout follows Slurm's ``seff`` (``Key: value`` lines), so its users read it without a manual; a figure
+that was not measured reads ``n/a (<reason>)``, never 0.
 """
 
 from __future__ import annotations
@@ -14,7 +12,6 @@ from typing import TYPE_CHECKING
 
 from ..analysis.diagnose import Diagnosis
 from ..analysis.figures import JobFigures
-from ..analysis.verdicts import RULES
 from ..fmt import energy, gib, gpu_hours, hms, job_label, pct, watts
 
 if TYPE_CHECKING:  # an ORM row or a plain row of storage.sqlite_read: only attributes are read
@@ -81,14 +78,15 @@ def _figure(value: float | None, missing: str | None, na_: _Na) -> str:
     return f"{pct(value)} (n/a: {missing})" if missing else pct(value)
 
 
-def _gpus_line(job: Job, fig: JobFigures) -> str:
+def gpus_line(job: Job, fig: JobFigures, times: str = "x") -> str:
+    """``2 x A100, 1 x H100``: the GPUs per model (the job's GPU type where a GPU has none)."""
     if not fig.gpus:
-        return f"{job.gpu_count} x {job.gpu_type or 'unknown model'}" if job.gpu_count else "0"
+        return f"{job.gpu_count} {times} {job.gpu_type or 'unknown model'}" if job.gpu_count else "0"
     counts: dict[str, int] = {}
     for g in fig.gpus:
         name = g.model or job.gpu_type or "unknown model"
         counts[name] = counts.get(name, 0) + 1
-    return ", ".join(f"{n} x {m}" for m, n in counts.items())
+    return ", ".join(f"{n} {times} {m}" for m, n in counts.items())
 
 
 def _nodes_line(job: Job, fig: JobFigures) -> str:
@@ -149,11 +147,8 @@ def _verdicts(diag: Diagnosis) -> list[str]:
         out.append("  Things to try:")
         for a in v.advice:
             out += _wrap(a, indent="      ", first="    - ")
-    skipped = diag.skipped
-    if len(skipped) > 1:  # "not healthy because a check could not run" adds nothing to the others
-        skipped = [s for s in skipped if s.name != "healthy"]
     groups: dict[str, tuple[list[str], list[str]]] = {}  # detail -> (check titles, figures)
-    for s in skipped:
+    for s in diag.not_assessed:
         titles, figs = groups.setdefault(s.detail or s.reason, ([], []))
         titles.append(s.title)
         if s.figure and s.figure not in figs:
@@ -167,21 +162,15 @@ def _verdicts(diag: Diagnosis) -> list[str]:
 
 
 def _gpu_rows(fig: JobFigures, diag: Diagnosis) -> list[str]:
-    labels_of = {r.name: r.label for r in RULES}
-    first: dict[tuple[str, int], str] = {}
-    for v in diag.verdicts:
-        for ref in v.gpus:
-            first.setdefault(ref, labels_of.get(v.name, v.name))
+    first = diag.gpu_verdicts()
     labels = [g.label for g in fig.gpus]
     lw = max(6, *(len(x) for x in labels))
     out = ["Per GPU:", f"  {'GPU':<{lw}} {'GPU-h':>6} {'kernel':>6} {'SM':>6} {'tensor':>6} {'DRAM':>6}"
            f" {'mem GiB':>8}  verdict"]
     for g in fig.gpus:
         f = [pct(g.mean(m)) for m in ("kernel_active", "sm_active", "tensor_active", "dram_active")]
-        mem = gib(g.memory_used_peak_bytes)
-        out.append(f"  {g.label:<{lw}} {gpu_hours(g.hours):>6} {f[0]:>6} {f[1]:>6}"
-                   f" {f[2]:>6} {f[3]:>6} {mem:>8}  "
-                   f"{first.get((g.node, g.index), '-')}")
+        out.append(f"  {g.label:<{lw}} {gpu_hours(g.hours):>6} {f[0]:>6} {f[1]:>6} {f[2]:>6} {f[3]:>6}"
+                   f" {gib(g.memory_used_peak_bytes):>8}  {first.get((g.node, g.index), '-')}")
     return out
 
 
@@ -199,13 +188,6 @@ def measured_by(job: Job, fig: JobFigures) -> list[str]:
     return out
 
 
-def _measured_by(job: Job, fig: JobFigures) -> list[str]:
-    out: list[str] = []
-    for text in measured_by(job, fig):
-        out += _wrap(f"Measured by: {text}", indent="    ", first="")
-    return out
-
-
 def render_card(job: Job, fig: JobFigures, diag: Diagnosis) -> str:
     """The card of one job, as printed by ``seff-gpu``."""
     lines: list[str] = []
@@ -218,7 +200,7 @@ def render_card(job: Job, fig: JobFigures, diag: Diagnosis) -> str:
     lines += _line("State", state_text(job))
     lines += _line("Partition", job.partition or "n/a")
     lines += _line("Nodes", _nodes_line(job, fig))
-    lines += _line("GPUs", _gpus_line(job, fig))
+    lines += _line("GPUs", gpus_line(job, fig))
     lines += _line("Elapsed", hms(fig.elapsed_s))
     lines += _line("GPU-hours allocated", gpu_hours(fig.hours) if fig.hours is not None
                    else na(fig.missing.get("gpu_hours")))
@@ -243,7 +225,8 @@ def render_card(job: Job, fig: JobFigures, diag: Diagnosis) -> str:
     lines += _verdicts(diag)
     if fig.gpu_count > 1:
         lines += _gpu_rows(fig, diag)
-    lines += _measured_by(job, fig)
+    for text in measured_by(job, fig):
+        lines += _line("Measured by", text)
     return "\n".join(lines)
 
 

@@ -1,13 +1,9 @@
-"""The per-job efficiency card: one job's figures, verdict and advice as an HTML page and a plain text.
+"""The per-job efficiency card's presenter: one analysed job into the context of ``card.html.j2`` and
+``card.txt.j2``, every figure formatted by :mod:`slurm_gpueff.fmt`; the words are in the templates.
 
-This is the presenter: it turns one analysed job (its row, figures and diagnosis) into the context of
-``card.html.j2`` and ``card.txt.j2``, with every figure formatted by :mod:`slurm_gpueff.fmt`; the words
-are in the templates (``_prose.j2`` for the sentences both parts share). The plain text is the
-``seff-gpu`` card (so users see the same words in their terminal and their inbox) between a short
-introduction and the cost; it must read well alone, because many mail clients show only it. The HTML
-part uses inline CSS only (mail clients strip ``<style>``), tables for layout and no remote content: the
-chart is a PNG attached inline (``cid:``) in mail, a file next to the archived page, or a ``data:`` URI in
-a stand-alone file (``seff-gpu --html``).
+The plain text embeds the ``seff-gpu`` card, so users see the same words in their terminal and their
+inbox; it must read well alone, because many mail clients show only it. The HTML uses inline CSS only
+(mail clients strip ``<style>``), tables for layout and no remote content.
 
 Text from the job (its name, user, account) is untrusted: Jinja2 escapes it in HTML, and :func:`clean`
 strips control characters (a newline in a job name must not start a new line in the text part nor a new
@@ -16,26 +12,24 @@ header in the mail).
 
 from __future__ import annotations
 
-import base64
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from .. import fmt
 from ..analysis.diagnose import Diagnosis
 from ..analysis.figures import JobFigures
-from ..analysis.verdicts import RULES
 from ..config import Config
 from ..models import Job
-from ..render.text import SIM_BANNER, measured_by, render_card, state_text
+from ..render.text import SIM_BANNER, gpus_line, measured_by, render_card, state_text
 from . import charts
-from .prices import Prices, share
-from .templates import render, sentence
+from .prices import Prices, bar_part, share
+from .templates import Page, render, sentence
 
 SEVERITY_COLORS = {"critical": "#b3261e", "warning": "#9a5b00", "info": "#2a5db0", "ok": "#1b7f3b"}
 SEVERITY_BG = {"critical": "#fdecea", "warning": "#fff4e0", "info": "#eaf1fb", "ok": "#e8f5ec"}
 CHART_CID = "activity-chart"
+TIMES = "\u00d7"
 _CONTROL = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]+")
 
 
@@ -45,18 +39,6 @@ def clean(text: str | None, limit: int = 80) -> str:
         return ""
     out = _CONTROL.sub(" ", str(text)).strip()
     return out if len(out) <= limit else out[: limit - 1] + "\u2026"
-
-
-def data_uri(png: bytes) -> str:
-    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
-
-
-def _gpus_line(job: Job, fig: JobFigures) -> str:
-    counts: dict[str, int] = {}
-    for g in fig.gpus:
-        name = g.model or job.gpu_type or "unknown model"
-        counts[name] = counts.get(name, 0) + 1
-    return ", ".join(f"{n} \u00d7 {m}" for m, n in counts.items()) or str(job.gpu_count)
 
 
 def _memory(fig: JobFigures) -> str:
@@ -78,25 +60,6 @@ def gpus_used(fig: JobFigures, never_used_pct: float) -> int | None:
     return None if len(used) == fig.gpu_count else len(used)
 
 
-@dataclass
-class Card:
-    """A rendered card: ``html(src)`` puts the chart at ``src`` (``cid:...``, a file name, a data URI)."""
-
-    job: Job
-    subject: str
-    text: str
-    chart: bytes | None
-    context: dict[str, Any] = field(default_factory=dict)
-
-    def html(self, chart_src: str | None = None) -> str:
-        src = chart_src if chart_src is not None else (data_uri(self.chart) if self.chart else "")
-        return render("card.html.j2", **self.context, chart_src=src if self.chart else "")
-
-    def standalone_html(self) -> str:
-        """One self-contained file: the chart as a data: URI (``seff-gpu --html``)."""
-        return self.html(data_uri(self.chart) if self.chart else "")
-
-
 def _levels(fig: JobFigures) -> list[dict[str, Any]]:
     colors = {"kernel_active": "kernel", "sm_active": "sm", "tensor_active": "tensor", "dram_active": "kernel"}
     return [{"key": key, "value": fig.mean(key), "text": fmt.pct(fig.mean(key)), "color": charts.COLORS[c],
@@ -106,31 +69,17 @@ def _levels(fig: JobFigures) -> list[dict[str, Any]]:
 
 def _gpu_cost(fig: JobFigures, prices: Prices, part: str) -> float | None:
     """The cost of a part of the split (or of all the hours: "allocated"), priced per GPU model."""
-    if not prices.enabled:
-        return None
-    total = 0.0
-    for g in fig.gpus:
-        c = prices.cost(g.hours if part == "allocated" else getattr(g.waste, part), g.model)
-        if c is None:
-            return None
-        total += c
-    return total
+    return prices.total((g.hours if part == "allocated" else getattr(g.waste, part), g.model) for g in fig.gpus)
 
 
 def _split(fig: JobFigures, prices: Prices) -> list[dict[str, Any]]:
-    return [{"key": key, "hours": getattr(fig.waste, f"{key}_h"),
-             "hours_text": fmt.gpu_hours(getattr(fig.waste, f"{key}_h")),
-             "share_text": fmt.pct(share(getattr(fig.waste, f"{key}_h"), fig.hours)),
-             "cost_text": prices.fmt(_gpu_cost(fig, prices, f"{key}_h")), "color": charts.COLORS[color]}
+    return [bar_part(key, getattr(fig.waste, f"{key}_h"), fig.hours, prices.fmt(_gpu_cost(fig, prices, f"{key}_h")),
+                     charts.COLORS[color])
             for key, color in (("sm_active", "active"), ("underfilled", "underfilled"), ("idle", "idle"))]
 
 
 def _gpu_rows(fig: JobFigures, diag: Diagnosis, never_used_pct: float) -> list[dict[str, Any]]:
-    labels_of = {r.name: r.label for r in RULES}
-    first: dict[tuple[str, int], str] = {}
-    for v in diag.verdicts:
-        for ref in v.gpus:
-            first.setdefault(ref, labels_of.get(v.name, v.name))
+    first = diag.gpu_verdicts()
     return [{"label": g.label, "hours": fmt.gpu_hours(g.hours), "kernel": g.mean("kernel_active"),
              "sm": g.mean("sm_active"), "tensor": g.mean("tensor_active"), "dram": g.mean("dram_active"),
              "mem": fmt.gib(g.memory_used_peak_bytes), "verdict": first.get((g.node, g.index), "\u2013"),
@@ -140,7 +89,7 @@ def _gpu_rows(fig: JobFigures, diag: Diagnosis, never_used_pct: float) -> list[d
 
 
 def build_card(job: Job, fig: JobFigures, diag: Diagnosis, timelines: Sequence[Sequence[Any]],
-               config: Config, *, optout_hint: bool = True) -> Card:
+               config: Config, *, optout_hint: bool = True) -> Page:
     """Render one job's card (HTML context, plain text, chart)."""
     rep = config.reports
     prices = Prices(rep.price_per_gpu_hour, rep.currency)
@@ -176,14 +125,13 @@ def build_card(job: Job, fig: JobFigures, diag: Diagnosis, timelines: Sequence[S
             *([("Name", name)] if name else []),
             ("User / account", who), ("Cluster / partition", f"{clean(job.cluster)} / {clean(job.partition) or 'n/a'}"),
             ("State", state_text(job)), ("Ran", ran),
-            ("GPUs", f"{_gpus_line(job, fig)} on {clean(job.nodelist, 200) or 'n/a'}"),
+            ("GPUs", f"{gpus_line(job, fig, TIMES)} on {clean(job.nodelist, 200) or 'n/a'}"),
             ("GPU-hours allocated", fmt.gpu_hours(fig.hours) + (f" ({total_cost})" if total_cost else "")),
             ("Peak GPU memory", _memory(fig)),
             ("Energy", fmt.energy(fig.energy_j) if fig.energy_j is not None
              else f"n/a ({fig.missing.get('energy_j') or 'not measured'})"),
         ],
-        "not_assessed": [f"{s.title}: {s.reason}" for s in diag.skipped
-                         if len(diag.skipped) == 1 or s.name != "healthy"],
+        "not_assessed": [f"{s.title}: {s.reason}" for s in diag.not_assessed],
         "measured_by": measured_by(job, fig),
         "optout": optout_hint, "min_hours": rep.card_min_gpu_hours, "only_unhealthy": rep.card_only_unhealthy,
         "contact": clean(rep.contact, 200),
@@ -191,5 +139,6 @@ def build_card(job: Job, fig: JobFigures, diag: Diagnosis, timelines: Sequence[S
     # The terminal card is built from the same (sanitised-on-input) fields; strip control characters that
     # a job name could still carry into it.
     seff = "\n".join(_CONTROL.sub(" ", line) for line in render_card(job, fig, diag).splitlines())
-    return Card(job=job, subject=sentence("card_subject", **ctx), text=render("card.txt.j2", **ctx, seff=seff),
-                chart=charts.job_chart(timelines, fig.gpu_count), context=ctx)
+    return Page("card.html.j2", subject=sentence("card_subject", **ctx),
+                text=render("card.txt.j2", **ctx, seff=seff), chart=charts.job_chart(timelines, fig.gpu_count),
+                context=ctx)

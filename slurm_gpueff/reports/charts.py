@@ -40,12 +40,19 @@ def _png(plt, fig) -> bytes:  # type: ignore[no-untyped-def]
     return buf.getvalue()
 
 
-def job_series(timelines: Sequence[Sequence[Sequence[Any]]]) -> tuple[list[float], dict[str, list[float]]]:
-    """Job-wide series (hours since start; kernel, SM, tensor as fractions, NaN where unmeasured).
+def _frame(fig, ax, grid: str, at: tuple[float, float], title: str) -> None:  # type: ignore[no-untyped-def]
+    """The look both charts share: light grid lines, no top and right frame, a bold title."""
+    ax.grid(axis=grid, color="#e3e6ea", lw=0.6)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    fig.text(*at, title, fontsize=8.5, color="#333a44", weight="bold", va="center")
 
-    Each GPU's points are ``[t_offset_s, k, s, t]``. GPUs are put on the first GPU's time grid by linear
-    interpolation (GPUs of one job are sampled together, so the grids nearly agree) and averaged; a
-    metric is NaN at a time where no GPU measured it.
+
+def job_series(timelines: Sequence[Sequence[Sequence[Any]]]) -> tuple[list[float], dict[str, list[float]]]:
+    """Job-wide series (hours since start; kernel, SM, tensor in percent, NaN where no GPU measured it).
+
+    Each GPU's points are ``[t_offset_s, k, s, t]``. GPUs are put on the longest GPU's time grid by linear
+    interpolation (GPUs of one job are sampled together, so the grids nearly agree) and averaged.
     """
     import numpy as np
 
@@ -96,12 +103,8 @@ def job_chart(timelines: Sequence[Sequence[Sequence[Any]]], gpu_count: int) -> b
     ax.set_yticks([0, 25, 50, 75, 100])
     ax.set_yticklabels(["0", "25", "50", "75", "100%"])
     ax.set_xlabel("hours since the job started", labelpad=2)
-    ax.grid(axis="y", color="#e3e6ea", lw=0.6)
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
     what = f" (mean of its {gpu_count} GPUs)" if gpu_count > 1 else ""
-    fig.text(0.075, 1 - 14 / height, f"Activity over the job{what}", fontsize=8.5, color="#333a44",
-             weight="bold", va="center")
+    _frame(fig, ax, "y", (0.075, 1 - 14 / height), f"Activity over the job{what}")
     fig.legend(loc="lower center", bbox_to_anchor=(0.5, 0.0), ncol=4, frameon=False, fontsize=7,
                columnspacing=1.2, handlelength=1.8)
     return _png(plt, fig)
@@ -128,11 +131,8 @@ def split_chart(rows: Sequence[dict[str, Any]], title: str) -> bytes | None:
                 edgecolor="#9aa1ab" if key == "unmeasured" else "none", lw=0.5)
         left = [a + b for a, b in zip(left, vals, strict=True)]
     ax.set_xlabel("GPU-hours")
-    ax.grid(axis="x", color="#e3e6ea", lw=0.6)
     ax.set_axisbelow(True)
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
-    fig.text(0.02, 1 - 16 / height, title, fontsize=8.5, color="#333a44", weight="bold", va="center")
+    _frame(fig, ax, "x", (0.02, 1 - 16 / height), title)
     ax.legend(loc="upper center", bbox_to_anchor=(0.4, -30 / (height * (1 - 86 / height))), ncol=4,
               frameon=False, fontsize=7.5)
     return _png(plt, fig)

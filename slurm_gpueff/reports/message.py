@@ -28,6 +28,7 @@ from email.utils import formatdate, make_msgid
 
 from ..spool import atomic_write
 from .card import clean
+from .templates import Page
 
 FILE_MODE = 0o640
 
@@ -45,9 +46,13 @@ class Parts:
     name: str  # "card" or "summary": the archive's file names
 
 
-def new_cid(prefix: str, domain: str = "slurm-gpueff") -> str:
-    """A unique Content-ID (without angle brackets), e.g. ``activity-chart.1f2e...@slurm-gpueff``."""
-    return f"{prefix}.{os.urandom(8).hex()}@{domain}"
+def parts(page: Page, cid_prefix: str, name: str) -> Parts:
+    """The mail and archive forms of a page: its chart inline under a new unique Content-ID, or a file."""
+    cid = f"{cid_prefix}.{os.urandom(8).hex()}@slurm-gpueff"
+    images = {cid: page.chart} if page.chart else {}
+    html_mail = page.html(f"cid:{cid}")
+    return Parts(subject=page.subject, text=page.text, html_mail=html_mail,
+                 html_file=html_mail.replace(f"cid:{cid}", _image_name(cid)), images=images, name=name)
 
 
 def build(parts: Parts, *, sender: str, to: Sequence[str], reply_to: str = "",
@@ -70,19 +75,12 @@ def build(parts: Parts, *, sender: str, to: Sequence[str], reply_to: str = "",
     html = next(p for p in msg.iter_parts() if p.get_content_type() == "text/html")
     for cid, png in parts.images.items():
         html.add_related(png, maintype="image", subtype="png", cid=f"<{cid}>", disposition="inline",
-                         filename=f"{cid.split('@')[0].split('.')[0]}.png")
+                         filename=_image_name(cid))
     return msg
 
 
 def to_bytes(msg: EmailMessage) -> bytes:
     return msg.as_bytes(policy=policy.SMTP)
-
-
-def file_html(html: str, images: Mapping[str, bytes]) -> str:
-    """The mail's HTML with each ``cid:`` link turned into the archived PNG's file name."""
-    for cid in images:
-        html = html.replace(f"cid:{cid}", f"{_image_name(cid)}")
-    return html
 
 
 def _image_name(cid: str) -> str:

@@ -1,30 +1,27 @@
 """The monthly GPU-hour summary for a research lead (one account) or the site (all accounts).
 
-This is the presenter: it takes the plain data of :mod:`.queries`, prices it per GPU model and formats
-it (:mod:`slurm_gpueff.fmt`) into the context of ``monthly.html.j2`` and ``monthly.txt.j2``; the words
-are in the templates (``_prose.j2`` for the sentences both parts share, ``advice.toml`` for what a group
-can change).
+The presenter: the plain data of :mod:`.queries`, priced per GPU model and formatted, into the context of
+``monthly.html.j2`` and ``monthly.txt.j2``; the words are in the templates and ``advice.toml``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from sqlmodel import Session
 
 from .. import fmt
-from ..analysis.verdicts import RULES
+from ..analysis.verdicts import RULES, label_of
 from ..config import Config
 from . import charts, queries
 from .card import clean
-from .prices import Prices, share
+from .prices import Prices, bar_part, share
 from .queries import PARTS
-from .templates import render, sentence, toml
+from .templates import Page, render, sentence, toml
 
-LABELS = {r.name: r.label for r in RULES}
 ORDER = {r.name: n for n, r in enumerate(RULES)}
 
 
@@ -51,16 +48,9 @@ def month_title(month: str) -> str:
 class Totals:
     """GPU-hours of one group (the month, a user, an account) and their cost per part."""
 
-    jobs: int = 0
-    hours: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PARTS, 0.0))
-    cost: dict[str, float | None] = field(default_factory=lambda: dict.fromkeys(PARTS, 0.0))
-
-    def add(self, row: queries.Split, prices: Prices) -> None:
-        self.jobs += row.jobs
-        for p in PARTS:
-            self.hours[p] += row.hours[p]
-            c, before = prices.cost(row.hours[p], row.gpu_type) if prices.enabled else None, self.cost[p]
-            self.cost[p] = None if c is None or before is None else before + c
+    jobs: int
+    hours: dict[str, float]
+    cost: dict[str, float | None]
 
     @property
     def wasted(self) -> float:
@@ -71,9 +61,6 @@ class Totals:
         a, b = self.cost["idle"], self.cost["underfilled"]
         return None if a is None or b is None else a + b
 
-    def share(self, part: str) -> float | None:
-        return share(self.hours[part], self.hours["allocated"])
-
     @property
     def measured(self) -> float:
         return self.hours["allocated"] - self.hours["unmeasured"]
@@ -83,19 +70,21 @@ class Totals:
         return share(self.hours[part], self.measured)
 
 
+def _totals(rows: Sequence[queries.Split], prices: Prices) -> Totals:
+    return Totals(jobs=sum(r.jobs for r in rows), hours={p: sum((r.hours[p] for r in rows), 0.0) for p in PARTS},
+                  cost={p: prices.total((r.hours[p], r.gpu_type) for r in rows) for p in PARTS})
+
+
 def totals(session: Session, start: datetime, end: datetime, account: str | None, prices: Prices) -> Totals:
-    t = Totals()
-    for row in queries.split(session, start, end, account):
-        t.add(row, prices)
-    return t
+    return _totals(queries.split(session, start, end, account), prices)
 
 
 def by_group(session: Session, by: str, start: datetime, end: datetime, account: str | None,
              prices: Prices) -> dict[str, Totals]:
-    out: dict[str, Totals] = {}
+    groups: dict[str, list[queries.Split]] = {}
     for row in queries.split(session, start, end, account, by=by):
-        out.setdefault(row.key or "(unknown)", Totals()).add(row, prices)
-    return out
+        groups.setdefault(row.key or "(unknown)", []).append(row)
+    return {key: _totals(rows, prices) for key, rows in groups.items()}
 
 
 def verdict_costs(session: Session, start: datetime, end: datetime, account: str | None,
@@ -103,12 +92,11 @@ def verdict_costs(session: Session, start: datetime, end: datetime, account: str
     """Cost of the GPU-hours lost per verdict, priced per GPU model; empty when prices are off."""
     if not prices.enabled:
         return {}
-    acc: dict[str, float | None] = {}
-    for verdict, model, wasted in queries.wasted_by_verdict_and_model(session, start, end, account):
+    wasted: dict[str, list[tuple[float, str | None]]] = {}
+    for verdict, model, hours in queries.wasted_by_verdict_and_model(session, start, end, account):
         if verdict:
-            c, before = prices.cost(wasted, model), acc.get(verdict, 0.0)
-            acc[verdict] = None if c is None or before is None else before + c
-    return {k: prices.fmt(v) for k, v in acc.items()}
+            wasted.setdefault(verdict, []).append((hours, model))
+    return {verdict: prices.fmt(prices.total(pairs)) for verdict, pairs in wasted.items()}
 
 
 def things_to_change(verdicts: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -120,29 +108,14 @@ def things_to_change(verdicts: Sequence[dict[str, Any]]) -> list[dict[str, Any]]
 
 
 def _group_rows(groups: dict[str, Totals], top: dict[str, str], prices: Prices) -> list[dict[str, Any]]:
-    rows = []
-    for key, t in sorted(groups.items(), key=lambda kv: (-kv[1].wasted, -kv[1].hours["allocated"], kv[0])):
-        rows.append({"label": clean(key, 40), "jobs": t.jobs, **{p: t.hours[p] for p in PARTS},
-                     "allocated_text": fmt.gpu_hours(t.hours["allocated"]),
-                     "active_share": fmt.pct(t.measured_share("active")),
-                     "wasted_text": fmt.gpu_hours(t.wasted), "wasted_cost": prices.fmt(t.wasted_cost),
-                     "top_verdict": LABELS.get(top[key], top[key]) if key in top else "\u2013"})
-    return rows
+    return [{"label": clean(key, 40), "jobs": t.jobs, **{p: t.hours[p] for p in PARTS},
+             "allocated_text": fmt.gpu_hours(t.hours["allocated"]), "active_share": fmt.pct(t.measured_share("active")),
+             "wasted_text": fmt.gpu_hours(t.wasted), "wasted_cost": prices.fmt(t.wasted_cost),
+             "top_verdict": label_of(top[key]) if key in top else "\u2013"}
+            for key, t in sorted(groups.items(), key=lambda kv: (-kv[1].wasted, -kv[1].hours["allocated"], kv[0]))]
 
 
-@dataclass
-class Summary:
-    subject: str
-    text: str
-    chart: bytes | None
-    context: dict[str, Any]
-    jobs: int
-
-    def html(self, chart_src: str) -> str:
-        return render("monthly.html.j2", **self.context, chart_src=chart_src if self.chart else "")
-
-
-def build_summary(session: Session, config: Config, month: str, account: str | None) -> Summary:
+def build_summary(session: Session, config: Config, month: str, account: str | None) -> Page:
     """Aggregate one month (for ``account``, or the whole site when None) and render the summary."""
     rep = config.reports
     prices = Prices(rep.price_per_gpu_hour, rep.currency)
@@ -154,7 +127,7 @@ def build_summary(session: Session, config: Config, month: str, account: str | N
     rows = _group_rows(by_group(session, group_name, start, end, account, prices),
                        queries.worst_verdict_by(session, group_name, start, end, account), prices)
     vcost = verdict_costs(session, start, end, account, prices)
-    verdicts = [{"verdict": v.verdict, "label": LABELS.get(v.verdict, v.verdict) if v.verdict else None,
+    verdicts = [{"verdict": v.verdict, "label": label_of(v.verdict) if v.verdict else None,
                  "jobs": v.jobs, "users": v.users, "hours": v.hours, "wasted": v.wasted,
                  "hours_text": fmt.gpu_hours(v.hours), "wasted_text": fmt.gpu_hours(v.wasted),
                  "cost": vcost.get(v.verdict) if v.verdict else None}
@@ -174,9 +147,7 @@ def build_summary(session: Session, config: Config, month: str, account: str | N
         "prev_allocated": fmt.gpu_hours(prev_t.hours["allocated"]), "prev_wasted": fmt.gpu_hours(prev_t.wasted),
         "prev_active_share": fmt.pct(prev_t.measured_share("active")),
     }
-    parts = [{"key": key, "hours": now_t.hours[key], "hours_text": fmt.gpu_hours(now_t.hours[key]),
-              "share_text": fmt.pct(now_t.share(key)), "cost_text": prices.fmt(now_t.cost[key]),
-              "color": charts.COLORS[key]}
+    parts = [bar_part(key, now_t.hours[key], now_t.hours["allocated"], prices.fmt(now_t.cost[key]), charts.COLORS[key])
              for key in ("active", "underfilled", "idle", "unmeasured", "tensor")
              if key != "unmeasured" or now_t.hours["unmeasured"] > 0]
     ctx: dict[str, Any] = {
@@ -191,5 +162,5 @@ def build_summary(session: Session, config: Config, month: str, account: str | N
         "site_wide": account is None,
     }
     chart = charts.split_chart(rows, sentence("monthly_chart_title", **ctx))
-    return Summary(subject=sentence("monthly_subject", **ctx), text=render("monthly.txt.j2", **ctx), chart=chart,
-                   context=ctx, jobs=now_t.jobs)
+    return Page("monthly.html.j2", subject=sentence("monthly_subject", **ctx), text=render("monthly.txt.j2", **ctx),
+                chart=chart, context=ctx)

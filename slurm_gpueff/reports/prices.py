@@ -6,7 +6,8 @@ Money is shown only where the site set a price for the GPU model (``reports.pric
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from .. import fmt
 
@@ -16,6 +17,12 @@ def share(part: float | None, whole: float | None) -> float | None:
     if part is None or not whole:
         return None
     return part / whole
+
+
+def bar_part(key: str, hours: float | None, whole: float | None, cost: str | None, color: str) -> dict[str, Any]:
+    """One part of a stacked GPU-hours bar, as the card and the monthly templates print it."""
+    return {"key": key, "hours": hours, "hours_text": fmt.gpu_hours(hours), "share_text": fmt.pct(share(hours, whole)),
+            "cost_text": cost, "color": color}
 
 
 class Prices:
@@ -38,6 +45,18 @@ class Prices:
         if gpu_hours is None or price is None:
             return None
         return gpu_hours * price
+
+    def total(self, hours_by_model: Iterable[tuple[float | None, str | None]]) -> float | None:
+        """The cost of GPU-hours on several models; None when prices are off or any of them is unknown."""
+        if not self.enabled:
+            return None
+        total = 0.0
+        for hours, model in hours_by_model:
+            cost = self.cost(hours, model)
+            if cost is None:
+                return None
+            total += cost
+        return total
 
     def fmt(self, amount: float | None) -> str | None:
         """The amount in the site's currency; None when prices are off (the templates leave it out)."""

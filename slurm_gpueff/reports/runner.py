@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from email.utils import parseaddr
@@ -30,8 +30,9 @@ from ..fmt import job_label
 from ..models import Job, ReportLog
 from ..storage.queries import gpu_timelines, job_gpus
 from . import message, queries, sentlog, smtp
-from .card import CHART_CID, Card, build_card, clean
+from .card import CHART_CID, build_card, clean
 from .monthly import build_summary, month_bounds, previous_month
+from .templates import Page
 
 
 @dataclass
@@ -67,21 +68,17 @@ def valid_address(addr: str | None) -> str | None:
     return parsed if parsed == addr and not name else None
 
 
+def _valid(addrs: Sequence[str]) -> list[str]:
+    return [a for a in map(valid_address, addrs) if a]
+
+
 def _archive_dir(rep: ReportsConfig, kind: str, when: datetime, slug: str, dry_run: bool) -> str:
     root = os.path.join(rep.dir, "dry-run") if dry_run else rep.dir
     safe = "".join(c if c.isalnum() or c in "-_.+" else "_" for c in slug)
     return os.path.join(root, kind, when.strftime("%Y-%m"), safe)
 
 
-def card_parts(card: Card) -> message.Parts:
-    cid = message.new_cid(CHART_CID)
-    images = {cid: card.chart} if card.chart else {}
-    html_mail = card.html(f"cid:{cid}")
-    return message.Parts(subject=card.subject, text=card.text, html_mail=html_mail,
-                         html_file=message.file_html(html_mail, images), images=images, name="card")
-
-
-def render_job_card(session: Session, job: Job, config: Config) -> Card:
+def render_job_card(session: Session, job: Job, config: Config) -> Page:
     gpus = job_gpus(session, job)
     timelines = gpu_timelines(session, gpus)
     fig = job_figures(job, gpus)
@@ -150,8 +147,7 @@ def send_cards(config: Config, engine: Engine, *, dry_run: bool | None = None, n
                 result.lines.append(f"skipped card {subject} ({user}): {skip}")
                 continue
             try:
-                card = render_job_card(session, job, config)
-                parts = card_parts(card)
+                parts = message.parts(render_job_card(session, job, config), CHART_CID, "card")
             except Exception as exc:  # a bad row must not stop the other cards
                 sentlog.finish(session, row, "abandoned", now=now, reason=f"could not render: {exc}",
                                max_attempts=1)
@@ -193,16 +189,9 @@ def retry_failed(config: Config, engine: Engine, *, now: datetime | None = None,
     return result
 
 
-def default_month(now: datetime | None = None) -> str:
-    """The month before ``now`` (the one a summary on the 1st is about)."""
-    now = now or sentlog.utcnow()
-    return previous_month(f"{now.year}-{now.month:02d}")
-
-
 def _leads(rep: ReportsConfig, account: str) -> list[str]:
     value = rep.leads.get(account) or []
-    addrs = [value] if isinstance(value, str) else list(value)
-    return [a for a in (valid_address(x) for x in addrs) if a]
+    return _valid([value] if isinstance(value, str) else value)
 
 
 def send_monthly(config: Config, engine: Engine, *, month: str | None = None, account: str | None = None,
@@ -213,39 +202,33 @@ def send_monthly(config: Config, engine: Engine, *, month: str | None = None, ac
     site can look at them before configuring leads."""
     dry = config.mail.dry_run if dry_run is None else dry_run
     now = now or sentlog.utcnow()
-    month = month or default_month(now)
+    month = month or previous_month(f"{now.year}-{now.month:02d}")  # a summary on the 1st is about last month
     start, end = month_bounds(month)
     rep = config.reports
     result = RunResult()
     with Session(engine) as session:
-        if account is not None:
-            targets: list[str | None] = [account]
-        else:
-            targets = sorted(queries.accounts_with_jobs(session, start, end) | set(rep.leads))
+        targets: list[str | None] = [account] if account is not None else [
+            *sorted(queries.accounts_with_jobs(session, start, end) | set(rep.leads))]
         if site is None:
             site = account is None
         if site:
             targets.append(None)
         for acc in targets:
-            to = _leads(rep, acc) if acc is not None else [a for a in (valid_address(x) for x in rep.admins) if a]
+            to = _leads(rep, acc) if acc is not None else _valid(rep.admins)
             label = acc if acc is not None else "*"
             if not to and not dry:
                 result.lines.append(f"no recipients for {'account ' + acc if acc else 'the site summary'} "
                                     f"({'reports.leads' if acc else 'reports.admins'}); not sent")
                 continue
             summary = build_summary(session, config, month, acc)
-            if summary.jobs == 0 and acc is not None and acc not in rep.leads:
+            if summary.context["jobs"] == 0 and acc is not None and acc not in rep.leads:
                 continue
             row = sentlog.claim(session, kind="monthly", subject=f"{month}:{label}", dry_run=dry, now=now,
                                 user=None, recipients=",".join(to))
             if row is None:
                 result.lines.append(f"monthly {month} {label}: already {'written' if dry else 'sent'}")
                 continue
-            cid = message.new_cid("monthly-chart")
-            images = {cid: summary.chart} if summary.chart else {}
-            html_mail = summary.html(f"cid:{cid}")
-            parts = message.Parts(subject=summary.subject, text=summary.text, html_mail=html_mail,
-                                  html_file=message.file_html(html_mail, images), images=images, name="summary")
+            parts = message.parts(summary, "monthly-chart", "summary")
             folder = _archive_dir(rep, "monthly", start, label if acc is not None else "site", dry)
             _deliver(session, row, config, parts, to or ["undisclosed-recipients:;"], folder, dry, now, result,
                      sleep, {"X-Gpueff-Month": month})

@@ -53,13 +53,8 @@ def read_optout_file(path: str) -> set[str]:
     """User names from ``reports.optout_file`` (one per line; ``#`` comments); missing file = none."""
     if not path or not os.path.exists(path):
         return set()
-    users = set()
     with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            name = line.split("#", 1)[0].strip()
-            if name:
-                users.add(name)
-    return users
+        return {name for line in fh if (name := line.split("#", 1)[0].strip())}
 
 
 def opted_out(session: Session, optout_file: str = "") -> set[str]:

@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..config import MailConfig
+
 
 class DeliveryError(Exception):
     """The message could not be delivered; ``permanent`` when retrying cannot help (5xx, auth)."""
@@ -24,7 +26,7 @@ class DeliveryError(Exception):
         self.permanent = permanent
 
 
-def _password(mail: Any) -> str | None:
+def _password(mail: MailConfig) -> str | None:
     if not mail.password_file:
         return None
     try:
@@ -55,7 +57,7 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def send_once(mail: Any, sender: str, recipients: Sequence[str], data: bytes) -> None:
+def send_once(mail: MailConfig, sender: str, recipients: Sequence[str], data: bytes) -> None:
     """One SMTP conversation: connect (plain, STARTTLS or SSL), log in if configured, send."""
     context = ssl.create_default_context()
     password = _password(mail)
@@ -75,7 +77,7 @@ def send_once(mail: Any, sender: str, recipients: Sequence[str], data: bytes) ->
             raise DeliveryError("some recipients refused: " + ", ".join(refused), permanent=True)
 
 
-def send(mail: Any, sender: str, recipients: Sequence[str], data: bytes, *,
+def send(mail: MailConfig, sender: str, recipients: Sequence[str], data: bytes, *,
          sleep: Callable[[float], None] = time.sleep) -> int:
     """Deliver with up to ``mail.retries`` tries; return the number of tries. Raises DeliveryError."""
     last: BaseException | None = None

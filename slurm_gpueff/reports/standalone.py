@@ -34,6 +34,6 @@ def write_html(config: Config, found: Sequence[tuple[Any, list[Any]]], items: Se
         card = build_card(job, fig, diag, [tl[g.id] for g in gpus if g.id in tl], config, optout_hint=False)
         out = path if len(items) == 1 else f"{stem}-{job_label(job)}{ext or '.html'}"
         with open(out, "w", encoding="utf-8") as fh:
-            fh.write(card.standalone_html())
+            fh.write(card.html())
         written.append(out)
     return written

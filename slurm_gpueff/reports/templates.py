@@ -8,7 +8,9 @@ defined; an HTML template that prints a sentence escapes it then. Undefined name
 
 from __future__ import annotations
 
+import base64
 import tomllib
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -51,6 +53,23 @@ def sentence(name: str, /, **context: object) -> str:
     """One macro of ``_prose.j2`` (a subject line, a headline) as plain text, for Python to use."""
     macro = getattr(environment().get_template("_prose.j2").make_module(context), name)
     return " ".join(str(macro()).split())
+
+
+@dataclass
+class Page:
+    """A rendered report: subject, plain text, chart, and the HTML on demand, because where the chart lives
+    differs: ``cid:...`` in mail, a file name in the archive, a ``data:`` URI (the default) in one file."""
+
+    template: str
+    subject: str
+    text: str
+    chart: bytes | None
+    context: dict[str, Any]
+
+    def html(self, chart_src: str | None = None) -> str:
+        if chart_src is None and self.chart:
+            chart_src = "data:image/png;base64," + base64.b64encode(self.chart).decode("ascii")
+        return render(self.template, **self.context, chart_src=chart_src if self.chart else "")
 
 
 @cache

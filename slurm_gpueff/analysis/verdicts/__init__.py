@@ -14,4 +14,11 @@ from .tensor_idle import TensorIdle
 RULES: tuple[Rule, ...] = (NeverUsed(), Starved(), BusyNotWorking(), TensorIdle(), MemoryBound(),
                            Oversized(), Healthy())
 
-__all__ = ["RULES", "Context", "NotAssessed", "Rule", "Skipped", "Thresholds", "Verdict"]
+
+
+def label_of(name: str) -> str:
+    """A verdict's plain name ("GPU never used"); the name itself where no rule has it (an old row)."""
+    return next((r.label for r in RULES if r.name == name), name)
+
+
+__all__ = ["RULES", "Context", "NotAssessed", "Rule", "Skipped", "Thresholds", "Verdict", "label_of"]

@@ -1,12 +1,8 @@
 """What every verdict shares: the Verdict result, the Rule base class, thresholds and message texts.
 
-A rule looks at the job's figures and either raises a verdict (returning the values its message
-needs), returns None (the problem is absent), or raises :class:`NotAssessed` when a figure it needs
-was not measured: we never guess from a missing figure, and the card says what could not be assessed.
-
-Message texts live in ``text/<name>.toml`` (``label``: the check's plain name; ``title`` and ``why``
-with ``{placeholders}``; ``advice``: a list of two or three things to try), so they can be reworded
-without touching the logic. Placeholders: see :meth:`Rule.values`.
+A rule names the GPUs its verdict concerns (none: the problem is absent), or raises :class:`NotAssessed`
+when a figure it needs was not measured: we never guess from a missing figure. Message texts live in
+``text/<name>.toml`` so they can be reworded without touching the logic (placeholders: :func:`_values`).
 """
 
 from __future__ import annotations
@@ -19,9 +15,7 @@ from importlib import resources
 from typing import Any, Protocol
 
 from ...fmt import gib, gpu_hours, pct
-from ..figures import LABELS, GpuFigures, JobFigures, combine
-
-Values = dict[str, str]  # a verdict message's placeholders, as printed (see Rule.values)
+from ..figures import LABELS, NOT_MEASURED, GpuFigures, JobFigures, combine
 
 
 class _Section(Protocol):
@@ -32,11 +26,8 @@ ThresholdSource = Mapping[str, float] | _Section | None
 
 
 class NotAssessed(Exception):  # noqa: N818 - a signal, not an error
-    """A rule could not run because a figure it needs was not measured (the message says which).
-
-    ``figure`` names the missing figure ("SM activity") and ``detail`` says why, so renderers can
-    group checks that failed for the same underlying reason.
-    """
+    """A figure a rule needs was not measured: ``figure`` names it and ``detail`` says why, so renderers can
+    group checks that failed for the same underlying reason."""
 
     def __init__(self, message: str, figure: str | None = None, detail: str | None = None):
         super().__init__(message)
@@ -122,16 +113,14 @@ def load_text(name: str) -> dict[str, Any]:
 
 
 class Rule:
-    """Base class of one verdict. Subclasses set ``name``/``severity`` and implement :meth:`check`."""
+    """One verdict: subclasses set ``name`` (its text file) and ``severity`` and implement :meth:`hits`."""
 
     name = ""
     severity = "warning"
+    threshold: str | None = None  # the ``*_pct`` key its message prints as ``{thr}``
 
-    def check(self, ctx: Context) -> tuple[Values, Sequence[GpuFigures]] | None:
-        """Return (message values, GPUs involved) if the verdict applies, None if it does not.
-
-        Raise :class:`NotAssessed` when a needed figure is missing.
-        """
+    def hits(self, ctx: Context) -> Sequence[GpuFigures]:
+        """The GPUs the verdict concerns (empty: it does not apply); NotAssessed when a figure is missing."""
         raise NotImplementedError
 
     @property
@@ -139,15 +128,15 @@ class Rule:
         """Plain name of the check (no placeholders), for "could not assess" lists."""
         return str(load_text(self.name)["label"])
 
-    def verdict(self, values: Values, gpus: Sequence[GpuFigures]) -> Verdict:
+    def verdict(self, ctx: Context, gpus: Sequence[GpuFigures]) -> Verdict:
         text = load_text(self.name)
-        fmt = dict(values)
-        return Verdict(name=self.name, title=text["title"].format_map(fmt), severity=self.severity,
-                       why=" ".join(text["why"].format_map(fmt).split()),
-                       advice=[" ".join(a.format_map(fmt).split()) for a in text["advice"]],
+        values = _values(ctx, gpus)
+        if self.threshold:
+            values["thr"] = pct(ctx.thresholds.pct(self.threshold))
+        return Verdict(name=self.name, title=text["title"].format_map(values), severity=self.severity,
+                       why=" ".join(text["why"].format_map(values).split()),
+                       advice=[" ".join(a.format_map(values).split()) for a in text["advice"]],
                        gpus=[(g.node, g.index) for g in gpus])
-
-    # Helpers for subclasses -------------------------------------------------------------------
 
     @staticmethod
     def need(gpus: Sequence[GpuFigures], *metrics: str) -> list[GpuFigures]:
@@ -161,37 +150,34 @@ class Rule:
                     raise NotAssessed(f"{label}: {why}", figure=label, detail=why)
         return ok
 
-    @staticmethod
-    def values(ctx: Context, involved: Sequence[GpuFigures]) -> Values:
-        """Message values over the involved GPUs: k, s, t, d, fp32, mem (as text) and the GPU phrase."""
-        agg = combine(list(involved))
-        n_all = ctx.figures.gpu_count
-        phrase = of_n(len(involved), n_all)
-        vals = {
-            "were": "was" if len(involved) == 1 else "were",
-            "k": pct(agg.mean("kernel_active")), "s": pct(agg.mean("sm_active")),
-            "t": pct(agg.mean("tensor_active")), "d": pct(agg.mean("dram_active")),
-            "fp32": pct(agg.mean("fp32_active")), "o": pct(agg.mean("sm_occupancy")),
-            "mem": pct(agg.memory_fraction), "eff": pct(agg.efficiency),
-            "gpus": phrase, "n": str(len(involved)), "total": str(n_all),
-            "gpu_list": ", ".join(g.label for g in involved),
-            "hours": gpu_hours(agg.hours), "mem_gib": gib(agg.memory_used_peak_bytes),
-            "total_gib": gib(agg.memory_total_bytes or None),
-        }
-        vals["Gpus"] = phrase[0].upper() + phrase[1:]
-        vals["gpus_title"] = "GPU" if n_all == 1 else vals["Gpus"]
-        vals["on_gpus"] = "" if len(involved) == n_all else f" on {phrase} ({vals['gpu_list']})"
-        return vals
+
+def _values(ctx: Context, involved: Sequence[GpuFigures]) -> dict[str, str]:
+    """A message's placeholders over the involved GPUs: k, s, t, d, fp32, mem (as text) and the GPU phrase."""
+    agg = combine(list(involved))
+    n_all = ctx.figures.gpu_count
+    phrase = of_n(len(involved), n_all)
+    vals = {
+        "were": "was" if len(involved) == 1 else "were",
+        "k": pct(agg.mean("kernel_active")), "s": pct(agg.mean("sm_active")),
+        "t": pct(agg.mean("tensor_active")), "d": pct(agg.mean("dram_active")),
+        "fp32": pct(agg.mean("fp32_active")), "o": pct(agg.mean("sm_occupancy")),
+        "mem": pct(agg.memory_fraction), "eff": pct(agg.efficiency),
+        "gpus": phrase, "n": str(len(involved)), "total": str(n_all),
+        "gpu_list": ", ".join(g.label for g in involved),
+        "hours": gpu_hours(agg.hours), "mem_gib": gib(agg.memory_used_peak_bytes),
+        "total_gib": gib(agg.memory_total_bytes or None),
+    }
+    vals["Gpus"] = phrase[0].upper() + phrase[1:]
+    vals["gpus_title"] = "GPU" if n_all == 1 else vals["Gpus"]
+    vals["on_gpus"] = "" if len(involved) == n_all else f" on {phrase} ({vals['gpu_list']})"
+    return vals
 
 
 def _missing_reason(g: GpuFigures, metric: str) -> str:
     if metric == "memory_fraction":
-        key = "memory_used_peak_bytes" if g.memory_used_peak_bytes is None else "memory_total_bytes"
-        return g.missing.get(key) or "not measured"
-    return g.missing.get(metric) or "not measured"
+        metric = "memory_used_peak_bytes" if g.memory_used_peak_bytes is None else "memory_total_bytes"
+    return g.missing.get(metric) or NOT_MEASURED
 
 
 def _value(g: GpuFigures, metric: str) -> float | None:
-    if metric == "memory_fraction":
-        return g.memory_fraction
-    return g.means.get(metric)
+    return g.memory_fraction if metric == "memory_fraction" else g.means.get(metric)

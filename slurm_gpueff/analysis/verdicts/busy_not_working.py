@@ -11,14 +11,14 @@ kernel-active 33 %, SM-active 0.05 % -- starved by launch overhead *and* underfi
 from __future__ import annotations
 
 from ..figures import GpuFigures
-from .base import Context, Rule, Values
+from .base import Context, Rule
 
 
 class BusyNotWorking(Rule):
     name = "busy_not_working"
     severity = "warning"
 
-    def check(self, ctx: Context) -> tuple[Values, list[GpuFigures]] | None:
+    def hits(self, ctx: Context) -> list[GpuFigures]:
         measured = self.need(ctx.used, "kernel_active", "sm_active")
         k_min = ctx.thresholds.pct("busy_kernel_pct")
         s_max = ctx.thresholds.pct("busy_sm_pct")
@@ -30,7 +30,4 @@ class BusyNotWorking(Rule):
             s = g.mean("sm_active") or 0.0
             return (k >= k_min and s < s_max) or (k >= k_used and s < eff_max * k)
 
-        hit = [g for g in measured if busy(g)]
-        if not hit:
-            return None
-        return self.values(ctx, hit), hit
+        return [g for g in measured if busy(g)]

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from ..figures import GpuFigures
-from .base import Context, NotAssessed, Rule, Values
+from .base import Context, NotAssessed, Rule
 
 
 class Healthy(Rule):
     name = "healthy"
     severity = "ok"
 
-    def check(self, ctx: Context) -> tuple[Values, list[GpuFigures]] | None:
+    def hits(self, ctx: Context) -> list[GpuFigures]:
         if ctx.raised or not ctx.used:
-            return None
+            return []
         if ctx.skipped:
             raise NotAssessed("not every check could run (see above), so the job is not called healthy")
-        return self.values(ctx, ctx.used), ctx.used
+        return ctx.used

@@ -6,21 +6,15 @@ GPUs flagged here are left out of every later check (an idle GPU is not also "st
 
 from __future__ import annotations
 
-from ...fmt import pct
 from ..figures import GpuFigures
-from .base import Context, Rule, Values
+from .base import Context, Rule
 
 
 class NeverUsed(Rule):
     name = "never_used"
     severity = "critical"
+    threshold = "never_used_kernel_pct"
 
-    def check(self, ctx: Context) -> tuple[Values, list[GpuFigures]] | None:
-        measured = self.need(ctx.figures.gpus, "kernel_active")
+    def hits(self, ctx: Context) -> list[GpuFigures]:
         limit = ctx.thresholds.pct("never_used_kernel_pct")
-        idle = [g for g in measured if (g.mean("kernel_active") or 0.0) < limit]
-        if not idle:
-            return None
-        values = self.values(ctx, idle)
-        values["thr"] = pct(ctx.thresholds.pct("never_used_kernel_pct"))
-        return values, idle
+        return [g for g in self.need(ctx.figures.gpus, "kernel_active") if (g.mean("kernel_active") or 0.0) < limit]

@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 from ..figures import GpuFigures
-from .base import Context, Rule, Values
+from .base import Context, Rule
 
 
 class Oversized(Rule):
     name = "oversized"
     severity = "info"
 
-    def check(self, ctx: Context) -> tuple[Values, list[GpuFigures]] | None:
+    def hits(self, ctx: Context) -> list[GpuFigures]:
         measured = self.need(ctx.used, "memory_fraction", "sm_active")
         th = ctx.thresholds
-        hit = [g for g in measured
-               if (g.memory_fraction or 0.0) < th.pct("oversized_memory_pct")
-               and (g.mean("sm_active") or 0.0) < th.pct("oversized_sm_pct")]
-        if not hit:
-            return None
-        return self.values(ctx, hit), hit
+        return [g for g in measured
+                if (g.memory_fraction or 0.0) < th.pct("oversized_memory_pct")
+                and (g.mean("sm_active") or 0.0) < th.pct("oversized_sm_pct")]

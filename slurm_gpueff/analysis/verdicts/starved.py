@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-from ...fmt import pct
 from ..figures import GpuFigures
-from .base import Context, Rule, Values
+from .base import Context, Rule
 
 
 class Starved(Rule):
     name = "starved"
     severity = "warning"
+    threshold = "starved_kernel_pct"
 
-    def check(self, ctx: Context) -> tuple[Values, list[GpuFigures]] | None:
-        measured = self.need(ctx.used, "kernel_active")
+    def hits(self, ctx: Context) -> list[GpuFigures]:
         limit = ctx.thresholds.pct("starved_kernel_pct")
-        low = [g for g in measured if (g.mean("kernel_active") or 0.0) < limit]
-        if not low:
-            return None
-        values = self.values(ctx, low)
-        values["thr"] = pct(ctx.thresholds.pct("starved_kernel_pct"))
-        return values, low
+        return [g for g in self.need(ctx.used, "kernel_active") if (g.mean("kernel_active") or 0.0) < limit]
