@@ -13,7 +13,8 @@ from sqlmodel import Session
 from slurm_gpueff import spool, synthetic
 from slurm_gpueff.storage import migrate
 from slurm_gpueff.storage.db import make_engine
-from slurm_gpueff.storage.ingest import ingest_record, ingest_spool
+from slurm_gpueff.storage.ingest import ingest_spool
+from slurm_gpueff.storage.writer import ingest_record
 
 
 def records() -> list[dict]:

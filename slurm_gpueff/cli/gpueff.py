@@ -64,8 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="load finished-job records from the spool into the database")
     i.add_argument("--limit", type=int, metavar="N", help="ingest at most N records")
     i.add_argument("--workers", type=int, metavar="N",
-                   help="processes for a backlog of 500+ records (default: [service] ingest_workers; "
-                        "0 = automatic: half the CPUs, 2-8, on SQLite; 3/4, 2-12, on PostgreSQL)")
+                   help="no effect, accepted for existing scripts: ingest runs in one process")
     i.add_argument("--quiet", action="store_true", help="no progress bar and no summary unless errors")
 
     d = sub.add_parser("demo", parents=[common], help="run the product end to end on simulated GPUs")
@@ -205,7 +204,7 @@ def _config_check(config: Any, as_json: bool) -> int:
 
 def _ingest(config: Any, args: argparse.Namespace) -> int:
     from ..storage.db import make_engine
-    from ..storage.ingest import ingest_spool, worker_count
+    from ..storage.ingest import ingest_spool
 
     if args.limit is not None and args.limit < 1:
         _err("--limit must be at least 1")
@@ -224,9 +223,7 @@ def _ingest(config: Any, args: argparse.Namespace) -> int:
     progress = ProgressBar("ingest", enabled=not args.quiet and sys.stderr.isatty())
     analysed = 0
     try:
-        workers = worker_count(config.service.ingest_workers if args.workers is None else args.workers,
-                               engine.dialect.name)
-        result = ingest_spool(engine, config.paths.spool_dir, limit=args.limit, progress=progress, workers=workers)
+        result = ingest_spool(engine, config.paths.spool_dir, limit=args.limit, progress=progress)
         try:  # the stored per-job summaries that rollups and reports aggregate
             analysed = summarize_pending(engine, config.analysis)
         except Exception as exc:  # the records are safely in the DB; the next run retries the summaries

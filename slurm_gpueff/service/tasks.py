@@ -61,11 +61,10 @@ def _utcnow() -> datetime:
 
 # ------------------------------------------------------------------------------------------ built-ins
 def ingest(ctx: Context) -> str:
-    from ..storage.ingest import ingest_spool, worker_count
+    from ..storage.ingest import ingest_spool
     from ..summarize import summarize_pending
 
-    res = ingest_spool(ctx.engine, ctx.config.paths.spool_dir,
-                       workers=worker_count(ctx.config.service.ingest_workers, ctx.engine.dialect.name))
+    res = ingest_spool(ctx.engine, ctx.config.paths.spool_dir)
     for e in res.errors:
         log.warning("ingest: %s", e)
     analysed = summarize_pending(ctx.engine, ctx.config.analysis)  # also records forwarded by nodes

@@ -2,7 +2,8 @@
 
 ``paths.database`` may be a SQLAlchemy URL (``sqlite:///...``, ``postgresql+psycopg://...``) or a
 plain file path, which means SQLite. SQLite runs in WAL mode with a busy timeout so that ingest and
-``seff-gpu`` readers do not block each other. The schema comes from Alembic migrations
+``seff-gpu`` readers do not block each other, and with ``synchronous=FULL``: a commit is on disk when
+it returns, so ingest may remove a record's spool file right after (a power cut cannot lose both). The schema comes from Alembic migrations
 (:mod:`slurm_gpueff.storage.migrate`), not ``create_all``.
 """
 
@@ -63,5 +64,5 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA foreign_keys=ON")
-    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA synchronous=FULL")
     cur.close()

@@ -40,7 +40,7 @@ from sqlmodel import Session, col, select
 from .. import record as recmod
 from ..models import Job
 from ..sacct import SacctError, SacctJob
-from .ingest import UNAVAILABLE, ingest_record
+from .writer import UNAVAILABLE, ingest_record
 from .rollups import moved_month, note_moved
 
 log = logging.getLogger(__name__)
