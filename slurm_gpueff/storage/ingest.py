@@ -203,8 +203,8 @@ def _one_by_one(engine: Engine, spool_dir: str, good: list[tuple[str, dict[str, 
         res.errors.append(msg)
         log.error(msg)
         return
-    for path, exc in rejected:
-        _quarantine(spool_dir, path, f"database rejected the record: {type(exc).__name__}: {exc}", res)
+    for path, err in rejected:
+        _quarantine(spool_dir, path, f"database rejected the record: {type(err).__name__}: {err}", res)
 
 
 def _unlink(paths: list[str]) -> None:

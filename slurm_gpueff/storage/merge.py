@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .. import record as recmod
-from ..models import Job, JobGpu
+from ..models import Job
 
 Row = dict[str, Any]
 Key = tuple[str, int]  # (cluster, job id): the job's natural key
@@ -29,12 +29,13 @@ Spot = tuple[str, int]  # (node, GPU index): a GPU row's key within its job
 # Which backend label a multi-node job gets: the most capable one that measured any of its GPUs.
 _BACKEND_RANK = {"none": 0, "simulated": 1, "nvml": 2, "nvml-gpm": 3, "dcgm": 4}
 # Per-GPU record fields copied as they are; the optional DCGM / MIG ones only where job_gpu has a column.
+_JOB, _GPU = Job.metadata.tables["job"], Job.metadata.tables["job_gpu"]
 _GPU_FIELDS = ("minor", "memory_total_bytes", *recmod.FRACTIONS, "energy_j", "power_mean_w",
-               *(f for f in recmod.OPTIONAL_GPU if f in JobGpu.__table__.c))
+               *(f for f in recmod.OPTIONAL_GPU if f in _GPU.c))
 _IDENTITY = (("array_job_id", None), ("array_task_id", None), ("het_job_id", None), ("het_job_offset", None),
              ("user", 128), ("uid", None), ("account", 128), ("partition", 128))
-JOB_COLS = tuple(c.name for c in Job.__table__.columns)
-GPU_COLS = tuple(c.name for c in JobGpu.__table__.columns)
+JOB_COLS = tuple(c.name for c in _JOB.columns)
+GPU_COLS = tuple(c.name for c in _GPU.columns)
 
 
 @dataclass
@@ -91,7 +92,8 @@ def merge(recs: list[Row], stored_jobs: dict[Key, Row], stored_gpus: dict[Key, d
           now: datetime) -> Plan:
     """Fold validated records, in order, into the stored rows of their jobs (which are left unchanged)."""
     jobs = {k: dict(v) for k, v in stored_jobs.items()}
-    gpus = {job_key(r): {} for r in recs} | {k: {s: dict(r) for s, r in v.items()} for k, v in stored_gpus.items()}
+    gpus: dict[Key, dict[Spot, Row]] = {job_key(r): {} for r in recs}
+    gpus.update((k, {s: dict(r) for s, r in v.items()}) for k, v in stored_gpus.items())
     touched: set[tuple[Key, str]] = set()
     timelines: dict[tuple[Key, str], dict[int, list[Any]]] = {}
     for rec in recs:

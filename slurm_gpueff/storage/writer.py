@@ -25,14 +25,14 @@ from sqlalchemy.types import TypeEngine
 from sqlmodel import Session
 
 from .. import record as recmod
-from ..models import Job, JobGpu, JobGpuTimeline
+from ..models import Job
 from .merge import Key, Row, Spot, job_key, merge
 from .rollups import note_moved
 
 # The database is unavailable (not the record's fault): stop, keep the files, try again next run.
 UNAVAILABLE = (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.DisconnectionError, sa_exc.TimeoutError)
 IN_CHUNK = 500  # bound parameters per IN (...) query: well under SQLite's and PostgreSQL's limits
-_JOB, _GPU, _TIMELINE = Job.__table__, JobGpu.__table__, JobGpuTimeline.__table__
+_JOB, _GPU, _TIMELINE = (Job.metadata.tables[t] for t in ("job", "job_gpu", "job_gpu_timeline"))
 
 
 @contextlib.contextmanager
