@@ -15,11 +15,10 @@ to ``BATCH``, one transaction each (:mod:`slurm_gpueff.storage.writer`):
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,10 +48,6 @@ class IngestResult:
     errors: list[str] = field(default_factory=list)
 
 
-class _Unavailable(Exception):
-    """The database could not be written; carries the original error."""
-
-
 def read_record(path: str) -> dict[str, Any]:
     """Parse and validate one spool file; RecordError says what is wrong with it."""
     with open(path, "rb") as fh:
@@ -64,23 +59,6 @@ def read_record(path: str) -> dict[str, Any]:
     except ValueError as exc:  # JSONDecodeError (orjson's too) and UnicodeDecodeError
         raise RecordError(f"not valid JSON: {exc}") from None
     return recmod.validate(rec)
-
-
-@contextlib.contextmanager
-def no_cyclic_gc() -> Iterator[None]:
-    """Pause the cyclic garbage collector while a batch of parsed records is alive.
-
-    A batch holds ~100 k small containers, which the collector would scan again and again while the
-    batch is parsed (docs/bench/). Records are trees, never cycles: reference counting frees them all
-    the same. The previous state is restored, so a caller that disabled it keeps that.
-    """
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def ingest_spool(engine: Engine, spool_dir: str, *, limit: int | None = None,
@@ -95,116 +73,131 @@ def ingest_spool(engine: Engine, spool_dir: str, *, limit: int | None = None,
     else:  # the oldest ``limit`` records, a job's records together as above
         oldest = list(spool.pending(spool_dir, stale_tmp_s=spool.STALE_TMP_S))[: max(0, limit)]
         paths = [p for group in spool.group_by_job(oldest) for p in group]
-    res = IngestResult()
-    step, total = max(1, batch), len(paths)
+    step, total, res = max(1, batch), len(paths), IngestResult()
+    # The cyclic garbage collector would scan a batch's ~100 k small containers again and again while
+    # it is parsed (docs/bench/); records are trees, which reference counting frees all the same.
+    gc_was_on = gc.isenabled()
+    gc.disable()
     # Committed files are removed in threads while the next batch is read: unlink(2) can wait
     # milliseconds on the file system's journal, and concurrent unlinks share that wait (docs/bench/).
-    # Leaving the block waits for them all.
-    with ThreadPoolExecutor(UNLINK_THREADS) as pool:
-        def remove(done: list[str]) -> None:
-            n = min(UNLINK_THREADS, -(-len(done) // 16))  # threads of at least 16 files; none for none
-            for i in range(n):
-                pool.submit(_unlink, done[i::n])
-
-        for start in range(0, total, step):
-            chunk = paths[start:start + step]
-            with no_cyclic_gc():
-                if not _drain_batch(engine, spool_dir, chunk, res, remove, left_after=total - start - len(chunk)):
+    try:
+        with ThreadPoolExecutor(UNLINK_THREADS) as pool:  # leaving it waits for every removal
+            run = _Run(engine, spool_dir, pool, res)
+            for start in range(0, total, step):
+                chunk = paths[start:start + step]
+                if not run.batch(chunk, left_after=total - start - len(chunk)):
                     break
-            if progress is not None:
-                progress(start + len(chunk), total)
+                if progress is not None:
+                    progress(start + len(chunk), total)
+    finally:
+        if gc_was_on:
+            gc.enable()
     return res
 
 
-Remove = Callable[[list[str]], None]
+@dataclass
+class _Run:
+    """One ingest run: its database, spool, file-removal threads and result."""
 
+    engine: Engine
+    spool_dir: str
+    pool: ThreadPoolExecutor
+    res: IngestResult
 
-def _drain_batch(engine: Engine, spool_dir: str, chunk: list[str], res: IngestResult, remove: Remove,
-                 left_after: int) -> bool:
-    """Read, validate and store one batch; False when the database is unavailable (stop the run)."""
-    good: list[tuple[str, dict[str, Any]]] = []
-    for path in chunk:
+    def batch(self, chunk: list[str], left_after: int) -> bool:
+        """Read, validate and store one batch; False when the database is unavailable (stop the run)."""
+        good: list[tuple[str, dict[str, Any]]] = []
+        for path in chunk:
+            try:
+                good.append((path, read_record(path)))
+            except FileNotFoundError:
+                continue  # taken by a concurrent ingest
+            except RecordError as exc:
+                self.quarantine(path, str(exc))
+            except OSError as exc:  # unreadable right now (EIO, EACCES): not the record's fault
+                self.res.failed += 1
+                self.res.errors.append(f"{path}: cannot read: {exc}")
         try:
-            good.append((path, read_record(path)))
-        except FileNotFoundError:
-            continue  # taken by a concurrent ingest
-        except RecordError as exc:
-            _quarantine(spool_dir, path, str(exc), res)
-        except OSError as exc:  # unreadable right now (EIO, EACCES): not the record's fault
-            res.failed += 1
-            res.errors.append(f"{path}: cannot read: {exc}")
-    try:
-        _store(engine, spool_dir, good, res, remove)
-    except _Unavailable as exc:
-        left = len(good) + left_after
-        res.failed += left
-        msg = f"database unavailable ({exc.__cause__}); {left} record(s) left in the spool for the next run"
-        res.errors.append(msg)
-        log.error(msg)
-        return False
-    return True
+            self.store(good)
+        except UNAVAILABLE as exc:
+            left = len(good) + left_after
+            self.res.failed += left
+            msg = f"database unavailable ({exc}); {left} record(s) left in the spool for the next run"
+            self.res.errors.append(msg)
+            log.error(msg)
+            return False
+        return True
 
-
-def _write(engine: Engine, recs: list[dict[str, Any]]) -> None:
-    try:
-        with transaction(engine) as conn:
+    def write(self, recs: list[dict[str, Any]]) -> None:
+        with transaction(self.engine) as conn:
             write_records(conn, recs)
-    except UNAVAILABLE as exc:
-        raise _Unavailable() from exc
 
-
-def _store(engine: Engine, spool_dir: str, good: list[tuple[str, dict[str, Any]]], res: IngestResult,
-           remove: Remove) -> None:
-    """Write the records in one transaction, then remove their files; on an error that is not the
-    database's, find the records at fault one per transaction."""
-    if not good:
-        return
-    try:
-        _write(engine, [rec for _path, rec in good])
-    except _Unavailable:
-        raise
-    except Exception as exc:  # noqa: BLE001 - some record in the batch: find it
-        log.warning("batch of %d records failed (%s); retrying one by one", len(good), exc)
-        _one_by_one(engine, spool_dir, good, res, remove)
-        return
-    res.ingested += len(good)
-    remove([path for path, _rec in good])
-
-
-def _one_by_one(engine: Engine, spool_dir: str, good: list[tuple[str, dict[str, Any]]], res: IngestResult,
-                remove: Remove) -> None:
-    """Retry a failed batch record by record and quarantine the records the database rejects.
-
-    Records were validated before: a database that rejects all of them points at the software or the
-    schema, not at the records, so then nothing is quarantined: the files stay for the next run.
-    """
-    rejected: list[tuple[str, Exception]] = []
-    stored: list[str] = []
-    for path, rec in good:
+    def store(self, good: list[tuple[str, dict[str, Any]]]) -> None:
+        """Write the records in one transaction, then remove their files; on an error that is not the
+        database's, find the records at fault one per transaction."""
+        if not good:
+            return
         try:
-            _write(engine, [rec])
-        except sa_exc.IntegrityError as exc:  # another writer inserted the same job meanwhile: next run
-            res.failed += 1
-            res.errors.append(f"{path}: conflict, left for the next run: {exc.orig}")
-            continue
-        except _Unavailable:
+            self.write([rec for _path, rec in good])
+        except UNAVAILABLE:
             raise
-        except Exception as exc:  # noqa: BLE001 - judged below
-            rejected.append((path, exc))
-            continue
-        stored.append(path)
-    res.ingested += len(stored)
-    remove(stored)
-    if rejected and not stored:
-        res.failed += len(rejected)
-        first = rejected[0][1]
-        msg = (f"the database rejected all {len(rejected)} record(s) of a batch ({type(first).__name__}: "
-               f"{first}); left in the spool: this looks like a software or schema problem")
-        res.errors.append(msg)
-        log.error(msg)
-        return
-    for path, err in rejected:
-        _quarantine(spool_dir, path, f"database rejected the record: {type(err).__name__}: {err}", res)
+        except Exception as exc:  # noqa: BLE001 - some record in the batch: find it
+            log.warning("batch of %d records failed (%s); retrying one by one", len(good), exc)
+            self.one_by_one(good)
+            return
+        self.res.ingested += len(good)
+        self.remove([path for path, _rec in good])
+
+    def one_by_one(self, good: list[tuple[str, dict[str, Any]]]) -> None:
+        """Retry a failed batch record by record and quarantine the records the database rejects.
+
+        Records were validated before: a database that rejects all of them points at the software or
+        the schema, not at the records, so then nothing is quarantined: the files stay for the next run.
+        """
+        rejected: list[tuple[str, Exception]] = []
+        stored: list[str] = []
+        for path, rec in good:
+            try:
+                self.write([rec])
+            except UNAVAILABLE:
+                raise
+            except sa_exc.IntegrityError as exc:  # another writer inserted the same job meanwhile: next run
+                self.res.failed += 1
+                self.res.errors.append(f"{path}: conflict, left for the next run: {exc.orig}")
+            except Exception as exc:  # noqa: BLE001 - judged below
+                rejected.append((path, exc))
+            else:
+                stored.append(path)
+        self.res.ingested += len(stored)
+        self.remove(stored)
+        if rejected and not stored:
+            self.res.failed += len(rejected)
+            first = rejected[0][1]
+            msg = (f"the database rejected all {len(rejected)} record(s) of a batch ({type(first).__name__}: "
+                   f"{first}); left in the spool: this looks like a software or schema problem")
+            self.res.errors.append(msg)
+            log.error(msg)
+            return
+        for path, err in rejected:
+            self.quarantine(path, f"database rejected the record: {type(err).__name__}: {err}")
+
+    def remove(self, paths: list[str]) -> None:
+        n = min(UNLINK_THREADS, -(-len(paths) // 16))  # threads of at least 16 files; none for none
+        for i in range(n):
+            self.pool.submit(_unlink, paths[i::n])
+
+    def quarantine(self, path: str, error: str) -> None:
+        try:
+            dest = spool.quarantine(self.spool_dir, path, error)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            self.res.failed += 1
+            self.res.errors.append(f"{path}: {error}; and cannot quarantine it: {exc}")
+            return
+        self.res.quarantined += 1
+        self.res.errors.append(f"{os.path.basename(path)}: {error} (quarantined as {dest})")
+        log.warning("quarantined %s: %s", path, error)
 
 
 def _unlink(paths: list[str]) -> None:
@@ -215,17 +208,3 @@ def _unlink(paths: list[str]) -> None:
             pass  # a concurrent ingest took it
         except OSError as exc:  # the record is committed: a leftover file is only re-ingested next run
             log.warning("cannot remove ingested record %s: %s", path, exc)
-
-
-def _quarantine(spool_dir: str, path: str, error: str, res: IngestResult) -> None:
-    try:
-        dest = spool.quarantine(spool_dir, path, error)
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        res.failed += 1
-        res.errors.append(f"{path}: {error}; and cannot quarantine it: {exc}")
-        return
-    res.quarantined += 1
-    res.errors.append(f"{os.path.basename(path)}: {error} (quarantined as {dest})")
-    log.warning("quarantined %s: %s", path, error)

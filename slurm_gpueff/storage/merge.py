@@ -28,14 +28,14 @@ Spot = tuple[str, int]  # (node, GPU index): a GPU row's key within its job
 
 # Which backend label a multi-node job gets: the most capable one that measured any of its GPUs.
 _BACKEND_RANK = {"none": 0, "simulated": 1, "nvml": 2, "nvml-gpm": 3, "dcgm": 4}
-# Per-GPU record fields copied as they are; the optional DCGM / MIG ones only where job_gpu has a column.
 _JOB, _GPU = Job.metadata.tables["job"], Job.metadata.tables["job_gpu"]
+# Per-GPU record fields copied as they are; the optional DCGM / MIG ones only where job_gpu has a column.
 _GPU_FIELDS = ("minor", "memory_total_bytes", *recmod.FRACTIONS, "energy_j", "power_mean_w",
                *(f for f in recmod.OPTIONAL_GPU if f in _GPU.c))
 _IDENTITY = (("array_job_id", None), ("array_task_id", None), ("het_job_id", None), ("het_job_offset", None),
              ("user", 128), ("uid", None), ("account", 128), ("partition", 128))
-JOB_COLS = tuple(c.name for c in _JOB.columns)
-GPU_COLS = tuple(c.name for c in _GPU.columns)
+_JOB_COLS = tuple(c.name for c in _JOB.columns)
+_GPU_COLS = tuple(c.name for c in _GPU.columns)
 
 
 @dataclass
@@ -48,13 +48,6 @@ class Plan:
     old_gpu_ids: set[int]
     touched: set[tuple[Key, str]]  # (job, node) whose GPU rows a record replaced
     timelines: dict[tuple[Key, str], dict[int, list[Any]]]  # (job, node) -> GPU index -> points
-
-    def moved_ends(self) -> list[datetime]:
-        """Old end times of jobs whose end moved into another month (their old month's rollups are stale)."""
-        from .rollups import moved_month
-
-        return [old["end_time"] for k, old in self.old_jobs.items()
-                if moved_month(old["end_time"], self.jobs[k]["end_time"])]
 
     def gpu_changes(self) -> tuple[list[Row], list[Row], list[int]]:
         """(new GPU rows, stored rows to rewrite: those of touched nodes, ids of stored rows now gone).
@@ -73,14 +66,14 @@ class Plan:
                         updates.append(row)
         return inserts, updates, sorted(self.old_gpu_ids - kept)
 
-    def timeline_rows(self) -> list[tuple[int, list[Any]]]:
-        """(GPU row id, points) of the touched nodes' GPUs; their ids must be known."""
+    def timeline_rows(self) -> list[Row]:
+        """Timeline rows of the touched nodes' GPUs; the GPU rows' ids must be known."""
         out = []
         for key, rows in self.gpus.items():
             for (node, idx), row in rows.items():
                 points = self.timelines.get((key, node), {}).get(idx)
                 if points:
-                    out.append((row["id"], points))
+                    out.append({"job_gpu_id": row["id"], "points": points})
         return out
 
 
@@ -110,7 +103,7 @@ def merge(recs: list[Row], stored_jobs: dict[Key, Row], stored_gpus: dict[Key, d
 
 
 def _new_job(key: Key) -> Row:
-    row: Row = dict.fromkeys(JOB_COLS)
+    row: Row = dict.fromkeys(_JOB_COLS)
     row.update(cluster=key[0], job_id=key[1], record_source="hook", gpu_count=0, backend="none", enriched=False)
     return row
 
@@ -127,7 +120,7 @@ def _fold(job: Row, gpus: dict[Spot, Row], rec: Row, node: str, now: datetime) -
     backend = rec["backend"]
     for g in rec["gpus"]:
         get = g.get
-        row = mine.pop(g["index"], None) or dict.fromkeys(GPU_COLS)
+        row = mine.pop(g["index"], None) or dict.fromkeys(_GPU_COLS)
         row.update(zip(_GPU_FIELDS, map(get, _GPU_FIELDS), strict=True))  # C-level copy of the fields
         row["node"], row["gpu_index"] = node, g["index"]
         peak = get("memory_used_peak_bytes")
@@ -185,11 +178,7 @@ def _pick(values: list[Any], pick: Callable[[list[Any]], Any]) -> Any:
 
 
 def _state(exit_code: int | None, signal: int | None) -> str | None:
-    """COMPLETED / FAILED from the hook's view; None when signalled (sacct enrichment knows better)."""
-    if exit_code is None:
+    """COMPLETED / FAILED from the hook's view; None when unknown or signalled (sacct knows better)."""
+    if exit_code is None or (exit_code == 0 and signal):
         return None
-    if exit_code == 0 and not signal:
-        return "COMPLETED"
-    if exit_code != 0:
-        return "FAILED"
-    return None
+    return "COMPLETED" if exit_code == 0 else "FAILED"

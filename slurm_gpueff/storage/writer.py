@@ -12,6 +12,7 @@ the two dialects is in :class:`_Sql` and :func:`transaction`.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from operator import itemgetter
@@ -27,7 +28,7 @@ from sqlmodel import Session
 from .. import record as recmod
 from ..models import Job
 from .merge import Key, Row, Spot, job_key, merge
-from .rollups import note_moved
+from .rollups import moved_month, note_moved
 
 # The database is unavailable (not the record's fault): stop, keep the files, try again next run.
 UNAVAILABLE = (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.DisconnectionError, sa_exc.TimeoutError)
@@ -41,8 +42,8 @@ def transaction(engine: Engine) -> Iterator[Connection]:
 
     SQLite: ``BEGIN IMMEDIATE`` takes the write lock before the read the merge starts from (the
     sqlite3 module would begin only at the first write). PostgreSQL: the stored job rows are read
-    ``FOR UPDATE``; a job another writer inserts meanwhile fails the unique key, and its record is
-    retried next run. Durable at commit on both: PostgreSQL by default, SQLite by the engine's
+    ``FOR UPDATE``; a job another writer inserts meanwhile fails the unique key, and the transaction
+    is retried. Durable at commit on both: PostgreSQL by default, SQLite by the engine's
     ``synchronous=FULL`` (:mod:`slurm_gpueff.storage.db`), so a record's file may go right after.
     """
     with engine.connect() as conn, conn.begin():
@@ -58,16 +59,16 @@ def write_records(conn: Connection, recs: list[Row]) -> None:
         return
     jobs, gpus = read_stored(conn, {job_key(r) for r in recs})
     plan = merge(recs, jobs, gpus, datetime.now(UTC).replace(tzinfo=None))
-    moved = plan.moved_ends()
-    if moved:  # a later node record moved the job's end into another month: that month's rollups
-        note_moved(conn, moved)  # are recomputed by the next refresh (storage/rollups.py)
+    # A later node record that moves a job's end into another month makes the old month's rollups stale:
+    # noted for the next refresh (storage/rollups.py).
+    note_moved(conn, [old["end_time"] for k, old in plan.old_jobs.items()
+                      if moved_month(old["end_time"], plan.jobs[k]["end_time"])])
     with raw_errors(conn):
         db = _Sql(conn)
         new = [k for k in plan.jobs if k not in plan.old_jobs]
         if new:
             db.insert(_JOB, [plan.jobs[k] for k in new])
-            ids = {(c, j): pk for pk, c, j in db.select_in('SELECT id, cluster, job_id FROM "job"', "job_id",
-                                                           sorted({k[1] for k in new}))}
+            ids = db.ids('SELECT id, cluster, job_id FROM "job"', "job_id", sorted({k[1] for k in new}))
             for k in new:
                 plan.jobs[k]["id"] = ids[k]
         db.update(_JOB, [plan.jobs[k] for k in plan.old_jobs if plan.jobs[k] != plan.old_jobs[k]])
@@ -77,11 +78,11 @@ def write_records(conn: Connection, recs: list[Row]) -> None:
         db.update(_GPU, updates)
         if inserts:
             db.insert(_GPU, inserts)
-            gids = {(pk, n, i): gid for gid, pk, n, i in db.select_in(
-                'SELECT id, job_pk, node, gpu_index FROM "job_gpu"', "job_pk", sorted({r["job_pk"] for r in inserts}))}
+            gids = db.ids('SELECT id, job_pk, node, gpu_index FROM "job_gpu"', "job_pk",
+                          sorted({r["job_pk"] for r in inserts}))
             for r in inserts:
                 r["id"] = gids[(r["job_pk"], r["node"], r["gpu_index"])]
-        db.insert(_TIMELINE, [{"job_gpu_id": gid, "points": pts} for gid, pts in plan.timeline_rows()])
+        db.insert(_TIMELINE, plan.timeline_rows())
 
 
 def read_stored(conn: Connection, keys: set[Key]) -> tuple[dict[Key, Row], dict[Key, dict[Spot, Row]]]:
@@ -146,35 +147,17 @@ class _Columns:
 
 
 def _bind_processor(col_type: TypeEngine[Any], dialect: Dialect) -> Callable[[Any], Any] | None:
-    """The column type's bind processor, made cheaper for ingest's values; same output.
-
-    * JSON: the engine's serializer, called directly, with the two values most rows hold (null, and
-      ``{}`` for "nothing missing") answered from constants;
-    * DateTime, where the dialect formats it (SQLite: text): memoised, as a batch repeats few distinct
-      times (a record's start and end are on its job and on each of its GPU rows).
-    """
+    """The column type's bind processor, made cheaper for ingest's values; same output. JSON: the engine's
+    serializer, with the values most rows hold (null, and ``{}`` for "nothing missing") from constants.
+    DateTime, where the dialect formats it (SQLite): memoised, as a batch repeats few distinct times (a
+    record's start and end are on its job and on each of its GPU rows)."""
     proc = col_type.dialect_impl(dialect).bind_processor(dialect)
     ser = getattr(dialect, "_json_serializer", None)
     if isinstance(col_type, sqltypes.JSON) and ser is not None and not col_type.none_as_null:
         null, empty = ser(None), ser({})
-
-        def json_value(value: Any) -> Any:
-            if value is None:
-                return null
-            if value.__class__ is dict and not value:
-                return empty
-            return ser(value)
-        return json_value
+        return lambda v: null if v is None else empty if v.__class__ is dict and not v else ser(v)
     if proc is not None and isinstance(col_type, sqltypes.DateTime):
-        memo: dict[Any, Any] = {}
-
-        def datetime_value(value: Any) -> Any:
-            try:
-                return memo[value]
-            except KeyError:
-                out = memo[value] = proc(value)
-                return out
-        return datetime_value
+        return functools.cache(proc)
     return proc
 
 
@@ -216,9 +199,10 @@ class _Sql:
         for part in _chunks(ids):
             self.cur.execute(f'DELETE FROM "{table}" WHERE "{col}" IN ({self.marks(len(part))})', part)
 
-    def select_in(self, query: str, col: str, values: list[Any]) -> list[tuple[Any, ...]]:
-        out: list[tuple[Any, ...]] = []
+    def ids(self, query: str, col: str, values: list[Any]) -> dict[tuple[Any, ...], int]:
+        """{natural key: id} of the rows ``query`` (id first, then the key's columns) finds by ``col``."""
+        out: dict[tuple[Any, ...], int] = {}
         for part in _chunks(values):
             self.cur.execute(f'{query} WHERE "{col}" IN ({self.marks(len(part))})', part)
-            out.extend(tuple(r) for r in self.cur.fetchall())
+            out.update((tuple(r[1:]), r[0]) for r in self.cur.fetchall())
         return out
