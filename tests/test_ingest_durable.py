@@ -46,7 +46,7 @@ def _strace_works() -> bool:
     return subprocess.run(["strace", "-o", os.devnull, "true"], capture_output=True).returncode == 0
 
 
-pytestmark = pytest.mark.skipif(not _strace_works(), reason="needs strace (tests/setup-services.sh installs it)")
+pytestmark = pytest.mark.skipif(not _strace_works(), reason="needs strace, allowed to trace (apt-get install strace)")
 
 
 def fill(d: str, n: int, first: int = 1) -> None:
