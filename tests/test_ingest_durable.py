@@ -20,6 +20,7 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from dbrows import rows
@@ -55,7 +56,7 @@ def fill(d: str, n: int, first: int = 1) -> None:
         spool.write_record(d, synthetic.record(first + i, rng=rng, timeline_points=2))
 
 
-def traced_ingest(db: str, d: str, batch: int, *strace_args: str) -> list:  # noqa: ANN401
+def traced_ingest(db: str, d: str, batch: int, *strace_args: str) -> list[Any]:
     """Ingest in a child process under strace; returns [ingested, quarantined, failed, errors]."""
     make_engine(db).dispose()  # the schema first, outside the trace
     p = subprocess.run(["strace", "-f", "-qq", *strace_args, sys.executable, "-c", CHILD, ROOT, db, d, str(batch)],
@@ -76,7 +77,7 @@ def calls(trace: str) -> Iterator[tuple[str, str, str, str | None]]:
             elif rest.endswith("<unfinished ...>"):
                 m = re.match(r"(\w+)\((.*?)\s*<unfinished", rest)
                 assert m, line
-                started[pid] = m.groups()  # type: ignore[assignment]
+                started[pid] = (m[1], m[2])
                 yield pid, m[1], m[2], "start"
             elif m := re.match(r"(\w+)\((.*)\)\s+=\s+(-?\d+)", rest):
                 yield pid, m[1], m[2], "start"
