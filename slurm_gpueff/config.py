@@ -266,7 +266,7 @@ class PrivacyConfig(Section):
 class ServiceConfig(Section):
     """[service]: ``gpueff serve``'s schedules (0 disables a task), /metrics, ``gpueff forward``."""
     ingest_interval_s: float = _key(60.0, _SCHEDULE)
-    ingest_workers: int = _key(0, _range(0, 64, text=" must be 0 (automatic) to 64, got {v}"))
+    ingest_workers: int = _key(0, _range(0, 64, text=" must be 0 to 64, got {v}"))  # no effect: one process
     enrich_interval_s: float = _key(300.0, _SCHEDULE)
     rollup_interval_s: float = _key(600.0, _SCHEDULE)
     rollup_full_interval_s: float = _key(86400.0, _SCHEDULE)

@@ -1,5 +1,6 @@
-"""Stored ingest rows by natural key, for tests that compare two databases (SQLite and PostgreSQL, serial
-and parallel ingest): ids and ingest times are left out, since the two sides assign them differently."""
+"""Stored ingest rows by natural key, for tests that compare two databases (SQLite and PostgreSQL, one
+ingest and a reference written record by record): ids and ingest times are left out, since the two
+sides assign them differently."""
 
 from __future__ import annotations
 

@@ -13,6 +13,13 @@ fi
 # --- service: PostgreSQL for the `postgres` tests. They create and drop their own databases
 # on the server at 127.0.0.1:5432 (trust auth for local TCP), and start private clusters with
 # /usr/lib/postgresql/*/bin/{initdb,pg_ctl} as the postgres user for the DB-down tests.
+# --- ingest durability: strace watches (and fails, by fault injection) the fsyncs of a real ingest.
+echo "== ingest: strace"
+if ! command -v strace >/dev/null; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends strace >/dev/null
+fi
+# --- end ingest
 echo "== service: postgresql"
 if ! ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; then
   apt-get update -qq

@@ -65,8 +65,8 @@ def test_config_is_frozen_and_typed():
         ("[analysis]\nbusy_sm_pct = 130", "is not a percentage"),
         ("[simulated]\ngpus_per_node = true", "simulated.gpus_per_node must be int"),
         ("paths = 3", "[paths] must be a table"),
-        ("[service]\ningest_workers = 65", "service.ingest_workers must be 0 (automatic) to 64"),
-        ("[service]\ningest_workers = -1", "service.ingest_workers must be 0 (automatic) to 64"),
+        ("[service]\ningest_workers = 65", "service.ingest_workers must be 0 to 64"),
+        ("[service]\ningest_workers = -1", "service.ingest_workers must be 0 to 64"),
         # NaN and infinities, in any float (TOML spells them nan, inf, -inf)
         ("[agent]\ntimeline_interval_s = nan", "agent.timeline_interval_s must be a finite number, got nan"),
         ("[collector]\nhook_timeout_s = inf", "collector.hook_timeout_s must be a finite number, got inf"),

@@ -20,8 +20,8 @@ from slurm_gpueff.privacy import visible
 from slurm_gpueff.sacct import SacctError, parse_json, parse_parsable
 from slurm_gpueff.storage.db import make_engine
 from slurm_gpueff.storage.enrich import backfill_jobs, enrich_jobs
-from slurm_gpueff.storage.ingest import ingest_record
 from slurm_gpueff.storage.queries import find_jobs
+from slurm_gpueff.storage.writer import ingest_record
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "sacct")
 

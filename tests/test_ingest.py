@@ -254,3 +254,91 @@ def test_a_later_node_record_moving_the_end_into_another_month_marks_the_old_mon
         assert job.end_time == datetime(2024, 2, 1, 0, 10)
     with db.connect() as conn:
         assert date(2024, 1, 1) in dirty_months(conn, now=datetime(2024, 3, 5))
+
+
+def test_in_memory_sqlite_database_ingests(spool_dir):
+    for j in range(30):
+        spool.write_record(spool_dir, make_record(100 + j, gpus=1))
+    engine = make_engine("sqlite://")
+    assert ingest_spool(engine, spool_dir, batch=10).ingested == 30
+    with Session(engine) as s:
+        assert len(s.exec(select(Job)).all()) == 30
+
+
+def test_a_bug_in_the_writer_keeps_the_files(db, spool_dir, monkeypatch):
+    """An unexpected error while writing (a bug, not a record or the database) quarantines nothing and
+    loses nothing: every record is retried alone, all fail alike, and the files stay for the next run."""
+    from slurm_gpueff.storage import ingest
+
+    for j in range(60):
+        spool.write_record(spool_dir, make_record(200 + j, gpus=1))
+
+    def broken(*_a: object, **_k: object) -> None:
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(ingest, "write_records", broken)
+    res = ingest_spool(db, spool_dir, batch=10)
+    assert res.ingested == 0 and res.failed == 60 and res.quarantined == 0
+    assert any("RuntimeError: bug" in e and "software or schema problem" in e for e in res.errors)
+    assert len(list(spool.pending(spool_dir))) == 60
+    monkeypatch.undo()
+    assert ingest_spool(db, spool_dir).ingested == 60
+
+
+def test_a_concurrent_writer_is_waited_for_not_merged_over(tmp_path, spool_dir):
+    """Job 7 is stored (node n2). Another writer holds a transaction that adds node n1 while ingest takes
+    node n0: ingest waits for its commit (it reads under the write lock), then merges all three nodes."""
+    import random
+    import threading
+
+    from dbrows import rows
+
+    from slurm_gpueff import synthetic
+    from slurm_gpueff.storage.writer import transaction, write_records
+
+    a, b, c = (synthetic.record(7, rng=random.Random(1), node=n, timeline_points=2) for n in ("n0", "n1", "n2"))
+    engine = make_engine(str(tmp_path / "a.db"))
+    with transaction(engine) as conn:
+        write_records(conn, [c])
+    spool.write_record(spool_dir, a)
+    out = []
+    with transaction(engine) as conn:
+        write_records(conn, [b])
+        t = threading.Thread(target=lambda: out.append(ingest_spool(engine, spool_dir)))
+        t.start()
+        t.join(0.5)
+        assert t.is_alive(), "ingest must wait for the other writer's commit"
+    t.join(30)
+    assert (out[0].ingested, out[0].failed) == (1, 0), out[0].errors
+    ref = make_engine(str(tmp_path / "ref.db"))
+    for rec in (c, b, a):
+        with transaction(ref) as conn:
+            write_records(conn, [rec])
+    assert rows(engine) == rows(ref)
+    assert {k[1] for k in rows(engine)["job_gpu"]} == {"n0", "n1", "n2"}
+
+
+def test_cli_ingest_accepts_the_workers_option(tmp_path):
+    """``gpueff ingest --workers N``: still accepted (ingest runs in one process), still range-checked."""
+    import subprocess
+    import sys
+
+    from hooksite import ROOT
+
+    cfg = tmp_path / "gpueff.toml"
+    cfg.write_text(f'[site]\ncluster = "t"\n[paths]\nspool_dir = "{tmp_path}/spool"\n'
+                   f'state_dir = "{tmp_path}/run"\ndatabase = "{tmp_path}/db/gpueff.db"\n')
+    for j in range(20):
+        spool.write_record(str(tmp_path / "spool"), make_record(300 + j, gpus=1))
+    inc = tmp_path / "spool" / "incoming"
+    (inc / "job-9999-n0.json").write_text("{not json")
+    (inc / "job-9998-n0.json").write_text(json.dumps({"schema": 1, "cluster": "c"}))
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    run = [sys.executable, "-m", "slurm_gpueff.cli.gpueff", "--config", str(cfg), "ingest"]
+    bad = subprocess.run([*run, "--workers", "65"], capture_output=True, text=True, env=env, timeout=60)
+    assert bad.returncode == 2 and "--workers" in bad.stderr
+    p = subprocess.run([*run, "--workers", "2"], capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "--workers has no effect: ingest runs in one process" in p.stderr
+    assert "ingested 20, quarantined 2, failed 0" in p.stdout
+    assert os.listdir(inc) == []

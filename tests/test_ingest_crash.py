@@ -77,8 +77,8 @@ def test_sigkill_mid_ingest_loses_nothing_and_duplicates_nothing(tmp_path):
             stored = con.execute("SELECT count(*) FROM job").fetchone()[0]
         finally:
             con.close()
-        # Mid-run: batches committed, others not. Committed files may still be there (their removal waits
-        # for the WAL's fsync: test_ingest_durable.py), which the next run re-ingests harmlessly.
+        # Mid-run: batches committed, others not. Committed files may still be there (they are removed in
+        # threads after the commit, while the next batch is read), which the next run re-ingests harmlessly.
         assert 400 <= stored < N and left > 0, f"round {round_}: the kill did not land mid-run ({stored} stored, " \
                                                f"{left} files left)"
 

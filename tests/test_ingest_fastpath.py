@@ -1,11 +1,11 @@
-"""Ingest's fast write path stores byte-for-byte what SQLAlchemy Core stores, and leaves the process as it
+"""Ingest's raw write path stores byte-for-byte what SQLAlchemy Core stores, and leaves the process as it
 found it.
 
-The raw DBAPI path (storage/ingest.py ``_write_raw``) formats values itself: JSON through the engine's
-serializer with constants for ``null``/``{}``, times memoised per batch, ids read back by natural key.
-The generic path (``write_records`` on any other dialect) goes through SQLAlchemy Core. Both run here on
-real SQLite files and the stored text of every column is compared, including multi-node jobs, a node
-that reports again, and the optional DCGM/MIG fields.
+The writer (storage/writer.py) binds values itself: JSON through the engine's serializer with constants
+for ``null``/``{}``, times memoised per batch. Here ingest fills a real SQLite file (multi-node jobs, a
+node that reports again, the optional DCGM/MIG fields); its rows, read back through SQLAlchemy, are
+written again through Core's ``insert`` into a second file, and the stored text of every column of the
+two files is compared.
 """
 
 from __future__ import annotations
@@ -15,8 +15,10 @@ import random
 import sqlite3
 
 import pytest
+from sqlalchemy import insert, select
 
 from slurm_gpueff import spool, synthetic
+from slurm_gpueff.models import Job, JobGpu, JobGpuTimeline
 from slurm_gpueff.storage import ingest
 from slurm_gpueff.storage.db import make_engine
 
@@ -47,10 +49,10 @@ def stored_text(path: str) -> dict[str, list[tuple]]:
     return out
 
 
-def load(tmp_path, name: str, monkeypatch: pytest.MonkeyPatch | None = None) -> dict[str, list[tuple]]:
-    path = str(tmp_path / f"{name}.db")
+def load(tmp_path) -> str:
+    path = str(tmp_path / "fast.db")
     engine = make_engine(path)
-    d = str(tmp_path / f"spool-{name}")
+    d = str(tmp_path / "spool")
     recs = records()
     for rec in recs[:40]:
         spool.write_record(d, rec)
@@ -59,17 +61,27 @@ def load(tmp_path, name: str, monkeypatch: pytest.MonkeyPatch | None = None) -> 
         spool.write_record(d, rec)
     assert ingest.ingest_spool(engine, d, batch=7).ingested == 20
     engine.dispose()
-    return stored_text(path)
+    return path
 
 
-def test_raw_path_stores_what_sqlalchemy_core_stores(tmp_path, monkeypatch):
-    fast = load(tmp_path, "fast")
-    monkeypatch.setattr(ingest, "_RAW_DIALECTS", ())  # SQLite through the generic Core path
-    core = load(tmp_path, "core")
-    assert len(fast["job"]) == 40 and len(fast["job_gpu"]) > 40
-    assert any('"power":1.5' in str(row) for row in fast["job_gpu"])
+def core_copy(src: str, dest: str) -> None:
+    """Every row of ``src`` read through SQLAlchemy and written again through Core, ids included."""
+    a, b = make_engine(src), make_engine(dest)
+    with a.connect() as read, b.begin() as write:
+        for table in (Job.__table__, JobGpu.__table__, JobGpuTimeline.__table__):
+            write.execute(insert(table), [dict(r) for r in read.execute(select(table)).mappings()])
+    a.dispose()
+    b.dispose()
+
+
+def test_raw_path_stores_what_sqlalchemy_core_stores(tmp_path):
+    fast = load(tmp_path)
+    core_copy(fast, str(tmp_path / "core.db"))
+    fast_text, core_text = stored_text(fast), stored_text(str(tmp_path / "core.db"))
+    assert len(fast_text["job"]) == 40 and len(fast_text["job_gpu"]) > 40
+    assert any('"power":1.5' in str(row) for row in fast_text["job_gpu"])
     for table in TABLES:
-        assert fast[table] == core[table], table
+        assert fast_text[table] == core_text[table], table
 
 
 @pytest.mark.parametrize("enabled", [True, False])

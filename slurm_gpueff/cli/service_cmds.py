@@ -1,6 +1,6 @@
 """The database side: ingest, the schema, the scheduler service, the node forwarder, rollups.
 
-    gpueff [--config PATH] ingest [--limit N] [--workers N] [--quiet]   spool -> database
+    gpueff [--config PATH] ingest [--limit N] [--quiet]          spool -> database (one process)
     gpueff [--config PATH] db upgrade [--revision R] | current   Alembic migrations of the job database
     gpueff [--config PATH] serve [-v]              scheduler (ingest, enrich, rollups, retention, reports) + /metrics
     gpueff [--config PATH] forward [--once] [--batch N] [-v]   node: ship the spool to the central PostgreSQL
@@ -25,8 +25,7 @@ def add_parsers(sub: Subparsers, common: argparse.ArgumentParser) -> None:
                        help="load finished-job records from the spool into the database")
     i.add_argument("--limit", type=int, metavar="N", help="ingest at most N records")
     i.add_argument("--workers", type=int, metavar="N",
-                   help="processes for a backlog of 500+ records (default: [service] ingest_workers; "
-                        "0 = automatic: half the CPUs, 2-8, on SQLite; 3/4, 2-12, on PostgreSQL)")
+                   help="no effect, accepted so that existing scripts keep working: ingest runs in one process")
     i.add_argument("--quiet", action="store_true", help="no progress bar and no summary unless errors")
     db = sub.add_parser("db", parents=[common], help="database schema: upgrade (migrate) or show the revision",
                         description="Alembic migrations. SQLite files are upgraded automatically when opened for "
@@ -51,12 +50,14 @@ def run(args: argparse.Namespace) -> int:
     if args.command == "ingest":
         at_least_one("--limit", args.limit)
         if args.workers is not None and not 0 <= args.workers <= 64:
-            raise UsageError("--workers must be 0 (automatic) to 64")
+            raise UsageError("--workers must be 0 to 64")
     if args.command == "forward":
         at_least_one("--batch", args.batch)
     config = load_config(args)
     if args.command == "ingest":
-        return _ingest(config, args.limit, args.workers, args.quiet)
+        if args.workers is not None:
+            err("--workers has no effect: ingest runs in one process")
+        return _ingest(config, args.limit, args.quiet)
     if args.command == "db":
         return _db(config, args.action, args.revision or "head")
     if args.command == "serve":
@@ -69,17 +70,16 @@ def run(args: argparse.Namespace) -> int:
     return _rollup(config, args.full)
 
 
-def _ingest(config: Config, limit: int | None, workers: int | None, quiet: bool) -> int:
+def _ingest(config: Config, limit: int | None, quiet: bool) -> int:
     engine = open_database(config)
-    from ..storage.ingest import ingest_spool, worker_count
+    from ..storage.ingest import ingest_spool
     from ..summarize import summarize_pending
     from .progress import ProgressBar
 
     progress = ProgressBar("ingest", enabled=not quiet and sys.stderr.isatty())
     analysed = 0
     try:
-        n = worker_count(config.service.ingest_workers if workers is None else workers, engine.dialect.name)
-        result = ingest_spool(engine, config.paths.spool_dir, limit=limit, progress=progress, workers=n)
+        result = ingest_spool(engine, config.paths.spool_dir, limit=limit, progress=progress)
         try:  # the stored per-job summaries that rollups and reports aggregate
             analysed = summarize_pending(engine, config.analysis)
         except Exception as exc:  # the records are safely in the DB; the next run retries the summaries

@@ -30,7 +30,8 @@ class ForwardError(Exception):
 
 def forward_once(config: Config, engine: Any = None, *, batch: int | None = None) -> Any:
     """One pass over the spool; returns the IngestResult (``failed`` > 0: left for the next pass)."""
-    from ..storage.db import database_url, make_engine
+    from ..storage.db import make_engine
+    from ..storage.dburl import database_url
     from ..storage.ingest import ingest_spool
 
     url = database_url(config.paths.database)
@@ -40,8 +41,9 @@ def forward_once(config: Config, engine: Any = None, *, batch: int | None = None
     own = engine is None
     engine = engine or make_engine(url, create=False)
     try:
-        kwargs = {"batch": batch} if batch else {}
-        return ingest_spool(engine, config.paths.spool_dir, **kwargs)
+        if batch:
+            return ingest_spool(engine, config.paths.spool_dir, batch=batch)
+        return ingest_spool(engine, config.paths.spool_dir)
     finally:
         if own:
             engine.dispose()

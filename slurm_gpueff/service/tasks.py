@@ -20,6 +20,7 @@ from typing import Any
 
 from sqlalchemy import delete, select
 from sqlalchemy.engine import Engine
+from sqlmodel import col
 
 from ..config import Config
 from ..models import Job, JobGpu, JobGpuTimeline
@@ -62,11 +63,10 @@ def _utcnow() -> datetime:
 
 # ------------------------------------------------------------------------------------------ built-ins
 def ingest(ctx: Context) -> str:
-    from ..storage.ingest import ingest_spool, worker_count
+    from ..storage.ingest import ingest_spool
     from ..summarize import summarize_pending
 
-    res = ingest_spool(ctx.engine, ctx.config.paths.spool_dir,
-                       workers=worker_count(ctx.config.service.ingest_workers, ctx.engine.dialect.name))
+    res = ingest_spool(ctx.engine, ctx.config.paths.spool_dir)
     for e in res.errors:
         log.warning("ingest: %s", e)
     analysed = summarize_pending(ctx.engine, ctx.config.analysis)  # also records forwarded by nodes
@@ -114,11 +114,11 @@ def prune_timelines(engine: Engine, before: datetime, batch: int = 5000) -> int:
     while True:
         with engine.begin() as conn:
             ids = [r[0] for r in conn.execute(
-                select(JobGpuTimeline.job_gpu_id).join(JobGpu, JobGpu.id == JobGpuTimeline.job_gpu_id)
-                .join(Job, Job.id == JobGpu.job_pk).where(Job.end_time < before).limit(batch))]
+                select(col(JobGpuTimeline.job_gpu_id)).join(JobGpu, col(JobGpu.id) == JobGpuTimeline.job_gpu_id)
+                .join(Job, col(Job.id) == JobGpu.job_pk).where(col(Job.end_time) < before).limit(batch))]
             if not ids:
                 return gone
-            conn.execute(delete(JobGpuTimeline).where(JobGpuTimeline.job_gpu_id.in_(ids)))  # type: ignore[attr-defined]
+            conn.execute(delete(JobGpuTimeline).where(col(JobGpuTimeline.job_gpu_id).in_(ids)))
             gone += len(ids)
 
 

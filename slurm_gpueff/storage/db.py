@@ -2,7 +2,9 @@
 
 ``paths.database`` may be a SQLAlchemy URL (``sqlite:///...``, ``postgresql+psycopg://...``) or a
 plain file path, which means SQLite. SQLite runs in WAL mode with a busy timeout so that ingest and
-``seff-gpu`` readers do not block each other. The schema comes from Alembic migrations
+``seff-gpu`` readers do not block each other, and with ``synchronous=FULL``: a commit is on disk when
+it returns, so ingest may remove a record's spool file right after (a power cut cannot lose both).
+The schema comes from Alembic migrations
 (:mod:`slurm_gpueff.storage.migrate`), not ``create_all``.
 """
 
@@ -10,6 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+from types import ModuleType
+from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
@@ -24,7 +28,7 @@ def make_engine(value: str, create: bool = True) -> Engine:
     too); a server database is only checked and raises ``migrate.SchemaError`` until ``gpueff db upgrade``
     has run (policy in :mod:`slurm_gpueff.storage.migrate`)."""
     url = database_url(value)
-    kwargs: dict = {}
+    kwargs: dict[str, Any] = {}
     if url.startswith("sqlite"):
         path = url.split("///", 1)[1] if "///" in url else ""
         if create and path and path != ":memory:":
@@ -40,6 +44,7 @@ def make_engine(value: str, create: bool = True) -> Engine:
     return engine
 
 
+orjson: ModuleType | None
 try:  # JSON columns (timelines, missing-figure reasons) are a large share of ingest's per-record work
     import orjson
 except ImportError:  # pragma: no cover - orjson is a dependency; the stdlib gives the same values
@@ -47,10 +52,12 @@ except ImportError:  # pragma: no cover - orjson is a dependency; the stdlib giv
 
 
 def json_dumps(value: object) -> str:
-    """Compact JSON for JSON columns: orjson (~10x the stdlib encoder), stdlib for what orjson refuses."""
+    """Compact JSON for JSON columns: orjson (several times the stdlib encoder's speed), stdlib for what
+    orjson refuses."""
     if orjson is not None:
         try:
-            return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
+            text: str = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
+            return text
         except TypeError:  # orjson.JSONEncodeError, e.g. an integer beyond 64 bits
             pass
     return json.dumps(value, separators=(",", ":"))
@@ -59,9 +66,9 @@ def json_dumps(value: object) -> str:
 json_loads = orjson.loads if orjson is not None else json.loads
 
 
-def _sqlite_pragmas(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA foreign_keys=ON")
-    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA synchronous=FULL")
     cur.close()

@@ -40,8 +40,8 @@ from sqlmodel import Session, col, select
 from .. import record as recmod
 from ..models import Job
 from ..sacct import SacctError, SacctJob
-from .ingest import UNAVAILABLE, ingest_record
 from .rollups import moved_month, note_moved
+from .writer import UNAVAILABLE, ingest_record
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +147,7 @@ def enrich_jobs(engine: Engine, reader: Any, *, since: datetime | None = None, l
     batch = max(1, int(getattr(reader, "batch_size", 500)))
     try:
         with Session(engine) as session:
-            todo = [(j.id, j.cluster, j.job_id) for j in jobs_to_enrich(session, since, limit)]
+            todo = [(j.id, j.cluster, j.job_id) for j in jobs_to_enrich(session, since, limit) if j.id is not None]
     except UNAVAILABLE as exc:
         res.errors.append(f"database unavailable ({_first_line(exc)}); nothing enriched")
         return res
@@ -226,7 +226,7 @@ def backfill_jobs(engine: Engine, sacct_jobs: Iterable[SacctJob], *, default_clu
 
 
 def _backfill_one(engine: Engine, sj: SacctJob, default_cluster: str, res: BackfillResult) -> None:
-    cluster = _cut(sj.cluster or default_cluster, 64)
+    cluster = (sj.cluster or default_cluster)[:64]
     with Session(engine) as session:
         job = session.exec(select(Job).where(Job.cluster == cluster, Job.job_id == sj.job_id)).first()
         if job is not None:

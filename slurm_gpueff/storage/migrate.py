@@ -86,8 +86,9 @@ def diffs(conn: Connection) -> list[Any]:
     """Differences between the database and models.py (Alembic autogenerate's view); [] = identical."""
     from alembic.autogenerate import compare_metadata
     from alembic.runtime.migration import MigrationContext
+    from sqlmodel import SQLModel
 
-    from ..models import SQLModel
+    from .. import models  # noqa: F401  (registers the tables on SQLModel.metadata)
 
     ctx = MigrationContext.configure(conn, opts={"compare_type": True})
     return list(compare_metadata(ctx, SQLModel.metadata))
@@ -115,8 +116,9 @@ def _has_tables(conn: Connection) -> bool:
 def _adopt(conn: Connection) -> None:
     """A database made by create_all before migrations existed: stamp it if it matches, else refuse."""
     from alembic import command
+    from sqlmodel import SQLModel
 
-    from ..models import SQLModel
+    from .. import models  # noqa: F401  (registers the tables on SQLModel.metadata)
 
     missing = set(SQLModel.metadata.tables) - set(inspect(conn).get_table_names())
     if missing:  # older create_all schema: tables that later versions added are simply created

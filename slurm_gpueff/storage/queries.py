@@ -8,6 +8,7 @@ the search to one cluster; without it, matches from every cluster are returned.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from sqlalchemy import or_
 from sqlmodel import Session, col, select
@@ -36,7 +37,7 @@ def job_gpus(session: Session, job: Job) -> list[JobGpu]:
     return list(session.exec(stmt).all())
 
 
-def gpu_timelines(session: Session, gpus: Sequence[JobGpu]) -> dict[int, list]:
+def gpu_timelines(session: Session, gpus: Sequence[JobGpu]) -> dict[int, list[Any]]:
     """Coarse timelines by ``JobGpu.id`` (``[[t_offset_s, k, s, t], ...]``); GPUs without one are absent."""
     ids = [g.id for g in gpus if g.id is not None]
     if not ids:

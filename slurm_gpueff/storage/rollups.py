@@ -35,13 +35,14 @@ from sqlalchemy import Date, String, and_, case, cast, delete, func, insert, lit
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
-from ..models import Job, RollupPending, UsageRollup
+from ..models import Job
 
 MEASURES = ("gpu_hours", "idle_gpu_hours", "underfilled_gpu_hours", "sm_active_gpu_hours",
             "tensor_active_gpu_hours", "energy_j", "kernel_measured_gpu_hours", "sm_measured_gpu_hours",
             "tensor_measured_gpu_hours")
 KEYS = ("cluster", "user", "account", "verdict")
 SAFETY_MARGIN = timedelta(hours=1)
+_ROLLUP, _JOB, _PENDING = (Job.metadata.tables[t] for t in ("usage_rollup", "job", "rollup_pending"))
 
 
 @dataclass
@@ -85,7 +86,7 @@ def refresh_month(conn: Connection, month: date, now: datetime | None = None) ->
     """Recompute one month's day and month rows; returns the number of rows written."""
     m0, m1 = month_start(month), next_month(month_start(month))
     now = now or _now()
-    r, j, p = UsageRollup.__table__, Job.__table__, RollupPending.__table__
+    r, j, p = _ROLLUP, _JOB, _PENDING
     # First, so that a job moved by a transaction committing while this one reads the jobs notes the
     # month again (see the module docstring); committed or rolled back with the recomputation.
     conn.execute(delete(p).where(p.c.month == m0))
@@ -114,14 +115,14 @@ def refresh_month(conn: Connection, month: date, now: datetime | None = None) ->
 def dirty_months(conn: Connection, now: datetime | None = None, full: bool = False) -> list[date]:
     """The months a refresh must recompute (see the module docstring)."""
     now = now or _now()
-    r, j = UsageRollup.__table__, Job.__table__
+    r, j = _ROLLUP, _JOB
     last = conn.execute(select(func.max(r.c.refreshed_at))).scalar()
     month = _month_expr(conn, j.c.end_time)
     stmt = select(month).distinct().where(j.c.end_time.is_not(None), j.c.analyzed_at.is_not(None))
     if not full and last is not None:
         stmt = stmt.where(j.c.analyzed_at >= last - SAFETY_MARGIN)
     months = {_as_date(m) for (m,) in conn.execute(stmt)}
-    months |= {_as_date(m) for (m,) in conn.execute(select(RollupPending.__table__.c.month))}
+    months |= {_as_date(m) for (m,) in conn.execute(select(_PENDING.c.month))}
     months.add(month_start(now))
     if full:  # months that lost all their jobs still hold rows: clear them too
         months |= {_as_date(m) for (m,) in conn.execute(select(r.c.period_start).distinct()
@@ -139,7 +140,7 @@ def note_moved(conn: Connection, old_end_times: Iterable[datetime | None]) -> No
     months = sorted({month_start(t) for t in old_end_times if t is not None})
     if not months:
         return
-    p = RollupPending.__table__
+    p = _PENDING
     rows = [{"month": m, "noted_at": _now()} for m in months]
     name = conn.dialect.name
     if name in ("sqlite", "postgresql"):
@@ -195,7 +196,7 @@ def usage(conn: Connection, *, period: str = "month", by: str = "user", start: d
     """
     if period not in ("day", "month"):
         raise ValueError(f"period must be day or month, not {period!r}")
-    r = UsageRollup.__table__
+    r = _ROLLUP
     keys = [r.c.cluster, *[r.c[k] for k in BY[by]]]
     if per_period:
         keys.insert(0, r.c.period_start)

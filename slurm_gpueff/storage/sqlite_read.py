@@ -23,6 +23,7 @@ from urllib.parse import quote
 
 from .jobmatch import ORDER, Cond, find
 
+_json_loads: Callable[[str | bytes], Any]
 try:
     from orjson import loads as _json_loads
 except ImportError:  # pragma: no cover - orjson is a dependency; same values either way
@@ -93,7 +94,7 @@ def lookup(path: str, spec: Any, cluster: str | None = None) -> list[tuple[Simpl
     try:
         def run(any_of: Sequence[Cond], all_of: Sequence[Cond]) -> list[SimpleNamespace]:
             conds = ["(" + " OR ".join(f"{_q(c)} = ?" for c, _ in any_of) + ")", *(f"{_q(c)} = ?" for c, _ in all_of)]
-            params = [v for _, v in any_of] + [v for _, v in all_of]
+            params: list[Any] = [v for _, v in any_of] + [v for _, v in all_of]
             if cluster is not None:
                 conds.append(f"{_q('cluster')} = ?")
                 params.append(cluster)

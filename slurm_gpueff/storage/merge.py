@@ -1,0 +1,184 @@
+"""Merge node records into job and GPU rows: pure, no I/O (ingest's plan step).
+
+A job's GPUs may span several nodes, and each node's Epilog writes its own record. :func:`merge` folds
+a batch of records, in spool order, into the rows the database holds for their jobs; the writer
+(:mod:`slurm_gpueff.storage.writer`) stores the result. The rules make the outcome the same whatever
+order a job's node records arrive in, and the same again when a record is ingested twice (a crash
+between a commit and the removal of its files):
+
+* job: earliest start, latest end, highest exit code and signal, union of nodes and reasons; identity
+  fields (user, account, ...) from the records until sacct enrichment has run, which then owns them;
+* a node's GPU rows are replaced by its latest record, keeping their ids (a replay updates in place);
+* ``ingested_at`` is set once; ``analyzed_at`` is cleared so that the job's summary is recomputed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from .. import record as recmod
+from ..models import Job
+
+Row = dict[str, Any]
+Key = tuple[str, int]  # (cluster, job id): the job's natural key
+Spot = tuple[str, int]  # (node, GPU index): a GPU row's key within its job
+
+# Which backend label a multi-node job gets: the most capable one that measured any of its GPUs.
+_BACKEND_RANK = {"none": 0, "simulated": 1, "nvml": 2, "nvml-gpm": 3, "dcgm": 4}
+_JOB, _GPU = Job.metadata.tables["job"], Job.metadata.tables["job_gpu"]
+# Per-GPU record fields copied as they are; the optional DCGM / MIG ones only where job_gpu has a column.
+_GPU_FIELDS = ("minor", "memory_total_bytes", *recmod.FRACTIONS, "energy_j", "power_mean_w",
+               *(f for f in recmod.OPTIONAL_GPU if f in _GPU.c))
+_IDENTITY = (("array_job_id", None), ("array_task_id", None), ("het_job_id", None), ("het_job_offset", None),
+             ("user", 128), ("uid", None), ("account", 128), ("partition", 128))
+_JOB_COLS = tuple(c.name for c in _JOB.columns)
+_GPU_COLS = tuple(c.name for c in _GPU.columns)
+
+
+@dataclass
+class Plan:
+    """What a batch writes: the merged rows, and what was stored before the merge."""
+
+    jobs: dict[Key, Row]  # merged job rows; "id" is None for a job not stored yet
+    old_jobs: dict[Key, Row]  # the stored rows the merge started from
+    gpus: dict[Key, dict[Spot, Row]]  # merged GPU rows; "id" is None for a new one
+    old_gpu_ids: set[int]
+    touched: set[tuple[Key, str]]  # (job, node) whose GPU rows a record replaced
+    timelines: dict[tuple[Key, str], dict[int, list[Any]]]  # (job, node) -> GPU index -> points
+
+    def gpu_changes(self) -> tuple[list[Row], list[Row], list[int]]:
+        """(new GPU rows, stored rows to rewrite: those of touched nodes, ids of stored rows now gone).
+        Every row gets its job's id as ``job_pk``: the jobs' ids must be known."""
+        inserts: list[Row] = []
+        updates: list[Row] = []
+        kept: set[int] = set()
+        for key, rows in self.gpus.items():
+            for row in rows.values():
+                row["job_pk"] = self.jobs[key]["id"]
+                if row.get("id") is None:
+                    inserts.append(row)
+                else:
+                    kept.add(row["id"])
+                    if (key, row["node"]) in self.touched:
+                        updates.append(row)
+        return inserts, updates, sorted(self.old_gpu_ids - kept)
+
+    def timeline_rows(self) -> list[Row]:
+        """Timeline rows of the touched nodes' GPUs; the GPU rows' ids must be known."""
+        out = []
+        for key, rows in self.gpus.items():
+            for (node, idx), row in rows.items():
+                points = self.timelines.get((key, node), {}).get(idx)
+                if points:
+                    out.append({"job_gpu_id": row["id"], "points": points})
+        return out
+
+
+def job_key(rec: Row) -> Key:
+    return (_cut(rec["cluster"], 64), rec["job_id"])
+
+
+def merge(recs: list[Row], stored_jobs: dict[Key, Row], stored_gpus: dict[Key, dict[Spot, Row]],
+          now: datetime) -> Plan:
+    """Fold validated records, in order, into the stored rows of their jobs (which are left unchanged)."""
+    jobs = {k: dict(v) for k, v in stored_jobs.items()}
+    gpus: dict[Key, dict[Spot, Row]] = {job_key(r): {} for r in recs}
+    gpus.update((k, {s: dict(r) for s, r in v.items()}) for k, v in stored_gpus.items())
+    touched: set[tuple[Key, str]] = set()
+    timelines: dict[tuple[Key, str], dict[int, list[Any]]] = {}
+    for rec in recs:
+        key = job_key(rec)
+        job = jobs.get(key)
+        if job is None:
+            job = jobs[key] = _new_job(key)
+        node = _cut(rec["node"], 128)
+        _fold(job, gpus[key], rec, node, now)
+        touched.add((key, node))
+        timelines[(key, node)] = {g["index"]: g.get("timeline") or [] for g in rec["gpus"]}
+    old_ids = {r["id"] for rows in stored_gpus.values() for r in rows.values()}
+    return Plan(jobs, dict(stored_jobs), gpus, old_ids, touched, timelines)
+
+
+def _new_job(key: Key) -> Row:
+    row: Row = dict.fromkeys(_JOB_COLS)
+    row.update(cluster=key[0], job_id=key[1], record_source="hook", gpu_count=0, backend="none", enriched=False)
+    return row
+
+
+def _fold(job: Row, gpus: dict[Spot, Row], rec: Row, node: str, now: datetime) -> None:
+    """Apply one node record to the in-memory job and its GPU rows (the rules of the module doc)."""
+    if job["record_source"] == "backfill":  # the hook's record came after all (storage/enrich.py):
+        job["record_source"], job["reason"] = "hook", None  # it replaces the allocation-only backfill,
+        gpus.clear()  # whose GPU rows were placeholders (sacct keeps no GPU indexes)
+    start, end = _utc(rec.get("start_time")), _utc(rec["end_time"])
+    mine = {k[1]: r for k, r in gpus.items() if k[0] == node} if gpus else {}
+    for idx in mine:
+        del gpus[(node, idx)]
+    backend = rec["backend"]
+    for g in rec["gpus"]:
+        get = g.get
+        row = mine.pop(g["index"], None) or dict.fromkeys(_GPU_COLS)
+        row.update(zip(_GPU_FIELDS, map(get, _GPU_FIELDS), strict=True))  # C-level copy of the fields
+        row["node"], row["gpu_index"] = node, g["index"]
+        peak = get("memory_used_peak_bytes")
+        row["memory_used_peak_bytes"] = int(peak) if peak is not None else None
+        row["uuid"] = _cut(get("uuid"), 96)
+        row["pci_bus_id"] = _cut(get("pci_bus_id"), 32)
+        row["model"] = _cut(get("model"), 128)
+        row["start_time"], row["end_time"] = start, end
+        row["source"] = _cut(get("source") or backend, 16)
+        row["samples"] = get("samples") or 0
+        row["missing"] = dict(get("missing") or {})
+        gpus[(node, g["index"])] = row
+    all_rows = sorted(gpus.values(), key=lambda r: (r["node"] == node, r.get("id") or 0))
+    nodes = set(filter(None, (job["nodelist"] or "").split(","))) | {r["node"] for r in all_rows} | {node}
+    job["nodelist"] = _cut(",".join(sorted(nodes)), 1024)
+    job["gpu_count"] = len(all_rows)
+    models = sorted({r["model"] for r in all_rows if r["model"]})
+    job["backend"] = max((r["source"] for r in all_rows), key=lambda s: _BACKEND_RANK.get(s, 0),
+                         default=rec["backend"])
+    if rec.get("reason"):
+        parts = set(filter(None, (job["reason"] or "").split("; "))) | set(rec["reason"].split("; "))
+        job["reason"] = _cut("; ".join(sorted(parts)), 1024)
+    for key, size in _IDENTITY:
+        value = rec.get(key)
+        if value is not None and (job[key] is None or not job["enriched"]):
+            job[key] = _cut(value, size) if size else value
+    if not job["enriched"]:  # sacct enrichment owns these once it has run
+        job["gpu_type"] = _cut(", ".join(models), 128) if models else job["gpu_type"]
+        job["start_time"] = _pick([job["start_time"], start], min)
+        job["end_time"] = _pick([job["end_time"], end], max)
+        job["elapsed_s"] = ((job["end_time"] - job["start_time"]).total_seconds()
+                            if job["start_time"] is not None and job["end_time"] is not None else None)
+        job["exit_code"] = _pick([job["exit_code"], rec.get("exit_code")], max)
+        job["signal"] = _pick([job["signal"], rec.get("signal")], max)
+        job["state"] = _state(job["exit_code"], job["signal"])
+    if job["ingested_at"] is None:
+        job["ingested_at"] = now
+    job["analyzed_at"] = None  # new data: the stored summary (slurm_gpueff.summarize) must be recomputed
+
+
+def _utc(epoch: float | None) -> datetime | None:
+    """Epoch seconds -> naive UTC datetime (how models.py stores every time)."""
+    if epoch is None:
+        return None
+    return datetime.fromtimestamp(float(epoch), UTC).replace(tzinfo=None)
+
+
+def _cut(value: Any, n: int) -> Any:
+    return value[:n] if isinstance(value, str) else value
+
+
+def _pick(values: list[Any], pick: Callable[[list[Any]], Any]) -> Any:
+    known = [v for v in values if v is not None]
+    return pick(known) if known else None
+
+
+def _state(exit_code: int | None, signal: int | None) -> str | None:
+    """COMPLETED / FAILED from the hook's view; None when unknown or signalled (sacct knows better)."""
+    if exit_code is None or (exit_code == 0 and signal):
+        return None
+    return "COMPLETED" if exit_code == 0 else "FAILED"

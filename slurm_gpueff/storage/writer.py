@@ -1,0 +1,208 @@
+"""Ingest's SQL: read a batch's stored rows, merge (:mod:`slurm_gpueff.storage.merge`), write the result.
+
+Reads go through SQLAlchemy Core (two SELECTs per batch). Writes go through the DBAPI cursor of the
+same transaction, because building Core's parameters for thousands of wide rows cost most of ingest's
+time: ``executemany`` on SQLite, ``COPY`` on PostgreSQL (several times faster than executemany there).
+Values pass through the columns' own bind processors, so the stored text is what Core would store.
+The database assigns the ids of new rows; they are read back by natural key ((cluster, job id) for a
+job, (job, node, GPU index) for a GPU), which unique constraints guarantee. Every difference between
+the two dialects is in :class:`_Sql` and :func:`transaction`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from operator import itemgetter
+from typing import Any
+
+from sqlalchemy import Table, select
+from sqlalchemy import exc as sa_exc
+from sqlalchemy import types as sqltypes
+from sqlalchemy.engine import Connection, Dialect, Engine
+from sqlalchemy.types import TypeEngine
+from sqlmodel import Session
+
+from .. import record as recmod
+from ..models import Job
+from .merge import Key, Row, Spot, job_key, merge
+from .rollups import moved_month, note_moved
+
+# The database is unavailable (not the record's fault): stop, keep the files, try again next run.
+UNAVAILABLE = (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.DisconnectionError, sa_exc.TimeoutError)
+IN_CHUNK = 500  # bound parameters per IN (...) query: well under SQLite's and PostgreSQL's limits
+_JOB, _GPU, _TIMELINE = (Job.metadata.tables[t] for t in ("job", "job_gpu", "job_gpu_timeline"))
+
+
+@contextlib.contextmanager
+def transaction(engine: Engine) -> Iterator[Connection]:
+    """One ingest transaction, holding off other writers from its first read to its commit.
+
+    SQLite: ``BEGIN IMMEDIATE`` takes the write lock before the read the merge starts from (the
+    sqlite3 module would begin only at the first write). PostgreSQL: the stored job rows are read
+    ``FOR UPDATE``; a job another writer inserts meanwhile fails the unique key, and the transaction
+    is retried. Durable at commit on both: PostgreSQL by default, SQLite by the engine's
+    ``synchronous=FULL`` (:mod:`slurm_gpueff.storage.db`), so a record's file may go right after.
+    """
+    with engine.connect() as conn, conn.begin():
+        if conn.dialect.name == "sqlite":
+            with raw_errors(conn):
+                conn.connection.cursor().execute("BEGIN IMMEDIATE")
+        yield conn
+
+
+def write_records(conn: Connection, recs: list[Row]) -> None:
+    """Upsert validated node records in ``conn``'s transaction: idempotent, independent of node order."""
+    if not recs:
+        return
+    jobs, gpus = read_stored(conn, {job_key(r) for r in recs})
+    plan = merge(recs, jobs, gpus, datetime.now(UTC).replace(tzinfo=None))
+    # A later node record that moves a job's end into another month makes the old month's rollups stale:
+    # noted for the next refresh (storage/rollups.py).
+    note_moved(conn, [old["end_time"] for k, old in plan.old_jobs.items()
+                      if moved_month(old["end_time"], plan.jobs[k]["end_time"])])
+    with raw_errors(conn):
+        db = _Sql(conn)
+        new = [k for k in plan.jobs if k not in plan.old_jobs]
+        if new:
+            db.insert(_JOB, [plan.jobs[k] for k in new])
+            ids = db.ids('SELECT id, cluster, job_id FROM "job"', "job_id", sorted({k[1] for k in new}))
+            for k in new:
+                plan.jobs[k]["id"] = ids[k]
+        db.update(_JOB, [plan.jobs[k] for k in plan.old_jobs if plan.jobs[k] != plan.old_jobs[k]])
+        inserts, updates, gone = plan.gpu_changes()
+        db.delete_in("job_gpu_timeline", "job_gpu_id", gone + sorted(r["id"] for r in updates))
+        db.delete_in("job_gpu", "id", gone)  # after their timelines: no reliance on FK cascades
+        db.update(_GPU, updates)
+        if inserts:
+            db.insert(_GPU, inserts)
+            gids = db.ids('SELECT id, job_pk, node, gpu_index FROM "job_gpu"', "job_pk",
+                          sorted({r["job_pk"] for r in inserts}))
+            for r in inserts:
+                r["id"] = gids[(r["job_pk"], r["node"], r["gpu_index"])]
+        db.insert(_TIMELINE, plan.timeline_rows())
+
+
+def read_stored(conn: Connection, keys: set[Key]) -> tuple[dict[Key, Row], dict[Key, dict[Spot, Row]]]:
+    """The stored job rows of ``keys`` (locked on PostgreSQL) and their GPU rows by (node, GPU index)."""
+    jobs: dict[Key, Row] = {}
+    for part in _chunks(sorted({k[1] for k in keys})):
+        stmt = select(_JOB).where(_JOB.c.job_id.in_(part)).order_by(_JOB.c.id).with_for_update()
+        for row in conn.execute(stmt).mappings():
+            if (row["cluster"], row["job_id"]) in keys:
+                jobs[(row["cluster"], row["job_id"])] = dict(row)
+    gpus: dict[Key, dict[Spot, Row]] = {k: {} for k in jobs}
+    by_pk = {v["id"]: k for k, v in jobs.items()}
+    for part in _chunks(sorted(by_pk)):
+        for row in conn.execute(select(_GPU).where(_GPU.c.job_pk.in_(part)).order_by(_GPU.c.id)).mappings():
+            gpus[by_pk[row["job_pk"]]][(row["node"], row["gpu_index"])] = dict(row)
+    return jobs, gpus
+
+
+def ingest_record(session: Session, rec: Row) -> Job:
+    """Upsert one node record in the session's transaction (sacct enrichment's backfill); same code as
+    the batch path."""
+    recmod.validate(rec)
+    write_records(session.connection(), [rec])
+    session.expire_all()  # rows changed underneath the ORM
+    cluster, job_id = job_key(rec)
+    return session.scalars(select(Job).where(_JOB.c.cluster == cluster, _JOB.c.job_id == job_id)).one()
+
+
+@contextlib.contextmanager
+def raw_errors(conn: Connection) -> Iterator[None]:
+    """Raise DBAPI errors of raw statements as SQLAlchemy would (OperationalError, IntegrityError, ...),
+    so that callers tell an unavailable database from a rejected record the same way on every path."""
+    dbapi_error = conn.dialect.loaded_dbapi.Error
+    try:
+        yield
+    except dbapi_error as exc:
+        raise sa_exc.DBAPIError.instance(None, None, exc, dbapi_error, dialect=conn.dialect,
+                                         connection_invalidated=conn.dialect.is_disconnect(exc, None, None),
+                                         ) from exc
+
+
+def _chunks(values: list[Any]) -> Iterator[list[Any]]:
+    for i in range(0, len(values), IN_CHUNK):
+        yield values[i:i + IN_CHUNK]
+
+
+class _Columns:
+    """A table's columns (``id`` apart) with their dialect's bind processors, for raw DBAPI statements."""
+
+    def __init__(self, table: Table, dialect: Dialect) -> None:
+        self.cols = [c.name for c in table.columns if c.name != "id"]
+        self.quoted = ", ".join(f'"{c}"' for c in self.cols)
+        procs = [_bind_processor(table.c[c].type, dialect) for c in self.cols]
+        self.convert: list[tuple[int, Callable[[Any], Any]]] = [(i, p) for i, p in enumerate(procs) if p]
+        self.get = itemgetter(*self.cols)  # merged and stored rows carry every column: one C call
+
+    def values(self, row: Row) -> list[Any]:
+        vals = list(self.get(row))
+        for i, proc in self.convert:
+            vals[i] = proc(vals[i])
+        return vals
+
+
+def _bind_processor(col_type: TypeEngine[Any], dialect: Dialect) -> Callable[[Any], Any] | None:
+    """The column type's bind processor, made cheaper for ingest's values; same output. JSON: the engine's
+    serializer, with the values most rows hold (null, and ``{}`` for "nothing missing") from constants.
+    DateTime, where the dialect formats it (SQLite): memoised, as a batch repeats few distinct times (a
+    record's start and end are on its job and on each of its GPU rows)."""
+    proc = col_type.dialect_impl(dialect).bind_processor(dialect)
+    ser = getattr(dialect, "_json_serializer", None)
+    if isinstance(col_type, sqltypes.JSON) and ser is not None and not col_type.none_as_null:
+        null, empty = ser(None), ser({})
+        return lambda v: null if v is None else empty if v.__class__ is dict and not v else ser(v)
+    if proc is not None and isinstance(col_type, sqltypes.DateTime):
+        return functools.cache(proc)
+    return proc
+
+
+class _Sql:
+    """The DBAPI cursor of the SQLAlchemy connection's transaction (commit and rollback stay with it)."""
+
+    def __init__(self, conn: Connection) -> None:
+        if conn.dialect.name not in ("sqlite", "postgresql"):
+            raise ValueError(f"ingest writes to SQLite or PostgreSQL, not {conn.dialect.name}")
+        self.pg = conn.dialect.name == "postgresql"
+        self.ph = "%s" if self.pg else "?"
+        self.cur: Any = conn.connection.cursor()
+        self.columns = {t.name: _Columns(t, conn.dialect) for t in (_JOB, _GPU, _TIMELINE)}
+
+    def marks(self, n: int) -> str:
+        return ", ".join([self.ph] * n)
+
+    def insert(self, table: Table, rows: list[Row]) -> None:
+        if not rows:
+            return
+        t = self.columns[table.name]
+        if self.pg:
+            with self.cur.copy(f'COPY "{table.name}" ({t.quoted}) FROM STDIN') as cp:
+                for row in rows:
+                    cp.write_row(t.values(row))
+            return
+        self.cur.executemany(f'INSERT INTO "{table.name}" ({t.quoted}) VALUES ({self.marks(len(t.cols))})',
+                             [t.values(row) for row in rows])
+
+    def update(self, table: Table, rows: list[Row]) -> None:
+        if not rows:
+            return
+        t = self.columns[table.name]
+        sets = ", ".join(f'"{c}" = {self.ph}' for c in t.cols)
+        self.cur.executemany(f'UPDATE "{table.name}" SET {sets} WHERE id = {self.ph}',
+                             [[*t.values(r), r["id"]] for r in rows])
+
+    def delete_in(self, table: str, col: str, ids: list[int]) -> None:
+        for part in _chunks(ids):
+            self.cur.execute(f'DELETE FROM "{table}" WHERE "{col}" IN ({self.marks(len(part))})', part)
+
+    def ids(self, query: str, col: str, values: list[Any]) -> dict[tuple[Any, ...], int]:
+        """{natural key: id} of the rows ``query`` (id first, then the key's columns) finds by ``col``."""
+        out: dict[tuple[Any, ...], int] = {}
+        for part in _chunks(values):
+            self.cur.execute(f'{query} WHERE "{col}" IN ({self.marks(len(part))})', part)
+            out.update((tuple(r[1:]), r[0]) for r in self.cur.fetchall())
+        return out
