@@ -1,17 +1,13 @@
 """Configuration: one TOML file, validated up front with errors that name the file and the key.
 
-One schema: a class per ``[section]``, an annotated attribute per key (its type, its default and, through
-``_key``, what the value must pass). ``Config(data)`` refuses unknown names, wrong types, NaN and
-infinities, values out of range and keys that cannot work together, so the rest of the code uses
-``cfg.paths.spool_dir`` as it is. ``etc/gpueff.toml`` documents every key and its range.
-
-The Slurm hooks load this on every job start and end, so it is stdlib only: the sections are frozen
-dataclasses to type checkers (``dataclass_transform``) without the ``dataclasses`` module, whose import
-and code generation would cost a hook more than the rest of its start-up. Annotations are not postponed,
-so ``_typed`` reads them as classes.
+A class per ``[section]``, an annotated attribute per key (type, default and, through ``_key``, its check);
+``Config(data)`` refuses unknown names, wrong types, NaN and infinities, out-of-range values and keys that
+cannot work together. ``etc/gpueff.toml`` documents every key. The hooks load this on every job, so it is
+stdlib only: the sections are frozen dataclasses to type checkers (``dataclass_transform``) without the
+costly ``dataclasses`` import. Annotations are not postponed, so ``_typed`` reads them as classes.
 
 Lookup order: ``--config PATH`` > ``$GPUEFF_CONFIG`` > ``/etc/slurm-gpueff/gpueff.toml``; only the
-default file may be missing (every key has a default, so a node works out of the box).
+default file may be missing (every key has a default).
 """
 
 import math

@@ -1,8 +1,7 @@
 """Read what Slurm accounting knows about jobs: ``sacct --json``, falling back to ``sacct -P``.
 
-The slurmd hooks see little (no array or het ids, a provisional exit status, no job name or QOS), so
-the job rows are completed from accounting. This module only *reads* sacct and turns its output into
-:class:`SacctJob` values; writing them into the database is ``storage.enrich``'s job. Stdlib only.
+The hooks see no array or het ids, job name or QOS and a provisional exit status: accounting completes
+the job rows (docs/DESIGN.md, "Enrich"). Only reads, into :class:`SacctJob`; ``storage.enrich`` writes.
 
 Facts this parser relies on (Slurm 22.05, checked on a real cluster; fixtures in tests/data/sacct/):
 

@@ -5,9 +5,8 @@ SLURMD_NODENAME, SLURM_CLUSTER_NAME, SLURM_JOB_USER/UID, SLURM_JOB_ACCOUNT (abse
 none), SLURM_JOB_PARTITION, SLURM_JOB_GPUS and CUDA_VISIBLE_DEVICES; the Epilog adds
 SLURM_JOB_EXIT_CODE2 (``"3:0"``) and SLURM_JOB_EXIT_CODE (a raw wait status: exit 3 -> 768).
 
-Parsing never raises: a hook must run to the end whatever Slurm (or a person testing by hand) hands
-it, so every problem is kept as a sentence in :attr:`HookEnv.problems` and ends up in the record's
-reason. Stdlib only (hook path).
+Parsing never raises (a hook must run to the end whatever it is handed): each problem becomes a sentence
+in :attr:`HookEnv.problems`, and so in the record's reason. Stdlib only (hook path).
 """
 
 from __future__ import annotations

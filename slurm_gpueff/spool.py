@@ -7,7 +7,7 @@ Layout under ``paths.spool_dir``::
     .tmp-*       half-written files (never read; cleaned up by ingest when old)
 
 Writes are temp file + fsync + rename + directory fsync, mode 0600 in 0700 directories (records name
-users and accounts). Stdlib only: the Epilog calls this on every job end.
+users and accounts). Stdlib only (hook path).
 """
 
 from __future__ import annotations
