@@ -413,12 +413,6 @@ def _hint(word: str, choices: Iterable[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def config_path(explicit: str | None = None) -> tuple[str, bool]:
-    """(path, was_named): named paths must exist, the default one may be absent."""
-    named = explicit or os.environ.get(ENV_VAR)
-    return (named, True) if named else (DEFAULT_PATH, False)
-
-
 def read(path: str) -> dict[str, object]:
     """The TOML table in ``path``; ConfigError naming the path for anything but a readable UTF-8 TOML file
     (FileNotFoundError passes through: whether that is an error is the caller's call).
@@ -456,11 +450,12 @@ def read(path: str) -> dict[str, object]:
 
 def load(explicit: str | None = None) -> Config:
     """The validated config; ConfigError with a one-line explanation on any problem."""
-    path, named = config_path(explicit)
+    named = explicit or os.environ.get(ENV_VAR)
+    path = named or DEFAULT_PATH
     try:
         data = read(path)
     except FileNotFoundError:
-        if named:
+        if named:  # a path someone named must exist; the default one may be absent
             raise ConfigError(f"config file {path} does not exist") from None
         return Config(None, source="<defaults>")
     return Config(data, source=path)

@@ -65,13 +65,6 @@ def _int(env: Mapping[str, str], key: str, problems: list[str], minimum: int = 0
     return None
 
 
-def parse_gpu_list(value: str | None) -> list[int]:
-    """Indexes in ``"0,1,3"`` (sorted, unique); MIG UUIDs and junk are skipped."""
-    if not value:
-        return []
-    return sorted({int(p) for p in (part.strip() for part in value.split(",")) if p.isdigit()})
-
-
 def parse_exit(env: Mapping[str, str], problems: list[str] | None = None) -> tuple[int | None, int | None]:
     """(exit_code, signal) of the job: SLURM_JOB_EXIT_CODE2 ``"3:0"`` first, else the raw wait status.
 
@@ -94,20 +87,19 @@ def parse_exit(env: Mapping[str, str], problems: list[str] | None = None) -> tup
     return None, None
 
 
-def parse_gpus(env: Mapping[str, str],
-               problems: list[str] | None = None) -> tuple[list[int], str | None, str | None]:
-    """(Slurm GPU indexes, variable used, raw value): SLURM_JOB_GPUS, else CUDA_VISIBLE_DEVICES.
+def parse_gpus(env: Mapping[str, str], problems: list[str]) -> tuple[list[int], str | None, str | None]:
+    """(Slurm GPU indexes, sorted and unique; variable used; raw value): SLURM_JOB_GPUS, else
+    CUDA_VISIBLE_DEVICES.
 
     The raw value is None when the job has no GPUs at all. A value we cannot read (a MIG UUID, junk)
     gives an empty index list with the raw value kept, so the caller can still record the job and say why.
     """
-    problems = problems if problems is not None else []
     for var in ("SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES"):
         raw = env.get(var)
         if raw is None or raw.strip() in _NO_GPU_VALUES:
             continue
         raw = raw.strip()
-        indexes = parse_gpu_list(raw)
+        indexes = sorted({int(p) for p in (part.strip() for part in raw.split(",")) if p.isdigit()})
         if not indexes and not all(p.strip().startswith("MIG-") for p in raw.split(",")):
             problems.append(f"{var}={raw!r} names no GPU index this version understands (MIG?)")
         return indexes, var, raw
