@@ -1,8 +1,8 @@
 """Who may see which job's card: like ``sacct`` with ``PrivateData=jobs``.
 
 A user other than root sees only their own jobs (matched by uid, else by user name) unless
-``[privacy] admins`` names them or ``[privacy] enabled = false``. Only the commands enforce this: a
-site that must keep people from reading the database directly restricts the database itself.
+``[privacy] admins`` names them or ``[privacy] enabled = false``. Only the commands enforce this; against
+direct reads, restrict the database itself (file mode, PostgreSQL roles).
 """
 
 from __future__ import annotations
