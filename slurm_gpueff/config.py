@@ -1,17 +1,13 @@
 """Configuration: one TOML file, validated up front with errors that name the file and the key.
 
-One schema: a class per ``[section]``, an annotated attribute per key (its type, its default and, through
-``_key``, what the value must pass). ``Config(data)`` refuses unknown names, wrong types, NaN and
-infinities, values out of range and keys that cannot work together, so the rest of the code uses
-``cfg.paths.spool_dir`` as it is. ``etc/gpueff.toml`` documents every key and its range.
-
-The Slurm hooks load this on every job start and end, so it is stdlib only: the sections are frozen
-dataclasses to type checkers (``dataclass_transform``) without the ``dataclasses`` module, whose import
-and code generation would cost a hook more than the rest of its start-up. Annotations are not postponed,
-so ``_typed`` reads them as classes.
+A class per ``[section]``, an annotated attribute per key (type, default and, through ``_key``, its check);
+``Config(data)`` refuses unknown names, wrong types, NaN and infinities, out-of-range values and keys that
+cannot work together. ``etc/gpueff.toml`` documents every key. The hooks load this on every job, so it is
+stdlib only: the sections are frozen dataclasses to type checkers (``dataclass_transform``) without the
+costly ``dataclasses`` import. Annotations are not postponed, so ``_typed`` reads them as classes.
 
 Lookup order: ``--config PATH`` > ``$GPUEFF_CONFIG`` > ``/etc/slurm-gpueff/gpueff.toml``; only the
-default file may be missing (every key has a default, so a node works out of the box).
+default file may be missing (every key has a default).
 """
 
 import math
@@ -417,12 +413,6 @@ def _hint(word: str, choices: Iterable[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def config_path(explicit: str | None = None) -> tuple[str, bool]:
-    """(path, was_named): named paths must exist, the default one may be absent."""
-    named = explicit or os.environ.get(ENV_VAR)
-    return (named, True) if named else (DEFAULT_PATH, False)
-
-
 def read(path: str) -> dict[str, object]:
     """The TOML table in ``path``; ConfigError naming the path for anything but a readable UTF-8 TOML file
     (FileNotFoundError passes through: whether that is an error is the caller's call).
@@ -460,11 +450,12 @@ def read(path: str) -> dict[str, object]:
 
 def load(explicit: str | None = None) -> Config:
     """The validated config; ConfigError with a one-line explanation on any problem."""
-    path, named = config_path(explicit)
+    named = explicit or os.environ.get(ENV_VAR)
+    path = named or DEFAULT_PATH
     try:
         data = read(path)
     except FileNotFoundError:
-        if named:
+        if named:  # a path someone named must exist; the default one may be absent
             raise ConfigError(f"config file {path} does not exist") from None
         return Config(None, source="<defaults>")
     return Config(data, source=path)

@@ -84,22 +84,13 @@ def prepare(root: str) -> str:
 def slurm_env(config_path: str, job_id: int, user: str, account: str, gpus: int, now: float,
               profile: str, exit_code: int | None) -> dict[str, str]:
     """What slurmd gives a Prolog/Epilog (slurm_gpueff.slurmenv), plus the demo's clock and profile."""
-    env = {
-        "SLURM_JOB_ID": str(job_id),
-        "SLURM_JOB_USER": user,
-        "SLURM_JOB_UID": str(UIDS[user]),
-        "SLURM_JOB_ACCOUNT": account,
-        "SLURM_JOB_PARTITION": "gpu",
-        "SLURM_CLUSTER_NAME": "demo",
-        "SLURMD_NODENAME": "gpu-node01" if job_id % 2 else "gpu-node02",
-        "SLURM_NODELIST": "gpu-node01" if job_id % 2 else "gpu-node02",
-        "SLURM_JOB_NUM_NODES": "1",
-        "SLURM_JOB_GPUS": ",".join(str(i) for i in range(gpus)),
-        "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(gpus)),
-        "GPUEFF_CONFIG": config_path,
-        "GPUEFF_SIM_NOW": f"{now:.3f}",
-        "GPUEFF_SIM_PROFILE": profile,
-    }
+    node = "gpu-node01" if job_id % 2 else "gpu-node02"
+    gpu_list = ",".join(str(i) for i in range(gpus))
+    env = {"SLURM_JOB_ID": str(job_id), "SLURM_JOB_USER": user, "SLURM_JOB_UID": str(UIDS[user]),
+           "SLURM_JOB_ACCOUNT": account, "SLURM_JOB_PARTITION": "gpu", "SLURM_CLUSTER_NAME": "demo",
+           "SLURMD_NODENAME": node, "SLURM_NODELIST": node, "SLURM_JOB_NUM_NODES": "1",
+           "SLURM_JOB_GPUS": gpu_list, "CUDA_VISIBLE_DEVICES": gpu_list,
+           "GPUEFF_CONFIG": config_path, "GPUEFF_SIM_NOW": f"{now:.3f}", "GPUEFF_SIM_PROFILE": profile}
     if exit_code is None:
         env["SLURM_SCRIPT_CONTEXT"] = "prolog_slurmd"
     else:
@@ -176,16 +167,11 @@ def run(args: Any) -> int:
           f" (quarantined {result.quarantined}, failed {result.failed})")
     engine.dispose()
     for job in ran:
-        print()
-        print(f"$ seff-gpu {job['job_id']}        # simulated profile: {job['profile']}")
+        print(f"\n$ seff-gpu {job['job_id']}        # simulated profile: {job['profile']}")
         seff.main(["--config", config_path, str(job["job_id"])])
-    print()
-    print(summary(config, [j["job_id"] for j in ran]))
-    print()
-    print("Where the files are:")
-    print(f"  config    {config_path}")
-    print(f"  database  {config.paths.database}")
-    print(f"  spool     {config.paths.spool_dir}  (empty after ingest; bad records go to quarantine/)")
+    print(f"\n{summary(config, [j['job_id'] for j in ran])}\n")
+    print(f"Where the files are:\n  config    {config_path}\n  database  {config.paths.database}\n"
+          f"  spool     {config.paths.spool_dir}  (empty after ingest; bad records go to quarantine/)")
     print(f"Try:  {shlex.join([*seff_command(), '--config', config_path, '--json', str(FIRST_JOB_ID)])}")
     return 0
 

@@ -4,7 +4,7 @@ figures are printed").
 
 Two promises hold for all of them: a measured value above zero never prints as zero (a user who sees
 "0.0%" stops looking), and nothing prints in scientific notation. Unknown (None) prints "n/a"; the caller
-adds the reason. Stdlib only, at the base layer, so analysis, render, reports and the CLI can all use it.
+adds the reason.
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
 """The Slurm Prolog and Epilog: start measuring a job's GPUs, then spool the job's record at its end.
 
-slurmd runs these as root on every job start and end, with no PATH and no HOME, in its log directory.
-A hook that exits non-zero DRAINS the node, so the rules are:
-
-* :func:`run` always returns 0 and never raises; every problem is logged (syslog LOG_DAEMON + stderr)
-  and, for the Epilog, written into the record's ``reason`` instead of failing.
-* The whole hook is bounded by ``collector.hook_timeout_s``: every step that can block (loading the
-  config, reading the Prolog's state, the collector) runs in a daemon thread joined with a timeout
-  (:meth:`HookRun.bounded`). A config that does not load in time gives the defaults; a collector that
-  overruns gives an allocation-only record ("collector timed out after N s"). Run as a process
-  (:func:`main`) a watchdog also ends the process with status 0 at the bound.
-* A finished job's record is never dropped: if the spool is unwritable it goes to a node-local
-  fallback (:mod:`slurm_gpueff.spool_fallback`); a job that cannot be recorded at all keeps its
-  environment in the spool's quarantine.
-* Jobs without GPUs (no SLURM_JOB_GPUS / CUDA_VISIBLE_DEVICES) cost nothing: both hooks return before
-  even reading the config, and no record is written.
-* Stdlib only and few imports: the hook path must start about as fast as ``python3 -c pass``.
+slurmd runs these as root, with no PATH and no HOME; a hook that exits non-zero DRAINS the node. Hence
+(docs/DESIGN.md, "Guarantees the code keeps"): :func:`run` returns 0 and never raises; every step that
+can block (the config, the Prolog's state, the collector) runs in a daemon thread bounded by
+``collector.hook_timeout_s`` (:meth:`HookRun.bounded`), and as a process (:func:`main`) a watchdog exits 0
+at the bound; an unwritable spool falls back to :mod:`slurm_gpueff.spool_fallback`, and a job that cannot
+be recorded at all keeps its environment in the spool's quarantine. Jobs without GPUs return before even
+reading the config. Stdlib only: the hook path starts about as fast as ``python3 -c pass``.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""The data model (SQLModel tables): one ``job`` row per Slurm job, one ``job_gpu`` row per job GPU.
+"""The data model (SQLModel tables); natural keys, NULL semantics and the data flow: docs/DESIGN.md.
 
-- explicit table names and a constraint naming convention: Alembic needs stable names;
-- times are timezone-naive UTC ``DateTime`` (identical on SQLite and PostgreSQL);
-- a job's natural key is (cluster, job_id), job_id being Slurm's raw id (JobIDRaw): an array task or a
-  het component has its own; the array/het ids are extra columns so ``123_4`` and ``123+1`` resolve;
-- a job GPU's natural key is (job, node, gpu_index): re-ingesting one node's record replaces its rows;
-- every measured figure is nullable: NULL means "not measured" (see ``missing`` for why), never 0.
+Explicit table names and a constraint naming convention, because Alembic needs stable names. ``job.job_id``
+is Slurm's raw id (JobIDRaw); the array/het ids are extra columns so ``123_4`` and ``123+1`` resolve.
 """
 
 from __future__ import annotations
@@ -171,11 +167,8 @@ class ReportOptOut(SQLModel, table=True):
 
 
 class UsageRollup(SQLModel, table=True):
-    """Per-day and per-month sums of the job summaries, by (cluster, user, account, verdict), so totals
-    group these few rows instead of every job. A job counts on the UTC day (and month) it ended. A sum is
-    NULL when no job of the group had that figure measured; ``*_measured_gpu_hours`` are the GPU-hours
-    behind each sum (the right denominator when only some jobs were measured).
-    """
+    """Per-day and per-month sums of the job summaries (docs/DESIGN.md, "Roll up"). A job counts on the
+    UTC day (and month) it ended; a sum is NULL when no job of the group had that figure measured."""
 
     __tablename__ = "usage_rollup"
     __table_args__ = (Index("ix_usage_rollup_period_start", "period", "period_start"),)
@@ -201,12 +194,8 @@ class UsageRollup(SQLModel, table=True):
 
 
 class RollupPending(SQLModel, table=True):
-    """Months whose rollups must be recomputed although no job in them was analysed since the last refresh.
-
-    A job whose end time moves to another month (enrichment correcting it, a later node record) leaves
-    its *old* month stale: the writer that moves it notes that month here in the same transaction
-    (storage.rollups.note_moved); the refresh that recomputes the month removes the row.
-    """
+    """Months a job's end time moved out of, so stale although no job in them was analysed: noted by the
+    moving writer in its transaction (storage.rollups.note_moved), removed by the refresh."""
 
     __tablename__ = "rollup_pending"
 

@@ -1,9 +1,8 @@
 """Who may see which job's card: like ``sacct`` with ``PrivateData=jobs``.
 
 A user other than root sees only their own jobs (matched by uid, else by user name) unless
-``[privacy] admins`` names them or the site sets ``[privacy] enabled = false``. This is enforced by
-the commands (seff-gpu); a site that needs it enforced against people reading the database file
-directly keeps the database readable only by a service account (or uses PostgreSQL roles).
+``[privacy] admins`` names them or ``[privacy] enabled = false``. Only the commands enforce this; against
+direct reads, restrict the database itself (file mode, PostgreSQL roles).
 """
 
 from __future__ import annotations

@@ -1,17 +1,13 @@
-"""The spool record: what a node writes when a job ends, and what ingest reads.
+"""The spool record: one JSON object per (job, node), written by the Epilog and read by ingest.
 
-One JSON object per (job, node). Plain dicts and stdlib only: the Epilog builds it on every job end.
-Fractions are in [0, 1]; a figure that was not measured is ``None`` and, where we know why, the reason
-is in the GPU's ``missing`` map (``{"sm_active": "GPU has no GPM (pre-Hopper)"}``). Never 0 for unknown.
-
-Schema (version 1)::
+Plain dicts, stdlib only (hook path). Unknown figures are ``None`` with the reason in the GPU's
+``missing`` map (docs/DESIGN.md, "Unknown is never zero"). Schema (version 1)::
 
     {"schema": 1, "cluster": str, "node": str, "job_id": int,
      "array_job_id": int|null, "array_task_id": int|null, "het_job_id": int|null, "het_job_offset": int|null,
      "user": str|null, "uid": int|null, "account": str|null, "partition": str|null,
      "start_time": float epoch s|null (null: unknown, Prolog state lost), "end_time": float epoch s,
-     "exit_code": int|null, "signal": int|null,
-     "backend": "nvml-gpm"|"nvml"|"dcgm"|"simulated"|"none", "reason": str|null,
+     "exit_code": int|null, "signal": int|null, "backend": BACKENDS, "reason": str|null,
      "gpus": [GPU...], "written_at": float, "writer": "slurm-gpueff 0.1.0"}
 
     GPU = {"index": int (Slurm's index), "minor": int|null, "uuid": str|null, "pci_bus_id": str|null,
@@ -31,10 +27,9 @@ if TYPE_CHECKING:
 
 SCHEMA_VERSION = 1
 
-# Time-weighted mean fractions in [0, 1].
+# Time-weighted mean fractions in [0, 1]; then other per-GPU measurements (non-negative numbers).
 FRACTIONS = ("kernel_active", "sm_active", "sm_occupancy", "tensor_active", "dram_active", "fp64_active",
              "fp32_active", "fp16_active")
-# Other per-GPU measurements (non-negative numbers).
 QUANTITIES = ("memory_used_peak_bytes", "energy_j", "power_mean_w")
 METRICS = FRACTIONS + QUANTITIES
 
@@ -67,10 +62,7 @@ def empty_gpu(index: int, source: str, reason: str | None = None, **ident: Any) 
 
 
 def validate(rec: object) -> dict[str, Any]:
-    """Check a record read from the spool; raise RecordError naming the first problem.
-
-    Ingest quarantines anything that fails here, so this is strict about types and ranges.
-    """
+    """Check a record read from the spool; raise RecordError naming the first problem (ingest quarantines it)."""
     if not isinstance(rec, dict):
         raise RecordError(f"record is a {type(rec).__name__}, expected a JSON object")
     if rec.get("schema") != SCHEMA_VERSION:

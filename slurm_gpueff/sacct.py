@@ -1,8 +1,7 @@
 """Read what Slurm accounting knows about jobs: ``sacct --json``, falling back to ``sacct -P``.
 
-The slurmd hooks see little (no array or het ids, a provisional exit status, no job name or QOS), so
-the job rows are completed from accounting. This module only *reads* sacct and turns its output into
-:class:`SacctJob` values; writing them into the database is ``storage.enrich``'s job. Stdlib only.
+The hooks see no array or het ids, job name or QOS and a provisional exit status: accounting completes
+the job rows (docs/DESIGN.md, "Enrich"). Only reads, into :class:`SacctJob`; ``storage.enrich`` writes.
 
 Facts this parser relies on (Slurm 22.05, checked on a real cluster; fixtures in tests/data/sacct/):
 
@@ -342,12 +341,9 @@ def slurm_time(epoch: float) -> str:
 
 
 class SacctReader:
-    """Runs sacct (bounded by ``timeout_s``) in batches of ``batch_size`` job ids.
-
-    ``fmt``: ``"auto"`` (json, falling back to parsable when this sacct has no working --json),
-    ``"json"`` or ``"parsable"``. Every failure raises :class:`SacctError` with a sentence that says
-    what to do; the caller keeps its rows unchanged and retries on its next run.
-    """
+    """Runs sacct (bounded by ``timeout_s``) in batches of ``batch_size`` job ids; ``fmt`` ``"auto"`` is json,
+    falling back to parsable when this sacct has no working --json. Every failure raises :class:`SacctError`
+    saying what to do; the caller keeps its rows unchanged and retries on its next run."""
 
     DELIM = "\x1f"  # ASCII unit separator: never in user names, accounts or job names in practice
 
@@ -455,9 +451,8 @@ def _json_unsupported(message: str) -> bool:
 def no_gpus_note(spec: str, config: Config, timeout_s: float = 5.0) -> str | None:
     """For seff-gpu: a sentence if sacct knows job ``spec`` and it finished without any GPU, else None.
 
-    CPU-only jobs get no record by design (the hooks return at once), so "not in the database" would
-    mislead. Bounded by ``timeout_s``; any sacct problem just gives None (seff-gpu then says unknown).
-    """
+    CPU-only jobs get no record by design, so "not in the database" would mislead. Bounded by
+    ``timeout_s``; any sacct problem just gives None (seff-gpu then says unknown)."""
     s = config.sacct
     reader = SacctReader(command=s.command, timeout_s=min(timeout_s, s.timeout_s), fmt="parsable")
     try:

@@ -5,9 +5,8 @@ SLURMD_NODENAME, SLURM_CLUSTER_NAME, SLURM_JOB_USER/UID, SLURM_JOB_ACCOUNT (abse
 none), SLURM_JOB_PARTITION, SLURM_JOB_GPUS and CUDA_VISIBLE_DEVICES; the Epilog adds
 SLURM_JOB_EXIT_CODE2 (``"3:0"``) and SLURM_JOB_EXIT_CODE (a raw wait status: exit 3 -> 768).
 
-Parsing never raises: a hook must run to the end whatever Slurm (or a person testing by hand) hands
-it, so every problem is kept as a sentence in :attr:`HookEnv.problems` and ends up in the record's
-reason. Stdlib only (hook path).
+Parsing never raises (a hook must run to the end whatever it is handed): each problem becomes a sentence
+in :attr:`HookEnv.problems`, and so in the record's reason. Stdlib only (hook path).
 """
 
 from __future__ import annotations
@@ -66,13 +65,6 @@ def _int(env: Mapping[str, str], key: str, problems: list[str], minimum: int = 0
     return None
 
 
-def parse_gpu_list(value: str | None) -> list[int]:
-    """Indexes in ``"0,1,3"`` (sorted, unique); MIG UUIDs and junk are skipped."""
-    if not value:
-        return []
-    return sorted({int(p) for p in (part.strip() for part in value.split(",")) if p.isdigit()})
-
-
 def parse_exit(env: Mapping[str, str], problems: list[str] | None = None) -> tuple[int | None, int | None]:
     """(exit_code, signal) of the job: SLURM_JOB_EXIT_CODE2 ``"3:0"`` first, else the raw wait status.
 
@@ -95,20 +87,19 @@ def parse_exit(env: Mapping[str, str], problems: list[str] | None = None) -> tup
     return None, None
 
 
-def parse_gpus(env: Mapping[str, str],
-               problems: list[str] | None = None) -> tuple[list[int], str | None, str | None]:
-    """(Slurm GPU indexes, variable used, raw value): SLURM_JOB_GPUS, else CUDA_VISIBLE_DEVICES.
+def parse_gpus(env: Mapping[str, str], problems: list[str]) -> tuple[list[int], str | None, str | None]:
+    """(Slurm GPU indexes, sorted and unique; variable used; raw value): SLURM_JOB_GPUS, else
+    CUDA_VISIBLE_DEVICES.
 
     The raw value is None when the job has no GPUs at all. A value we cannot read (a MIG UUID, junk)
     gives an empty index list with the raw value kept, so the caller can still record the job and say why.
     """
-    problems = problems if problems is not None else []
     for var in ("SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES"):
         raw = env.get(var)
         if raw is None or raw.strip() in _NO_GPU_VALUES:
             continue
         raw = raw.strip()
-        indexes = parse_gpu_list(raw)
+        indexes = sorted({int(p) for p in (part.strip() for part in raw.split(",")) if p.isdigit()})
         if not indexes and not all(p.strip().startswith("MIG-") for p in raw.split(",")):
             problems.append(f"{var}={raw!r} names no GPU index this version understands (MIG?)")
         return indexes, var, raw

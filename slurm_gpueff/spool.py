@@ -7,7 +7,7 @@ Layout under ``paths.spool_dir``::
     .tmp-*       half-written files (never read; cleaned up by ingest when old)
 
 Writes are temp file + fsync + rename + directory fsync, mode 0600 in 0700 directories (records name
-users and accounts). Stdlib only: the Epilog calls this on every job end.
+users and accounts). Stdlib only (hook path).
 """
 
 from __future__ import annotations
@@ -102,10 +102,9 @@ def group_by_job(paths: list[str]) -> list[list[str]]:
 def pending_by_job(spool_dir: str, stale_tmp_s: float | None = None) -> list[list[str]]:
     """Records waiting in ``incoming/`` as groups of one job's node records (:func:`group_by_job`).
 
-    Within a group the files are in arrival order (modification time, then name): ingest merges a job's
-    records with "latest wins" for its identity fields. Between jobs no order changes the outcome, so
-    only jobs with several files are ``stat``-ed, and the groups come in job id order (close to arrival
-    order, and neighbouring ids go into the indexes together), files named otherwise last.
+    Within a group, arrival order (mtime, then name): ingest merges a job's records "latest wins". Between
+    jobs no order changes the outcome, so only jobs with several files are ``stat``-ed and the groups come
+    in job id order (neighbouring ids go into the indexes together), files named otherwise last.
     """
     d = os.path.join(spool_dir, INCOMING)
     by_job: dict[str, list[str]] = {}

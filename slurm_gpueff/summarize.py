@@ -1,8 +1,5 @@
-"""Store each job's analysis summary on its ``job`` row, so that aggregates are plain SQL.
-
-Rollups, metrics, the monthly report and the jobs table need per-job GPU-hours, the waste split and the
-primary verdict; analysing a million rows a month in Python for each would be slow, so a job is analysed
-once, whenever its data changes (ingest and enrichment set ``analyzed_at`` to NULL).
+"""Store each job's analysis summary on its ``job`` row (docs/DESIGN.md, "Summarize"), so that rollups,
+metrics and reports aggregate in SQL instead of analysing every job again.
 """
 
 from __future__ import annotations

@@ -1,13 +1,14 @@
-"""Synthetic spool records and job rows for benchmarks and scale tests (never used in production paths).
+"""Synthetic spool records for benchmarks and scale tests; deterministic for a seed.
 
-Deterministic for a given seed, so a benchmark and the test that checks it see the same data. Values
-are plausible (fractions in [0, 1], kernel >= SM activity), with some figures left unmeasured (None) as
-real pre-Hopper GPUs do, so aggregates are exercised with NULLs too.
+Plausible values (kernel >= SM activity), a fifth of the jobs on pre-Hopper GPUs with figures left
+unmeasured, so aggregates are exercised with NULLs too.
 """
 
 from __future__ import annotations
 
 import random
+
+from .record import FRACTIONS
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -31,9 +32,7 @@ def record(job_id: int, *, rng: random.Random | None = None, cluster: str = "syn
         k = rng.random()
         s = None if pre_hopper else k * rng.random()
         t = None if s is None else s * rng.random()
-        missing = {m: "GPU has no GPM metrics (pre-Hopper)" for m in ("sm_active", "sm_occupancy", "tensor_active",
-                                                                    "dram_active", "fp64_active", "fp32_active",
-                                                                    "fp16_active")} if pre_hopper else {}
+        missing = dict.fromkeys(FRACTIONS[1:], "GPU has no GPM metrics (pre-Hopper)") if pre_hopper else {}
         out.append({
             "index": i, "minor": i, "uuid": f"GPU-{job_id:08d}-{i}", "pci_bus_id": f"00000000:{i:02X}:00.0",
             "model": "Synthetic H100", "memory_total_bytes": 80 * 2**30,
