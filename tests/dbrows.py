@@ -26,3 +26,37 @@ def rows(engine) -> dict:  # noqa: ANN001
                                             sort_keys=True)
                          for r in conn.execute(select(table))}
     return out
+
+
+def ingest_beside_a_writer(engine, spool_dir: str, ref, stored_first: bool = True) -> dict:  # noqa: ANN001
+    """Job 7: node n2 stored first (when ``stored_first``); another writer holds a transaction that adds node
+    n1 while ingest takes node n0 from ``spool_dir``. Asserts that ingest waits for that commit and stores its
+    record in one run; returns ingest's rows, after asserting they equal ``ref`` written record by record."""
+    import random
+    import threading
+
+    from slurm_gpueff import spool, synthetic
+    from slurm_gpueff.storage.ingest import ingest_spool
+    from slurm_gpueff.storage.writer import transaction, write_records
+
+    a, b, c = (synthetic.record(7, rng=random.Random(1), node=n, timeline_points=2) for n in ("n0", "n1", "n2"))
+    before = [c] if stored_first else []
+    for rec in before:
+        with transaction(engine) as conn:
+            write_records(conn, [rec])
+    spool.write_record(spool_dir, a)
+    out = []
+    with transaction(engine) as conn:
+        write_records(conn, [b])
+        t = threading.Thread(target=lambda: out.append(ingest_spool(engine, spool_dir)))
+        t.start()
+        t.join(0.5)
+        assert t.is_alive(), "ingest must wait for the other writer's commit"
+    t.join(30)
+    assert (out[0].ingested, out[0].failed) == (1, 0), out[0].errors
+    for rec in (*before, b, a):
+        with transaction(ref) as conn:
+            write_records(conn, [rec])
+    got = rows(engine)
+    assert got == rows(ref)
+    return got

@@ -288,34 +288,10 @@ def test_a_bug_in_the_writer_keeps_the_files(db, spool_dir, monkeypatch):
 def test_a_concurrent_writer_is_waited_for_not_merged_over(tmp_path, spool_dir):
     """Job 7 is stored (node n2). Another writer holds a transaction that adds node n1 while ingest takes
     node n0: ingest waits for its commit (it reads under the write lock), then merges all three nodes."""
-    import random
-    import threading
+    from dbrows import ingest_beside_a_writer
 
-    from dbrows import rows
-
-    from slurm_gpueff import synthetic
-    from slurm_gpueff.storage.writer import transaction, write_records
-
-    a, b, c = (synthetic.record(7, rng=random.Random(1), node=n, timeline_points=2) for n in ("n0", "n1", "n2"))
-    engine = make_engine(str(tmp_path / "a.db"))
-    with transaction(engine) as conn:
-        write_records(conn, [c])
-    spool.write_record(spool_dir, a)
-    out = []
-    with transaction(engine) as conn:
-        write_records(conn, [b])
-        t = threading.Thread(target=lambda: out.append(ingest_spool(engine, spool_dir)))
-        t.start()
-        t.join(0.5)
-        assert t.is_alive(), "ingest must wait for the other writer's commit"
-    t.join(30)
-    assert (out[0].ingested, out[0].failed) == (1, 0), out[0].errors
-    ref = make_engine(str(tmp_path / "ref.db"))
-    for rec in (c, b, a):
-        with transaction(ref) as conn:
-            write_records(conn, [rec])
-    assert rows(engine) == rows(ref)
-    assert {k[1] for k in rows(engine)["job_gpu"]} == {"n0", "n1", "n2"}
+    got = ingest_beside_a_writer(make_engine(str(tmp_path / "a.db")), spool_dir, make_engine(str(tmp_path / "ref.db")))
+    assert {k[1] for k in got["job_gpu"]} == {"n0", "n1", "n2"}
 
 
 def test_cli_ingest_accepts_the_workers_option(tmp_path):

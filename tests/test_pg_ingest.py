@@ -7,10 +7,9 @@ from __future__ import annotations
 import json
 import os
 import random
-import threading
 
 import pytest
-from dbrows import rows
+from dbrows import ingest_beside_a_writer, rows
 from pgutil import pg_url  # noqa: F401  (fixture)
 from sqlmodel import Session
 
@@ -18,7 +17,7 @@ from slurm_gpueff import spool, synthetic
 from slurm_gpueff.storage import migrate
 from slurm_gpueff.storage.db import make_engine
 from slurm_gpueff.storage.ingest import ingest_spool
-from slurm_gpueff.storage.writer import ingest_record, transaction, write_records
+from slurm_gpueff.storage.writer import ingest_record
 
 
 def records() -> list[dict]:
@@ -127,27 +126,7 @@ def test_postgres_concurrent_writers_of_one_job_both_count(pg_url, tmp_path, sto
     before: ingest's read waits on the job row's lock, then merges. New job: ingest's insert meets the
     other's at the unique key, and its record, retried alone, merges. Either way in one run, and the
     rows are those of the three records written one after the other."""
-    a, b, c = (synthetic.record(7, rng=random.Random(1), node=n, timeline_points=2) for n in ("n0", "n1", "n2"))
     engine = make_engine(pg_url, create=False)
     migrate.upgrade(engine)
-    before = [c] if stored_first else []
-    for rec in before:
-        with transaction(engine) as conn:
-            write_records(conn, [rec])
-    d = str(tmp_path / "s")
-    spool.write_record(d, a)
-    out = []
-    with transaction(engine) as conn:
-        write_records(conn, [b])
-        t = threading.Thread(target=lambda: out.append(ingest_spool(engine, d)))
-        t.start()
-        t.join(0.5)
-        assert t.is_alive(), "ingest must wait for the other writer's commit"
-    t.join(30)
-    assert (out[0].ingested, out[0].failed) == (1, 0), out[0].errors
-    ref = make_engine(f"sqlite:///{tmp_path}/ref.db")
-    for rec in (*before, b, a):
-        with transaction(ref) as conn:
-            write_records(conn, [rec])
-    assert rows(engine) == rows(ref)
+    ingest_beside_a_writer(engine, str(tmp_path / "s"), make_engine(f"sqlite:///{tmp_path}/ref.db"), stored_first)
     engine.dispose()
