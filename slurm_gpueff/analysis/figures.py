@@ -2,7 +2,7 @@
 
 Every definition, and how a job combines its GPUs, is in docs/DESIGN.md ("Figures"). Nothing is invented:
 a figure that was not measured is ``None`` and its reason is kept (from ``JobGpu.missing``, or derived
-here). Works on unsaved model instances too (:func:`from_record`), so the analysis runs without a DB.
+here). Works on unsaved model instances too, so the analysis runs without a DB.
 """
 
 from __future__ import annotations
@@ -11,8 +11,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
-
-from ..record import FRACTIONS
 
 if TYPE_CHECKING:  # rows may be ORM objects or the plain rows of storage.sqlite_read (seff-gpu's fast path),
     from ..models import Job, JobGpu  # so the models (and SQLAlchemy, ~0.5 s to import) load only when needed
@@ -298,44 +296,3 @@ def combine(per: list[GpuFigures], elapsed_s: float | None = None) -> JobFigures
                       memory_total_bytes=mem_total, memory_fraction=mem_frac, energy_j=energy,
                       power_mean_w=power, sources=sources, missing=missing)
 
-
-def _utc(epoch: float | None, aware: bool) -> datetime | None:
-    if epoch is None:
-        return None
-    t = datetime.fromtimestamp(float(epoch), UTC)
-    return t if aware else t.replace(tzinfo=None)
-
-
-def from_record(rec: dict[str, Any]) -> tuple[Job, list[JobGpu]]:
-    """Unsaved Job/JobGpu instances from one spool record (record.py schema), for analysis without a DB.
-
-    Mirrors what ingest stores (UTC times, naive or aware as the column wants), but needs no session.
-    """
-    from ..models import Job, JobGpu
-
-    # Follow the column type, as ingest does (SQLModel 0.0.50 maps ``datetime`` to a UTC type that
-    # refuses naive values; older versions store naive UTC), so rows from from_record can be saved too.
-    aware = bool(getattr(Job.__table__.c.start_time.type, "timezone", False))  # type: ignore[attr-defined]
-    start, end = _utc(rec.get("start_time"), aware), _utc(rec.get("end_time"), aware)
-    gpus_in = rec.get("gpus") or []
-    job = Job(cluster=rec["cluster"], job_id=rec["job_id"], array_job_id=rec.get("array_job_id"),
-              array_task_id=rec.get("array_task_id"), het_job_id=rec.get("het_job_id"),
-              het_job_offset=rec.get("het_job_offset"), user=rec.get("user"), uid=rec.get("uid"),
-              account=rec.get("account"), partition=rec.get("partition"), nodelist=rec.get("node"),
-              gpu_count=len(gpus_in),
-              gpu_type=next((g.get("model") for g in gpus_in if g.get("model")), None),
-              start_time=start, end_time=end, exit_code=rec.get("exit_code"), signal=rec.get("signal"),
-              backend=rec.get("backend") or "none", reason=rec.get("reason"))
-    gpus = []
-    for g in gpus_in:
-        row = JobGpu(job_pk=0, node=rec["node"], gpu_index=g["index"], minor=g.get("minor"),
-                     uuid=g.get("uuid"), pci_bus_id=g.get("pci_bus_id"), model=g.get("model"),
-                     memory_total_bytes=g.get("memory_total_bytes"), start_time=start, end_time=end,
-                     source=g.get("source") or "none", samples=g.get("samples") or 0,
-                     missing=dict(g.get("missing") or {}))
-        for m in FRACTIONS + ("energy_j", "power_mean_w"):
-            setattr(row, m, g.get(m))
-        peak = g.get("memory_used_peak_bytes")
-        row.memory_used_peak_bytes = int(peak) if peak is not None else None
-        gpus.append(row)
-    return job, gpus
