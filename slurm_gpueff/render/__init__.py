@@ -1,7 +1,4 @@
-"""Renderers of analysed jobs: the seff-style text card (:mod:`.text`) and the JSON document (:mod:`.json`).
-
-Render takes what analysis produced (figures, diagnosis) and the job row; it never queries the database.
-"""
+"""Renderers of analysed jobs: the seff-style text card (:mod:`.text`) and the JSON document (:mod:`.json`)."""
 
 from __future__ import annotations
 

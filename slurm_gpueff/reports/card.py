@@ -1,13 +1,9 @@
-"""The per-job efficiency card's presenter: one analysed job into the context of ``card.html.j2`` and
-``card.txt.j2``, every figure formatted by :mod:`slurm_gpueff.fmt`; the words are in the templates.
+"""The per-job card's presenter: one analysed job into the context of ``card.html.j2`` and ``card.txt.j2``.
 
 The plain text embeds the ``seff-gpu`` card, so users see the same words in their terminal and their
-inbox; it must read well alone, because many mail clients show only it. The HTML uses inline CSS only
-(mail clients strip ``<style>``), tables for layout and no remote content.
-
-Text from the job (its name, user, account) is untrusted: Jinja2 escapes it in HTML, and :func:`clean`
-strips control characters (a newline in a job name must not start a new line in the text part nor a new
-header in the mail).
+inbox; it must read well alone, because many mail clients show only it. Text from the job (its name,
+user, account) is untrusted: Jinja2 escapes it in HTML, and :func:`clean` strips control characters (a
+newline in a job name must not start a new line in the text part nor a new header in the mail).
 """
 
 from __future__ import annotations

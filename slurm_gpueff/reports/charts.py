@@ -1,12 +1,8 @@
-"""Small PNG charts for the reports (matplotlib, Agg backend: no display needed).
+"""PNG charts for the reports (matplotlib, Agg backend): the job's activity over time, and the monthly
+split of GPU-hours per user or account.
 
-- The job chart: kernel-active (nvidia-smi's "GPU utilization") vs SM-active vs tensor-active over
-  the job's time, from the coarse per-GPU timelines; for a multi-GPU job the job-wide mean at each
-  time (a GPU that never ran a kernel pulls it down, which is the point).
-- The monthly chart: where each user's (or account's) GPU-hours went, as stacked horizontal bars.
-
-Unmeasured points (None) are gaps, never zeros. Charts are drawn at 2x and shown at half size, so they
-stay sharp on high-DPI screens. matplotlib is imported inside the functions: only reports pay for it.
+Unmeasured points (None) are gaps, never zeros. matplotlib is imported inside the functions: only
+reports pay for it.
 """
 
 from __future__ import annotations
@@ -18,7 +14,7 @@ from typing import Any
 
 COLORS = {"kernel": "#8a94a6", "sm": "#1b7f3b", "tensor": "#7b3fa0",
           "idle": "#c9ced6", "underfilled": "#e8a33d", "active": "#1b7f3b", "unmeasured": "#eef0f3"}
-WIDTH_PX = 600  # the size the HTML shows; the PNG has twice as many pixels
+WIDTH_PX = 600  # the size the HTML shows; the PNG has twice as many pixels, to stay sharp on high-DPI screens
 DPI = 200
 
 
@@ -77,11 +73,9 @@ def job_series(timelines: Sequence[Sequence[Sequence[Any]]]) -> tuple[list[float
 
 
 def job_chart(timelines: Sequence[Sequence[Sequence[Any]]], gpu_count: int) -> bytes | None:
-    """The job's activity chart as PNG bytes, or None when the job has no timeline to draw.
-
-    A multi-GPU job (up to 16 GPUs) also gets each GPU's SM-active as a thin line, so "1 of 4 GPUs did
-    all the work" is visible, not averaged away.
-    """
+    """Kernel-, SM- and tensor-active over the job as PNG, or None without a timeline. A multi-GPU job
+    shows the job-wide mean (an idle GPU pulls it down, which is the point) and, up to 16 GPUs, each GPU's
+    SM-active as a thin line, so "1 of 4 GPUs did all the work" is visible, not averaged away."""
     hours, s = job_series(timelines)
     if len(hours) < 2 or all(math.isnan(v) for vals in s.values() for v in vals):
         return None

@@ -1,8 +1,7 @@
 """Who gets what, and when: the per-job card run, the monthly run and the retry of failed sends.
 
-These are what ``gpueff report cards|monthly|retry`` and the scheduler call. Each run is independent of
-ingest (it reads analysed jobs only, holds no transaction during SMTP, and bounds every conversation),
-so a slow or dead mail server delays reports and never blocks ingest.
+What ``gpueff report`` and the scheduler call. A run reads analysed jobs only and holds no transaction
+during SMTP, so a slow or dead mail server delays reports and never blocks ingest.
 
 Cards (``send_cards``): jobs that ended within ``reports.card_lookback_h``, analysed, with at least
 ``card_min_gpu_hours`` and (``card_only_unhealthy``) a verdict other than healthy, that have no sent-log
