@@ -30,10 +30,6 @@ NOT_MEASURED = "not measured"
 NO_GPUS = "job had no GPUs"
 
 
-def _reason(missing: dict[str, str], metric: str) -> str:
-    return str(missing.get(metric) or NOT_MEASURED)
-
-
 @dataclass
 class Waste:
     """The split of allocated GPU-hours; each part None (with ``reason``) when it cannot be known."""
@@ -144,16 +140,15 @@ def gpu_figures(job: Job, gpu: JobGpu) -> GpuFigures:
         v = getattr(gpu, m)
         means[m] = None if v is None else min(1.0, max(0.0, float(v)))
         if v is None:
-            missing[m] = _reason(missing, m)
+            missing[m] = missing.get(m) or NOT_MEASURED
     k, s = means["kernel_active"], means["sm_active"]
     efficiency = _efficiency(k, s, missing)
     waste = split(hours, k, s, missing)
-    quantities: dict[str, Any] = {}
-    for q in ("memory_used_peak_bytes", "memory_total_bytes", "energy_j", "power_mean_w"):
-        v = getattr(gpu, q)
-        quantities[q] = v
+    quantities: dict[str, Any] = {q: getattr(gpu, q) for q in ("memory_used_peak_bytes", "memory_total_bytes",
+                                                               "energy_j", "power_mean_w")}
+    for q, v in quantities.items():
         if v is None:
-            missing[q] = _reason(missing, q)
+            missing[q] = missing.get(q) or NOT_MEASURED
     return GpuFigures(node=gpu.node, index=gpu.gpu_index, model=gpu.model, uuid=gpu.uuid,
                       source=gpu.source or "none", samples=gpu.samples or 0, hours=hours, means=means,
                       efficiency=efficiency, waste=waste, missing=missing, **quantities)
@@ -182,7 +177,7 @@ def _efficiency(k: float | None, s: float | None, missing: dict[str, str]) -> fl
 
 
 def _not_measured(label: str, missing: dict[str, str], metric: str) -> str:
-    why = _reason(missing, metric)
+    why = missing.get(metric) or NOT_MEASURED
     return f"{label} {why}" if why == NOT_MEASURED else f"{label} not measured: {why}"
 
 

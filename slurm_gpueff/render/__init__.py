@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .json import document, dumps, job_document
+from .json import dumps
 from .text import render_card, render_table
 
-__all__ = ["document", "dumps", "job_document", "render_card", "render_table"]
+__all__ = ["dumps", "render_card", "render_table"]

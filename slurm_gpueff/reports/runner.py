@@ -51,12 +51,11 @@ class RunResult:
 
 
 def owner_address(job: Job, rep: ReportsConfig) -> str | None:
-    """addresses[user], else Slurm's MailUser where the record has it, else the pattern; None if unusable."""
+    """addresses[user], else the pattern; None if unusable."""
     user = job.user
     if not user:
         return None
-    addr = rep.addresses.get(user) or getattr(job, "mail_user", None) or rep.address_pattern.format(user=user)
-    return valid_address(addr)
+    return valid_address(rep.addresses.get(user) or rep.address_pattern.format(user=user))
 
 
 def valid_address(addr: str | None) -> str | None:
@@ -168,13 +167,13 @@ def retry_failed(config: Config, engine: Engine, *, now: datetime | None = None,
     result = RunResult()
     with Session(engine) as session:
         for row in sentlog.due_retries(session, now):
-            to = [a for a in row.recipients.split(",") if a.strip()]
+            to = [a.strip() for a in row.recipients.split(",") if a.strip()]
             try:
                 if not row.archive or not os.path.exists(row.archive):
                     raise smtp.DeliveryError(f"archived message {row.archive} is gone", permanent=True)
                 with open(row.archive, "rb") as fh:
                     data = fh.read()
-                smtp.send(mail, mail.from_address, [a.strip() for a in to], data, sleep=sleep)
+                smtp.send(mail, mail.from_address, to, data, sleep=sleep)
             except smtp.DeliveryError as exc:
                 sentlog.finish(session, row, "abandoned" if exc.permanent else "failed", now=now, reason=str(exc),
                                retry_after_s=mail.retry_after_s, max_attempts=mail.max_attempts)
