@@ -21,10 +21,7 @@ MEANS = ("kernel_active", "sm_active", "tensor_active", "dram_active", "sm_occup
 LABELS = {
     "kernel_active": "kernel activity", "sm_active": "SM activity", "tensor_active": "tensor activity",
     "dram_active": "DRAM activity", "sm_occupancy": "SM occupancy", "fp32_active": "FP32 activity",
-    "fp16_active": "FP16 activity", "fp64_active": "FP64 activity",
-    "memory_used_peak_bytes": "peak memory", "memory_total_bytes": "GPU memory size",
-    "energy_j": "energy", "power_mean_w": "power", "gpu_hours": "allocated time",
-    "memory_fraction": "peak memory share",
+    "fp16_active": "FP16 activity", "fp64_active": "FP64 activity", "memory_fraction": "peak memory share",
 }
 NOT_MEASURED = "not measured"
 NO_GPUS = "job had no GPUs"
@@ -228,17 +225,14 @@ def combine(per: list[GpuFigures], elapsed_s: float | None = None) -> JobFigures
         pairs = [(v, w) for g, w in zip(per, weights, strict=True) if (v := g.means[m]) is not None]
         coverage[m] = len(pairs)
         sources[m] = _source(per, [g.means[m] is not None for g in per])
-        wsum = sum(w for _, w in pairs)
         if not pairs:
             means[m] = None
             missing[m] = _reasons(per, m)
-        else:
-            if wsum > 0:
-                means[m] = sum(v * w for v, w in pairs) / wsum
-            else:
-                means[m] = sum(v for v, _ in pairs) / len(pairs)
-            if len(pairs) < len(per):
-                missing[m] = _partial(per, m, len(pairs))
+            continue
+        wsum = sum(w for _, w in pairs)
+        means[m] = sum(v * w for v, w in pairs) / wsum if wsum > 0 else sum(v for v, _ in pairs) / len(pairs)
+        if len(pairs) < len(per):
+            missing[m] = _partial(per, m, len(pairs))
     hours = _sum(g.hours for g in per)
     if hours is None:
         missing["gpu_hours"] = _reasons(per, "gpu_hours")

@@ -207,9 +207,7 @@ def send_monthly(config: Config, engine: Engine, *, month: str | None = None, ac
     with Session(engine) as session:
         targets: list[str | None] = [account] if account is not None else [
             *sorted(queries.accounts_with_jobs(session, start, end) | set(rep.leads))]
-        if site is None:
-            site = account is None
-        if site:
+        if site or (site is None and account is None):
             targets.append(None)
         for acc in targets:
             to = _leads(rep, acc) if acc is not None else _valid(rep.admins)

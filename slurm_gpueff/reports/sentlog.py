@@ -90,14 +90,12 @@ def finish(session: Session, row: ReportLog, status: str, *, now: datetime, reas
     row.reason = reason[:1024] if reason else None
     if archive is not None:
         row.archive = archive
+    row.next_try_at = None
     if status == "failed":
         if row.attempts >= max_attempts:
             status = "abandoned"
-            row.next_try_at = None
         else:
             row.next_try_at = now + timedelta(seconds=retry_after_s * 2 ** max(0, row.attempts - 1))
-    else:
-        row.next_try_at = None
     if status in ("sent", "dry-run"):
         row.sent_at = now
     row.status = status
