@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # rows may be ORM objects or the plain rows of storage.sqlite_read (seff-gpu's fast path),
-    from ..models import Job, JobGpu  # so the models (and SQLAlchemy, ~0.5 s to import) load only when needed
+    from ..models import Job, JobGpu  # so the models (and SQLAlchemy, slow to import) load only when needed
 
 # Figures averaged over time (fractions in [0, 1]) and what we call them in reasons.
 MEANS = ("kernel_active", "sm_active", "tensor_active", "dram_active", "sm_occupancy",

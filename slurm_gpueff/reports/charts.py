@@ -18,7 +18,7 @@ WIDTH_PX = 600  # the size the HTML shows; the PNG has twice as many pixels, to 
 DPI = 200
 
 
-def _figure(width_px: int, height_px: int):  # type: ignore[no-untyped-def]
+def _figure(height_px: int):  # type: ignore[no-untyped-def]
     import matplotlib
 
     matplotlib.use("Agg", force=True)
@@ -26,7 +26,7 @@ def _figure(width_px: int, height_px: int):  # type: ignore[no-untyped-def]
 
     plt.rcParams.update({"font.family": "DejaVu Sans", "font.size": 8, "axes.edgecolor": "#b0b6c0",
                          "axes.labelcolor": "#333a44", "xtick.color": "#555c66", "ytick.color": "#555c66"})
-    return plt, plt.figure(figsize=(width_px / 100, height_px / 100), dpi=DPI)
+    return plt, plt.figure(figsize=(WIDTH_PX / 100, height_px / 100), dpi=DPI)
 
 
 def _png(plt, fig) -> bytes:  # type: ignore[no-untyped-def]
@@ -80,7 +80,7 @@ def job_chart(timelines: Sequence[Sequence[Sequence[Any]]], gpu_count: int) -> b
     if len(hours) < 2 or all(math.isnan(v) for vals in s.values() for v in vals):
         return None
     height = 210
-    plt, fig = _figure(WIDTH_PX, height)
+    plt, fig = _figure(height)
     ax = fig.add_axes((0.075, 64 / height, 0.905, 1 - 96 / height))
     if 1 < gpu_count <= 16 and len(timelines) > 1:
         for n, tl in enumerate(timelines):
@@ -111,7 +111,7 @@ def split_chart(rows: Sequence[dict[str, Any]], title: str) -> bytes | None:
     if not rows:
         return None
     height = 80 + 30 * len(rows)
-    plt, fig = _figure(WIDTH_PX, height)
+    plt, fig = _figure(height)
     ax = fig.add_axes((0.2, 56 / height, 0.76, 1 - 86 / height))
     labels = [str(r["label"])[:20] for r in rows][::-1]
     left = [0.0] * len(rows)
