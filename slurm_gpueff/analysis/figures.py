@@ -274,10 +274,8 @@ def combine(per: list[GpuFigures], elapsed_s: float | None = None) -> JobFigures
         if len(with_frac) < len(per):
             missing["memory"] = _partial(per, "memory_used_peak_bytes", len(with_frac))
     else:
-        used = [g.memory_used_peak_bytes for g in per if g.memory_used_peak_bytes is not None]
-        mem_used = max(used) if used else None
-        totals = [g.memory_total_bytes for g in per if g.memory_total_bytes]
-        mem_total = max(totals) if totals else None
+        mem_used = max((g.memory_used_peak_bytes for g in per if g.memory_used_peak_bytes is not None), default=None)
+        mem_total = max((g.memory_total_bytes for g in per if g.memory_total_bytes), default=None)
         sources["memory"] = _source(per, [g.memory_used_peak_bytes is not None for g in per])
         missing["memory"] = _reasons(per, "memory_used_peak_bytes" if mem_used is None else "memory_total_bytes")
     return JobFigures(gpus=per, hours=hours, elapsed_s=elapsed_s, means=means, coverage=coverage,
