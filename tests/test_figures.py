@@ -5,8 +5,9 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 import pytest
+from record_rows import from_record
 
-from slurm_gpueff.analysis import from_record, job_figures
+from slurm_gpueff.analysis import job_figures
 from slurm_gpueff.models import Job, JobGpu
 
 GiB = 1024**3

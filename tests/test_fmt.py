@@ -8,11 +8,12 @@ from datetime import UTC, datetime, timedelta, timezone
 from types import SimpleNamespace
 
 import pytest
+from record_rows import from_record
 from reports_data import config, make_db
 from sqlmodel import Session
 
 from slurm_gpueff import fmt
-from slurm_gpueff.analysis import assess, from_record, job_figures
+from slurm_gpueff.analysis import assess, job_figures
 from slurm_gpueff.config import Config
 from slurm_gpueff.render import jobs_table, render_card, render_table
 from slurm_gpueff.reports import monthly

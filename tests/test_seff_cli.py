@@ -15,9 +15,9 @@ import time
 import tomllib
 
 import pytest
+from record_rows import from_record
 from sqlmodel import Session
 
-from slurm_gpueff.analysis import from_record
 from slurm_gpueff.cli import seff
 from slurm_gpueff.collectors.base import JobContext
 from slurm_gpueff.collectors.simulated import SimulatedCollector

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from .diagnose import Diagnosis, assess, diagnose
-from .figures import GpuFigures, JobFigures, Waste, from_record, job_figures
+from .figures import GpuFigures, JobFigures, Waste, job_figures
 
-__all__ = ["Diagnosis", "GpuFigures", "JobFigures", "Waste", "assess", "diagnose", "from_record",
-           "job_figures"]
+__all__ = ["Diagnosis", "GpuFigures", "JobFigures", "Waste", "assess", "diagnose", "job_figures"]

@@ -1,10 +1,6 @@
-"""Diagnosis: run the verdict rules in DESIGN.md order over a job's figures.
-
-The first verdict raised is the primary one. GPUs found "never used" are left out of the later checks,
-so a 4-GPU job that used one GPU well reads "3 of 4 GPUs never used" and nothing else. A rule that
-needs a figure that was not measured is not raised but listed in ``Diagnosis.skipped`` with the
-reason, so the card can say what could not be assessed.
-"""
+"""Diagnosis: the verdict rules over a job's figures, in order (docs/DESIGN.md, "Verdicts"). A rule
+that lacks a measured figure goes to ``Diagnosis.skipped`` with the reason, so the card can say what
+could not be assessed."""
 
 from __future__ import annotations
 

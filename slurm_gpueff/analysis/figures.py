@@ -2,7 +2,7 @@
 
 Every definition, and how a job combines its GPUs, is in docs/DESIGN.md ("Figures"). Nothing is invented:
 a figure that was not measured is ``None`` and its reason is kept (from ``JobGpu.missing``, or derived
-here). Works on unsaved model instances too (:func:`from_record`), so the analysis runs without a DB.
+here). Works on unsaved model instances too, so the analysis runs without a DB.
 """
 
 from __future__ import annotations
@@ -12,10 +12,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from ..record import FRACTIONS
-
 if TYPE_CHECKING:  # rows may be ORM objects or the plain rows of storage.sqlite_read (seff-gpu's fast path),
-    from ..models import Job, JobGpu  # so the models (and SQLAlchemy, ~0.5 s to import) load only when needed
+    from ..models import Job, JobGpu  # so the models (and SQLAlchemy, slow to import) load only when needed
 
 # Figures averaged over time (fractions in [0, 1]) and what we call them in reasons.
 MEANS = ("kernel_active", "sm_active", "tensor_active", "dram_active", "sm_occupancy",
@@ -23,17 +21,10 @@ MEANS = ("kernel_active", "sm_active", "tensor_active", "dram_active", "sm_occup
 LABELS = {
     "kernel_active": "kernel activity", "sm_active": "SM activity", "tensor_active": "tensor activity",
     "dram_active": "DRAM activity", "sm_occupancy": "SM occupancy", "fp32_active": "FP32 activity",
-    "fp16_active": "FP16 activity", "fp64_active": "FP64 activity",
-    "memory_used_peak_bytes": "peak memory", "memory_total_bytes": "GPU memory size",
-    "energy_j": "energy", "power_mean_w": "power", "gpu_hours": "allocated time",
-    "memory_fraction": "peak memory share",
+    "fp16_active": "FP16 activity", "fp64_active": "FP64 activity", "memory_fraction": "peak memory share",
 }
 NOT_MEASURED = "not measured"
 NO_GPUS = "job had no GPUs"
-
-
-def _reason(missing: dict[str, str], metric: str) -> str:
-    return str(missing.get(metric) or NOT_MEASURED)
 
 
 @dataclass
@@ -146,16 +137,15 @@ def gpu_figures(job: Job, gpu: JobGpu) -> GpuFigures:
         v = getattr(gpu, m)
         means[m] = None if v is None else min(1.0, max(0.0, float(v)))
         if v is None:
-            missing[m] = _reason(missing, m)
+            missing[m] = missing.get(m) or NOT_MEASURED
     k, s = means["kernel_active"], means["sm_active"]
     efficiency = _efficiency(k, s, missing)
     waste = split(hours, k, s, missing)
-    quantities: dict[str, Any] = {}
-    for q in ("memory_used_peak_bytes", "memory_total_bytes", "energy_j", "power_mean_w"):
-        v = getattr(gpu, q)
-        quantities[q] = v
+    quantities: dict[str, Any] = {q: getattr(gpu, q) for q in ("memory_used_peak_bytes", "memory_total_bytes",
+                                                               "energy_j", "power_mean_w")}
+    for q, v in quantities.items():
         if v is None:
-            missing[q] = _reason(missing, q)
+            missing[q] = missing.get(q) or NOT_MEASURED
     return GpuFigures(node=gpu.node, index=gpu.gpu_index, model=gpu.model, uuid=gpu.uuid,
                       source=gpu.source or "none", samples=gpu.samples or 0, hours=hours, means=means,
                       efficiency=efficiency, waste=waste, missing=missing, **quantities)
@@ -184,7 +174,7 @@ def _efficiency(k: float | None, s: float | None, missing: dict[str, str]) -> fl
 
 
 def _not_measured(label: str, missing: dict[str, str], metric: str) -> str:
-    why = _reason(missing, metric)
+    why = missing.get(metric) or NOT_MEASURED
     return f"{label} {why}" if why == NOT_MEASURED else f"{label} not measured: {why}"
 
 
@@ -235,17 +225,14 @@ def combine(per: list[GpuFigures], elapsed_s: float | None = None) -> JobFigures
         pairs = [(v, w) for g, w in zip(per, weights, strict=True) if (v := g.means[m]) is not None]
         coverage[m] = len(pairs)
         sources[m] = _source(per, [g.means[m] is not None for g in per])
-        wsum = sum(w for _, w in pairs)
         if not pairs:
             means[m] = None
             missing[m] = _reasons(per, m)
-        else:
-            if wsum > 0:
-                means[m] = sum(v * w for v, w in pairs) / wsum
-            else:
-                means[m] = sum(v for v, _ in pairs) / len(pairs)
-            if len(pairs) < len(per):
-                missing[m] = _partial(per, m, len(pairs))
+            continue
+        wsum = sum(w for _, w in pairs)
+        means[m] = sum(v * w for v, w in pairs) / wsum if wsum > 0 else sum(v for v, _ in pairs) / len(pairs)
+        if len(pairs) < len(per):
+            missing[m] = _partial(per, m, len(pairs))
     hours = _sum(g.hours for g in per)
     if hours is None:
         missing["gpu_hours"] = _reasons(per, "gpu_hours")
@@ -287,10 +274,8 @@ def combine(per: list[GpuFigures], elapsed_s: float | None = None) -> JobFigures
         if len(with_frac) < len(per):
             missing["memory"] = _partial(per, "memory_used_peak_bytes", len(with_frac))
     else:
-        used = [g.memory_used_peak_bytes for g in per if g.memory_used_peak_bytes is not None]
-        mem_used = max(used) if used else None
-        totals = [g.memory_total_bytes for g in per if g.memory_total_bytes]
-        mem_total = max(totals) if totals else None
+        mem_used = max((g.memory_used_peak_bytes for g in per if g.memory_used_peak_bytes is not None), default=None)
+        mem_total = max((g.memory_total_bytes for g in per if g.memory_total_bytes), default=None)
         sources["memory"] = _source(per, [g.memory_used_peak_bytes is not None for g in per])
         missing["memory"] = _reasons(per, "memory_used_peak_bytes" if mem_used is None else "memory_total_bytes")
     return JobFigures(gpus=per, hours=hours, elapsed_s=elapsed_s, means=means, coverage=coverage,
@@ -298,44 +283,3 @@ def combine(per: list[GpuFigures], elapsed_s: float | None = None) -> JobFigures
                       memory_total_bytes=mem_total, memory_fraction=mem_frac, energy_j=energy,
                       power_mean_w=power, sources=sources, missing=missing)
 
-
-def _utc(epoch: float | None, aware: bool) -> datetime | None:
-    if epoch is None:
-        return None
-    t = datetime.fromtimestamp(float(epoch), UTC)
-    return t if aware else t.replace(tzinfo=None)
-
-
-def from_record(rec: dict[str, Any]) -> tuple[Job, list[JobGpu]]:
-    """Unsaved Job/JobGpu instances from one spool record (record.py schema), for analysis without a DB.
-
-    Mirrors what ingest stores (UTC times, naive or aware as the column wants), but needs no session.
-    """
-    from ..models import Job, JobGpu
-
-    # Follow the column type, as ingest does (SQLModel 0.0.50 maps ``datetime`` to a UTC type that
-    # refuses naive values; older versions store naive UTC), so rows from from_record can be saved too.
-    aware = bool(getattr(Job.__table__.c.start_time.type, "timezone", False))  # type: ignore[attr-defined]
-    start, end = _utc(rec.get("start_time"), aware), _utc(rec.get("end_time"), aware)
-    gpus_in = rec.get("gpus") or []
-    job = Job(cluster=rec["cluster"], job_id=rec["job_id"], array_job_id=rec.get("array_job_id"),
-              array_task_id=rec.get("array_task_id"), het_job_id=rec.get("het_job_id"),
-              het_job_offset=rec.get("het_job_offset"), user=rec.get("user"), uid=rec.get("uid"),
-              account=rec.get("account"), partition=rec.get("partition"), nodelist=rec.get("node"),
-              gpu_count=len(gpus_in),
-              gpu_type=next((g.get("model") for g in gpus_in if g.get("model")), None),
-              start_time=start, end_time=end, exit_code=rec.get("exit_code"), signal=rec.get("signal"),
-              backend=rec.get("backend") or "none", reason=rec.get("reason"))
-    gpus = []
-    for g in gpus_in:
-        row = JobGpu(job_pk=0, node=rec["node"], gpu_index=g["index"], minor=g.get("minor"),
-                     uuid=g.get("uuid"), pci_bus_id=g.get("pci_bus_id"), model=g.get("model"),
-                     memory_total_bytes=g.get("memory_total_bytes"), start_time=start, end_time=end,
-                     source=g.get("source") or "none", samples=g.get("samples") or 0,
-                     missing=dict(g.get("missing") or {}))
-        for m in FRACTIONS + ("energy_j", "power_mean_w"):
-            setattr(row, m, g.get(m))
-        peak = g.get("memory_used_peak_bytes")
-        row.memory_used_peak_bytes = int(peak) if peak is not None else None
-        gpus.append(row)
-    return job, gpus

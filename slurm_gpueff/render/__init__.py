@@ -1,11 +1,8 @@
-"""Renderers of analysed jobs: the seff-style text card (:mod:`.text`) and the JSON document (:mod:`.json`).
-
-Render takes what analysis produced (figures, diagnosis) and the job row; it never queries the database.
-"""
+"""Renderers of analysed jobs: the seff-style text card (:mod:`.text`) and the JSON document (:mod:`.json`)."""
 
 from __future__ import annotations
 
-from .json import document, dumps, job_document
+from .json import dumps
 from .text import render_card, render_table
 
-__all__ = ["document", "dumps", "job_document", "render_card", "render_table"]
+__all__ = ["dumps", "render_card", "render_table"]

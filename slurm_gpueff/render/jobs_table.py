@@ -1,8 +1,7 @@
 """A reportseff-style table of many jobs from their stored summaries, with totals; and its JSON.
 
-Per job: id, state, elapsed, GPUs, kernel %, SM %, tensor %, waste GPU-h (idle + underfilled), verdict.
 Totals weight each percentage by GPU-hours over the jobs where it was measured; an unmeasured figure
-reads ``n/a`` (``null`` in JSON), never 0. A job not analysed yet shows ``(pending analysis)``.
+reads ``n/a`` (``null`` in JSON), never 0.
 """
 
 from __future__ import annotations

@@ -84,11 +84,7 @@ def job_document(job: Job, fig: JobFigures, diag: Diagnosis) -> dict[str, Any]:
     }
 
 
-def document(items: Sequence[tuple[Job, JobFigures, Diagnosis]]) -> dict[str, Any]:
-    """The whole ``--json`` output: always a ``jobs`` list, even for one job, so the shape never varies."""
-    return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION,
-            "jobs": [job_document(j, f, d) for j, f, d in items]}
-
-
 def dumps(items: Sequence[tuple[Job, JobFigures, Diagnosis]]) -> str:
-    return json.dumps(document(items), indent=2, allow_nan=False)
+    """The whole ``--json`` output: always a ``jobs`` list, even for one job, so the shape never varies."""
+    doc = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "jobs": [job_document(j, f, d) for j, f, d in items]}
+    return json.dumps(doc, indent=2, allow_nan=False)

@@ -7,6 +7,7 @@ that was not measured reads ``n/a (<reason>)``, never 0.
 from __future__ import annotations
 
 import textwrap
+from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -82,10 +83,7 @@ def gpus_line(job: Job, fig: JobFigures, times: str = "x") -> str:
     """``2 x A100, 1 x H100``: the GPUs per model (the job's GPU type where a GPU has none)."""
     if not fig.gpus:
         return f"{job.gpu_count} {times} {job.gpu_type or 'unknown model'}" if job.gpu_count else "0"
-    counts: dict[str, int] = {}
-    for g in fig.gpus:
-        name = g.model or job.gpu_type or "unknown model"
-        counts[name] = counts.get(name, 0) + 1
+    counts = Counter(g.model or job.gpu_type or "unknown model" for g in fig.gpus)
     return ", ".join(f"{n} {times} {m}" for m, n in counts.items())
 
 

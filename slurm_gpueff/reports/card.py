@@ -1,13 +1,9 @@
-"""The per-job efficiency card's presenter: one analysed job into the context of ``card.html.j2`` and
-``card.txt.j2``, every figure formatted by :mod:`slurm_gpueff.fmt`; the words are in the templates.
+"""The per-job card's presenter: one analysed job into the context of ``card.html.j2`` and ``card.txt.j2``.
 
 The plain text embeds the ``seff-gpu`` card, so users see the same words in their terminal and their
-inbox; it must read well alone, because many mail clients show only it. The HTML uses inline CSS only
-(mail clients strip ``<style>``), tables for layout and no remote content.
-
-Text from the job (its name, user, account) is untrusted: Jinja2 escapes it in HTML, and :func:`clean`
-strips control characters (a newline in a job name must not start a new line in the text part nor a new
-header in the mail).
+inbox; it must read well alone, because many mail clients show only it. Text from the job (its name,
+user, account) is untrusted: Jinja2 escapes it in HTML, and :func:`clean` strips control characters (a
+newline in a job name must not start a new line in the text part nor a new header in the mail).
 """
 
 from __future__ import annotations
@@ -51,15 +47,6 @@ def _memory(fig: JobFigures) -> str:
     return f"{fmt.gib(used)} of {fmt.gib(total)} GiB, {fmt.pct(fig.memory_fraction)}{where}"
 
 
-def gpus_used(fig: JobFigures, never_used_pct: float) -> int | None:
-    """How many GPUs of a multi-GPU job ran kernels, when some never did (None otherwise)."""
-    measured = [g for g in fig.gpus if g.mean("kernel_active") is not None]
-    if fig.gpu_count < 2 or len(measured) < fig.gpu_count:
-        return None
-    used = [g for g in measured if (g.mean("kernel_active") or 0.0) * 100.0 >= never_used_pct]
-    return None if len(used) == fig.gpu_count else len(used)
-
-
 def _levels(fig: JobFigures) -> list[dict[str, Any]]:
     colors = {"kernel_active": "kernel", "sm_active": "sm", "tensor_active": "tensor", "dram_active": "kernel"}
     return [{"key": key, "value": fig.mean(key), "text": fmt.pct(fig.mean(key)), "color": charts.COLORS[c],
@@ -93,7 +80,8 @@ def build_card(job: Job, fig: JobFigures, diag: Diagnosis, timelines: Sequence[S
     """Render one job's card (HTML context, plain text, chart)."""
     rep = config.reports
     prices = Prices(rep.price_per_gpu_hour, rep.currency)
-    never_used_pct = float(config.analysis.never_used_kernel_pct)
+    gpu_rows = _gpu_rows(fig, diag, float(config.analysis.never_used_kernel_pct)) if fig.gpu_count > 1 else []
+    idle = sum(r["idle"] for r in gpu_rows)
     label = fmt.job_label(job)
     name = clean(job.job_name, 60)
     w = fig.waste
@@ -118,8 +106,9 @@ def build_card(job: Job, fig: JobFigures, diag: Diagnosis, timelines: Sequence[S
         "split": _split(fig, prices), "split_reason": w.reason, "prices": prices.enabled,
         "levels": _levels(fig), "cost_total": total_cost, "efficiency": fmt.pct(fig.efficiency),
         "sm": fmt.pct(fig.mean("sm_active")) if fig.mean("sm_active") is not None else None,
-        "gpus_used": gpus_used(fig, never_used_pct),
-        "gpu_rows": _gpu_rows(fig, diag, never_used_pct) if fig.gpu_count > 1 else [],
+        # how many GPUs of a multi-GPU job ran kernels, when some never did and every one was measured
+        "gpus_used": fig.gpu_count - idle if idle and all(r["kernel"] is not None for r in gpu_rows) else None,
+        "gpu_rows": gpu_rows,
         "details": [
             ("Job", label if label == str(job.job_id) else f"{label} (raw id {job.job_id})"),
             *([("Name", name)] if name else []),

@@ -1,12 +1,8 @@
-"""Small PNG charts for the reports (matplotlib, Agg backend: no display needed).
+"""PNG charts for the reports (matplotlib, Agg backend): the job's activity over time, and the monthly
+split of GPU-hours per user or account.
 
-- The job chart: kernel-active (nvidia-smi's "GPU utilization") vs SM-active vs tensor-active over
-  the job's time, from the coarse per-GPU timelines; for a multi-GPU job the job-wide mean at each
-  time (a GPU that never ran a kernel pulls it down, which is the point).
-- The monthly chart: where each user's (or account's) GPU-hours went, as stacked horizontal bars.
-
-Unmeasured points (None) are gaps, never zeros. Charts are drawn at 2x and shown at half size, so they
-stay sharp on high-DPI screens. matplotlib is imported inside the functions: only reports pay for it.
+Unmeasured points (None) are gaps, never zeros. matplotlib is imported inside the functions: only
+reports pay for it.
 """
 
 from __future__ import annotations
@@ -18,11 +14,11 @@ from typing import Any
 
 COLORS = {"kernel": "#8a94a6", "sm": "#1b7f3b", "tensor": "#7b3fa0",
           "idle": "#c9ced6", "underfilled": "#e8a33d", "active": "#1b7f3b", "unmeasured": "#eef0f3"}
-WIDTH_PX = 600  # the size the HTML shows; the PNG has twice as many pixels
+WIDTH_PX = 600  # the size the HTML shows; the PNG has twice as many pixels, to stay sharp on high-DPI screens
 DPI = 200
 
 
-def _figure(width_px: int, height_px: int):  # type: ignore[no-untyped-def]
+def _figure(height_px: int):  # type: ignore[no-untyped-def]
     import matplotlib
 
     matplotlib.use("Agg", force=True)
@@ -30,7 +26,7 @@ def _figure(width_px: int, height_px: int):  # type: ignore[no-untyped-def]
 
     plt.rcParams.update({"font.family": "DejaVu Sans", "font.size": 8, "axes.edgecolor": "#b0b6c0",
                          "axes.labelcolor": "#333a44", "xtick.color": "#555c66", "ytick.color": "#555c66"})
-    return plt, plt.figure(figsize=(width_px / 100, height_px / 100), dpi=DPI)
+    return plt, plt.figure(figsize=(WIDTH_PX / 100, height_px / 100), dpi=DPI)
 
 
 def _png(plt, fig) -> bytes:  # type: ignore[no-untyped-def]
@@ -77,16 +73,14 @@ def job_series(timelines: Sequence[Sequence[Sequence[Any]]]) -> tuple[list[float
 
 
 def job_chart(timelines: Sequence[Sequence[Sequence[Any]]], gpu_count: int) -> bytes | None:
-    """The job's activity chart as PNG bytes, or None when the job has no timeline to draw.
-
-    A multi-GPU job (up to 16 GPUs) also gets each GPU's SM-active as a thin line, so "1 of 4 GPUs did
-    all the work" is visible, not averaged away.
-    """
+    """Kernel-, SM- and tensor-active over the job as PNG, or None without a timeline. A multi-GPU job
+    shows the job-wide mean (an idle GPU pulls it down, which is the point) and, up to 16 GPUs, each GPU's
+    SM-active as a thin line, so "1 of 4 GPUs did all the work" is visible, not averaged away."""
     hours, s = job_series(timelines)
     if len(hours) < 2 or all(math.isnan(v) for vals in s.values() for v in vals):
         return None
     height = 210
-    plt, fig = _figure(WIDTH_PX, height)
+    plt, fig = _figure(height)
     ax = fig.add_axes((0.075, 64 / height, 0.905, 1 - 96 / height))
     if 1 < gpu_count <= 16 and len(timelines) > 1:
         for n, tl in enumerate(timelines):
@@ -117,7 +111,7 @@ def split_chart(rows: Sequence[dict[str, Any]], title: str) -> bytes | None:
     if not rows:
         return None
     height = 80 + 30 * len(rows)
-    plt, fig = _figure(WIDTH_PX, height)
+    plt, fig = _figure(height)
     ax = fig.add_axes((0.2, 56 / height, 0.76, 1 - 86 / height))
     labels = [str(r["label"])[:20] for r in rows][::-1]
     left = [0.0] * len(rows)

@@ -34,28 +34,17 @@ class Prices:
     def enabled(self) -> bool:
         return bool(self.table)
 
-    def of(self, model: str | None) -> float | None:
-        """The price for a model, else the default, else None (unknown)."""
-        if model is not None and model in self.table:
-            return self.table[model]
-        return self.table.get("default")
-
-    def cost(self, gpu_hours: float | None, model: str | None) -> float | None:
-        price = self.of(model)
-        if gpu_hours is None or price is None:
-            return None
-        return gpu_hours * price
-
     def total(self, hours_by_model: Iterable[tuple[float | None, str | None]]) -> float | None:
-        """The cost of GPU-hours on several models; None when prices are off or any of them is unknown."""
+        """The cost of GPU-hours on several models, each at its model's price, else the "default" one;
+        None when prices are off or any hours or price is unknown."""
         if not self.enabled:
             return None
         total = 0.0
         for hours, model in hours_by_model:
-            cost = self.cost(hours, model)
-            if cost is None:
+            price = self.table.get(model or "default", self.table.get("default"))
+            if hours is None or price is None:
                 return None
-            total += cost
+            total += hours * price
         return total
 
     def fmt(self, amount: float | None) -> str | None:

@@ -1,11 +1,9 @@
-"""What the reports read from the database: SQL only, returning plain data (dataclasses, dicts, lists).
+"""What the reports read from the database: SQL only, returning plain data.
 
-Figures come from the per-job summary columns (``job.gpu_hours``, ``idle_gpu_hours``, ...; written by
-:mod:`slurm_gpueff.summarize`) through SQL aggregates (GROUP BY in the database, no per-job Python loop),
-so a month of a large site stays fast on SQLite and PostgreSQL. A job belongs to the month in which it
-*ended* (UTC). Jobs whose activity was not measured add to "allocated" and to "unmeasured", never to
-idle or active: a sum over unknown parts is not invented. GPU-hours are grouped by GPU model, because
-prices are per model.
+Figures come from the per-job summary columns (written by :mod:`slurm_gpueff.summarize`) through SQL
+aggregates, so a month of a large site stays fast. A job belongs to the month in which it *ended* (UTC).
+Jobs whose activity was not measured add to "allocated" and "unmeasured", never to idle or active.
+GPU-hours are grouped by GPU model, because prices are per model.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Who gets what, and when: the per-job card run, the monthly run and the retry of failed sends.
 
-These are what ``gpueff report cards|monthly|retry`` and the scheduler call. Each run is independent of
-ingest (it reads analysed jobs only, holds no transaction during SMTP, and bounds every conversation),
-so a slow or dead mail server delays reports and never blocks ingest.
+What ``gpueff report`` and the scheduler call. A run reads analysed jobs only and holds no transaction
+during SMTP, so a slow or dead mail server delays reports and never blocks ingest.
 
 Cards (``send_cards``): jobs that ended within ``reports.card_lookback_h``, analysed, with at least
 ``card_min_gpu_hours`` and (``card_only_unhealthy``) a verdict other than healthy, that have no sent-log
@@ -52,12 +51,11 @@ class RunResult:
 
 
 def owner_address(job: Job, rep: ReportsConfig) -> str | None:
-    """addresses[user], else Slurm's MailUser where the record has it, else the pattern; None if unusable."""
+    """addresses[user], else the pattern; None if unusable."""
     user = job.user
     if not user:
         return None
-    addr = rep.addresses.get(user) or getattr(job, "mail_user", None) or rep.address_pattern.format(user=user)
-    return valid_address(addr)
+    return valid_address(rep.addresses.get(user) or rep.address_pattern.format(user=user))
 
 
 def valid_address(addr: str | None) -> str | None:
@@ -169,13 +167,13 @@ def retry_failed(config: Config, engine: Engine, *, now: datetime | None = None,
     result = RunResult()
     with Session(engine) as session:
         for row in sentlog.due_retries(session, now):
-            to = [a for a in row.recipients.split(",") if a.strip()]
+            to = [a.strip() for a in row.recipients.split(",") if a.strip()]
             try:
                 if not row.archive or not os.path.exists(row.archive):
                     raise smtp.DeliveryError(f"archived message {row.archive} is gone", permanent=True)
                 with open(row.archive, "rb") as fh:
                     data = fh.read()
-                smtp.send(mail, mail.from_address, [a.strip() for a in to], data, sleep=sleep)
+                smtp.send(mail, mail.from_address, to, data, sleep=sleep)
             except smtp.DeliveryError as exc:
                 sentlog.finish(session, row, "abandoned" if exc.permanent else "failed", now=now, reason=str(exc),
                                retry_after_s=mail.retry_after_s, max_attempts=mail.max_attempts)
@@ -209,9 +207,7 @@ def send_monthly(config: Config, engine: Engine, *, month: str | None = None, ac
     with Session(engine) as session:
         targets: list[str | None] = [account] if account is not None else [
             *sorted(queries.accounts_with_jobs(session, start, end) | set(rep.leads))]
-        if site is None:
-            site = account is None
-        if site:
+        if site or (site is None and account is None):
             targets.append(None)
         for acc in targets:
             to = _leads(rep, acc) if acc is not None else _valid(rep.admins)

@@ -49,17 +49,14 @@ def cards_in_last_day(session: Session, user: str, dry_run: bool, now: datetime)
     return int(session.exec(stmt).one())
 
 
-def read_optout_file(path: str) -> set[str]:
-    """User names from ``reports.optout_file`` (one per line; ``#`` comments); missing file = none."""
-    if not path or not os.path.exists(path):
-        return set()
-    with open(path, encoding="utf-8") as fh:
-        return {name for line in fh if (name := line.split("#", 1)[0].strip())}
-
-
 def opted_out(session: Session, optout_file: str = "") -> set[str]:
+    """Users opted out in the database or in ``reports.optout_file`` (one per line; ``#`` comments; a
+    missing file names nobody)."""
     users = set(session.exec(select(ReportOptOut.user)).all())
-    return users | read_optout_file(optout_file)
+    if optout_file and os.path.exists(optout_file):
+        with open(optout_file, encoding="utf-8") as fh:
+            users |= {name for line in fh if (name := line.split("#", 1)[0].strip())}
+    return users
 
 
 def set_optout(session: Session, users: Iterable[str], opt_out: bool, note: str | None = None) -> list[str]:
@@ -93,14 +90,12 @@ def finish(session: Session, row: ReportLog, status: str, *, now: datetime, reas
     row.reason = reason[:1024] if reason else None
     if archive is not None:
         row.archive = archive
+    row.next_try_at = None
     if status == "failed":
         if row.attempts >= max_attempts:
             status = "abandoned"
-            row.next_try_at = None
         else:
             row.next_try_at = now + timedelta(seconds=retry_after_s * 2 ** max(0, row.attempts - 1))
-    else:
-        row.next_try_at = None
     if status in ("sent", "dry-run"):
         row.sent_at = now
     row.status = status

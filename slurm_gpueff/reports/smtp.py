@@ -13,7 +13,6 @@ import smtplib
 import ssl
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from ..config import MailConfig
 
@@ -61,11 +60,11 @@ def send_once(mail: MailConfig, sender: str, recipients: Sequence[str], data: by
     """One SMTP conversation: connect (plain, STARTTLS or SSL), log in if configured, send."""
     context = ssl.create_default_context()
     password = _password(mail)
-    cls = smtplib.SMTP_SSL if mail.security == "ssl" else smtplib.SMTP
-    kwargs: dict[str, Any] = {"timeout": mail.timeout_s}
     if mail.security == "ssl":
-        kwargs["context"] = context
-    with cls(mail.host, mail.port, **kwargs) as smtp:
+        conn: smtplib.SMTP = smtplib.SMTP_SSL(mail.host, mail.port, timeout=mail.timeout_s, context=context)
+    else:
+        conn = smtplib.SMTP(mail.host, mail.port, timeout=mail.timeout_s)
+    with conn as smtp:
         smtp.ehlo()
         if mail.security == "starttls":
             smtp.starttls(context=context)

@@ -4,9 +4,10 @@ gives its expected primary verdict. (Simulated GPUs stand in for real ones; that
 from __future__ import annotations
 
 import pytest
+from record_rows import from_record
 
 from slurm_gpueff import record
-from slurm_gpueff.analysis import assess, from_record, job_figures
+from slurm_gpueff.analysis import assess, job_figures
 from slurm_gpueff.analysis.verdicts import RULES
 from slurm_gpueff.analysis.verdicts.base import load_text
 from slurm_gpueff.collectors.base import JobContext

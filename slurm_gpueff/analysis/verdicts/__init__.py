@@ -15,7 +15,6 @@ RULES: tuple[Rule, ...] = (NeverUsed(), Starved(), BusyNotWorking(), TensorIdle(
                            Oversized(), Healthy())
 
 
-
 def label_of(name: str) -> str:
     """A verdict's plain name ("GPU never used"); the name itself where no rule has it (an old row)."""
     return next((r.label for r in RULES if r.name == name), name)

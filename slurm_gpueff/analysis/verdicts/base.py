@@ -1,9 +1,5 @@
-"""What every verdict shares: the Verdict result, the Rule base class, thresholds and message texts.
-
-A rule names the GPUs its verdict concerns (none: the problem is absent), or raises :class:`NotAssessed`
-when a figure it needs was not measured: we never guess from a missing figure. Message texts live in
-``text/<name>.toml`` so they can be reworded without touching the logic (placeholders: :func:`_values`).
-"""
+"""What every verdict shares: the Verdict result, the Rule base class, thresholds and message texts
+(``text/<name>.toml``; placeholders: :func:`_values`). See docs/DESIGN.md, "Verdicts"."""
 
 from __future__ import annotations
 
@@ -12,17 +8,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
-from typing import Any, Protocol
+from typing import Any
 
+from ...config import AnalysisConfig
 from ...fmt import gib, gpu_hours, pct
 from ..figures import LABELS, NOT_MEASURED, GpuFigures, JobFigures, combine
 
-
-class _Section(Protocol):
-    def as_dict(self) -> dict[str, Any]: ...
-
-
-ThresholdSource = Mapping[str, float] | _Section | None
+ThresholdSource = Mapping[str, float] | AnalysisConfig | None
 
 
 class NotAssessed(Exception):  # noqa: N818 - a signal, not an error
@@ -62,8 +54,6 @@ class Thresholds:
     """Read-only view of ``config.analysis`` (a Section, a dict, or None for the schema defaults)."""
 
     def __init__(self, source: ThresholdSource = None):
-        from ...config import AnalysisConfig
-
         values: dict[str, Any] = AnalysisConfig().as_dict()
         if source is not None:
             values.update(source if isinstance(source, Mapping) else source.as_dict())

@@ -1,11 +1,6 @@
-"""3. Busy but not working: a kernel runs most of the time ("100 % GPU utilization") but few SMs do.
-
-The case nvidia-smi cannot see: one block on one SM reads 100 % utilization on an H100 with 131 of
-132 SMs idle. Needs SM activity (GPM / DCGM profiling); not assessed without it.
-
-Also raised when the kernels that did run filled almost nothing (SM-active / kernel-active below
-``busy_efficiency_pct``), however often they ran: on an H100 a Python loop of 1000-element adds reads
-kernel-active 33 %, SM-active 0.05 % -- starved by launch overhead *and* underfilled.
+"""3. Busy but not working: kernels run ("100 % GPU utilization") but few SMs do, the case nvidia-smi
+cannot see. The efficiency clause catches launch-bound loops: on an H100 a Python loop of 1000-element
+adds reads kernel-active 33 %, SM-active 0.05 % -- starved by launch overhead *and* underfilled.
 """
 
 from __future__ import annotations

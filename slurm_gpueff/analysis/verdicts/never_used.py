@@ -1,8 +1,5 @@
-"""1. GPU never used: kernel activity under ``never_used_kernel_pct`` on a GPU for the whole job.
-
-Judged per GPU, because the common case is "asked for 4 GPUs, used 1": the job mean would hide it.
-GPUs flagged here are left out of every later check (an idle GPU is not also "starved").
-"""
+"""1. GPU never used, judged per GPU over all the job's GPUs: in "asked for 4 GPUs, used 1" the job mean
+would hide it."""
 
 from __future__ import annotations
 
