@@ -1,11 +1,5 @@
-"""The database side: ingest, the schema, the scheduler service, the node forwarder, rollups.
-
-    gpueff [--config PATH] ingest [--limit N] [--workers N] [--quiet]   spool -> database
-    gpueff [--config PATH] db upgrade [--revision R] | current   Alembic migrations of the job database
-    gpueff [--config PATH] serve [-v]              scheduler (ingest, enrich, rollups, retention, reports) + /metrics
-    gpueff [--config PATH] forward [--once] [--batch N] [-v]   node: ship the spool to the central PostgreSQL
-    gpueff [--config PATH] rollup [--full]         refresh the per-day/per-month rollups now
-"""
+"""The database side: ``gpueff ingest``, ``gpueff db`` (the schema), ``gpueff serve`` (the service),
+``gpueff forward`` (a node's spool to the central database) and ``gpueff rollup``."""
 
 from __future__ import annotations
 
@@ -13,7 +7,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from .common import UsageError, at_least_one, err, load_config, log_to_stderr, open_database
+from .common import UsageError, at_least_one, database, err, load_config, log_to_stderr, open_database
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -113,11 +107,8 @@ def _forward(config: Config, once: bool, batch: int | None, verbose: bool) -> in
 def _rollup(config: Config, full: bool) -> int:
     from ..storage.rollups import refresh
 
-    engine = open_database(config)
-    try:
+    with database(config) as engine:
         res = refresh(engine, full=full)
-    finally:
-        engine.dispose()
     months = ", ".join(m.strftime("%Y-%m") for m in res.months)
     print(f"rollups refreshed: {months} ({res.rows} rows, {res.seconds:.2f} s)")
     return 0
@@ -126,18 +117,15 @@ def _rollup(config: Config, full: bool) -> int:
 def _db(config: Config, action: str, revision: str) -> int:
     from ..storage import migrate
 
-    engine = open_database(config, create=False)
-    url = engine.url.render_as_string(hide_password=True)
-    try:
+    with database(config, create=False) as engine:
+        url = engine.url.render_as_string(hide_password=True)
         if action == "upgrade":
             before, after = migrate.upgrade(engine, revision)
             print(f"{url}: {before or '(empty)'} -> {after}" if before != after else f"{url}: already at {after}")
             return 0
         with engine.connect() as conn:
             rev = migrate.current(conn)
-        head = migrate.head()
-        state = "up to date" if rev == head else f"needs `gpueff db upgrade` (newest is {head})"
-        print(f"{url}: {rev or '(no schema)'} ({state})")
-        return 0 if rev == head else 1
-    finally:
-        engine.dispose()
+    head = migrate.head()
+    state = "up to date" if rev == head else f"needs `gpueff db upgrade` (newest is {head})"
+    print(f"{url}: {rev or '(no schema)'} ({state})")
+    return 0 if rev == head else 1
