@@ -97,13 +97,8 @@ def still_running(spec: JobSpec, state_dir: str, timeout: float = SQUEUE_TIMEOUT
                              timeout=timeout, check=False)
     except (OSError, subprocess.SubprocessError):
         return None
-    if out.returncode != 0:
-        return None
-    states = [s.strip().upper() for s in out.stdout.split()]
-    active = [s for s in states if s in ACTIVE_STATES]
-    if active:
-        return f"squeue reports it {active[0]}"
-    return None
+    active = [s for s in out.stdout.upper().split() if s in ACTIVE_STATES]
+    return f"squeue reports it {active[0]}" if out.returncode == 0 and active else None
 
 
 def _safe_url(url: str) -> str:

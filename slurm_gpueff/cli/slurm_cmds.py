@@ -43,15 +43,13 @@ def add_parsers(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     b.add_argument("--quiet", action="store_true", help="no progress bar and no summary unless errors")
 
 
-def parse_date(text: str, now: float | None = None) -> float:
-    """Epoch seconds from ``YYYY-MM-DD[THH:MM[:SS]]`` (local time), ``now``, ``now-3d``/``-6h``/``-30m``."""
-    now = time.time() if now is None else now
+def parse_date(text: str) -> float:
+    """Epoch seconds from ``YYYY-MM-DD[THH:MM[:SS]]`` (local time, like sacct), ``now``, ``now-3d``/``-6h``/``-30m``."""
     s = text.strip()
     m = re.fullmatch(r"now(?:-(\d+)([dhm]))?", s)
     if m:
-        if not m.group(1):
-            return now
-        return now - int(m.group(1)) * {"d": 86400, "h": 3600, "m": 60}[m.group(2)]
+        ago = int(m.group(1)) * {"d": 86400, "h": 3600, "m": 60}[m.group(2)] if m.group(1) else 0
+        return time.time() - ago
     for fmt in ("%Y-%m-%d", "%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M", "%Y-%m-%d %H:%M:%S"):
         try:
             return time.mktime(time.strptime(s, fmt))
