@@ -93,15 +93,12 @@ def _forward(config: Config, once: bool, batch: int | None, verbose: bool) -> in
     import signal
     import threading
 
-    from ..service.forward import ForwardError, run_forwarder
+    from ..service.forward import run_forwarder
 
     log_to_stderr(verbose, "forward")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    try:
-        return run_forwarder(config, once=once, stop=stop, batch=batch)
-    except ForwardError as exc:  # a configuration that cannot forward: a usage error
-        raise UsageError(str(exc)) from None
+    return run_forwarder(config, once=once, stop=stop, batch=batch)
 
 
 def _rollup(config: Config, full: bool) -> int:

@@ -18,12 +18,15 @@ import threading
 from typing import Any
 
 from ..config import Config
+from ..errors import GpueffError
 
 log = logging.getLogger("gpueff.forward")
 
 
-class ForwardError(Exception):
-    """Forwarding cannot work with this configuration."""
+class ForwardError(GpueffError):
+    """Forwarding cannot work with this configuration: like bad usage, exit 2."""
+
+    exit_code = 2
 
 
 def forward_once(config: Config, engine: Any = None, *, batch: int | None = None) -> Any:
