@@ -55,15 +55,12 @@ def parse_date(text: str) -> float:
             return time.mktime(time.strptime(s, fmt))
         except ValueError:
             continue
-    raise ValueError(f"invalid date {text!r}: expected YYYY-MM-DD, YYYY-MM-DDTHH:MM[:SS] or now-2d")
+    raise UsageError(f"invalid date {text!r}: expected YYYY-MM-DD, YYYY-MM-DDTHH:MM[:SS] or now-2d")
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        since = parse_date(args.since) if args.since else None
-        until = parse_date(args.until) if args.command == "backfill" and args.until else None
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    since = parse_date(args.since) if args.since else None
+    until = parse_date(args.until) if args.command == "backfill" and args.until else None
     if args.command == "enrich":
         at_least_one("--limit", args.limit)
     config = load_config(args)
