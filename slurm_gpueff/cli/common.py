@@ -1,4 +1,4 @@
-"""What the ``gpueff`` commands share: their config, their error line, the job database, their log format.
+"""What ``gpueff`` and ``seff-gpu`` share: their config, their error lines and exit status, the job database.
 
 Stdlib-only at import time: every command module imports this while ``gpueff`` builds its parser, and
 ``gpueff hook prolog`` (run by slurmd on every job start) must load nothing heavy.
@@ -7,7 +7,10 @@ Stdlib-only at import time: every command module imports this while ``gpueff`` b
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from ..errors import GpueffError
@@ -19,32 +22,62 @@ if TYPE_CHECKING:
 
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
 
+CONFIG_HELP = "config file (default: $GPUEFF_CONFIG or /etc/slurm-gpueff/gpueff.toml)"
+CONFIG_NOTE = "The config file is --config, else $GPUEFF_CONFIG, else /etc/slurm-gpueff/gpueff.toml."
+
 
 class UsageError(GpueffError):
-    """The command line asks for something that cannot be done: ``gpueff`` prints it and exits 2."""
+    """The command line asks for something that cannot be done: exit 2."""
 
     exit_code = 2
 
 
-def err(msg: str) -> None:
-    print(f"gpueff: {msg}", file=sys.stderr)
+class CommandError(GpueffError):
+    """A failure with the exit status its command documents for it (``seff-gpu``'s 3 to 6)."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def err(msg: str, prog: str = "gpueff") -> None:
+    print(f"{prog}: {msg}", file=sys.stderr)
+
+
+def run_command(prog: str, command: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    """Run ``command(args)``: a GpueffError becomes one line on stderr and the error's exit status."""
+    try:
+        return int(command(args))
+    except GpueffError as exc:
+        err(str(exc), prog)
+        return exc.exit_code
+    except BrokenPipeError:  # `seff-gpu 123 | head`: stdout to /dev/null, so the exit flush cannot fail again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except KeyboardInterrupt:
+        return 130
 
 
 def load_config(args: argparse.Namespace) -> Config:
-    """The config the command names (``--config``, else $GPUEFF_CONFIG, else the default path)."""
     from ..config import load
 
     return load(args.config)
 
 
-def open_database(config: Config, create: bool = True) -> Engine:
-    """The job database, or a one-line error (exit 1) that names it."""
+@contextmanager
+def database(config: Config, create: bool = True) -> Iterator[Engine]:
+    """The job database for a ``with`` block (disposed of at its end), or a one-line error (exit 1) that
+    names it."""
     from ..storage.db import make_engine
 
     try:
-        return make_engine(config.paths.database, create=create)
+        engine = make_engine(config.paths.database, create=create)
     except Exception as exc:
         raise GpueffError(f"cannot open the job database {config.paths.database}: {exc}") from None
+    try:
+        yield engine
+    finally:
+        engine.dispose()
 
 
 def at_least_one(flag: str, value: int | None) -> None:

@@ -1,11 +1,9 @@
 """``gpueff``: the admin command, built from one registry of command groups.
 
-Each module in :data:`GROUPS` adds its commands' parsers (``add_parsers``) and runs any of them
-(``run(args) -> exit status``); adding a command means adding it to a group, nothing here. The groups
-import their heavy modules only when one of their commands runs, so that ``gpueff hook prolog`` (run by
-slurmd on every job start) loads no database or analysis code.
-
-The commands and their flags are listed in each group's docstring and in ``gpueff COMMAND --help``.
+Each group's docstring names its commands (``gpueff COMMAND --help`` lists their flags); adding a command
+means adding it to a group, nothing here. The groups import their heavy modules only
+when one of their commands runs, so that ``gpueff hook prolog`` (run by slurmd on every job start) loads
+no database or analysis code.
 
 Exit status: 0 ok; 1 error; 2 bad usage or invalid config (the message names file, section and key).
 """
@@ -18,14 +16,14 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from . import node_cmds, report_cmds, service_cmds, setup_cmds, slurm_cmds
-from .common import err
+from .common import CONFIG_HELP, CONFIG_NOTE, run_command
 
 if TYPE_CHECKING:
     from .common import Subparsers
 
 
 class CommandGroup(Protocol):
-    """A module of related commands (``node_cmds``, ``report_cmds``, ...)."""
+    """A module of related commands: it adds their parsers and runs any of them (returning the exit status)."""
 
     def add_parsers(self, sub: Subparsers, common: argparse.ArgumentParser) -> None: ...
 
@@ -44,14 +42,13 @@ examples:
   gpueff demo                     # simulated cluster: hooks, spool, ingest and seff-gpu cards
   gpueff hook epilog              # what slurmd runs as Epilog (usually via hooks/epilog)
 
-The config file is --config, else $GPUEFF_CONFIG, else /etc/slurm-gpueff/gpueff.toml."""
+""" + CONFIG_NOTE
 
 
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     # Accepted before or after the subcommand; SUPPRESS keeps a later default from hiding an earlier value.
-    common.add_argument("--config", metavar="PATH", default=argparse.SUPPRESS,
-                        help="config file (default: $GPUEFF_CONFIG or /etc/slurm-gpueff/gpueff.toml)")
+    common.add_argument("--config", metavar="PATH", default=argparse.SUPPRESS, help=CONFIG_HELP)
     p = argparse.ArgumentParser(prog="gpueff", parents=[common],
                                 description="slurm-gpueff administration: node agent, Slurm hooks, ingest, "
                                             "demo and config check.",
@@ -68,17 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.config = getattr(args, "config", None)  # SUPPRESS above: absent unless given
-    from ..errors import GpueffError
-
-    try:
-        return int(args.run(args))
-    except BrokenPipeError:  # `gpueff config check | head`
-        return 0
-    except GpueffError as exc:  # ConfigError and usage errors exit 2, the rest 1
-        err(str(exc))
-        return exc.exit_code
-    except KeyboardInterrupt:
-        return 130
+    return run_command("gpueff", args.run, args)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,4 @@
-"""The commands that run on the GPU nodes: the sampling agent and the Slurm hooks.
-
-    gpueff [--config PATH] agent [--once] [--energy-interval S] [-v]   NVML node agent (nvml backend)
-    gpueff [--config PATH] hook prolog|epilog                         Slurm hooks (always exit 0)
-    gpueff [--config PATH] hook install DIR                           write the hook scripts into DIR
+"""The commands that run on the GPU nodes: ``gpueff agent`` (NVML sampling) and ``gpueff hook`` (Slurm hooks).
 
 ``hook prolog|epilog`` imports nothing but the hook module, which loads its own config and never fails
 the job: a failing Prolog drains the node, so even a stray argument there is not refused.

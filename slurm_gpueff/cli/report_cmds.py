@@ -1,14 +1,8 @@
-"""``gpueff report ...``: per-job efficiency cards, monthly summaries, retries, opt-outs.
-
-    gpueff report cards [--dry-run] [--limit N]             cards for recently ended jobs
-    gpueff report monthly [--month YYYY-MM] [--account A [--site]] [--dry-run]
-    gpueff report retry                                    re-send failed messages that are due
-    gpueff report optout USER... [--undo] | --list         users who get no cards
-    gpueff report status                                   the sent-log by kind and status
+"""``gpueff report cards|monthly|retry|optout|status``: per-job efficiency cards and monthly summaries.
 
 ``--dry-run`` writes each message (``.eml``, ``.html``, ``.txt``, chart) under ``<reports.dir>/dry-run/``
-instead of sending it; a dry run never blocks a later real send. Exit status: 0 ok; 1 some message
-failed (kept for retry) or the database is unreachable; 2 bad usage.
+instead of sending it; a dry run never blocks a later real send. A message that fails is kept for retry
+and the command exits 1.
 """
 
 from __future__ import annotations
@@ -16,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from .common import UsageError, at_least_one, load_config, open_database
+from .common import UsageError, at_least_one, database, load_config
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -75,15 +69,11 @@ def _check(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     _check(args)
     config = load_config(args)
-    engine = open_database(config)
-    try:
-        if args.report_command == "optout":
-            return _optout(args, config, engine)
-        if args.report_command == "status":
-            return _status(engine)
+    with database(config) as engine:
+        if args.report_command in ("optout", "status"):
+            _sentlog(args, config, engine)
+            return 0
         result = _send(args, config, engine)
-    finally:
-        engine.dispose()
     for line in result.lines:
         print(line)
     print(result.summary())
@@ -101,31 +91,23 @@ def _send(args: argparse.Namespace, config: Config, engine: Engine) -> RunResult
     return runner.retry_failed(config, engine)
 
 
-def _optout(args: argparse.Namespace, config: Config, engine: Engine) -> int:
+def _sentlog(args: argparse.Namespace, config: Config, engine: Engine) -> None:
+    """``optout`` and ``status``: what the sent-log holds, or a change to who gets no cards."""
     from sqlmodel import Session
 
     from ..reports import sentlog
 
     with Session(engine) as session:
-        if not args.users:  # `optout` and `optout --list`
+        if args.report_command == "status":
+            counts = sentlog.status_counts(session)
+            if not counts:
+                print("no reports yet")
+            for (kind, status), n in sorted(counts.items()):
+                print(f"{kind:8} {status:10} {n}")
+        elif not args.users:  # `optout` and `optout --list`
             for user in sorted(sentlog.opted_out(session, config.reports.optout_file)):
                 print(user)
-            return 0
-        changed = sentlog.set_optout(session, args.users, not args.undo)
-    verb = "opted back in" if args.undo else "opted out"
-    print(f"{verb}: {', '.join(changed) if changed else 'nothing changed'}")
-    return 0
-
-
-def _status(engine: Engine) -> int:
-    from sqlmodel import Session
-
-    from ..reports import sentlog
-
-    with Session(engine) as session:
-        counts = sentlog.status_counts(session)
-    if not counts:
-        print("no reports yet")
-    for (kind, status), n in sorted(counts.items()):
-        print(f"{kind:8} {status:10} {n}")
-    return 0
+        else:
+            changed = sentlog.set_optout(session, args.users, not args.undo)
+            verb = "opted back in" if args.undo else "opted out"
+            print(f"{verb}: {', '.join(changed) if changed else 'nothing changed'}")

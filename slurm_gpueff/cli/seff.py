@@ -1,14 +1,8 @@
 """``seff-gpu JOBID``: the GPU efficiency card of a finished Slurm job, in the spirit of ``seff``.
 
-Reads the job database (``paths.database``); never talks to the GPUs. Exit codes (also in ``--help``):
-
-    0 ok; 1 other error (e.g. database unreachable); 2 bad usage / invalid job id / bad config;
-    3 job unknown; 4 job still running (or pending); 5 the job had no GPUs;
-    6 the job belongs to another user ([privacy] in the config).
-
-An id that names several jobs (array ``123`` with its tasks, het job ``123`` with its components) prints
-one card per job, or a one-line-per-job table when there are more than ``MAX_CARDS``; ``--json``
-always carries every job.
+Reads the job database (``paths.database``); never talks to the GPUs. Exit codes: :data:`EPILOG`.
+An id that names more than ``MAX_CARDS`` jobs (an array with its tasks) prints a one-line-per-job
+table instead of the cards; ``--json`` always carries every job.
 """
 
 from __future__ import annotations
@@ -21,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..errors import GpueffError
+from .common import CONFIG_HELP, CONFIG_NOTE, CommandError, run_command
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -29,7 +23,6 @@ if TYPE_CHECKING:
 
 EXIT_OK = 0
 EXIT_ERROR = 1
-EXIT_USAGE = 2
 EXIT_UNKNOWN = 3
 EXIT_RUNNING = 4
 EXIT_NO_GPUS = 5
@@ -65,7 +58,7 @@ exit status:
   3 job unknown, 4 job still running or pending, 5 job had no GPUs,
   6 another user's job (non-admins see only their own; [privacy] in the config)
 
-The config file is --config, else $GPUEFF_CONFIG, else /etc/slurm-gpueff/gpueff.toml."""
+""" + CONFIG_NOTE
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,15 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print a machine-readable JSON document instead")
     p.add_argument("--html", metavar="FILE", help="also write the card as an HTML page (the mailed card, one "
                    "self-contained file; several jobs: FILE-<jobid>.html)")
-    p.add_argument("--config", metavar="PATH", help="config file (default: $GPUEFF_CONFIG or "
-                   "/etc/slurm-gpueff/gpueff.toml)")
+    p.add_argument("--config", metavar="PATH", help=CONFIG_HELP)
     p.add_argument("--cluster", metavar="NAME", help="only jobs of this cluster (default: any cluster in the "
                    "database)")
     return p
-
-
-def _err(msg: str) -> None:
-    print(f"seff-gpu: {msg}", file=sys.stderr)
 
 
 def still_running(spec: JobSpec, state_dir: str, timeout: float = SQUEUE_TIMEOUT_S) -> str | None:
@@ -109,13 +97,8 @@ def still_running(spec: JobSpec, state_dir: str, timeout: float = SQUEUE_TIMEOUT
                              timeout=timeout, check=False)
     except (OSError, subprocess.SubprocessError):
         return None
-    if out.returncode != 0:
-        return None
-    states = [s.strip().upper() for s in out.stdout.split()]
-    active = [s for s in states if s in ACTIVE_STATES]
-    if active:
-        return f"squeue reports it {active[0]}"
-    return None
+    active = [s for s in out.stdout.upper().split() if s in ACTIVE_STATES]
+    return f"squeue reports it {active[0]}" if out.returncode == 0 and active else None
 
 
 def _safe_url(url: str) -> str:
@@ -131,7 +114,7 @@ def lookup(database: str, spec: JobSpec, cluster: str | None) -> list[tuple[Any,
     """(job, its GPU rows) for every match. Raises RuntimeError with a clear message on DB problems.
 
     SQLite is read with the standard library (storage/sqlite_read.py: the same rows without importing
-    SQLAlchemy, which was most of seff-gpu's run time); other databases go through SQLAlchemy.
+    SQLAlchemy, which was most of seff-gpu's run time); database servers through SQLAlchemy.
     """
     from ..storage.dburl import database_url, sqlite_file
 
@@ -152,11 +135,11 @@ def lookup(database: str, spec: JobSpec, cluster: str | None) -> list[tuple[Any,
     from sqlalchemy.exc import SQLAlchemyError
     from sqlmodel import Session
 
+    from ..storage.db import make_engine
     from ..storage.queries import find_jobs, job_gpus
-    from ..storage.readonly import make_read_engine
 
     try:
-        engine = make_read_engine(database)  # ordinary users cannot write a SQLite DB's directory
+        engine = make_engine(database, create=False)
     except Exception as exc:  # bad URL, missing driver
         raise RuntimeError(f"cannot open the job database {_safe_url(url)}: {exc}") from None
     try:
@@ -186,36 +169,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _refuse_conflicts(parser, args)
+    return run_command("seff-gpu", _run, args)
+
+
+def _run(args: argparse.Namespace) -> int:
     from ..config import load
+    from ..jobid import parse
 
-    try:
-        if args.jobid is None:  # the many-jobs table
-            from .seff_table import run as run_table
+    if args.jobid is None:  # the many-jobs table
+        from .seff_table import run as run_table
 
-            return run_table(args, load(args.config))
-        from ..jobid import parse
-
-        spec = parse(args.jobid)
-        return _show(args, spec, load(args.config))
-    except GpueffError as exc:  # a bad job id or config exits 2, no card the EXIT_* above
-        _err(str(exc))
-        return exc.exit_code
-    except BrokenPipeError:  # `seff-gpu 123 | head`
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return EXIT_OK
-
-
-class NoCard(GpueffError):
-    """Why there is no card to show; ``exit_code`` is one of the documented EXIT_* values."""
-
-    def __init__(self, message: str, exit_code: int):
-        super().__init__(message)
-        self.exit_code = exit_code
+        return run_table(args, load(args.config))
+    spec = parse(args.jobid)
+    return _show(args, spec, load(args.config))
 
 
 def _show(args: argparse.Namespace, spec: JobSpec, config: Config) -> int:
-    """Inquire (the jobs with GPUs that ``spec`` names), assess each, render the cards, table or JSON."""
+    """Assess each job with GPUs that ``spec`` names; print their cards, a table or JSON."""
     found, skipped = _inquire(spec, config, args.cluster)
     from ..analysis import assess, job_figures
 
@@ -230,7 +200,7 @@ def _show(args: argparse.Namespace, spec: JobSpec, config: Config) -> int:
             for path in write_html(config, found, items, args.html):
                 print(f"wrote {path}", file=sys.stderr)
         except OSError as exc:
-            raise NoCard(f"cannot write {args.html}: {exc.strerror or exc}", EXIT_ERROR) from None
+            raise CommandError(f"cannot write {args.html}: {exc.strerror or exc}", EXIT_ERROR) from None
     from ..render import dumps, render_card, render_table
 
     if args.json:
@@ -253,7 +223,7 @@ def _show(args: argparse.Namespace, spec: JobSpec, config: Config) -> int:
 
 
 def _inquire(spec: JobSpec, config: Config, cluster: str | None) -> tuple[list[tuple[Any, list[Any]]], int]:
-    """The jobs with GPUs this user may see, and how many without GPUs were left out; else NoCard saying why."""
+    """The jobs with GPUs this user may see, and how many without GPUs were left out; else why there are none."""
     error = None
     found: list[tuple[Any, list[Any]]] = []
     try:
@@ -264,25 +234,25 @@ def _inquire(spec: JobSpec, config: Config, cluster: str | None) -> tuple[list[t
 
     found, hidden = visible(found, config.privacy)
     if hidden and not found:
-        raise NoCard(denied_message(str(spec), current_user()[1]), EXIT_DENIED)
+        raise CommandError(denied_message(str(spec), current_user()[1]), EXIT_DENIED)
     if not found:
         running = still_running(spec, config.paths.state_dir)
         if running:
-            raise NoCard(f"job {spec} has not finished: {running}. Its GPU card is available after it ends.",
+            raise CommandError(f"job {spec} has not finished: {running}. Its GPU card is available after it ends.",
                          EXIT_RUNNING)
         if error:
-            raise NoCard(error, EXIT_ERROR)
+            raise CommandError(error, EXIT_ERROR)
         from ..sacct import no_gpus_note  # CPU-only jobs have no record by design: ask accounting
 
         note = no_gpus_note(str(spec), config)
         if note:
-            raise NoCard(note, EXIT_NO_GPUS)
+            raise CommandError(note, EXIT_NO_GPUS)
         where = f" on cluster {cluster}" if cluster else ""
-        raise NoCard(f"job {spec} is not in the GPU job database{where} (it had no GPUs, has not been ingested "
+        raise CommandError(f"job {spec} is not in the GPU job database{where} (it had no GPUs, has not been ingested "
                      "yet, or the id is wrong)", EXIT_UNKNOWN)
     with_gpus = [(j, g) for j, g in found if g or j.gpu_count]
     if not with_gpus:
-        raise NoCard(f"job {spec} had no GPUs allocated: nothing to report", EXIT_NO_GPUS)
+        raise CommandError(f"job {spec} had no GPUs allocated: nothing to report", EXIT_NO_GPUS)
     return with_gpus, len(found) - len(with_gpus)
 
 

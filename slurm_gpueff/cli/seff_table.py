@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
+
+from ..errors import GpueffError
+from .common import CommandError, UsageError
+from .seff import EXIT_DENIED
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -24,7 +27,7 @@ def parse_time(text: str) -> datetime:
     try:
         local = datetime.fromisoformat(text)
     except ValueError:
-        raise ValueError(f"bad time {text!r}: use YYYY-MM-DD or YYYY-MM-DDTHH:MM[:SS]") from None
+        raise UsageError(f"bad time {text!r}: use YYYY-MM-DD or YYYY-MM-DDTHH:MM[:SS]") from None
     if local.tzinfo is None:
         local = local.astimezone()  # interpret as this host's local time
     return local.astimezone(UTC).replace(tzinfo=None)
@@ -39,15 +42,10 @@ def run(args: argparse.Namespace, config: Config) -> int:
     from ..storage.db import make_engine
     from ..storage.job_list import list_jobs
 
-    try:
-        end = parse_time(args.end) if args.end else datetime.now(UTC).replace(tzinfo=None)
-        start = parse_time(args.start) if args.start else end - timedelta(days=DEFAULT_DAYS)
-    except ValueError as exc:
-        print(f"seff-gpu: {exc}", file=sys.stderr)
-        return 2
+    end = parse_time(args.end) if args.end else datetime.now(UTC).replace(tzinfo=None)
+    start = parse_time(args.start) if args.start else end - timedelta(days=DEFAULT_DAYS)
     if start >= end:
-        print("seff-gpu: -S/--starttime must be before -E/--endtime", file=sys.stderr)
-        return 2
+        raise UsageError("-S/--starttime must be before -E/--endtime")
     user = args.user
     from ..privacy import current_user, sees_everything  # like sacct: non-admins see only their own jobs
 
@@ -56,18 +54,16 @@ def run(args: argparse.Namespace, config: Config) -> int:
         if user is None:
             user = name
         elif user != name:
-            print(f"seff-gpu: you may only list your own jobs (user {name}); [privacy] in the config",
-                  file=sys.stderr)
-            return 6
+            raise CommandError(f"you may only list your own jobs (user {name}); [privacy] in the config",
+                               EXIT_DENIED)
     try:
         engine = make_engine(config.paths.database, create=False)
         with Session(engine) as session:
             jobs = list_jobs(session, user=user, account=args.account, start=start, end=end, cluster=args.cluster)
         engine.dispose()
     except SQLAlchemyError as exc:
-        print(f"seff-gpu: cannot read the job database: {str(getattr(exc, 'orig', exc)).splitlines()[0]}",
-              file=sys.stderr)
-        return 1
+        detail = str(getattr(exc, "orig", exc)).splitlines()[0]
+        raise GpueffError(f"cannot read the job database: {detail}") from None
     query = {"user": user, "account": args.account, "cluster": args.cluster,
              "start_utc": iso(start), "end_utc": iso(end)}
     if args.json:

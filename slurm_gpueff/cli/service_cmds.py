@@ -1,11 +1,5 @@
-"""The database side: ingest, the schema, the scheduler service, the node forwarder, rollups.
-
-    gpueff [--config PATH] ingest [--limit N] [--quiet]          spool -> database (one process)
-    gpueff [--config PATH] db upgrade [--revision R] | current   Alembic migrations of the job database
-    gpueff [--config PATH] serve [-v]              scheduler (ingest, enrich, rollups, retention, reports) + /metrics
-    gpueff [--config PATH] forward [--once] [--batch N] [-v]   node: ship the spool to the central PostgreSQL
-    gpueff [--config PATH] rollup [--full]         refresh the per-day/per-month rollups now
-"""
+"""The database side: ``gpueff ingest``, ``gpueff db`` (the schema), ``gpueff serve`` (the service),
+``gpueff forward`` (a node's spool to the central database) and ``gpueff rollup``."""
 
 from __future__ import annotations
 
@@ -13,7 +7,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from .common import UsageError, at_least_one, err, load_config, log_to_stderr, open_database
+from .common import UsageError, at_least_one, database, err, load_config, log_to_stderr
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -71,22 +65,21 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _ingest(config: Config, limit: int | None, quiet: bool) -> int:
-    engine = open_database(config)
     from ..storage.ingest import ingest_spool
     from ..summarize import summarize_pending
     from .progress import ProgressBar
 
-    progress = ProgressBar("ingest", enabled=not quiet and sys.stderr.isatty())
     analysed = 0
-    try:
-        result = ingest_spool(engine, config.paths.spool_dir, limit=limit, progress=progress)
-        try:  # the stored per-job summaries that rollups and reports aggregate
-            analysed = summarize_pending(engine, config.analysis)
-        except Exception as exc:  # the records are safely in the DB; the next run retries the summaries
-            err(f"ingested, but could not update job summaries (next run retries): {exc}")
-    finally:
-        progress.close()
-        engine.dispose()
+    with database(config) as engine:
+        progress = ProgressBar("ingest", enabled=not quiet and sys.stderr.isatty())
+        try:
+            result = ingest_spool(engine, config.paths.spool_dir, limit=limit, progress=progress)
+            try:  # the stored per-job summaries that rollups and reports aggregate
+                analysed = summarize_pending(engine, config.analysis)
+            except Exception as exc:  # the records are safely in the DB; the next run retries the summaries
+                err(f"ingested, but could not update job summaries (next run retries): {exc}")
+        finally:
+            progress.close()
     for e in result.errors:
         err(e)
     if not quiet or result.quarantined or result.failed:
@@ -99,25 +92,19 @@ def _forward(config: Config, once: bool, batch: int | None, verbose: bool) -> in
     import signal
     import threading
 
-    from ..service.forward import ForwardError, run_forwarder
+    from ..service.forward import run_forwarder
 
     log_to_stderr(verbose, "forward")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    try:
-        return run_forwarder(config, once=once, stop=stop, batch=batch)
-    except ForwardError as exc:  # a configuration that cannot forward: a usage error
-        raise UsageError(str(exc)) from None
+    return run_forwarder(config, once=once, stop=stop, batch=batch)
 
 
 def _rollup(config: Config, full: bool) -> int:
     from ..storage.rollups import refresh
 
-    engine = open_database(config)
-    try:
+    with database(config) as engine:
         res = refresh(engine, full=full)
-    finally:
-        engine.dispose()
     months = ", ".join(m.strftime("%Y-%m") for m in res.months)
     print(f"rollups refreshed: {months} ({res.rows} rows, {res.seconds:.2f} s)")
     return 0
@@ -126,18 +113,15 @@ def _rollup(config: Config, full: bool) -> int:
 def _db(config: Config, action: str, revision: str) -> int:
     from ..storage import migrate
 
-    engine = open_database(config, create=False)
-    url = engine.url.render_as_string(hide_password=True)
-    try:
+    with database(config, create=False) as engine:
+        url = engine.url.render_as_string(hide_password=True)
         if action == "upgrade":
             before, after = migrate.upgrade(engine, revision)
             print(f"{url}: {before or '(empty)'} -> {after}" if before != after else f"{url}: already at {after}")
             return 0
         with engine.connect() as conn:
             rev = migrate.current(conn)
-        head = migrate.head()
-        state = "up to date" if rev == head else f"needs `gpueff db upgrade` (newest is {head})"
-        print(f"{url}: {rev or '(no schema)'} ({state})")
-        return 0 if rev == head else 1
-    finally:
-        engine.dispose()
+    head = migrate.head()
+    state = "up to date" if rev == head else f"needs `gpueff db upgrade` (newest is {head})"
+    print(f"{url}: {rev or '(no schema)'} ({state})")
+    return 0 if rev == head else 1

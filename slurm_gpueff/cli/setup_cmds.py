@@ -1,10 +1,5 @@
-"""Trying and checking an installation: the demo, the effective config, the node's doctor, the version.
-
-    gpueff demo [--dir DIR] [--keep]                 the whole product on simulated GPUs
-    gpueff [--config PATH] config check [--json]     validate and print the effective config
-    gpueff [--config PATH] doctor [--json]           what this node offers: NVML, GPM, MIG, DCGM, hooks, dirs, DB
-    gpueff version
-"""
+"""Trying and checking an installation: ``gpueff demo``, ``gpueff config check``, ``gpueff doctor`` and
+``gpueff version``."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
 """``gpueff enrich`` and ``gpueff backfill``: join Slurm accounting (sacct) into the job database.
 
-    gpueff enrich [--since DATE] [--limit N] [--quiet]
-    gpueff backfill --since DATE [--until DATE] [--cluster NAME] [--quiet]
-
-Exit status: 0 ok; 1 sacct or the database failed (nothing lost: the next run retries); 2 bad usage.
-Dates are ``YYYY-MM-DD``, ``YYYY-MM-DDTHH:MM[:SS]`` (local time, like sacct) or ``now-2d`` / ``now-6h``.
+When sacct or the database fails the command exits 1 and nothing is lost: the next run retries.
 """
 
 from __future__ import annotations
@@ -16,7 +12,7 @@ import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from .common import UsageError, at_least_one, err, load_config, open_database
+from .common import UsageError, at_least_one, database, err, load_config
 from .progress import ProgressBar
 
 if TYPE_CHECKING:
@@ -47,66 +43,63 @@ def add_parsers(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     b.add_argument("--quiet", action="store_true", help="no progress bar and no summary unless errors")
 
 
-def parse_date(text: str, now: float | None = None) -> float:
-    """Epoch seconds from ``YYYY-MM-DD[THH:MM[:SS]]`` (local time), ``now``, ``now-3d``/``-6h``/``-30m``."""
-    now = time.time() if now is None else now
+def parse_date(text: str) -> float:
+    """Epoch seconds from ``YYYY-MM-DD[THH:MM[:SS]]`` (local time, like sacct), ``now``, ``now-3d``/``-6h``/``-30m``."""
     s = text.strip()
     m = re.fullmatch(r"now(?:-(\d+)([dhm]))?", s)
     if m:
-        if not m.group(1):
-            return now
-        return now - int(m.group(1)) * {"d": 86400, "h": 3600, "m": 60}[m.group(2)]
+        ago = int(m.group(1)) * {"d": 86400, "h": 3600, "m": 60}[m.group(2)] if m.group(1) else 0
+        return time.time() - ago
     for fmt in ("%Y-%m-%d", "%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M", "%Y-%m-%d %H:%M:%S"):
         try:
             return time.mktime(time.strptime(s, fmt))
         except ValueError:
             continue
-    raise ValueError(f"invalid date {text!r}: expected YYYY-MM-DD, YYYY-MM-DDTHH:MM[:SS] or now-2d")
+    raise UsageError(f"invalid date {text!r}: expected YYYY-MM-DD, YYYY-MM-DDTHH:MM[:SS] or now-2d")
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        since = parse_date(args.since) if args.since else None
-        until = parse_date(args.until) if args.command == "backfill" and args.until else None
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    since = parse_date(args.since) if args.since else None
+    until = parse_date(args.until) if args.command == "backfill" and args.until else None
     if args.command == "enrich":
         at_least_one("--limit", args.limit)
     config = load_config(args)
     from ..sacct import SacctReader  # its SacctError reaches `gpueff` (exit 1): nothing was changed
 
     reader = SacctReader.from_config(config)
-    engine = open_database(config)
     bar = ProgressBar(args.command, enabled=not args.quiet and sys.stderr.isatty(), unit="jobs")
-    try:
-        if args.command == "enrich":
-            return _enrich(engine, reader, config, since, args, bar)
-        return _backfill(engine, reader, config, since or 0.0, until, args, bar)
-    finally:
-        bar.close()
-        engine.dispose()
+    with database(config) as engine:
+        try:
+            if args.command == "enrich":
+                errors, summary = _enrich(engine, reader, config, since, args.limit, bar)
+            else:
+                errors, summary = _backfill(engine, reader, config, since or 0.0, until, args.cluster, bar)
+        finally:
+            bar.close()
+    for e in errors:
+        err(e)
+    if not args.quiet or errors:
+        print(summary)
+    return 1 if errors else 0
 
 
-def _enrich(engine: Engine, reader: SacctReader, config: Config, since: float | None, args: argparse.Namespace,
-            bar: ProgressBar) -> int:
+def _enrich(engine: Engine, reader: SacctReader, config: Config, since: float | None, limit: int | None,
+            bar: ProgressBar) -> tuple[list[str], str]:
+    """The errors and the summary line of one enrich run."""
     from ..storage.enrich import enrich_jobs
 
     if since is None:
         since = time.time() - config.sacct.enrich_window_days * 86400
     since_dt = datetime.fromtimestamp(since, UTC).replace(tzinfo=None)
-    res = enrich_jobs(engine, reader, since=since_dt, limit=args.limit, progress=bar, settle_s=config.sacct.settle_s)
-    bar.close()
-    for e in res.errors:
-        err(e)
-    if not args.quiet or res.errors:
-        print(f"enriched {res.enriched} of {res.checked} job(s) checked; {res.not_final} not finished in sacct "
-              f"yet, {res.settling} ended less than {config.sacct.settle_s:g} s ago, {res.not_found} unknown to "
-              "sacct (retried next run)")
-    return 1 if res.errors else 0
+    res = enrich_jobs(engine, reader, since=since_dt, limit=limit, progress=bar, settle_s=config.sacct.settle_s)
+    return res.errors, (f"enriched {res.enriched} of {res.checked} job(s) checked; {res.not_final} not finished "
+                        f"in sacct yet, {res.settling} ended less than {config.sacct.settle_s:g} s ago, "
+                        f"{res.not_found} unknown to sacct (retried next run)")
 
 
 def _backfill(engine: Engine, reader: SacctReader, config: Config, since: float, until: float | None,
-              args: argparse.Namespace, bar: ProgressBar) -> int:
+              cluster: str | None, bar: ProgressBar) -> tuple[list[str], str]:
+    """The errors and the summary line of one backfill run."""
     from ..storage.enrich import backfill_jobs
 
     if until is None:
@@ -114,17 +107,13 @@ def _backfill(engine: Engine, reader: SacctReader, config: Config, since: float,
     if until <= since:
         raise UsageError("backfill: --until is not after --since (without --until the window ends "
                          f"[sacct] backfill_grace_s = {config.sacct.backfill_grace_s:g} s before now)")
-    jobs = reader.window(since, until, cluster=args.cluster)
+    jobs = reader.window(since, until, cluster=cluster)
     # sacct lists jobs *active* in the window; keep those that ended inside it
     jobs = [j for j in jobs if j.end is None or since <= j.end <= until]
     res = backfill_jobs(engine, jobs, default_cluster=config.site.cluster, progress=bar)
-    bar.close()
-    for e in res.errors:
-        err(e)
-    if not args.quiet or res.errors:
-        print(f"backfill: {res.seen} job(s) in sacct; created {res.created} allocation-only record(s)"
-              + (f" ({', '.join(res.created_ids[:20])}{' ...' if len(res.created_ids) > 20 else ''})"
-                 if res.created_ids else "")
-              + f"; {res.had_record} already recorded ({res.enriched} enriched now), {res.no_gpus} without "
-                f"GPUs, {res.not_final} not finished")
-    return 1 if res.errors else 0
+    created = ""
+    if res.created_ids:
+        created = f" ({', '.join(res.created_ids[:20])}{' ...' if len(res.created_ids) > 20 else ''})"
+    return res.errors, (f"backfill: {res.seen} job(s) in sacct; created {res.created} allocation-only record(s)"
+                        f"{created}; {res.had_record} already recorded ({res.enriched} enriched now), "
+                        f"{res.no_gpus} without GPUs, {res.not_final} not finished")

@@ -1,16 +1,14 @@
 """``gpueff forward``: ship this node's spooled records to the central database (PostgreSQL).
 
-The forwarder is ingest run on the node: :func:`slurm_gpueff.storage.ingest.ingest_spool` commits a batch
-and only then unlinks its files, and re-ingesting a record is harmless (natural keys), so:
+The forwarder is ingest run on the node: ingest commits a batch and only then unlinks its files, and
+re-ingesting a record is harmless (natural keys), so:
 
 - database down for hours: every attempt fails before the commit, the files stay; retries back off
   (doubling up to ``service.forward_max_backoff_s``);
 - killed at any point (even ``kill -9`` between commit and unlink): the next run re-sends what is left
   and the rows come out the same; nothing is lost, nothing is duplicated.
 
-Nodes never change the schema (``make_engine(create=False)``); job summaries and rollups are computed
-by ``gpueff serve`` on the service host. With SQLite there is no network database to forward to: use
-the shared-spool layout instead (README, "From nodes to the centre").
+Nodes never change the schema; ``gpueff serve`` on the service host computes summaries and rollups.
 """
 
 from __future__ import annotations
@@ -20,12 +18,15 @@ import threading
 from typing import Any
 
 from ..config import Config
+from ..errors import GpueffError
 
 log = logging.getLogger("gpueff.forward")
 
 
-class ForwardError(Exception):
-    """Forwarding cannot work with this configuration."""
+class ForwardError(GpueffError):
+    """Forwarding cannot work with this configuration: like bad usage, exit 2."""
+
+    exit_code = 2
 
 
 def forward_once(config: Config, engine: Any = None, *, batch: int | None = None) -> Any:

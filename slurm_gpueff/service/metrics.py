@@ -27,6 +27,7 @@ from sqlmodel import col
 
 from ..config import Config
 from ..models import UsageRollup
+from .tasks import Context
 
 OTHER = "other"
 UNKNOWN = "unknown"
@@ -45,34 +46,32 @@ FIGURES: dict[str, tuple[tuple[str, ...], str]] = {
 MEASURES = sorted({m for ms, _h in FIGURES.values() for m in ms})
 
 
-def _add(acc: dict[str, Any], row: Any) -> None:
-    acc["jobs"] += int(row.jobs or 0)
-    for m in MEASURES:
-        v = getattr(row, m)
-        if v is not None:
-            acc[m] = (acc.get(m) or 0.0) + float(v)
-
-
-def _capped(rows: list[Any], key: str, top: int) -> dict[tuple[str, str, str], dict[str, Any]]:
-    """(cluster, name, verdict) -> sums, names outside the top ``top`` by GPU-hours folded into OTHER."""
+def _capped(rows: list[Any], key: str, top: int) -> tuple[dict[tuple[str, str, str], int],
+                                                          dict[tuple[str, str], dict[str, float]]]:
+    """Jobs by (cluster, name, verdict) and measure sums by (cluster, name); names outside the top ``top``
+    by GPU-hours are folded into OTHER."""
     totals: dict[tuple[str, str], float] = defaultdict(float)
     for r in rows:
         totals[(r.cluster, getattr(r, key) or UNKNOWN)] += float(r.gpu_hours or 0.0)
     keep = {k for k, _v in sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))[:max(0, top)]}
-    out: dict[tuple[str, str, str], dict[str, Any]] = {}
+    jobs: dict[tuple[str, str, str], int] = defaultdict(int)
+    sums: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)
     for r in rows:
         name = getattr(r, key) or UNKNOWN
         if (r.cluster, name) not in keep:
             name = OTHER
-        acc = out.setdefault((r.cluster, name, r.verdict or "none"), {"jobs": 0})
-        _add(acc, r)
-    return out
+        jobs[(r.cluster, name, r.verdict or "none")] += int(r.jobs or 0)
+        acc = sums[(r.cluster, name)]
+        for m in MEASURES:
+            if getattr(r, m) is not None:
+                acc[m] = acc.get(m, 0.0) + float(getattr(r, m))
+    return jobs, sums
 
 
 class UsageCollector(Collector):
     """A prometheus_client collector over the rollups (and the service's own task bookkeeping)."""
 
-    def __init__(self, engine: Any, config: Config, ctx: Any = None):
+    def __init__(self, engine: Any, config: Config, ctx: Context | None = None):
         self.engine, self.config, self.ctx = engine, config, ctx
 
     def _rows(self, key: str) -> list[Any]:
@@ -90,29 +89,22 @@ class UsageCollector(Collector):
             groups = {"account": _capped(self._rows("account"), "account", s.metrics_top_accounts),
                       "user": _capped(self._rows("user"), "user", s.metrics_top_users)}
         except Exception:  # noqa: BLE001 - a scrape must answer even with the database down
+            groups = {}
             up.add_metric([], 0)
-            yield up
-            yield from self._service()
-            return
-        up.add_metric([], 1)
+        else:
+            up.add_metric([], 1)
         yield up
-        for scope, data in groups.items():
+        for scope, (jobs, sums) in groups.items():
             prefix = "gpueff" if scope == "account" else "gpueff_user"
-            jobs = CounterMetricFamily(f"{prefix}_jobs", f"Finished jobs by {scope} and primary verdict",
-                                       labels=["cluster", scope, "verdict"])
-            for (cluster, name, verdict), acc in sorted(data.items()):
-                jobs.add_metric([cluster, name, verdict], acc["jobs"])
-            yield jobs
-            merged: dict[tuple[str, str], dict[str, Any]] = {}
-            for (cluster, name, _verdict), acc in data.items():
-                m = merged.setdefault((cluster, name), {"jobs": 0})
-                for k, v in acc.items():
-                    if k != "jobs" and v is not None:
-                        m[k] = (m.get(k) or 0.0) + v
+            fam = CounterMetricFamily(f"{prefix}_jobs", f"Finished jobs by {scope} and primary verdict",
+                                      labels=["cluster", scope, "verdict"])
+            for labels, n in sorted(jobs.items()):
+                fam.add_metric(list(labels), n)
+            yield fam
             for suffix, (measures, text) in FIGURES.items():
                 fam = CounterMetricFamily(f"{prefix}_{suffix}", f"{text}, by {scope}", labels=["cluster", scope])
-                for (cluster, name), acc in sorted(merged.items()):
-                    known = [acc[m] for m in measures if acc.get(m) is not None]
+                for (cluster, name), acc in sorted(sums.items()):
+                    known = [acc[m] for m in measures if m in acc]
                     if known:
                         fam.add_metric([cluster, name], sum(known))
                 yield fam
@@ -127,20 +119,17 @@ class UsageCollector(Collector):
         yield pending
         if self.ctx is None:
             return
-        ok = GaugeMetricFamily("gpueff_task_last_success_timestamp_seconds", "When a scheduled task last succeeded",
-                               labels=["task"])
-        for name, t in sorted(self.ctx.last_ok.items()):
-            ok.add_metric([name], t)
-        yield ok
-        err = GaugeMetricFamily("gpueff_task_last_failure_timestamp_seconds", "When a scheduled task last failed",
-                                labels=["task"])
-        for name, t in sorted(self.ctx.last_error.items()):
-            err.add_metric([name], t)
-        yield err
+        for outcome, verb, times in (("success", "succeeded", self.ctx.last_ok),
+                                     ("failure", "failed", self.ctx.last_error)):
+            fam = GaugeMetricFamily(f"gpueff_task_last_{outcome}_timestamp_seconds",
+                                    f"When a scheduled task last {verb}", labels=["task"])
+            for name, t in sorted(times.items()):
+                fam.add_metric([name], t)
+            yield fam
         yield GaugeMetricFamily("gpueff_service_scrape_timestamp_seconds", "Time of this scrape", value=time.time())
 
 
-def registry_for(engine: Any, config: Config, ctx: Any = None) -> Any:
+def registry_for(engine: Any, config: Config, ctx: Context | None = None) -> Any:
     from prometheus_client import CollectorRegistry
 
     reg = CollectorRegistry()

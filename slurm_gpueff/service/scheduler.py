@@ -53,7 +53,7 @@ def serve(config: Config, *, engine: Any = None, stop: threading.Event | None = 
     ctx = Context(config, engine)
     for problem in load_plugins(config):
         log.error(problem)
-    tasks = builtin_tasks(config) + [t for t in REGISTRY.values()]
+    tasks = builtin_tasks(config) + list(REGISTRY.values())
     sched = build_scheduler(ctx, tasks)
     stop = stop or threading.Event()
     server = None

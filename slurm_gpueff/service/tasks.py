@@ -1,11 +1,6 @@
-"""What the service runs on schedule. Each task is a plain function ``task(ctx) -> str`` (a one-line
-summary for the log); failures raise and are logged by the scheduler, never stop it.
-
-Built in: ``ingest`` (spool -> DB, then job summaries), ``enrich`` (sacct), ``rollups`` (changed
-months), ``rollups_full`` (every month), ``retention`` (raw timelines older than
-``service.timeline_retention_days``), ``report_cards`` / ``report_monthly`` (when enabled in
-``[reports]``). Other code can add tasks with
-:func:`register_task` from a module named in ``service.plugins``.
+"""What the service runs on schedule: :func:`builtin_tasks`, and what the modules of ``service.plugins`` add
+with :func:`register_task`. A task is a function ``task(ctx) -> str`` (a one-line summary for the log);
+a task that raises is logged and runs again at its next time.
 """
 
 from __future__ import annotations
@@ -16,6 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 
 from sqlalchemy import delete, select
@@ -81,23 +77,17 @@ def enrich(ctx: Context) -> str:
     since = _utcnow() - timedelta(days=ctx.config.sacct.enrich_window_days)
     res = enrich_jobs(ctx.engine, SacctReader.from_config(ctx.config), since=since,
                       settle_s=ctx.config.sacct.settle_s)
-    for e in getattr(res, "errors", []):
+    for e in res.errors:
         log.warning("enrich: %s", e)
     analysed = summarize_pending(ctx.engine, ctx.config.analysis)
-    return f"enriched {getattr(res, 'enriched', '?')}, analysed {analysed}"
+    return f"enriched {res.enriched}, analysed {analysed}"
 
 
-def rollups(ctx: Context) -> str:
+def rollups(ctx: Context, full: bool = False) -> str:
+    """The months that changed since the last run, or with ``full`` every month."""
     from ..storage.rollups import refresh
 
-    res = refresh(ctx.engine)
-    return f"{len(res.months)} month(s), {res.rows} rows in {res.seconds:.2f} s"
-
-
-def rollups_full(ctx: Context) -> str:
-    from ..storage.rollups import refresh
-
-    res = refresh(ctx.engine, full=True)
+    res = refresh(ctx.engine, full=full)
     return f"{len(res.months)} month(s), {res.rows} rows in {res.seconds:.2f} s"
 
 
@@ -142,7 +132,8 @@ def builtin_tasks(config: Config) -> list[Task]:
     """The built-in tasks with the schedules from ``[service]`` (an interval of 0 disables a task)."""
     s = config.service
     out = [Task("ingest", ingest, s.ingest_interval_s), Task("enrich", enrich, s.enrich_interval_s),
-           Task("rollups", rollups, s.rollup_interval_s), Task("rollups_full", rollups_full, s.rollup_full_interval_s),
+           Task("rollups", rollups, s.rollup_interval_s),
+           Task("rollups_full", partial(rollups, full=True), s.rollup_full_interval_s),
            Task("retention", retention, s.retention_interval_s),
            Task("report_cards", report_cards, s.cards_interval_s),
            Task("report_monthly", report_monthly, cron={"day": 1, "hour": s.monthly_report_hour})]
