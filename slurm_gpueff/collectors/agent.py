@@ -1,25 +1,10 @@
 """The node agent of the nvml backend: sample every GPU every few seconds, publish cumulative integrals.
 
-Why an agent at all: NVML's utilization and GPM readings are short-window averages; a job's mean needs
-samples all through the job, and a Prolog/Epilog pair only runs at its two ends. The agent keeps per GPU
-*cumulative* integrals since it started (:mod:`.integrals`) and knows nothing about jobs' GPU time; the
-hook-side collector (:mod:`.nvml`) differences them. Files, under ``paths.state_dir``:
-
-* ``agent/state.json`` -- rewritten every tick: the agent's identity (pid, instance, start), per GPU
-  UUID its identity, GPM support, counters, energy and memory used, and ``jobs``: peak memory per
-  (job, GPU UUID). For a GPU in MIG mode, ``mig`` holds per GPU instance the same GPM counters, its
-  devices and a generation ``gen`` that changes when the instance is re-created (counters restart);
-  the top-level ``mig`` maps each MIG device UUID to its parent and instance (for :mod:`.mig`).
-  Kernel activity, power and energy are per physical GPU only.
-* ``agent/timeline/<uuid>.jsonl`` (a slice: ``<parent uuid>_gi<N>.jsonl``) -- every
-  ``agent.timeline_interval_s`` the cumulative timeline counters, for the Epilog's coarse timeline.
-* ``jobs/<job_id>.json`` -- the Prolog's; while one exists the agent tracks that job's peak memory on
-  the GPUs it names, so a job's peak never includes an earlier job's.
-
-Energy: the cumulative counter is NVML's slowest call, so it is read every ``ENERGY_INTERVAL_S`` only and
-extended in between with the power integral (``energy_est_mj``).
-
-SIGTERM/SIGINT finish the current tick, write a final state marked ``stopped`` and exit 0.
+A Prolog/Epilog pair runs only at a job's two ends, so the agent samples all through and publishes per
+GPU (and per MIG GPU instance) cumulative integrals in ``agent/state.json`` and timeline files, which the
+hooks difference (:mod:`.nvml`; docs/DESIGN.md "Data flow", docs/FIGURES.md). Of jobs it knows only their
+peak memory, tracked while a Prolog's ``jobs/<job_id>.json`` exists. The energy counter is NVML's
+slowest call: read every ``ENERGY_INTERVAL_S``, extended in between by the power integral.
 """
 
 from __future__ import annotations
@@ -65,7 +50,7 @@ class _Slice:
         self.gi_id = gi_id
         self.devices = devices
         self.key = frozenset(d.uuid for d in devices)
-        self.gen = uuidlib.uuid4().hex[:12]
+        self.gen = uuidlib.uuid4().hex[:12]  # new for every (re)created GPU instance: its counters restart
         self.since = since
         self.counters = integrals.new_counters()
         self.ticks = 0
@@ -100,11 +85,8 @@ class _Gpu:
 
 
 class Agent:
-    """One agent instance: open the sampler, then call :meth:`tick` every interval.
-
-    Published times come from ``wall_clock``, durations from the samples' monotonic ``t``: both
-    injectable, so tests drive uneven intervals deterministically.
-    """
+    """Published times come from ``wall_clock``, durations from the samples' monotonic ``t``: tests inject
+    both to drive uneven intervals deterministically."""
 
     def __init__(self, config: Config, sampler: Sampler, *, wall_clock: Callable[[], float] = time.time,
                  energy_interval_s: float | None = None, host: str | None = None) -> None:
@@ -420,16 +402,15 @@ def run_agent(config: Config, *, once: bool = False, sampler: Sampler | None = N
         log.error("gpueff agent cannot start: %s", exc)
         return 1
     server = None
-    if agent.config.agent.metrics_port:
+    address, port = config.agent.metrics_address, config.agent.metrics_port
+    if port:
         from .agent_metrics import serve
 
         try:
-            server, _thread = serve(agent, agent.config.agent.metrics_address, agent.config.agent.metrics_port)
-            log.info("live GPU gauges on http://%s:%d/metrics", agent.config.agent.metrics_address,
-                     agent.config.agent.metrics_port)
+            server, _thread = serve(agent, address, port)
+            log.info("live GPU gauges on http://%s:%d/metrics", address, port)
         except OSError as exc:  # port taken: sampling (what jobs' figures need) goes on without it
-            log.error("cannot serve /metrics on %s:%d: %s; sampling goes on without it",
-                      agent.config.agent.metrics_address, agent.config.agent.metrics_port, exc)
+            log.error("cannot serve /metrics on %s:%d: %s; sampling goes on without it", address, port, exc)
     stop = threading.Event()
     old: dict[signal.Signals, Callable[[int, FrameType | None], object] | int | None] = {}
     if threading.current_thread() is threading.main_thread():

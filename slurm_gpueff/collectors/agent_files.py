@@ -1,6 +1,6 @@
 """Where the nvml node agent publishes, and how readers find their way in those files.
 
-Apart from the agent so the hooks import neither signal handling nor threads. Stdlib only.
+Apart from the agent so that the hooks import neither signal handling nor threads.
 """
 
 from __future__ import annotations

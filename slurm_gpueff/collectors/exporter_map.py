@@ -1,9 +1,8 @@
 """dcgm-exporter's HPC job mapping (``dcgm.exporter_mapping``): ``DIR/<DCGM gpu id>`` lists the jobs on that GPU.
 
-dcgm-exporter started with ``--hpc-job-mapping-dir DIR`` labels that GPU's metrics ``hpc_job``. The
-Prolog adds the job's id to each of its GPUs' files, the Epilog takes it out (deleting emptied files).
-Each change is read-modify-write under an exclusive ``flock`` (two hooks may run at once) and lands
-with an atomic rename, so the exporter never reads a half file. Stdlib only (hook path).
+The Prolog adds the job's id to each of its GPUs' files, the Epilog takes it out. Each change is
+read-modify-write under an exclusive ``flock`` (two hooks may run at once) and lands with an atomic
+rename, so the exporter never reads a half file.
 """
 
 from __future__ import annotations

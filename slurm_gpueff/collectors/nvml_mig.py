@@ -1,12 +1,9 @@
 """MIG jobs on the nvml backend: each slice's own figures from the agent's per-GPU-instance counters.
 
-A job given MIG slices must never be charged the whole GPU's figures: Slurm's index of a slice is not a
-/dev/nvidiaN minor, and NVML's utilization, energy and power are whole-GPU readings. Each slice is
-attributed to (parent GPU UUID, GPU instance id) via :mod:`.mig`. The Prolog snapshots the slice's GPM
-counters (``gpus[parent].mig[gi]`` in the agent's state), the Epilog differences them; peak memory is
-the GPU instance's. Kernel activity, energy and power are None with the reason, and so is everything
-when the slice was re-created during the job, its GPU instance holds several compute instances (GPM
-cannot tell them apart), the GPU has no GPM, or the agent is down or restarted. Stdlib only (hook path).
+A slice must never be charged the whole GPU's figures: its Slurm index is not a /dev/nvidiaN minor, and
+NVML's utilization, energy and power are whole-GPU readings. Each slice is resolved to (parent GPU, GPU
+instance) by :mod:`.mig`; what is measured per slice and why the rest is n/a: docs/FIGURES.md "On the
+dcgm backend, and on MIG slices".
 """
 
 from __future__ import annotations
@@ -26,10 +23,6 @@ if TYPE_CHECKING:
 GPM_MIG_METRICS = ("sm_active", "sm_occupancy", "tensor_active", "dram_active", "fp64_active", "fp32_active",
                    "fp16_active")
 WHOLE_GPU_ONLY = ("kernel_active", "energy_j", "power_mean_w")
-
-
-def slices(job: JobContext) -> list[tuple[int, str]]:
-    return job_slices(job.env)
 
 
 def _slice_entry(state: dict[str, Any] | None, desc: dict[str, Any]) -> dict[str, Any] | None:
@@ -65,7 +58,7 @@ def start(state_dir: str, job: JobContext, out: dict[str, Any], state: dict[str,
     """
     inventory = (state.get("mig") if isinstance(state, dict) else None) or migmod.agent_inventory(state_dir)
     out["mig"] = {}
-    for idx, mig_uuid in slices(job):
+    for idx, mig_uuid in job_slices(job.env):
         desc, why = migmod.resolve(mig_uuid, inventory if isinstance(inventory, dict) else {}, migmod.nvml_lookup)
         entry: dict[str, Any] = {"uuid": mig_uuid, "desc": desc, "error": why}
         out["uuids"].append(mig_uuid)
@@ -85,7 +78,7 @@ def stop(job: JobContext, start_state: dict[str, Any] | None, backend: str, *, s
     from the difference of the slice's counters; ``reason`` (agent down, restarted, no Prolog state) voids them."""
     saved = (start_state or {}).get("mig") or {}
     gpus = []
-    for idx, mig_uuid in slices(job):
+    for idx, mig_uuid in job_slices(job.env):
         entry = saved.get(str(idx)) or {}
         desc, why = entry.get("desc"), entry.get("error")
         if desc is None and why is None:

@@ -1,13 +1,10 @@
 """Read every GPU of the node through NVML (and GPM on Hopper and newer): the node agent's only GPU access.
 
-The agent sees GPUs only through :class:`Sampler`, so tests drive the real agent loop with a fake one
-(the GPU mock). Sources per figure: docs/FIGURES.md. Facts the code relies on: NVML's utilization.gpu
-is a ring buffer of readings, so a tick averages every reading since the previous one rather than one
-glimpse; GPM returns exact means over the interval between two GPM samples (NaN or a per-metric error
-becomes ``None``, never 0); the energy counter is the slowest call, read only when asked. MIG devices
-are enumerated every tick (GPU instances can be re-created without a GPU reset); GPM is sampled per GPU
-instance (``nvmlGpmMigSampleGet``), shared by its compute instances; NVML has no per-slice
-utilization.gpu, power or energy. pynvml is imported lazily: the agent's tests run without it.
+The agent sees GPUs only through :class:`Sampler`, so tests drive it with a fake (the GPU mock). Sources
+per figure: docs/FIGURES.md. utilization.gpu is a ring buffer, so a tick averages every reading since the
+previous one; GPM gives exact means between two GPM samples (NaN or a per-metric error is ``None``). MIG
+devices are enumerated every tick (GPU instances can be re-created without a GPU reset); GPM is sampled
+per GPU instance; NVML has no per-slice utilization.gpu, power or energy. pynvml is imported lazily.
 """
 
 from __future__ import annotations
