@@ -337,15 +337,14 @@ class Agent:
             self.last_prune_wall = now
             self.prune_timelines(now)
 
-    def prune_timelines(self, now: float) -> int:
-        """Drop timeline lines older than ``agent.timeline_keep_h``; return how many went."""
+    def prune_timelines(self, now: float) -> None:
+        """Drop timeline lines older than ``agent.timeline_keep_h``."""
         cutoff = now - self.keep_s
-        dropped = 0
         d = os.path.join(agent_dir(self.state_dir), "timeline")
         try:
             names = [n for n in os.listdir(d) if n.endswith(".jsonl")]
         except OSError:
-            return 0
+            return
         for n in names:
             path = os.path.join(d, n)
             try:
@@ -355,12 +354,10 @@ class Agent:
                 continue
             keep = [ln for ln in lines if (line_time(ln) or 0.0) >= cutoff]
             if len(keep) != len(lines):
-                dropped += len(lines) - len(keep)
                 try:
                     spool.atomic_write(path, "".join(keep).encode(), mode=0o644)
                 except OSError as exc:
                     log.warning("cannot prune %s: %s", path, exc)
-        return dropped
 
 
 def _add_gpm(c: Counters, gpm: dict[str, float | None], dt: float | None) -> dict[str, float | None]:

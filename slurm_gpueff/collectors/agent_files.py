@@ -50,20 +50,12 @@ def jobs_dir(state_dir: str) -> str:
 
 
 def job_file_uuids(data: object) -> list[str]:
-    """GPU UUIDs named in a Prolog job file: ``start.uuids`` (the collector's start state) or ``gpus``."""
-    found: list[str] = []
-    if isinstance(data, dict):
-        start = data.get("start")
-        cands: list[object] = []
-        if isinstance(start, dict) and isinstance(start.get("uuids"), list):
-            cands += start["uuids"]
-        for key in ("uuids", "gpus"):
-            if isinstance(data.get(key), list):
-                cands += data[key]
-        for c in cands:
-            if isinstance(c, str) and c.startswith(("GPU-", "MIG-")) and c not in found:
-                found.append(c)
-    return found
+    """GPU and MIG UUIDs named in a Prolog job file's ``start.uuids`` (the collector's start state)."""
+    start = data.get("start") if isinstance(data, dict) else None
+    uuids = start.get("uuids") if isinstance(start, dict) else None
+    if not isinstance(uuids, list):
+        return []
+    return list(dict.fromkeys(u for u in uuids if isinstance(u, str) and u.startswith(("GPU-", "MIG-"))))
 
 
 def replace_file(path: str, data: bytes, mode: int = 0o644) -> None:

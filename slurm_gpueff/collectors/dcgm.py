@@ -361,30 +361,20 @@ class DcgmCollector(Collector):
             missing.update(dict.fromkeys(JOBSTATS_METRICS, "DCGM job statistics have no entry for this GPU"))
             return
         util = i32(g.smUtilization.average)  # util.gpu, i.e. kernel activity (NVIDIA/DCGM#305)
-        if util is not None:
-            gpu["kernel_active"] = round(min(100, util) / 100.0, 6)
-        energy = i64(g.energyConsumed)  # mJ
-        if energy is not None:
-            gpu["energy_j"] = round(energy / 1000.0, 3)
-        power = fp64(g.powerUsage.average)  # W
-        if power is not None:
-            gpu["power_mean_w"] = round(power, 3)
-        peak = i64(g.maxGpuMemoryUsed)  # bytes
-        if peak is not None:
-            gpu["memory_used_peak_bytes"] = peak
+        energy_mj = i64(g.energyConsumed)
+        power_w = fp64(g.powerUsage.average)
+        gpu["kernel_active"] = round(min(100, util) / 100.0, 6) if util is not None else None
+        gpu["energy_j"] = round(energy_mj / 1000.0, 3) if energy_mj is not None else None
+        gpu["power_mean_w"] = round(power_w, 3) if power_w is not None else None
+        gpu["memory_used_peak_bytes"] = i64(g.maxGpuMemoryUsed)
         for m in JOBSTATS_METRICS:
             if gpu[m] is None:
                 missing[m] = BLANK_REASON
         gpu["xid_errors"] = i32(g.numXidCriticalErrors)
-        throttle = {}
-        for k, attr in VIOLATIONS.items():
-            us = i64(getattr(g, attr, None))
-            if us is not None:
-                throttle[k] = round(us / 1e6, 3)
-        gpu["throttle_s"] = throttle or None
+        throttle_us = {k: i64(getattr(g, attr, None)) for k, attr in VIOLATIONS.items()}
+        gpu["throttle_s"] = {k: round(us / 1e6, 3) for k, us in throttle_us.items() if us is not None} or None
         n = i32(g.numComputePids) or 0
-        pids = sorted({int(p.pid) for p in g.computePids[: min(n, len(g.computePids))] if int(p.pid) > 0})
-        gpu["processes"] = pids
+        gpu["processes"] = sorted({int(p.pid) for p in g.computePids[: min(n, len(g.computePids))] if int(p.pid) > 0})
         for k in ("xid_errors", "throttle_s"):
             if gpu[k] is None:
                 missing[k] = BLANK_REASON

@@ -138,15 +138,11 @@ def probe(address: str, timeout_s: float) -> str | None:
         kind, where, port = parse_address(address)
     except ValueError as exc:
         return f"bad dcgm.hostengine address {address!r}: {exc}"
-    family = socket.AF_UNIX if kind == "unix" else None
     try:
-        if family is not None:
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            s.settimeout(timeout_s)
-            try:
+        if kind == "unix":
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(timeout_s)
                 s.connect(where)
-            finally:
-                s.close()
         else:
             socket.create_connection((where, port), timeout=timeout_s).close()
     except OSError as exc:

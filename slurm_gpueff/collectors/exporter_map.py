@@ -39,10 +39,8 @@ def _locked(directory: str) -> Iterator[None]:
         os.close(fd)
 
 
-def add_job(directory: str, gpu_ids: Iterable[int], job_id: str) -> list[str]:
-    """Add ``job_id`` to the file of each GPU id; return the paths written."""
+def add_job(directory: str, gpu_ids: Iterable[int], job_id: str) -> None:
     os.makedirs(directory, mode=0o755, exist_ok=True)
-    written: list[str] = []
     with _locked(directory):
         for gid in sorted(set(int(g) for g in gpu_ids)):
             path = os.path.join(directory, str(gid))
@@ -50,15 +48,12 @@ def add_job(directory: str, gpu_ids: Iterable[int], job_id: str) -> list[str]:
             if job_id not in ids:
                 ids.append(job_id)
             spool.atomic_write(path, ("\n".join(ids) + "\n").encode(), mode=0o644)
-            written.append(path)
-    return written
 
 
-def remove_job(directory: str, gpu_ids: Iterable[int], job_id: str) -> list[str]:
-    """Take ``job_id`` out of the file of each GPU id (deleting emptied files); return the paths changed."""
-    changed: list[str] = []
+def remove_job(directory: str, gpu_ids: Iterable[int], job_id: str) -> None:
+    """Take ``job_id`` out of the file of each GPU id, deleting emptied files."""
     if not os.path.isdir(directory):
-        return changed
+        return
     with _locked(directory):
         for gid in sorted(set(int(g) for g in gpu_ids)):
             path = os.path.join(directory, str(gid))
@@ -70,5 +65,3 @@ def remove_job(directory: str, gpu_ids: Iterable[int], job_id: str) -> list[str]
                 spool.atomic_write(path, ("\n".join(rest) + "\n").encode(), mode=0o644)
             else:
                 os.unlink(path)
-            changed.append(path)
-    return changed
