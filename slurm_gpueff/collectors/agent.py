@@ -251,11 +251,8 @@ class Agent:
                 self.job_files[job_id] = (st.st_mtime_ns, st.st_size, uuids)
             peaks = self.job_peaks.setdefault(job_id, {})
             for u in self.job_files[job_id][2]:
-                g = self.gpus.get(u)
-                used = g.memory_used if g is not None else None
-                if g is None and u.startswith("MIG-"):
-                    sl = self._mig_slice(u)
-                    used = sl.memory_used if sl is not None else None
+                src = self.gpus.get(u) or (self._mig_slice(u) if u.startswith("MIG-") else None)
+                used = src.memory_used if src is not None else None
                 if used is not None:
                     peaks[u] = max(peaks.get(u, 0), used)
         for job_id in list(self.job_files):

@@ -89,15 +89,19 @@ def line_time(line: str) -> float | None:
         return None
 
 
-def read_job_timeline(state_dir: str, key: str, match: Mapping[str, object], t_start: float,
-                      snap: Mapping[str, Any], t_end: float, end: Mapping[str, Any],
-                      t0: float) -> list[list[float | None]]:
-    """A job's coarse timeline: the timeline lines of ``key`` inside the job's window, between the
-    Prolog snapshot and the Epilog state, differenced into per-interval means.
+def read_job_timeline(state_dir: str, key: str, match: Mapping[str, object], job_start: float | None,
+                      start_state: Mapping[str, Any], snap: Mapping[str, Any], state: Mapping[str, Any],
+                      end: Mapping[str, Any]) -> list[list[float | None]]:
+    """A job's coarse timeline: the timeline lines of ``key`` between the Prolog's snapshot ``snap`` and
+    the Epilog's ``end``, differenced into per-interval means ([] when either end's time is unknown).
 
     A line counts only if it carries ``match`` (the agent ``instance``; for a MIG slice also its
     ``gen``): counters of another agent run or slice generation are never mixed in.
     """
+    t_start = start_state.get("updated") or start_state.get("t")
+    t_end = state.get("updated")
+    if not isinstance(t_start, int | float) or not isinstance(t_end, int | float):
+        return []
     points: list[tuple[float, Mapping[str, Any]]] = [(t_start, snap)]
     try:
         with open(timeline_path(state_dir, key)) as fh:
@@ -114,4 +118,4 @@ def read_job_timeline(state_dir: str, key: str, match: Mapping[str, object], t_s
     except OSError:
         pass
     points.append((t_end, end))
-    return timeline_points(points, t0)
+    return timeline_points(points, job_start or t_start)

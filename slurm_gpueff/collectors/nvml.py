@@ -37,10 +37,6 @@ def _backend(gpus: list[dict[str, Any]]) -> str:
     return "nvml-gpm" if any(g["source"] == "nvml-gpm" for g in gpus) else "nvml"
 
 
-def _fmt_time(t: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
-
-
 class NvmlCollector(Collector):
     """Per-job figures from the gpueff node agent (NVML + GPM). Labelled ``nvml-gpm`` or ``nvml``."""
 
@@ -69,7 +65,7 @@ class NvmlCollector(Collector):
         if not isinstance(updated, int | float):
             return state, f"gpueff agent state {path} has no update time"
         if state.get("stopped"):
-            return state, f"gpueff agent was stopped at {_fmt_time(updated)}"
+            return state, f"gpueff agent was stopped at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(updated))}"
         age = self.now() - updated
         if age > self.stale_s:
             return state, (f"gpueff agent state is stale: last update {age:.0f} s ago "
@@ -232,10 +228,7 @@ class NvmlCollector(Collector):
         if gpm and all(gpu[m] is None for m in GPM_METRICS):
             gpu["source"] = "nvml"
         gpu["missing"] = {k: v for k, v in missing.items() if v}
-        t_start = start_state.get("updated") or start_state.get("t")
-        t_end = state.get("updated")
-        if isinstance(t_start, int | float) and isinstance(t_end, int | float) and samples > 0:
-            t0 = job.start_time if job.start_time else t_start
+        if samples > 0:
             gpu["timeline"] = read_job_timeline(self.state_dir, ident["uuid"], {"instance": state.get("instance")},
-                                                t_start, snap, t_end, ag, t0)
+                                                job.start_time, start_state, snap, state, ag)
         return gpu

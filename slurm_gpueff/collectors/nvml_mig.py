@@ -162,11 +162,8 @@ def _figures(job: JobContext, gpu: dict[str, Any], missing: dict[str, str], entr
                                              "file existed (job shorter than one sampling interval?)")
     if any(gpu[m] is not None for m in GPM_MIG_METRICS):
         gpu["source"] = "nvml-gpm"
-    t_start = start_state.get("updated") or start_state.get("t")
-    t_end = state.get("updated")
-    if samples > 0 and isinstance(t_start, int | float) and isinstance(t_end, int | float):
-        t0 = job.start_time if job.start_time else t_start
+    if samples > 0:
         gpu["timeline"] = read_job_timeline(state_dir, mig_key(desc["parent_uuid"], desc["gi_id"]),
                                             {"instance": state.get("instance"), "gen": snap.get("gen")},
-                                            t_start, snap, t_end, end, t0)
+                                            job.start_time, start_state, snap, state, end)
 
