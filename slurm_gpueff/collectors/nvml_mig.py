@@ -12,7 +12,8 @@ from ..record import METRICS, empty_gpu
 from . import integrals
 from . import mig as migmod
 from .agent_files import mig_key, read_job_timeline
-from .gpu_ids import job_slices, parse_legacy_mig
+from .gpu_ids import job_slices
+from .nvml_sampler import GPM_METRICS
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -20,8 +21,7 @@ if TYPE_CHECKING:
 
     from .base import JobContext
 
-GPM_MIG_METRICS = ("sm_active", "sm_occupancy", "tensor_active", "dram_active", "fp64_active", "fp32_active",
-                   "fp16_active")
+GPM_MIG_METRICS = tuple(GPM_METRICS)
 WHOLE_GPU_ONLY = ("kernel_active", "energy_j", "power_mean_w")
 
 
@@ -84,8 +84,6 @@ def stop(job: JobContext, start_state: dict[str, Any] | None, backend: str, *, s
         if desc is None and why is None:
             inventory = (state or {}).get("mig") if isinstance(state, dict) else None
             desc, why = migmod.resolve(mig_uuid, inventory if isinstance(inventory, dict) else None, None)
-            if desc is None and parse_legacy_mig(mig_uuid) is None:
-                why = why or "no Prolog state for this slice"
         ident = migmod.slice_ident(desc, mig_uuid)
         gpu = empty_gpu(idx, backend, None, **ident)
         missing: dict[str, str] = {}
