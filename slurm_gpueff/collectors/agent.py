@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from .. import spool
 from ..errors import CollectorError
 from . import agent_files, integrals
-from .agent_files import agent_dir, job_file_uuids, jobs_dir, line_time, mig_key, state_path, timeline_path
+from .agent_files import job_file_uuids, line_time, mig_key, state_path, timeline_path
 from .gpu_ids import parse_legacy_mig
 from .nvml_sampler import GPM_METRICS, NO_GPM_REASON, GpuInfo, GpuSample, MigInfo, MigSample, NvmlSampler, Sampler
 
@@ -117,7 +117,7 @@ class Agent:
     def open(self) -> None:
         infos = self.sampler.open()
         self.gpus = {i.uuid: _Gpu(i) for i in infos}
-        os.makedirs(os.path.join(agent_dir(self.state_dir), "timeline"), mode=0o755, exist_ok=True)
+        os.makedirs(os.path.join(self.state_dir, "agent", "timeline"), mode=0o755, exist_ok=True)
         desc = ", ".join(f"{i.uuid} ({i.model}, {'GPM' if i.gpm_supported else i.gpm_reason})" for i in infos)
         log.info("gpueff agent %s on %s: %d GPU(s), interval %.1f s: %s", self.instance[:8], self.host,
                  len(infos), self.interval_s, desc)
@@ -222,7 +222,7 @@ class Agent:
         return None
 
     def _track_jobs(self) -> None:
-        d = jobs_dir(self.state_dir)
+        d = os.path.join(self.state_dir, "jobs")  # where the Prolog saves its start state
         seen: set[str] = set()
         try:
             entries = list(os.scandir(d))
@@ -337,7 +337,7 @@ class Agent:
     def prune_timelines(self, now: float) -> None:
         """Drop timeline lines older than ``agent.timeline_keep_h``."""
         cutoff = now - self.keep_s
-        d = os.path.join(agent_dir(self.state_dir), "timeline")
+        d = os.path.join(self.state_dir, "agent", "timeline")
         try:
             names = [n for n in os.listdir(d) if n.endswith(".jsonl")]
         except OSError:

@@ -17,10 +17,6 @@ if TYPE_CHECKING:
     from typing import Any
 
 
-def agent_dir(state_dir: str) -> str:
-    return os.path.join(state_dir, "agent")
-
-
 def state_path(state_dir: str) -> str:
     return os.path.join(state_dir, "agent", "state.json")
 
@@ -43,10 +39,6 @@ def timeline_path(state_dir: str, uuid: str) -> str:
 def mig_key(parent_uuid: str, gi_id: int | str) -> str:
     """Name of a MIG slice's (GPU instance's) series: its timeline file is ``timeline_path(dir, mig_key(...))``."""
     return f"{parent_uuid}_gi{gi_id}"
-
-
-def jobs_dir(state_dir: str) -> str:
-    return os.path.join(state_dir, "jobs")
 
 
 def job_file_uuids(data: object) -> list[str]:

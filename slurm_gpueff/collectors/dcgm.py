@@ -107,13 +107,9 @@ class DcgmCollector(Collector):
     def start(self, job: JobContext) -> dict[str, Any]:
         state: dict[str, Any] = {"backend": self.name, "t": self.now()}
         fb = self._fallback()
-        if fb is not None:
-            try:
-                fb_state = fb.start(job)
-                state.update({k: v for k, v in fb_state.items() if k not in ("backend", "t")})
-                state["fallback"] = fb.name
-            except Exception as exc:  # noqa: BLE001
-                log.warning("nvml fallback start failed: %s", exc)
+        if fb is not None:  # its start never raises: every failure is in its state's "error"
+            state.update({k: v for k, v in fb.start(job).items() if k not in ("backend", "t")})
+            state["fallback"] = fb.name
         try:
             state["dcgm"] = self._with_dcgm(lambda b, h: self._dcgm_start(job, b, h))
         except Exception as exc:  # noqa: BLE001 - every DCGM failure becomes a reason
@@ -323,9 +319,8 @@ class DcgmCollector(Collector):
             per_gpu: dict[int, GpuJobStats] = {}
             if stats is not None:
                 per_gpu = {int(g.gpuId): g for g in stats.gpus[: max(0, int(stats.numGpus))]}
-            gpus = []
-            for idx_s, t in sorted(d["targets"].items(), key=lambda kv: int(kv[0])):
-                gpus.append(self._gpu_record(b, h, int(idx_s), t, d, per_gpu, t1_us))
+            gpus = [self._gpu_record(b, h, int(idx), t, d, per_gpu, t1_us)
+                    for idx, t in sorted(d["targets"].items(), key=lambda kv: int(kv[0]))]
         finally:
             self._cleanup(b, h, d)
         notes = list(d.get("notes") or [])
