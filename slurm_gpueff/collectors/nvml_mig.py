@@ -52,10 +52,8 @@ def _snapshot(sl: dict[str, Any]) -> dict[str, Any]:
 
 def start(state_dir: str, job: JobContext, out: dict[str, Any], state: dict[str, Any] | None,
           err: str | None) -> dict[str, Any]:
-    """Complete ``out``, the Prolog state, for a MIG job: each slice resolved (while it exists) and its
-    counters snapshotted. ``state``/``err`` come from NvmlCollector.read_state; ``uuids`` lets the agent
-    track each slice's peak memory.
-    """
+    """Complete ``out``, the Prolog state (``state``/``err`` from NvmlCollector.read_state): each slice
+    resolved while it exists, its counters snapshotted, its UUID in ``uuids`` for the agent's peak memory."""
     inventory = (state.get("mig") if isinstance(state, dict) else None) or migmod.agent_inventory(state_dir)
     out["mig"] = {}
     for idx, mig_uuid in job_slices(job.env):
