@@ -1,25 +1,10 @@
 """The node agent of the nvml backend: sample every GPU every few seconds, publish cumulative integrals.
 
-Why an agent at all: NVML's utilization and GPM readings are short-window averages; a job's mean needs
-samples all through the job, and a Prolog/Epilog pair only runs at its two ends. The agent keeps per GPU
-*cumulative* integrals since it started (:mod:`.integrals`) and knows nothing about jobs' GPU time; the
-hook-side collector (:mod:`.nvml`) differences them. Files, under ``paths.state_dir``:
-
-* ``agent/state.json`` -- rewritten every tick: the agent's identity (pid, instance, start), per GPU
-  UUID its identity, GPM support, counters, energy and memory used, and ``jobs``: peak memory per
-  (job, GPU UUID). For a GPU in MIG mode, ``mig`` holds per GPU instance the same GPM counters, its
-  devices and a generation ``gen`` that changes when the instance is re-created (counters restart);
-  the top-level ``mig`` maps each MIG device UUID to its parent and instance (for :mod:`.mig`).
-  Kernel activity, power and energy are per physical GPU only.
-* ``agent/timeline/<uuid>.jsonl`` (a slice: ``<parent uuid>_gi<N>.jsonl``) -- every
-  ``agent.timeline_interval_s`` the cumulative timeline counters, for the Epilog's coarse timeline.
-* ``jobs/<job_id>.json`` -- the Prolog's; while one exists the agent tracks that job's peak memory on
-  the GPUs it names, so a job's peak never includes an earlier job's.
-
-Energy: the cumulative counter is NVML's slowest call, so it is read every ``ENERGY_INTERVAL_S`` only and
-extended in between with the power integral (``energy_est_mj``).
-
-SIGTERM/SIGINT finish the current tick, write a final state marked ``stopped`` and exit 0.
+A Prolog/Epilog pair runs only at a job's two ends, so the agent samples all through and publishes per
+GPU (and per MIG GPU instance) cumulative integrals in ``agent/state.json`` and timeline files, which the
+hooks difference (:mod:`.nvml`; docs/DESIGN.md "Data flow", docs/FIGURES.md). Of jobs it knows only their
+peak memory, tracked while a Prolog's ``jobs/<job_id>.json`` exists. The energy counter is NVML's
+slowest call: read every ``ENERGY_INTERVAL_S``, extended in between by the power integral.
 """
 
 from __future__ import annotations
@@ -40,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from .. import spool
 from ..errors import CollectorError
 from . import agent_files, integrals
-from .agent_files import agent_dir, job_file_uuids, jobs_dir, line_time, mig_key, state_path, timeline_path
+from .agent_files import job_file_uuids, line_time, mig_key, state_path, timeline_path
 from .gpu_ids import parse_legacy_mig
 from .nvml_sampler import GPM_METRICS, NO_GPM_REASON, GpuInfo, GpuSample, MigInfo, MigSample, NvmlSampler, Sampler
 
@@ -65,7 +50,7 @@ class _Slice:
         self.gi_id = gi_id
         self.devices = devices
         self.key = frozenset(d.uuid for d in devices)
-        self.gen = uuidlib.uuid4().hex[:12]
+        self.gen = uuidlib.uuid4().hex[:12]  # new for every (re)created GPU instance: its counters restart
         self.since = since
         self.counters = integrals.new_counters()
         self.ticks = 0
@@ -100,11 +85,8 @@ class _Gpu:
 
 
 class Agent:
-    """One agent instance: open the sampler, then call :meth:`tick` every interval.
-
-    Published times come from ``wall_clock``, durations from the samples' monotonic ``t``: both
-    injectable, so tests drive uneven intervals deterministically.
-    """
+    """Published times come from ``wall_clock``, durations from the samples' monotonic ``t``: tests inject
+    both to drive uneven intervals deterministically."""
 
     def __init__(self, config: Config, sampler: Sampler, *, wall_clock: Callable[[], float] = time.time,
                  energy_interval_s: float | None = None, host: str | None = None) -> None:
@@ -135,7 +117,7 @@ class Agent:
     def open(self) -> None:
         infos = self.sampler.open()
         self.gpus = {i.uuid: _Gpu(i) for i in infos}
-        os.makedirs(os.path.join(agent_dir(self.state_dir), "timeline"), mode=0o755, exist_ok=True)
+        os.makedirs(os.path.join(self.state_dir, "agent", "timeline"), mode=0o755, exist_ok=True)
         desc = ", ".join(f"{i.uuid} ({i.model}, {'GPM' if i.gpm_supported else i.gpm_reason})" for i in infos)
         log.info("gpueff agent %s on %s: %d GPU(s), interval %.1f s: %s", self.instance[:8], self.host,
                  len(infos), self.interval_s, desc)
@@ -240,7 +222,7 @@ class Agent:
         return None
 
     def _track_jobs(self) -> None:
-        d = jobs_dir(self.state_dir)
+        d = os.path.join(self.state_dir, "jobs")  # where the Prolog saves its start state
         seen: set[str] = set()
         try:
             entries = list(os.scandir(d))
@@ -269,11 +251,8 @@ class Agent:
                 self.job_files[job_id] = (st.st_mtime_ns, st.st_size, uuids)
             peaks = self.job_peaks.setdefault(job_id, {})
             for u in self.job_files[job_id][2]:
-                g = self.gpus.get(u)
-                used = g.memory_used if g is not None else None
-                if g is None and u.startswith("MIG-"):
-                    sl = self._mig_slice(u)
-                    used = sl.memory_used if sl is not None else None
+                src = self.gpus.get(u) or (self._mig_slice(u) if u.startswith("MIG-") else None)
+                used = src.memory_used if src is not None else None
                 if used is not None:
                     peaks[u] = max(peaks.get(u, 0), used)
         for job_id in list(self.job_files):
@@ -355,15 +334,14 @@ class Agent:
             self.last_prune_wall = now
             self.prune_timelines(now)
 
-    def prune_timelines(self, now: float) -> int:
-        """Drop timeline lines older than ``agent.timeline_keep_h``; return how many went."""
+    def prune_timelines(self, now: float) -> None:
+        """Drop timeline lines older than ``agent.timeline_keep_h``."""
         cutoff = now - self.keep_s
-        dropped = 0
-        d = os.path.join(agent_dir(self.state_dir), "timeline")
+        d = os.path.join(self.state_dir, "agent", "timeline")
         try:
             names = [n for n in os.listdir(d) if n.endswith(".jsonl")]
         except OSError:
-            return 0
+            return
         for n in names:
             path = os.path.join(d, n)
             try:
@@ -373,12 +351,10 @@ class Agent:
                 continue
             keep = [ln for ln in lines if (line_time(ln) or 0.0) >= cutoff]
             if len(keep) != len(lines):
-                dropped += len(lines) - len(keep)
                 try:
                     spool.atomic_write(path, "".join(keep).encode(), mode=0o644)
                 except OSError as exc:
                     log.warning("cannot prune %s: %s", path, exc)
-        return dropped
 
 
 def _add_gpm(c: Counters, gpm: dict[str, float | None], dt: float | None) -> dict[str, float | None]:
@@ -420,16 +396,15 @@ def run_agent(config: Config, *, once: bool = False, sampler: Sampler | None = N
         log.error("gpueff agent cannot start: %s", exc)
         return 1
     server = None
-    if agent.config.agent.metrics_port:
+    address, port = config.agent.metrics_address, config.agent.metrics_port
+    if port:
         from .agent_metrics import serve
 
         try:
-            server, _thread = serve(agent, agent.config.agent.metrics_address, agent.config.agent.metrics_port)
-            log.info("live GPU gauges on http://%s:%d/metrics", agent.config.agent.metrics_address,
-                     agent.config.agent.metrics_port)
+            server, _thread = serve(agent, address, port)
+            log.info("live GPU gauges on http://%s:%d/metrics", address, port)
         except OSError as exc:  # port taken: sampling (what jobs' figures need) goes on without it
-            log.error("cannot serve /metrics on %s:%d: %s; sampling goes on without it",
-                      agent.config.agent.metrics_address, agent.config.agent.metrics_port, exc)
+            log.error("cannot serve /metrics on %s:%d: %s; sampling goes on without it", address, port, exc)
     stop = threading.Event()
     old: dict[signal.Signals, Callable[[int, FrameType | None], object] | int | None] = {}
     if threading.current_thread() is threading.main_thread():

@@ -1,6 +1,6 @@
 """Where the nvml node agent publishes, and how readers find their way in those files.
 
-Apart from the agent so the hooks import neither signal handling nor threads. Stdlib only.
+Apart from the agent so that the hooks import neither signal handling nor threads.
 """
 
 from __future__ import annotations
@@ -15,10 +15,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
-
-
-def agent_dir(state_dir: str) -> str:
-    return os.path.join(state_dir, "agent")
 
 
 def state_path(state_dir: str) -> str:
@@ -45,25 +41,13 @@ def mig_key(parent_uuid: str, gi_id: int | str) -> str:
     return f"{parent_uuid}_gi{gi_id}"
 
 
-def jobs_dir(state_dir: str) -> str:
-    return os.path.join(state_dir, "jobs")
-
-
 def job_file_uuids(data: object) -> list[str]:
-    """GPU UUIDs named in a Prolog job file: ``start.uuids`` (the collector's start state) or ``gpus``."""
-    found: list[str] = []
-    if isinstance(data, dict):
-        start = data.get("start")
-        cands: list[object] = []
-        if isinstance(start, dict) and isinstance(start.get("uuids"), list):
-            cands += start["uuids"]
-        for key in ("uuids", "gpus"):
-            if isinstance(data.get(key), list):
-                cands += data[key]
-        for c in cands:
-            if isinstance(c, str) and c.startswith(("GPU-", "MIG-")) and c not in found:
-                found.append(c)
-    return found
+    """GPU and MIG UUIDs named in a Prolog job file's ``start.uuids`` (the collector's start state)."""
+    start = data.get("start") if isinstance(data, dict) else None
+    uuids = start.get("uuids") if isinstance(start, dict) else None
+    if not isinstance(uuids, list):
+        return []
+    return list(dict.fromkeys(u for u in uuids if isinstance(u, str) and u.startswith(("GPU-", "MIG-"))))
 
 
 def replace_file(path: str, data: bytes, mode: int = 0o644) -> None:
@@ -97,15 +81,19 @@ def line_time(line: str) -> float | None:
         return None
 
 
-def read_job_timeline(state_dir: str, key: str, match: Mapping[str, object], t_start: float,
-                      snap: Mapping[str, Any], t_end: float, end: Mapping[str, Any],
-                      t0: float) -> list[list[float | None]]:
-    """A job's coarse timeline: the timeline lines of ``key`` inside the job's window, between the
-    Prolog snapshot and the Epilog state, differenced into per-interval means.
+def read_job_timeline(state_dir: str, key: str, match: Mapping[str, object], job_start: float | None,
+                      start_state: Mapping[str, Any], snap: Mapping[str, Any], state: Mapping[str, Any],
+                      end: Mapping[str, Any]) -> list[list[float | None]]:
+    """A job's coarse timeline: the timeline lines of ``key`` between the Prolog's snapshot ``snap`` and
+    the Epilog's ``end``, differenced into per-interval means ([] when either end's time is unknown).
 
     A line counts only if it carries ``match`` (the agent ``instance``; for a MIG slice also its
     ``gen``): counters of another agent run or slice generation are never mixed in.
     """
+    t_start = start_state.get("updated") or start_state.get("t")
+    t_end = state.get("updated")
+    if not isinstance(t_start, int | float) or not isinstance(t_end, int | float):
+        return []
     points: list[tuple[float, Mapping[str, Any]]] = [(t_start, snap)]
     try:
         with open(timeline_path(state_dir, key)) as fh:
@@ -122,4 +110,4 @@ def read_job_timeline(state_dir: str, key: str, match: Mapping[str, object], t_s
     except OSError:
         pass
     points.append((t_end, end))
-    return timeline_points(points, t0)
+    return timeline_points(points, job_start or t_start)

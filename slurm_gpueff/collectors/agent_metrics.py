@@ -1,10 +1,8 @@
 """Live per-GPU gauges of the node agent for Prometheus (``[agent] metrics_port``; 0, the default, = off).
 
-What the agent read at its last tick, one series per GPU, labelled by minor, UUID and model only (never
-a job id, so the series stay bounded). A figure the agent could not read has no sample (a missing
-series, never an invented 0). Each tick replaces a GPU's ``last`` readings with a new dict, so a scrape
-from the server's thread sees one tick's readings, never a half-written one. prometheus_client is
-imported when the exporter starts: collectors stay stdlib-only at import time.
+Series are labelled by minor, UUID and model only (never a job id, so they stay bounded); a figure the
+agent could not read has no sample, never an invented 0. prometheus_client is imported when the exporter
+starts: collectors stay stdlib-only at import time.
 """
 
 from __future__ import annotations

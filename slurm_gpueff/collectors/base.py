@@ -1,10 +1,8 @@
-"""The collector interface and the pieces every backend shares. Stdlib only (hook path).
+"""The collector interface and the pieces every backend shares.
 
-The Prolog's ``collector.start(job)`` returns a small JSON-able start state, which the hook saves under
-``<state_dir>/jobs/<job_id>.json``; the Epilog's ``collector.stop(job, start_state)`` returns a
-:class:`Measurement` with one GPU dict (:mod:`slurm_gpueff.record`) per allocated GPU. ``start_state``
-is ``None`` when the Prolog did not run or its state was lost: the backend measures what it can and says
-why the rest is missing. The hook bounds a collector's run time.
+The Prolog's ``start(job)`` returns a small JSON-able start state, saved as ``<state_dir>/jobs/<job_id>.json``;
+the Epilog's ``stop(job, start_state)`` returns one GPU dict (:mod:`slurm_gpueff.record`) per allocated GPU.
+``start_state`` is ``None`` when the Prolog did not run or its state was lost: measure what can be, say why not.
 """
 
 from __future__ import annotations
@@ -22,8 +20,7 @@ if TYPE_CHECKING:
 class JobContext:
     """What the hook knows about the job from Slurm's environment (plus the clock).
 
-    ``gpu_indexes`` are Slurm's (SLURM_JOB_GPUS), positions in slurmd's sorted GRES device list, *not*
-    NVML indexes: :func:`slurm_index_to_minor` maps them to /dev/nvidiaN minors.
+    ``gpu_indexes`` are Slurm's (SLURM_JOB_GPUS), *not* NVML indexes: see :func:`slurm_index_to_minor`.
     """
 
     __slots__ = ("job_id", "node", "cluster", "gpu_indexes", "start_time", "end_time", "env")
@@ -52,7 +49,7 @@ class Measurement:
 
 
 class Collector:
-    """Base class. ``name`` is the backend label stored with every figure."""
+    """``name`` is the backend label stored with every figure."""
 
     name = "none"
 
@@ -70,11 +67,8 @@ _NVIDIA_DEV = re.compile(r"^nvidia(\d+)$")
 
 
 def device_minors(dev_dir: str = "/dev") -> list[int]:
-    """Minor numbers of the node's /dev/nvidiaN devices, in the order Slurm indexes them.
-
-    slurmd sorts its GRES device list by File name; for the usual ``/dev/nvidia[0-N]`` that is the
-    numeric order of N.
-    """
+    """Minor numbers of the node's /dev/nvidiaN devices, in the order Slurm indexes them (slurmd sorts
+    its GRES device list by File name: for ``/dev/nvidia[0-N]``, the numeric order of N)."""
     try:
         names = os.listdir(dev_dir)
     except OSError:
@@ -83,7 +77,7 @@ def device_minors(dev_dir: str = "/dev") -> list[int]:
 
 
 def slurm_index_to_minor(indexes: list[int], dev_dir: str = "/dev") -> dict[int, int | None]:
-    """Map Slurm GPU indexes to /dev/nvidiaN minors (None where the device does not exist).
+    """Slurm GPU index -> /dev/nvidiaN minor (None where the device does not exist).
 
     NVML's index order is PCI bus order, not the minor order: callers match minors, never NVML indexes.
     """

@@ -1,19 +1,10 @@
 """The dcgm backend: DCGM job statistics and profiling fields per allocation, through nv-hostengine.
 
-Prolog: find the job's GPUs in DCGM by UUID / PCI bus id (Slurm index -> /dev/nvidiaN minor -> the
-driver's ``/proc`` entry -> UUID -> DCGM gpu id; never by assuming ordinals match), or for MIG slices the
-GPU-instance entity; make a DCGM group of exactly those, watch the job fields with a keep age above the
-job's time limit and the profiling fields (by numeric id: DCGM 4.6 renamed the symbols), start job stats.
-Epilog: stop and read the job stats, average each profiling field over the job's window, remove it all.
-
-DCGM's job-stats "SM Utilization" is NVML's utilization.gpu (NVIDIA/DCGM#305), so it is stored as
-``kernel_active``; SM activity comes only from field 1002. Job statistics do not work on MIG: the
-profiling fields are read per GPU instance.
-
-Failures never fail the hook: when DCGM cannot measure, the job falls back to the gpueff agent's counters
-(snapshotted at job start for exactly this reason) when the agent runs, else to an allocation-only record;
-the reason says why. A profiling watch refused with PROFILING_MULTI_PASS (pre-Hopper) is retried with
-fewer fields, the dropped ones None with the reason.
+The Prolog makes a DCGM group of exactly the job's GPUs (found by UUID, never by ordinal: :mod:`.gpu_ids`)
+or MIG GPU instances, watches the fields and starts job stats; the Epilog reads and removes it all. What
+each figure is: docs/FIGURES.md "On the dcgm backend". Profiling fields are named by numeric id (DCGM 4.6
+renamed their symbols). Failures never fail the hook: they fall back to the gpueff agent's counters
+(snapshotted at job start for this reason) or to allocation only, with the reason.
 """
 
 from __future__ import annotations
@@ -49,7 +40,8 @@ log = logging.getLogger(__name__)
 PROF_FIELDS: dict[int, str] = {1002: "sm_active", 1003: "sm_occupancy", 1004: "tensor_active",
                                1005: "dram_active", 1006: "fp64_active", 1007: "fp32_active",
                                1008: "fp16_active"}
-# What to retry with when a GPU cannot watch every field in one pass (pre-Hopper).
+# What to retry with when a GPU cannot watch every field in one pass (PROFILING_MULTI_PASS, pre-Hopper);
+# the dropped fields are None with the reason.
 PROF_FALLBACKS: tuple[tuple[int, ...], ...] = (tuple(PROF_FIELDS), (1002, 1003, 1004, 1005), (1002,))
 JOBSTATS_METRICS = ("kernel_active", "energy_j", "power_mean_w", "memory_used_peak_bytes")
 # record key of throttle_s -> field of DCGM's per-GPU job stats (microseconds).
@@ -115,13 +107,9 @@ class DcgmCollector(Collector):
     def start(self, job: JobContext) -> dict[str, Any]:
         state: dict[str, Any] = {"backend": self.name, "t": self.now()}
         fb = self._fallback()
-        if fb is not None:
-            try:
-                fb_state = fb.start(job)
-                state.update({k: v for k, v in fb_state.items() if k not in ("backend", "t")})
-                state["fallback"] = fb.name
-            except Exception as exc:  # noqa: BLE001
-                log.warning("nvml fallback start failed: %s", exc)
+        if fb is not None:  # its start never raises: every failure is in its state's "error"
+            state.update({k: v for k, v in fb.start(job).items() if k not in ("backend", "t")})
+            state["fallback"] = fb.name
         try:
             state["dcgm"] = self._with_dcgm(lambda b, h: self._dcgm_start(job, b, h))
         except Exception as exc:  # noqa: BLE001 - every DCGM failure becomes a reason
@@ -331,9 +319,8 @@ class DcgmCollector(Collector):
             per_gpu: dict[int, GpuJobStats] = {}
             if stats is not None:
                 per_gpu = {int(g.gpuId): g for g in stats.gpus[: max(0, int(stats.numGpus))]}
-            gpus = []
-            for idx_s, t in sorted(d["targets"].items(), key=lambda kv: int(kv[0])):
-                gpus.append(self._gpu_record(b, h, int(idx_s), t, d, per_gpu, t1_us))
+            gpus = [self._gpu_record(b, h, int(idx), t, d, per_gpu, t1_us)
+                    for idx, t in sorted(d["targets"].items(), key=lambda kv: int(kv[0]))]
         finally:
             self._cleanup(b, h, d)
         notes = list(d.get("notes") or [])
@@ -352,8 +339,7 @@ class DcgmCollector(Collector):
         gpu = empty_gpu(idx, self.name, None, **ident)
         missing: dict[str, str] = {}
         if t.get("mig_uuid"):
-            for m in JOBSTATS_METRICS:
-                missing[m] = migmod.JOBSTATS_REASON
+            missing.update(dict.fromkeys(JOBSTATS_METRICS, migmod.JOBSTATS_REASON))
         else:
             self._fill_jobstats(gpu, missing, per_gpu.get(int(t["gpu_id"])))
         samples = self._fill_prof(b, h, gpu, missing, t, d, t1_us)
@@ -367,34 +353,23 @@ class DcgmCollector(Collector):
     @staticmethod
     def _fill_jobstats(gpu: dict[str, Any], missing: dict[str, str], g: GpuJobStats | None) -> None:
         if g is None:
-            for m in JOBSTATS_METRICS:
-                missing[m] = "DCGM job statistics have no entry for this GPU"
+            missing.update(dict.fromkeys(JOBSTATS_METRICS, "DCGM job statistics have no entry for this GPU"))
             return
         util = i32(g.smUtilization.average)  # util.gpu, i.e. kernel activity (NVIDIA/DCGM#305)
-        if util is not None:
-            gpu["kernel_active"] = round(min(100, util) / 100.0, 6)
-        energy = i64(g.energyConsumed)  # mJ
-        if energy is not None:
-            gpu["energy_j"] = round(energy / 1000.0, 3)
-        power = fp64(g.powerUsage.average)  # W
-        if power is not None:
-            gpu["power_mean_w"] = round(power, 3)
-        peak = i64(g.maxGpuMemoryUsed)  # bytes
-        if peak is not None:
-            gpu["memory_used_peak_bytes"] = peak
+        energy_mj = i64(g.energyConsumed)
+        power_w = fp64(g.powerUsage.average)
+        gpu["kernel_active"] = round(min(100, util) / 100.0, 6) if util is not None else None
+        gpu["energy_j"] = round(energy_mj / 1000.0, 3) if energy_mj is not None else None
+        gpu["power_mean_w"] = round(power_w, 3) if power_w is not None else None
+        gpu["memory_used_peak_bytes"] = i64(g.maxGpuMemoryUsed)
         for m in JOBSTATS_METRICS:
             if gpu[m] is None:
                 missing[m] = BLANK_REASON
         gpu["xid_errors"] = i32(g.numXidCriticalErrors)
-        throttle = {}
-        for k, attr in VIOLATIONS.items():
-            us = i64(getattr(g, attr, None))
-            if us is not None:
-                throttle[k] = round(us / 1e6, 3)
-        gpu["throttle_s"] = throttle or None
+        throttle_us = {k: i64(getattr(g, attr, None)) for k, attr in VIOLATIONS.items()}
+        gpu["throttle_s"] = {k: round(us / 1e6, 3) for k, us in throttle_us.items() if us is not None} or None
         n = i32(g.numComputePids) or 0
-        pids = sorted({int(p.pid) for p in g.computePids[: min(n, len(g.computePids))] if int(p.pid) > 0})
-        gpu["processes"] = pids
+        gpu["processes"] = sorted({int(p.pid) for p in g.computePids[: min(n, len(g.computePids))] if int(p.pid) > 0})
         for k in ("xid_errors", "throttle_s"):
             if gpu[k] is None:
                 missing[k] = BLANK_REASON

@@ -1,11 +1,9 @@
-"""Finding DCGM's own Python bindings and reaching nv-hostengine, fast and bounded. Stdlib only at import.
+"""Finding DCGM's own Python bindings and reaching nv-hostengine, fast and bounded.
 
-DCGM has no PyPI package: its bindings ship with the DCGM install (``BINDING_DIRS``, or
-``dcgm.bindings_path``) and are imported only inside functions, only when the dcgm backend is used.
-nv-hostengine keeps the job's group, watches and statistics between the Prolog and the Epilog (two
-processes), so we connect with ``persistAfterDisconnect = 1``; embedded mode cannot work across hooks.
-Before importing anything, :func:`probe` does a plain TCP (or unix-socket) connect with a short timeout:
-a dead hostengine costs at most ``dcgm.connect_timeout_s``, never a hung hook.
+DCGM has no PyPI package: its bindings ship with DCGM (``BINDING_DIRS`` or ``dcgm.bindings_path``) and are
+imported only inside functions. The job's group, watches and stats must outlive the Prolog's process, so
+we connect with ``persistAfterDisconnect = 1`` (embedded mode cannot work across hooks). :func:`probe`
+first does a plain socket connect: a dead hostengine costs at most ``dcgm.connect_timeout_s``.
 """
 
 from __future__ import annotations
@@ -140,15 +138,11 @@ def probe(address: str, timeout_s: float) -> str | None:
         kind, where, port = parse_address(address)
     except ValueError as exc:
         return f"bad dcgm.hostengine address {address!r}: {exc}"
-    family = socket.AF_UNIX if kind == "unix" else None
     try:
-        if family is not None:
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            s.settimeout(timeout_s)
-            try:
+        if kind == "unix":
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(timeout_s)
                 s.connect(where)
-            finally:
-                s.close()
         else:
             socket.create_connection((where, port), timeout=timeout_s).close()
     except OSError as exc:

@@ -1,9 +1,8 @@
 """dcgm-exporter's HPC job mapping (``dcgm.exporter_mapping``): ``DIR/<DCGM gpu id>`` lists the jobs on that GPU.
 
-dcgm-exporter started with ``--hpc-job-mapping-dir DIR`` labels that GPU's metrics ``hpc_job``. The
-Prolog adds the job's id to each of its GPUs' files, the Epilog takes it out (deleting emptied files).
-Each change is read-modify-write under an exclusive ``flock`` (two hooks may run at once) and lands
-with an atomic rename, so the exporter never reads a half file. Stdlib only (hook path).
+The Prolog adds the job's id to each of its GPUs' files, the Epilog takes it out. Each change is
+read-modify-write under an exclusive ``flock`` (two hooks may run at once) and lands with an atomic
+rename, so the exporter never reads a half file.
 """
 
 from __future__ import annotations
@@ -40,10 +39,8 @@ def _locked(directory: str) -> Iterator[None]:
         os.close(fd)
 
 
-def add_job(directory: str, gpu_ids: Iterable[int], job_id: str) -> list[str]:
-    """Add ``job_id`` to the file of each GPU id; return the paths written."""
+def add_job(directory: str, gpu_ids: Iterable[int], job_id: str) -> None:
     os.makedirs(directory, mode=0o755, exist_ok=True)
-    written: list[str] = []
     with _locked(directory):
         for gid in sorted(set(int(g) for g in gpu_ids)):
             path = os.path.join(directory, str(gid))
@@ -51,15 +48,12 @@ def add_job(directory: str, gpu_ids: Iterable[int], job_id: str) -> list[str]:
             if job_id not in ids:
                 ids.append(job_id)
             spool.atomic_write(path, ("\n".join(ids) + "\n").encode(), mode=0o644)
-            written.append(path)
-    return written
 
 
-def remove_job(directory: str, gpu_ids: Iterable[int], job_id: str) -> list[str]:
-    """Take ``job_id`` out of the file of each GPU id (deleting emptied files); return the paths changed."""
-    changed: list[str] = []
+def remove_job(directory: str, gpu_ids: Iterable[int], job_id: str) -> None:
+    """Take ``job_id`` out of the file of each GPU id, deleting emptied files."""
     if not os.path.isdir(directory):
-        return changed
+        return
     with _locked(directory):
         for gid in sorted(set(int(g) for g in gpu_ids)):
             path = os.path.join(directory, str(gid))
@@ -71,5 +65,3 @@ def remove_job(directory: str, gpu_ids: Iterable[int], job_id: str) -> list[str]
                 spool.atomic_write(path, ("\n".join(rest) + "\n").encode(), mode=0o644)
             else:
                 os.unlink(path)
-            changed.append(path)
-    return changed

@@ -1,10 +1,9 @@
 """GPU identity without NVML: Slurm index -> /dev minor -> UUID / PCI bus id, and MIG slice ids.
 
-DCGM numbers GPUs its own way while Slurm hands the hooks /dev/nvidiaN positions or MIG UUIDs: the
-reliable join key is the GPU UUID (or PCI bus id), never an ordinal. The kernel driver publishes both
-per minor in ``/proc/driver/nvidia/gpus/<bus id>/information``, so the hooks resolve them with a file
-read, never a driver call that could hang. MIG UUIDs are opaque since R470 (``MIG-<uuid>``); the legacy
-``MIG-GPU-<parent uuid>/<gi>/<ci>`` names the parent and instance ids. Stdlib only (hook path).
+DCGM numbers GPUs its own way, so the join key is the GPU UUID (or PCI bus id), never an ordinal. The
+driver publishes both per minor in ``/proc/driver/nvidia/gpus/<bus id>/information``: a file read, never
+a driver call that could hang a hook. MIG UUIDs are opaque since R470; the legacy
+``MIG-GPU-<parent uuid>/<gi>/<ci>`` names the parent and instance ids.
 """
 
 from __future__ import annotations

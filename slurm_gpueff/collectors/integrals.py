@@ -1,9 +1,8 @@
 """Cumulative time integrals: the arithmetic shared by the node agent and the hook-side collector.
 
-Per GPU and metric, three running totals since the agent started: ``sum`` (value x seconds),
-``covered_s`` (seconds that had a value) and ``count`` (readings). A window's time-weighted mean is
-``delta(sum) / delta(covered_s)``: exact however uneven the sampling, and a metric missing for part of
-the window is averaged over the part it covered, not diluted by zeros. Stdlib only (the Epilog imports this).
+Per metric, three running totals: ``sum`` (value x seconds), ``covered_s`` (seconds that had a value) and
+``count`` (readings). A window's mean is ``delta(sum) / delta(covered_s)``: exact however uneven the
+sampling, and a metric missing for part of the window is averaged over the part it covered, not diluted.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Which MIG slice is which: MIG UUID -> parent GPU UUID, GPU/compute instance ids, profile and memory.
 
-The opaque R470+ MIG UUID says nothing by itself, so the answer comes from the gpueff agent's MIG
-inventory (``mig`` in ``agent/state.json``), else the legacy form ``MIG-GPU-<parent>/<gi>/<ci>``, else
-NVML. Stdlib only at import time (hook path); pynvml only inside :func:`nvml_lookup`.
+The opaque R470+ MIG UUID says nothing by itself: the agent's MIG inventory answers, else the legacy form
+``MIG-GPU-<parent>/<gi>/<ci>``, else NVML (pynvml imported only inside :func:`nvml_lookup`).
 """
 
 from __future__ import annotations

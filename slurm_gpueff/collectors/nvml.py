@@ -1,12 +1,9 @@
 """Hook side of the nvml backend: difference the node agent's cumulative counters over a job.
 
-Never imports pynvml or talks to a GPU (the hooks must not depend on the driver answering): it reads the
-``agent/state.json`` and timeline files that :mod:`.agent` publishes. The Prolog maps each Slurm GPU
-index to its /dev/nvidiaN minor, the agent's GPU with that minor and its UUID, and snapshots its
-counters; ``uuids`` in the start state tells the agent whose peak memory to track. The Epilog differences
-the counters (docs/FIGURES.md). The window runs from the agent's last tick before the Prolog to its
-last tick before the Epilog, so each end is off by up to one ``agent.interval_s``. Nothing raises to
-the hook: every failure becomes ``None`` figures with a reason.
+Never imports pynvml or talks to a GPU (a hook must not depend on the driver answering): it reads what
+:mod:`.agent` publishes. The Prolog maps each Slurm GPU index to its /dev/nvidiaN minor and the agent's
+GPU of that minor, and snapshots its counters; the Epilog differences them (docs/FIGURES.md). Nothing
+raises to the hook: every failure becomes ``None`` figures with a reason.
 """
 
 from __future__ import annotations
@@ -19,6 +16,7 @@ from ..record import empty_gpu
 from . import integrals, nvml_mig
 from .agent_files import read_job_timeline, state_path
 from .base import Collector, JobContext, Measurement, slurm_index_to_minor
+from .gpu_ids import job_slices
 from .nvml_sampler import GPM_METRICS, NO_GPM_REASON
 
 TYPE_CHECKING = False
@@ -37,10 +35,6 @@ def _no_minor(minor: int) -> str:
 
 def _backend(gpus: list[dict[str, Any]]) -> str:
     return "nvml-gpm" if any(g["source"] == "nvml-gpm" for g in gpus) else "nvml"
-
-
-def _fmt_time(t: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
 
 
 class NvmlCollector(Collector):
@@ -71,7 +65,7 @@ class NvmlCollector(Collector):
         if not isinstance(updated, int | float):
             return state, f"gpueff agent state {path} has no update time"
         if state.get("stopped"):
-            return state, f"gpueff agent was stopped at {_fmt_time(updated)}"
+            return state, f"gpueff agent was stopped at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(updated))}"
         age = self.now() - updated
         if age > self.stale_s:
             return state, (f"gpueff agent state is stale: last update {age:.0f} s ago "
@@ -102,7 +96,7 @@ class NvmlCollector(Collector):
             out["agent"] = {"pid": state.get("pid"), "instance": state.get("instance"),
                             "started": state.get("started")}
             out["updated"] = state.get("updated")
-        if nvml_mig.slices(job):  # MIG slices: the slice's own counters, never the whole GPU's (see nvml_mig)
+        if job_slices(job.env):  # MIG slices: the slice's own counters, never the whole GPU's (see nvml_mig)
             return nvml_mig.start(self.state_dir, job, out, state, err)
         minors = slurm_index_to_minor(job.gpu_indexes, self.dev_dir)
         by_minor = self._by_minor(state) if state is not None else {}
@@ -134,7 +128,7 @@ class NvmlCollector(Collector):
     def _stop(self, job: JobContext, start_state: dict[str, Any] | None) -> Measurement:
         state, err = self.read_state()
         reason = self._job_reason(start_state, state, err)
-        if nvml_mig.slices(job):
+        if job_slices(job.env):
             interval = float((state or {}).get("interval_s") or self.config.agent.interval_s)
             gpus = nvml_mig.stop(job, start_state, self.name, state=state, reason=reason, interval_s=interval,
                                  state_dir=self.state_dir)
@@ -234,10 +228,7 @@ class NvmlCollector(Collector):
         if gpm and all(gpu[m] is None for m in GPM_METRICS):
             gpu["source"] = "nvml"
         gpu["missing"] = {k: v for k, v in missing.items() if v}
-        t_start = start_state.get("updated") or start_state.get("t")
-        t_end = state.get("updated")
-        if isinstance(t_start, int | float) and isinstance(t_end, int | float) and samples > 0:
-            t0 = job.start_time if job.start_time else t_start
+        if samples > 0:
             gpu["timeline"] = read_job_timeline(self.state_dir, ident["uuid"], {"instance": state.get("instance")},
-                                                t_start, snap, t_end, ag, t0)
+                                                job.start_time, start_state, snap, state, ag)
         return gpu

@@ -1,12 +1,9 @@
 """MIG jobs on the nvml backend: each slice's own figures from the agent's per-GPU-instance counters.
 
-A job given MIG slices must never be charged the whole GPU's figures: Slurm's index of a slice is not a
-/dev/nvidiaN minor, and NVML's utilization, energy and power are whole-GPU readings. Each slice is
-attributed to (parent GPU UUID, GPU instance id) via :mod:`.mig`. The Prolog snapshots the slice's GPM
-counters (``gpus[parent].mig[gi]`` in the agent's state), the Epilog differences them; peak memory is
-the GPU instance's. Kernel activity, energy and power are None with the reason, and so is everything
-when the slice was re-created during the job, its GPU instance holds several compute instances (GPM
-cannot tell them apart), the GPU has no GPM, or the agent is down or restarted. Stdlib only (hook path).
+A slice must never be charged the whole GPU's figures: its Slurm index is not a /dev/nvidiaN minor, and
+NVML's utilization, energy and power are whole-GPU readings. Each slice is resolved to (parent GPU, GPU
+instance) by :mod:`.mig`; what is measured per slice and why the rest is n/a: docs/FIGURES.md "On the
+dcgm backend, and on MIG slices".
 """
 
 from __future__ import annotations
@@ -15,7 +12,8 @@ from ..record import METRICS, empty_gpu
 from . import integrals
 from . import mig as migmod
 from .agent_files import mig_key, read_job_timeline
-from .gpu_ids import job_slices, parse_legacy_mig
+from .gpu_ids import job_slices
+from .nvml_sampler import GPM_METRICS
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -23,13 +21,8 @@ if TYPE_CHECKING:
 
     from .base import JobContext
 
-GPM_MIG_METRICS = ("sm_active", "sm_occupancy", "tensor_active", "dram_active", "fp64_active", "fp32_active",
-                   "fp16_active")
+GPM_MIG_METRICS = tuple(GPM_METRICS)
 WHOLE_GPU_ONLY = ("kernel_active", "energy_j", "power_mean_w")
-
-
-def slices(job: JobContext) -> list[tuple[int, str]]:
-    return job_slices(job.env)
 
 
 def _slice_entry(state: dict[str, Any] | None, desc: dict[str, Any]) -> dict[str, Any] | None:
@@ -59,13 +52,11 @@ def _snapshot(sl: dict[str, Any]) -> dict[str, Any]:
 
 def start(state_dir: str, job: JobContext, out: dict[str, Any], state: dict[str, Any] | None,
           err: str | None) -> dict[str, Any]:
-    """Complete ``out``, the Prolog state, for a MIG job: each slice resolved (while it exists) and its
-    counters snapshotted. ``state``/``err`` come from NvmlCollector.read_state; ``uuids`` lets the agent
-    track each slice's peak memory.
-    """
+    """Complete ``out``, the Prolog state (``state``/``err`` from NvmlCollector.read_state): each slice
+    resolved while it exists, its counters snapshotted, its UUID in ``uuids`` for the agent's peak memory."""
     inventory = (state.get("mig") if isinstance(state, dict) else None) or migmod.agent_inventory(state_dir)
     out["mig"] = {}
-    for idx, mig_uuid in slices(job):
+    for idx, mig_uuid in job_slices(job.env):
         desc, why = migmod.resolve(mig_uuid, inventory if isinstance(inventory, dict) else {}, migmod.nvml_lookup)
         entry: dict[str, Any] = {"uuid": mig_uuid, "desc": desc, "error": why}
         out["uuids"].append(mig_uuid)
@@ -85,14 +76,12 @@ def stop(job: JobContext, start_state: dict[str, Any] | None, backend: str, *, s
     from the difference of the slice's counters; ``reason`` (agent down, restarted, no Prolog state) voids them."""
     saved = (start_state or {}).get("mig") or {}
     gpus = []
-    for idx, mig_uuid in slices(job):
+    for idx, mig_uuid in job_slices(job.env):
         entry = saved.get(str(idx)) or {}
         desc, why = entry.get("desc"), entry.get("error")
         if desc is None and why is None:
             inventory = (state or {}).get("mig") if isinstance(state, dict) else None
             desc, why = migmod.resolve(mig_uuid, inventory if isinstance(inventory, dict) else None, None)
-            if desc is None and parse_legacy_mig(mig_uuid) is None:
-                why = why or "no Prolog state for this slice"
         ident = migmod.slice_ident(desc, mig_uuid)
         gpu = empty_gpu(idx, backend, None, **ident)
         missing: dict[str, str] = {}
@@ -169,11 +158,8 @@ def _figures(job: JobContext, gpu: dict[str, Any], missing: dict[str, str], entr
                                              "file existed (job shorter than one sampling interval?)")
     if any(gpu[m] is not None for m in GPM_MIG_METRICS):
         gpu["source"] = "nvml-gpm"
-    t_start = start_state.get("updated") or start_state.get("t")
-    t_end = state.get("updated")
-    if samples > 0 and isinstance(t_start, int | float) and isinstance(t_end, int | float):
-        t0 = job.start_time if job.start_time else t_start
+    if samples > 0:
         gpu["timeline"] = read_job_timeline(state_dir, mig_key(desc["parent_uuid"], desc["gi_id"]),
                                             {"instance": state.get("instance"), "gen": snap.get("gen")},
-                                            t_start, snap, t_end, end, t0)
+                                            job.start_time, start_state, snap, state, end)
 

@@ -1,13 +1,10 @@
 """Read every GPU of the node through NVML (and GPM on Hopper and newer): the node agent's only GPU access.
 
-The agent sees GPUs only through :class:`Sampler`, so tests drive the real agent loop with a fake one
-(the GPU mock). Sources per figure: docs/FIGURES.md. Facts the code relies on: NVML's utilization.gpu
-is a ring buffer of readings, so a tick averages every reading since the previous one rather than one
-glimpse; GPM returns exact means over the interval between two GPM samples (NaN or a per-metric error
-becomes ``None``, never 0); the energy counter is the slowest call, read only when asked. MIG devices
-are enumerated every tick (GPU instances can be re-created without a GPU reset); GPM is sampled per GPU
-instance (``nvmlGpmMigSampleGet``), shared by its compute instances; NVML has no per-slice
-utilization.gpu, power or energy. pynvml is imported lazily: the agent's tests run without it.
+The agent sees GPUs only through :class:`Sampler`, so tests drive it with a fake (the GPU mock). Sources
+per figure: docs/FIGURES.md. utilization.gpu is a ring buffer, so a tick averages every reading since the
+previous one; GPM gives exact means between two GPM samples (NaN or a per-metric error is ``None``). MIG
+devices are enumerated every tick (GPU instances can be re-created without a GPU reset); GPM is sampled
+per GPU instance; NVML has no per-slice utilization.gpu, power or energy. pynvml is imported lazily.
 """
 
 from __future__ import annotations
@@ -174,8 +171,7 @@ class _Dev(_GpmBuf):
 class NvmlSampler:
     """The real sampler: NVML for kernel activity, memory, power and energy; GPM where the GPU has it."""
 
-    def __init__(self, use_gpm: bool = True) -> None:
-        self.use_gpm = use_gpm
+    def __init__(self) -> None:
         self._nvml: Any = None  # the pynvml module once open (untyped)
         self._devs: list[_Dev] = []
         self._gpm_ids: list[tuple[str, int]] = []
@@ -230,9 +226,6 @@ class NvmlSampler:
     def _setup_gpm(self, dev: _Dev) -> None:
         nv = self._nvml
         info = dev.info
-        if not self.use_gpm:
-            info.gpm_reason = "GPM disabled in the agent"
-            return
         if not hasattr(nv, "nvmlGpmQueryDeviceSupport"):
             info.gpm_reason = "this pynvml has no GPM API (upgrade nvidia-ml-py)"
             return
@@ -276,10 +269,8 @@ class NvmlSampler:
             return None
 
     def _util_buffer(self, dev: _Dev) -> list[float]:
-        """Utilization readings newer than the last seen one (the driver's ring buffer).
-
-        The largest part of a tick's CPU time (docs/gpu-validation/h100-agent-overhead.log).
-        """
+        """Utilization readings newer than the last seen one (the driver's ring buffer): the largest part
+        of a tick's CPU time (docs/gpu-validation/h100-agent-overhead.log)."""
         nv = self._nvml
         vtype, samples = nv.nvmlDeviceGetSamples(dev.handle, nv.NVML_GPU_UTILIZATION_SAMPLES, dev.util_ts)
         vals = []
@@ -397,8 +388,8 @@ class NvmlSampler:
         for gi, members in by_gi.items():
             ms = MigSample(gi_id=gi, memory_used_bytes=self._memory_used(dev, members[0][0]))
             key = frozenset(info.uuid for _, info in members)
-            if dev.mig_gpm_reason is not None or not self.use_gpm:
-                ms.gpm_reason = dev.mig_gpm_reason or "GPM disabled in the agent"
+            if dev.mig_gpm_reason is not None:
+                ms.gpm_reason = dev.mig_gpm_reason
             else:
                 buf = dev.mig_bufs.get(gi)
                 if buf is not None and buf.key != key:  # GPU instance re-created: old samples are another GI's

@@ -1,13 +1,8 @@
-"""Simulated GPUs: deterministic synthetic figures from named workload profiles.
+"""Simulated GPUs: deterministic synthetic figures from named workload profiles, labelled ``simulated``.
 
-For tests, the demo and the Slurm test cluster (whose GPUs are fake ``mknod`` devices). Every figure
-it produces is labelled ``simulated`` in the record, the database and every report.
-
-Which profile a job gets, first match wins:
-1. ``GPUEFF_SIM_PROFILE`` in the hook's environment (the demo sets it);
-2. a file ``<state_dir>/sim/<job_id>.profile`` holding a profile name (tests under real slurmd,
-   where the job's own environment does not reach the Prolog);
-3. ``simulated.profile`` in the config.
+For tests, the demo and the Slurm test cluster (fake ``mknod`` GPUs). A job's profile, first match wins:
+``GPUEFF_SIM_PROFILE`` in the hook's environment (the demo), a file ``<state_dir>/sim/<job_id>.profile``
+(tests under real slurmd, whose job environment does not reach the Prolog), ``simulated.profile``.
 """
 
 from __future__ import annotations
@@ -16,8 +11,9 @@ import os
 import zlib
 
 from ..record import FRACTIONS, empty_gpu
-from . import nvml_mig
 from .base import Collector, JobContext, Measurement
+from .gpu_ids import job_slices, parse_legacy_mig
+from .mig import UTIL_REASON
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -91,7 +87,7 @@ class SimulatedCollector(Collector):
         if profile is None:
             reason = f"unknown simulated profile {profile_name!r} (known: {', '.join(PROFILES)})"
             return Measurement(self.name, [empty_gpu(i, self.name, reason) for i in job.gpu_indexes], reason)
-        if nvml_mig.slices(job):
+        if job_slices(job.env):
             return Measurement(self.name, _mig_slices(job, profile, self.config), None)
         start, end = job.start_time, job.end_time
         elapsed = max(0.0, end - start) if start and end else None
@@ -135,11 +131,8 @@ def _timeline(gpu: dict[str, Any], elapsed: float, job_id: int, index: int, poin
 
 def _mig_slices(job: JobContext, profile: dict[str, Any], config: Config) -> list[dict[str, Any]]:
     """One entry per slice, as a real MIG node reports them: whole-GPU-only figures None with the reason."""
-    from .gpu_ids import parse_legacy_mig
-    from .mig import UTIL_REASON
-
     out = []
-    for pos, (index, mig_uuid) in enumerate(nvml_mig.slices(job)):
+    for pos, (index, mig_uuid) in enumerate(job_slices(job.env)):
         spec = profile["first"] if pos == 0 else profile.get("rest", profile["first"])
         legacy = parse_legacy_mig(mig_uuid) or {}
         total = 10 * GiB
