@@ -78,7 +78,7 @@ class Plan:
 
 
 def job_key(rec: Row) -> Key:
-    return (_cut(rec["cluster"], 64), rec["job_id"])
+    return (cut(rec["cluster"], 64), rec["job_id"])
 
 
 def merge(recs: list[Row], stored_jobs: dict[Key, Row], stored_gpus: dict[Key, dict[Spot, Row]],
@@ -94,7 +94,7 @@ def merge(recs: list[Row], stored_jobs: dict[Key, Row], stored_gpus: dict[Key, d
         job = jobs.get(key)
         if job is None:
             job = jobs[key] = _new_job(key)
-        node = _cut(rec["node"], 128)
+        node = cut(rec["node"], 128)
         _fold(job, gpus[key], rec, node, now)
         touched.add((key, node))
         timelines[(key, node)] = {g["index"]: g.get("timeline") or [] for g in rec["gpus"]}
@@ -113,7 +113,7 @@ def _fold(job: Row, gpus: dict[Spot, Row], rec: Row, node: str, now: datetime) -
     if job["record_source"] == "backfill":  # the hook's record came after all (storage/enrich.py):
         job["record_source"], job["reason"] = "hook", None  # it replaces the allocation-only backfill,
         gpus.clear()  # whose GPU rows were placeholders (sacct keeps no GPU indexes)
-    start, end = _utc(rec.get("start_time")), _utc(rec["end_time"])
+    start, end = utc(rec.get("start_time")), utc(rec["end_time"])
     mine = {k[1]: r for k, r in gpus.items() if k[0] == node} if gpus else {}
     for idx in mine:
         del gpus[(node, idx)]
@@ -125,30 +125,30 @@ def _fold(job: Row, gpus: dict[Spot, Row], rec: Row, node: str, now: datetime) -
         row["node"], row["gpu_index"] = node, g["index"]
         peak = get("memory_used_peak_bytes")
         row["memory_used_peak_bytes"] = int(peak) if peak is not None else None
-        row["uuid"] = _cut(get("uuid"), 96)
-        row["pci_bus_id"] = _cut(get("pci_bus_id"), 32)
-        row["model"] = _cut(get("model"), 128)
+        row["uuid"] = cut(get("uuid"), 96)
+        row["pci_bus_id"] = cut(get("pci_bus_id"), 32)
+        row["model"] = cut(get("model"), 128)
         row["start_time"], row["end_time"] = start, end
-        row["source"] = _cut(get("source") or backend, 16)
+        row["source"] = cut(get("source") or backend, 16)
         row["samples"] = get("samples") or 0
         row["missing"] = dict(get("missing") or {})
         gpus[(node, g["index"])] = row
     all_rows = sorted(gpus.values(), key=lambda r: (r["node"] == node, r.get("id") or 0))
     nodes = set(filter(None, (job["nodelist"] or "").split(","))) | {r["node"] for r in all_rows} | {node}
-    job["nodelist"] = _cut(",".join(sorted(nodes)), 1024)
+    job["nodelist"] = cut(",".join(sorted(nodes)), 1024)
     job["gpu_count"] = len(all_rows)
     models = sorted({r["model"] for r in all_rows if r["model"]})
     job["backend"] = max((r["source"] for r in all_rows), key=lambda s: _BACKEND_RANK.get(s, 0),
                          default=rec["backend"])
     if rec.get("reason"):
         parts = set(filter(None, (job["reason"] or "").split("; "))) | set(rec["reason"].split("; "))
-        job["reason"] = _cut("; ".join(sorted(parts)), 1024)
+        job["reason"] = cut("; ".join(sorted(parts)), 1024)
     for key, size in _IDENTITY:
         value = rec.get(key)
         if value is not None and (job[key] is None or not job["enriched"]):
-            job[key] = _cut(value, size) if size else value
+            job[key] = cut(value, size) if size else value
     if not job["enriched"]:  # sacct enrichment owns these once it has run
-        job["gpu_type"] = _cut(", ".join(models), 128) if models else job["gpu_type"]
+        job["gpu_type"] = cut(", ".join(models), 128) if models else job["gpu_type"]
         job["start_time"] = _pick([job["start_time"], start], min)
         job["end_time"] = _pick([job["end_time"], end], max)
         job["elapsed_s"] = ((job["end_time"] - job["start_time"]).total_seconds()
@@ -161,14 +161,14 @@ def _fold(job: Row, gpus: dict[Spot, Row], rec: Row, node: str, now: datetime) -
     job["analyzed_at"] = None  # new data: the stored summary (slurm_gpueff.summarize) must be recomputed
 
 
-def _utc(epoch: float | None) -> datetime | None:
+def utc(epoch: float | None) -> datetime | None:
     """Epoch seconds -> naive UTC datetime (how models.py stores every time)."""
     if epoch is None:
         return None
     return datetime.fromtimestamp(float(epoch), UTC).replace(tzinfo=None)
 
 
-def _cut(value: Any, n: int) -> Any:
+def cut(value: Any, n: int) -> Any:
     return value[:n] if isinstance(value, str) else value
 
 
