@@ -152,11 +152,11 @@ def lookup(database: str, spec: JobSpec, cluster: str | None) -> list[tuple[Any,
     from sqlalchemy.exc import SQLAlchemyError
     from sqlmodel import Session
 
+    from ..storage.db import make_engine
     from ..storage.queries import find_jobs, job_gpus
-    from ..storage.readonly import make_read_engine
 
     try:
-        engine = make_read_engine(database)  # ordinary users cannot write a SQLite DB's directory
+        engine = make_engine(database, create=False)
     except Exception as exc:  # bad URL, missing driver
         raise RuntimeError(f"cannot open the job database {_safe_url(url)}: {exc}") from None
     try:
