@@ -1,15 +1,13 @@
-"""Database engine: SQLite by default (a file path in config), PostgreSQL by URL.
+"""Database engine: SQLite by default (a plain file path in config), PostgreSQL by URL.
 
-``paths.database`` may be a SQLAlchemy URL (``sqlite:///...``, ``postgresql+psycopg://...``) or a
-plain file path, which means SQLite. SQLite runs in WAL mode with a busy timeout so that ingest and
-``seff-gpu`` readers do not block each other, and with ``synchronous=FULL``: a commit is on disk when
-it returns, so ingest may remove a record's spool file right after (a power cut cannot lose both).
-The schema comes from Alembic migrations
-(:mod:`slurm_gpueff.storage.migrate`), not ``create_all``.
+SQLite runs in WAL mode with a busy timeout, so that ingest and readers do not block each other, and
+with ``synchronous=FULL``: a commit is on disk when it returns, so ingest may remove a record's spool
+file right after (a power cut cannot lose both). The schema comes from storage/migrate.py.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from types import ModuleType
@@ -52,14 +50,11 @@ except ImportError:  # pragma: no cover - orjson is a dependency; the stdlib giv
 
 
 def json_dumps(value: object) -> str:
-    """Compact JSON for JSON columns: orjson (several times the stdlib encoder's speed), stdlib for what
-    orjson refuses."""
+    """Compact JSON for JSON columns: orjson, or the stdlib for what orjson refuses (an integer beyond 64 bits)."""
     if orjson is not None:
-        try:
+        with contextlib.suppress(TypeError):  # orjson.JSONEncodeError
             text: str = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
             return text
-        except TypeError:  # orjson.JSONEncodeError, e.g. an integer beyond 64 bits
-            pass
     return json.dumps(value, separators=(",", ":"))
 
 

@@ -1,10 +1,8 @@
 """Merge node records into job and GPU rows: pure, no I/O (ingest's plan step).
 
-A job's GPUs may span several nodes, and each node's Epilog writes its own record. :func:`merge` folds
-a batch of records, in spool order, into the rows the database holds for their jobs; the writer
-(:mod:`slurm_gpueff.storage.writer`) stores the result. The rules make the outcome the same whatever
-order a job's node records arrive in, and the same again when a record is ingested twice (a crash
-between a commit and the removal of its files):
+Each node of a job writes its own record. :func:`merge` folds a batch of records, in spool order, into
+the rows stored for their jobs (storage/writer.py stores the result), with rules that give the same
+outcome whatever order a job's node records arrive in, and again when a record is ingested twice:
 
 * job: earliest start, latest end, highest exit code and signal, union of nodes and reasons; identity
   fields (user, account, ...) from the records until sacct enrichment has run, which then owns them;

@@ -1,9 +1,5 @@
-"""Look jobs up the way users name them (``123``, ``123_4``, ``123+1``) through the ORM.
-
-The rules are in :mod:`slurm_gpueff.storage.jobmatch`; seff-gpu's SQLite fast path
-(:mod:`slurm_gpueff.storage.sqlite_read`) applies the same ones without SQLAlchemy. ``cluster`` restricts
-the search to one cluster; without it, matches from every cluster are returned.
-"""
+"""Look jobs up the way users name them (``123``, ``123_4``, ``123+1``; rules in storage/jobmatch.py)
+through the ORM, and read their GPU rows and timelines."""
 
 from __future__ import annotations
 
@@ -19,7 +15,7 @@ from .jobmatch import ORDER, Cond, find
 
 
 def find_jobs(session: Session, spec: JobSpec, cluster: str | None = None) -> list[Job]:
-    """Jobs matching a parsed job id (rules in storage/jobmatch.py); empty list when none."""
+    """Jobs matching a parsed job id, in ``cluster`` or in every cluster; empty list when none."""
 
     def run(any_of: Sequence[Cond], all_of: Sequence[Cond]) -> list[Job]:
         stmt = select(Job).where(or_(*(getattr(Job, c) == v for c, v in any_of)),
