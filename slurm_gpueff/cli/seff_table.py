@@ -37,7 +37,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
     from ..fmt import iso, utc
     from ..render.jobs_table import as_json, render
     from ..storage.db import make_engine
-    from ..storage.job_list import list_jobs
+    from ..storage.queries import list_jobs
 
     try:
         end = parse_time(args.end) if args.end else datetime.now(UTC).replace(tzinfo=None)

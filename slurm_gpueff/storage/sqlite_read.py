@@ -28,23 +28,13 @@ except ImportError:  # pragma: no cover - orjson is a dependency; same values ei
     _json_loads = json.loads
 
 
-def _json(v: Any) -> Any:
-    return None if v is None else _json_loads(v)
-
-
-def _datetime(v: Any) -> Any:
-    return None if v is None else datetime.fromisoformat(v) if isinstance(v, str) else v
-
-
-def _date(v: Any) -> Any:
-    return None if v is None else date.fromisoformat(v[:10]) if isinstance(v, str) else v
-
-
-def _bool(v: Any) -> Any:
-    return None if v is None else bool(v)
-
-
-_CONVERT: dict[str, Callable[[Any], Any]] = {"DATETIME": _datetime, "DATE": _date, "BOOLEAN": _bool, "JSON": _json}
+# Declared column type -> the value SQLAlchemy gives for the stored one (NULL stays None).
+_CONVERT: dict[str, Callable[[Any], Any]] = {
+    "DATETIME": lambda v: None if v is None else datetime.fromisoformat(v) if isinstance(v, str) else v,
+    "DATE": lambda v: None if v is None else date.fromisoformat(v[:10]) if isinstance(v, str) else v,
+    "BOOLEAN": lambda v: None if v is None else bool(v),
+    "JSON": lambda v: None if v is None else _json_loads(v),
+}
 
 
 def _q(name: str) -> str:
