@@ -15,7 +15,6 @@ e.g. ``slurm_gpueff.sacct.SacctReader``), so this module needs no Slurm.
 from __future__ import annotations
 
 import itertools
-import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -33,8 +32,6 @@ from ..sacct import SacctError, SacctJob
 from .merge import cut, utc
 from .rollups import moved_month, note_moved
 from .writer import UNAVAILABLE, ingest_record
-
-log = logging.getLogger(__name__)
 
 SETTLE_S = 120.0  # default of [sacct] settle_s: how long after a job's end its accounting record is trusted
 
