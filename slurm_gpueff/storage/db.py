@@ -18,7 +18,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import create_engine
 
 from .. import models  # noqa: F401  (registers the tables on SQLModel.metadata)
-from .dburl import database_url
+from .dburl import database_url, sqlite_file
 
 
 def make_engine(value: str, create: bool = True) -> Engine:
@@ -26,14 +26,13 @@ def make_engine(value: str, create: bool = True) -> Engine:
     too); a server database is only checked and raises ``migrate.SchemaError`` until ``gpueff db upgrade``
     has run (policy in :mod:`slurm_gpueff.storage.migrate`)."""
     url = database_url(value)
-    kwargs: dict[str, Any] = {}
-    if url.startswith("sqlite"):
-        path = url.split("///", 1)[1] if "///" in url else ""
-        if create and path and path != ":memory:":
-            os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
-        kwargs["connect_args"] = {"timeout": 30}
-    engine = create_engine(url, json_serializer=json_dumps, json_deserializer=json_loads, **kwargs)
-    if url.startswith("sqlite"):
+    sqlite = url.startswith("sqlite")
+    path = sqlite_file(url)
+    if create and path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    engine = create_engine(url, json_serializer=json_dumps, json_deserializer=json_loads,
+                           connect_args={"timeout": 30} if sqlite else {})
+    if sqlite:
         event.listen(engine, "connect", _sqlite_pragmas)
     if create:
         from .migrate import ensure_schema  # imports Alembic: only for writers, never for seff-gpu
@@ -63,7 +62,6 @@ json_loads = orjson.loads if orjson is not None else json.loads
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA journal_mode=WAL")
-    cur.execute("PRAGMA foreign_keys=ON")
-    cur.execute("PRAGMA synchronous=FULL")
+    for pragma in ("journal_mode=WAL", "foreign_keys=ON", "synchronous=FULL"):
+        cur.execute(f"PRAGMA {pragma}")
     cur.close()

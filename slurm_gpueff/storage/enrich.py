@@ -108,11 +108,9 @@ def enrich_jobs(engine: Engine, reader: Any, *, since: datetime | None = None, l
                 now: float | None = None) -> EnrichResult:
     """Enrich every unenriched job (ended since ``since``) from ``reader``; commit batch by batch.
 
-    Jobs sacct reports as ended less than ``settle_s`` before ``now`` (epoch; default: the clock) are
-    left for the next run (module doc: slurmdbd fills in array ids after the final state).
-
-    Never raises for sacct or database trouble: the run stops, says why in ``errors``, and what was
-    committed before stays; the rest is retried by the next run.
+    Jobs that ended less than ``settle_s`` before ``now`` (epoch; default: the clock) are left for the
+    next run. Never raises for sacct or database trouble: the run stops and says why in ``errors``; what
+    was committed stays, the rest is retried by the next run.
     """
     res = EnrichResult()
     batch = max(1, int(getattr(reader, "batch_size", 500)))

@@ -145,11 +145,8 @@ class _Run:
         self.remove([path for path, _rec in good])
 
     def one_by_one(self, good: list[tuple[str, dict[str, Any]]]) -> None:
-        """Retry a failed batch record by record and quarantine the records the database rejects.
-
-        Records were validated before: a database that rejects all of them points at the software or
-        the schema, not at the records, so then nothing is quarantined: the files stay for the next run.
-        """
+        """Retry a failed batch record by record and quarantine the records the database rejects; unless
+        it rejects all of them: validated records point then at the software or the schema, and stay."""
         rejected: list[tuple[str, Exception]] = []
         stored: list[str] = []
         for path, rec in good:

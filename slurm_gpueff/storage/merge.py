@@ -44,8 +44,8 @@ class Plan:
     old_jobs: dict[Key, Row]  # the stored rows the merge started from
     gpus: dict[Key, dict[Spot, Row]]  # merged GPU rows; "id" is None for a new one
     old_gpu_ids: set[int]
-    touched: set[tuple[Key, str]]  # (job, node) whose GPU rows a record replaced
-    timelines: dict[tuple[Key, str], dict[int, list[Any]]]  # (job, node) -> GPU index -> points
+    # (job, node) whose GPU rows a record replaced -> GPU index -> timeline points
+    timelines: dict[tuple[Key, str], dict[int, list[Any]]]
 
     def gpu_changes(self) -> tuple[list[Row], list[Row], list[int]]:
         """(new GPU rows, stored rows to rewrite: those of touched nodes, ids of stored rows now gone).
@@ -60,7 +60,7 @@ class Plan:
                     inserts.append(row)
                 else:
                     kept.add(row["id"])
-                    if (key, row["node"]) in self.touched:
+                    if (key, row["node"]) in self.timelines:
                         updates.append(row)
         return inserts, updates, sorted(self.old_gpu_ids - kept)
 
@@ -85,7 +85,6 @@ def merge(recs: list[Row], stored_jobs: dict[Key, Row], stored_gpus: dict[Key, d
     jobs = {k: dict(v) for k, v in stored_jobs.items()}
     gpus: dict[Key, dict[Spot, Row]] = {job_key(r): {} for r in recs}
     gpus.update((k, {s: dict(r) for s, r in v.items()}) for k, v in stored_gpus.items())
-    touched: set[tuple[Key, str]] = set()
     timelines: dict[tuple[Key, str], dict[int, list[Any]]] = {}
     for rec in recs:
         key = job_key(rec)
@@ -94,10 +93,9 @@ def merge(recs: list[Row], stored_jobs: dict[Key, Row], stored_gpus: dict[Key, d
             job = jobs[key] = _new_job(key)
         node = cut(rec["node"], 128)
         _fold(job, gpus[key], rec, node, now)
-        touched.add((key, node))
         timelines[(key, node)] = {g["index"]: g.get("timeline") or [] for g in rec["gpus"]}
     old_ids = {r["id"] for rows in stored_gpus.values() for r in rows.values()}
-    return Plan(jobs, dict(stored_jobs), gpus, old_ids, touched, timelines)
+    return Plan(jobs, dict(stored_jobs), gpus, old_ids, timelines)
 
 
 def _new_job(key: Key) -> Row:
