@@ -66,9 +66,9 @@ def _month_expr(conn: Connection, col: Any) -> Any:
     return cast(func.date_trunc("month", col), Date)
 
 
-def _known(col: Any, gpu_hours: Any) -> Any:
+def _known(col: Any) -> Any:
     """GPU-hours of the jobs where ``col`` was measured."""
-    return func.sum(case((col.is_not(None), gpu_hours), else_=None))
+    return func.sum(case((col.is_not(None), _JOB.c.gpu_hours), else_=None))
 
 
 def refresh_month(conn: Connection, month: date, now: datetime | None = None) -> int:
@@ -85,8 +85,8 @@ def refresh_month(conn: Connection, month: date, now: datetime | None = None) ->
                   func.count(), func.sum(j.c.gpu_hours), func.sum(j.c.idle_gpu_hours),
                   func.sum(j.c.underfilled_gpu_hours), func.sum(j.c.sm_active_gpu_hours),
                   func.sum(j.c.tensor_active_gpu_hours), func.sum(j.c.energy_j),
-                  _known(j.c.idle_gpu_hours, j.c.gpu_hours), _known(j.c.sm_active_gpu_hours, j.c.gpu_hours),
-                  _known(j.c.tensor_active_gpu_hours, j.c.gpu_hours), literal(now, r.c.refreshed_at.type))
+                  _known(j.c.idle_gpu_hours), _known(j.c.sm_active_gpu_hours), _known(j.c.tensor_active_gpu_hours),
+                  literal(now, r.c.refreshed_at.type))
            .where(j.c.end_time >= datetime(m0.year, m0.month, 1), j.c.end_time < datetime(m1.year, m1.month, 1),
                   j.c.analyzed_at.is_not(None))
            .group_by(day, j.c.cluster, j.c.user, j.c.account, j.c.verdict))
