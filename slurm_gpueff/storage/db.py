@@ -22,9 +22,8 @@ from .dburl import database_url, sqlite_file
 
 
 def make_engine(value: str, create: bool = True) -> Engine:
-    """Create the engine. With ``create``: SQLite is migrated to the current schema (parent dir created
-    too); a server database is only checked and raises ``migrate.SchemaError`` until ``gpueff db upgrade``
-    has run (policy in :mod:`slurm_gpueff.storage.migrate`)."""
+    """The engine; with ``create``, SQLite's directory is created and the schema made current, and a server
+    database raises ``migrate.SchemaError`` until ``gpueff db upgrade`` has run (storage/migrate.py)."""
     url = database_url(value)
     sqlite = url.startswith("sqlite")
     path = sqlite_file(url)

@@ -5,11 +5,8 @@ Enrichment is written once, so it waits until accounting is final: a job sacct s
 or does not know yet (slurmdbd lags the controller) is retried by the next run, and so is one that ended
 less than ``settle_s`` ago, because slurmdbd records a finished array task's array ids seconds *after*
 its final state (seen on 22.05: ``5|5|COMPLETED`` for 1-4 s, then ``5_1|5|COMPLETED``). A reader
-failure (sacct absent, slow, slurmdbd down) changes nothing and is reported.
-
-Backfilled GPU rows are numbered positions per node, as sacct keeps no GPU indexes; the hook's own
-record replaces them if it turns up (storage/merge.py). The reader is passed in (``jobs(ids, cluster)``,
-e.g. ``slurm_gpueff.sacct.SacctReader``), so this module needs no Slurm.
+failure (sacct absent, slow, slurmdbd down) changes nothing and is reported. The reader is passed in
+(``jobs(ids, cluster)``, e.g. ``slurm_gpueff.sacct.SacctReader``), so this module needs no Slurm.
 """
 
 from __future__ import annotations

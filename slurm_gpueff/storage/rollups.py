@@ -8,8 +8,7 @@ A job whose end time moves to another month is re-analysed, which finds its new 
 at its *old* month any more, so the writer that moves it calls :func:`note_moved` in the same transaction.
 :func:`refresh_month` deletes the month's pending row first, in the transaction that recomputes it: a
 crash leaves it pending, and a job moved by a transaction committing meanwhile notes it again (on
-PostgreSQL that insert waits for the delete's row lock). Sums are NULL when no job of the group had the
-figure measured (never a made-up 0); ``*_measured_gpu_hours`` carry the GPU-hours behind each sum.
+PostgreSQL that insert waits for the delete's row lock). Sums follow docs/DESIGN.md "Unknown is never zero".
 """
 
 from __future__ import annotations
