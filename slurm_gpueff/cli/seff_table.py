@@ -40,7 +40,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
     from ..fmt import iso, utc
     from ..render.jobs_table import as_json, render
     from ..storage.db import make_engine
-    from ..storage.job_list import list_jobs
+    from ..storage.queries import list_jobs
 
     end = parse_time(args.end) if args.end else datetime.now(UTC).replace(tzinfo=None)
     start = parse_time(args.start) if args.start else end - timedelta(days=DEFAULT_DAYS)

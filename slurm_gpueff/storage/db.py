@@ -1,15 +1,13 @@
-"""Database engine: SQLite by default (a file path in config), PostgreSQL by URL.
+"""Database engine: SQLite by default (a plain file path in config), PostgreSQL by URL.
 
-``paths.database`` may be a SQLAlchemy URL (``sqlite:///...``, ``postgresql+psycopg://...``) or a
-plain file path, which means SQLite. SQLite runs in WAL mode with a busy timeout so that ingest and
-``seff-gpu`` readers do not block each other, and with ``synchronous=FULL``: a commit is on disk when
-it returns, so ingest may remove a record's spool file right after (a power cut cannot lose both).
-The schema comes from Alembic migrations
-(:mod:`slurm_gpueff.storage.migrate`), not ``create_all``.
+SQLite runs in WAL mode with a busy timeout, so that ingest and readers do not block each other, and
+with ``synchronous=FULL``: a commit is on disk when it returns, so ingest may remove a record's spool
+file right after (a power cut cannot lose both). The schema comes from storage/migrate.py.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from types import ModuleType
@@ -20,22 +18,20 @@ from sqlalchemy.engine import Engine
 from sqlmodel import create_engine
 
 from .. import models  # noqa: F401  (registers the tables on SQLModel.metadata)
-from .dburl import database_url
+from .dburl import database_url, sqlite_file
 
 
 def make_engine(value: str, create: bool = True) -> Engine:
-    """Create the engine. With ``create``: SQLite is migrated to the current schema (parent dir created
-    too); a server database is only checked and raises ``migrate.SchemaError`` until ``gpueff db upgrade``
-    has run (policy in :mod:`slurm_gpueff.storage.migrate`)."""
+    """The engine; with ``create``, SQLite's directory is created and the schema made current, and a server
+    database raises ``migrate.SchemaError`` until ``gpueff db upgrade`` has run (storage/migrate.py)."""
     url = database_url(value)
-    kwargs: dict[str, Any] = {}
-    if url.startswith("sqlite"):
-        path = url.split("///", 1)[1] if "///" in url else ""
-        if create and path and path != ":memory:":
-            os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
-        kwargs["connect_args"] = {"timeout": 30}
-    engine = create_engine(url, json_serializer=json_dumps, json_deserializer=json_loads, **kwargs)
-    if url.startswith("sqlite"):
+    sqlite = url.startswith("sqlite")
+    path = sqlite_file(url)
+    if create and path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    engine = create_engine(url, json_serializer=json_dumps, json_deserializer=json_loads,
+                           connect_args={"timeout": 30} if sqlite else {})
+    if sqlite:
         event.listen(engine, "connect", _sqlite_pragmas)
     if create:
         from .migrate import ensure_schema  # imports Alembic: only for writers, never for seff-gpu
@@ -52,14 +48,11 @@ except ImportError:  # pragma: no cover - orjson is a dependency; the stdlib giv
 
 
 def json_dumps(value: object) -> str:
-    """Compact JSON for JSON columns: orjson (several times the stdlib encoder's speed), stdlib for what
-    orjson refuses."""
+    """Compact JSON for JSON columns: orjson, or the stdlib for what orjson refuses (an integer beyond 64 bits)."""
     if orjson is not None:
-        try:
+        with contextlib.suppress(TypeError):  # orjson.JSONEncodeError
             text: str = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
             return text
-        except TypeError:  # orjson.JSONEncodeError, e.g. an integer beyond 64 bits
-            pass
     return json.dumps(value, separators=(",", ":"))
 
 
@@ -68,7 +61,6 @@ json_loads = orjson.loads if orjson is not None else json.loads
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA journal_mode=WAL")
-    cur.execute("PRAGMA foreign_keys=ON")
-    cur.execute("PRAGMA synchronous=FULL")
+    for pragma in ("journal_mode=WAL", "foreign_keys=ON", "synchronous=FULL"):
+        cur.execute(f"PRAGMA {pragma}")
     cur.close()

@@ -1,36 +1,22 @@
-"""Join Slurm accounting into the job rows: enrichment of hook records, and backfill of missing ones.
+"""Slurm accounting into the job rows: enrichment of hook records, backfill of missing ones (docs/DESIGN.md
+"Data flow", step 5).
 
-**Enrich.** A hook record knows what slurmd told the Epilog: the raw job id, user, account, GPUs and a
-provisional exit status (a cancelled job's Epilog sees ``0:0``). Accounting knows the rest: array and
-het ids (so ``seff-gpu 123_4`` finds a task the hooks recorded as raw id 130), job name, QOS, submit
-time, the final state (``CANCELLED``, ``TIMEOUT``, ``OUT_OF_MEMORY``) and exit code. :func:`enrich_jobs`
-asks the reader for every not-yet-enriched job in batches and writes what it learns; once a row is
-``enriched`` ingest no longer overwrites those fields. When accounting moves a job's end time into
-another month, the old month is noted for the next rollup refresh (``rollups.note_moved``) in the same
-transaction. A job sacct still reports as running, or does not know yet (slurmdbd lags the controller),
-stays unenriched and is retried by the next run; a reader failure (sacct absent, slow, slurmdbd down)
-changes nothing and is reported. So does a job that ended less than ``settle_s`` ago: slurmdbd records
-a finished array task's array ids seconds *after* its final state (seen on 22.05: ``5|5|COMPLETED``
-for 1-4 s, then ``5_1|5|COMPLETED``), and enrichment is written once, so it waits for the record to
-settle rather than store a task as a plain job for good.
-
-**Backfill.** Jobs that held GPUs according to sacct but have no hook record (node crashed, hooks
-not installed yet, spool lost) get an allocation-only record with ``record_source = "backfill"``
-and the reason, so site totals do not silently miss them. sacct keeps no GPU indexes, so the GPU
-rows are numbered positions per node; when the hook's own record turns up later, ingest replaces
-the backfilled one (storage/ingest.py).
-
-The reader is passed in (anything with ``jobs(ids, cluster)``, e.g. ``slurm_gpueff.sacct.SacctReader``),
-so this module needs no Slurm and the scheduler can drive it.
+Enrichment is written once, so it waits until accounting is final: a job sacct still reports as running
+or does not know yet (slurmdbd lags the controller) is retried by the next run, and so is one that ended
+less than ``settle_s`` ago, because slurmdbd records a finished array task's array ids seconds *after*
+its final state (seen on 22.05: ``5|5|COMPLETED`` for 1-4 s, then ``5_1|5|COMPLETED``). A reader
+failure (sacct absent, slow, slurmdbd down) changes nothing and is reported. The reader is passed in
+(``jobs(ids, cluster)``, e.g. ``slurm_gpueff.sacct.SacctReader``), so this module needs no Slurm.
 """
 
 from __future__ import annotations
 
-import logging
+import itertools
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
+from operator import itemgetter
 from typing import Any
 
 from sqlalchemy import exc as sa_exc
@@ -40,10 +26,9 @@ from sqlmodel import Session, col, select
 from .. import record as recmod
 from ..models import Job
 from ..sacct import SacctError, SacctJob
+from .merge import cut, utc
 from .rollups import moved_month, note_moved
 from .writer import UNAVAILABLE, ingest_record
-
-log = logging.getLogger(__name__)
 
 SETTLE_S = 120.0  # default of [sacct] settle_s: how long after a job's end its accounting record is trusted
 
@@ -78,58 +63,41 @@ class BackfillResult:
     errors: list[str] = field(default_factory=list)
 
 
-def _utc(epoch: float | None) -> datetime | None:
-    if epoch is None:
-        return None
-    return datetime.fromtimestamp(float(epoch), UTC).replace(tzinfo=None)
+def apply_sacct(job: Job, sj: SacctJob) -> datetime | None:
+    """Write what accounting says into ``job`` (a finished job): accounting wins where it knows.
 
-
-def _cut(value: str | None, n: int) -> str | None:
-    return value[:n] if isinstance(value, str) else value
-
-
-def apply_sacct(job: Job, sj: SacctJob) -> None:
-    """Write what accounting says into ``job`` (a finished job): accounting wins where it knows."""
+    Returns the job's old end time when accounting moved it into another month, for
+    :func:`rollups.note_moved` in the same transaction; else None.
+    """
+    old_end = job.end_time
     for attr, value, size in (("user", sj.user, 128), ("account", sj.account, 128), ("partition", sj.partition, 128),
                               ("qos", sj.qos, 128), ("job_name", sj.job_name, 512)):
         if value is not None:
-            setattr(job, attr, _cut(value, size))
+            setattr(job, attr, cut(value, size))
     if sj.uid is not None:
         job.uid = sj.uid
     # array / het ids: what the slurmd hooks cannot see
     job.array_job_id, job.array_task_id = sj.array_job_id, sj.array_task_id
     job.het_job_id, job.het_job_offset = sj.het_job_id, sj.het_job_offset
-    nodes = sj.nodes
-    if nodes and not job.nodelist:
-        job.nodelist = _cut(",".join(nodes), 1024)
+    if sj.nodes and not job.nodelist:
+        job.nodelist = cut(",".join(sj.nodes), 1024)
     if sj.gpu_count:
         job.gpu_count = max(job.gpu_count or 0, sj.gpu_count)
     if sj.gpu_type and not job.gpu_type:
-        job.gpu_type = _cut(sj.gpu_type, 128)
-    job.submit_time = _utc(sj.submit) or job.submit_time
-    job.start_time = _utc(sj.start) or job.start_time
-    job.end_time = _utc(sj.end) or job.end_time
+        job.gpu_type = cut(sj.gpu_type, 128)
+    job.submit_time = utc(sj.submit) or job.submit_time
+    job.start_time = utc(sj.start) or job.start_time
+    job.end_time = utc(sj.end) or job.end_time
     if sj.elapsed_s is not None:
         job.elapsed_s = sj.elapsed_s
     elif job.start_time is not None and job.end_time is not None:
         job.elapsed_s = (job.end_time - job.start_time).total_seconds()
-    job.state = _cut(sj.state, 32) or job.state  # replaces the hook's provisional state
+    job.state = cut(sj.state, 32) or job.state  # replaces the hook's provisional state
     if sj.exit_code is not None:
         job.exit_code, job.signal = sj.exit_code, sj.signal
     job.enriched = True
-    if hasattr(job, "analyzed_at"):  # the stored summary (issue 4) depends on state and times
-        job.analyzed_at = None
-
-
-def jobs_to_enrich(session: Session, since: datetime | None = None, limit: int | None = None) -> list[Job]:
-    """Unenriched jobs that ended at or after ``since`` (jobs without an end time too), oldest first."""
-    stmt = select(Job).where(col(Job.enriched).is_(False))
-    if since is not None:
-        stmt = stmt.where((col(Job.end_time) >= since) | col(Job.end_time).is_(None))
-    stmt = stmt.order_by(col(Job.id))
-    if limit is not None:
-        stmt = stmt.limit(max(0, limit))
-    return list(session.exec(stmt).all())
+    job.analyzed_at = None  # the stored summary depends on state and times
+    return old_end if moved_month(old_end, job.end_time) else None
 
 
 def enrich_jobs(engine: Engine, reader: Any, *, since: datetime | None = None, limit: int | None = None,
@@ -137,26 +105,26 @@ def enrich_jobs(engine: Engine, reader: Any, *, since: datetime | None = None, l
                 now: float | None = None) -> EnrichResult:
     """Enrich every unenriched job (ended since ``since``) from ``reader``; commit batch by batch.
 
-    Jobs sacct reports as ended less than ``settle_s`` before ``now`` (epoch; default: the clock) are
-    left for the next run (module doc: slurmdbd fills in array ids after the final state).
-
-    Never raises for sacct or database trouble: the run stops, says why in ``errors``, and what was
-    committed before stays; the rest is retried by the next run.
+    Jobs that ended less than ``settle_s`` before ``now`` (epoch; default: the clock) are left for the
+    next run. Never raises for sacct or database trouble: the run stops and says why in ``errors``; what
+    was committed stays, the rest is retried by the next run.
     """
     res = EnrichResult()
     batch = max(1, int(getattr(reader, "batch_size", 500)))
+    stmt = select(Job.id, Job.cluster, Job.job_id).where(col(Job.enriched).is_(False)).order_by(col(Job.id))
+    if since is not None:  # jobs without an end time too
+        stmt = stmt.where((col(Job.end_time) >= since) | col(Job.end_time).is_(None))
+    if limit is not None:
+        stmt = stmt.limit(max(0, limit))
     try:
         with Session(engine) as session:
-            todo = [(j.id, j.cluster, j.job_id) for j in jobs_to_enrich(session, since, limit) if j.id is not None]
+            todo = sorted(session.exec(stmt).all(), key=itemgetter(1))  # by cluster, then oldest first
     except UNAVAILABLE as exc:
         res.errors.append(f"database unavailable ({_first_line(exc)}); nothing enriched")
         return res
-    total = len(todo)
-    by_cluster: dict[str, list[tuple[int, int]]] = {}
-    for pk, cluster, job_id in todo:
-        by_cluster.setdefault(cluster, []).append((pk, job_id))
     done = 0
-    for cluster, rows in sorted(by_cluster.items()):
+    for cluster, group in itertools.groupby(todo, key=itemgetter(1)):
+        rows = [(pk, job_id) for pk, _cluster, job_id in group]
         for k in range(0, len(rows), batch):
             chunk = rows[k:k + batch]
             try:
@@ -182,13 +150,9 @@ def enrich_jobs(engine: Engine, reader: Any, *, since: datetime | None = None, l
                         job = session.get(Job, pk)
                         if job is None or job.enriched:
                             continue
-                        old_end = job.end_time
-                        apply_sacct(job, sj)
-                        if moved_month(old_end, job.end_time):
-                            moved.append(old_end)
-                        session.add(job)
+                        moved.append(apply_sacct(job, sj))
                         res.enriched += 1
-                    if moved:  # accounting moved these end times to another month: redo the old months' rollups
+                    if any(moved):  # accounting moved these end times to another month: redo those rollups
                         note_moved(session.connection(), moved)
                     session.commit()
             except UNAVAILABLE as exc:
@@ -196,7 +160,7 @@ def enrich_jobs(engine: Engine, reader: Any, *, since: datetime | None = None, l
                 return res
             done += len(chunk)
             if progress is not None:
-                progress(done, total)
+                progress(done, len(todo))
     return res
 
 
@@ -232,11 +196,7 @@ def _backfill_one(engine: Engine, sj: SacctJob, default_cluster: str, res: Backf
         if job is not None:
             res.had_record += 1
             if not job.enriched:
-                old_end = job.end_time
-                apply_sacct(job, sj)
-                if moved_month(old_end, job.end_time):
-                    note_moved(session.connection(), [old_end])
-                session.add(job)
+                note_moved(session.connection(), [apply_sacct(job, sj)])
                 session.commit()
                 res.enriched += 1
             return
@@ -245,7 +205,6 @@ def _backfill_one(engine: Engine, sj: SacctJob, default_cluster: str, res: Backf
         assert job is not None
         job.record_source = "backfill"
         apply_sacct(job, sj)
-        session.add(job)
         session.commit()
     res.created += 1
     res.created_ids.append(sj.job_id_text)
@@ -262,19 +221,16 @@ def backfill_records(sj: SacctJob, cluster: str) -> list[dict[str, Any]]:
         nodes = nodes[:1]
     per = max(1, sj.gpu_count // len(nodes))
     why = f"{BACKFILL_REASON}: {sj.gpu_count} GPU(s) in AllocTRES, GPU indexes unknown"
-    out = []
-    for node in nodes:
-        out.append({
-            "schema": recmod.SCHEMA_VERSION, "cluster": cluster, "node": node, "job_id": sj.job_id,
-            "array_job_id": sj.array_job_id, "array_task_id": sj.array_task_id,
-            "het_job_id": sj.het_job_id, "het_job_offset": sj.het_job_offset,
-            "user": sj.user, "uid": sj.uid, "account": sj.account, "partition": sj.partition,
-            "start_time": sj.start, "end_time": sj.end if sj.end is not None else sj.start,
-            "exit_code": sj.exit_code, "signal": sj.signal, "backend": "none", "reason": why,
-            "gpus": [recmod.empty_gpu(i, "none", why) for i in range(per)],
-            "written_at": time.time(), "writer": BACKFILL_WRITER,
-        })
-    return out
+    return [{
+        "schema": recmod.SCHEMA_VERSION, "cluster": cluster, "node": node, "job_id": sj.job_id,
+        "array_job_id": sj.array_job_id, "array_task_id": sj.array_task_id,
+        "het_job_id": sj.het_job_id, "het_job_offset": sj.het_job_offset,
+        "user": sj.user, "uid": sj.uid, "account": sj.account, "partition": sj.partition,
+        "start_time": sj.start, "end_time": sj.end if sj.end is not None else sj.start,
+        "exit_code": sj.exit_code, "signal": sj.signal, "backend": "none", "reason": why,
+        "gpus": [recmod.empty_gpu(i, "none", why) for i in range(per)],
+        "written_at": time.time(), "writer": BACKFILL_WRITER,
+    } for node in nodes]
 
 
 def _first_line(exc: BaseException) -> str:

@@ -1,16 +1,12 @@
-"""Ingest: drain the spool into the database, losing nothing and duplicating nothing.
+"""Ingest: drain the spool into the database, losing nothing and duplicating nothing (docs/DESIGN.md
+"Data flow", step 4).
 
-The spool's records (``<spool>/incoming/``, a job's node records in arrival order) go in batches of up
-to ``BATCH``, one transaction each (:mod:`slurm_gpueff.storage.writer`):
-
-* a file that cannot be a record (empty, bad JSON, wrong schema, impossible values:
-  :func:`slurm_gpueff.record.validate`) is quarantined with an ``.error`` file naming the problem;
-* a batch's files are removed only after its commit, which is durable when it returns: a crash or a
-  power cut before the commit keeps the files; one after it at worst leaves files whose records are
-  ingested again, which changes nothing (:mod:`slurm_gpueff.storage.merge`);
-* an unavailable database (locked, down, disk full) stops the run and leaves the files, counted as
-  ``failed``, for the next run; any other error rolls the batch back and retries its records one per
-  transaction, so a record the database rejects is quarantined alone.
+Records go in batches of up to ``BATCH``, one transaction each (storage/writer.py). A batch's files are
+removed only after its commit, which is durable when it returns: a crash before it keeps the files, one
+after it at worst leaves files whose records are ingested again, which changes nothing (storage/merge.py).
+An unavailable database (locked, down, disk full) stops the run and leaves the files for the next run;
+any other error retries the batch one record per transaction, so that only a record the database
+rejects is quarantined.
 """
 
 from __future__ import annotations
@@ -149,11 +145,8 @@ class _Run:
         self.remove([path for path, _rec in good])
 
     def one_by_one(self, good: list[tuple[str, dict[str, Any]]]) -> None:
-        """Retry a failed batch record by record and quarantine the records the database rejects.
-
-        Records were validated before: a database that rejects all of them points at the software or
-        the schema, not at the records, so then nothing is quarantined: the files stay for the next run.
-        """
+        """Retry a failed batch record by record and quarantine the records the database rejects; unless
+        it rejects all of them: validated records point then at the software or the schema, and stay."""
         rejected: list[tuple[str, Exception]] = []
         stored: list[str] = []
         for path, rec in good:

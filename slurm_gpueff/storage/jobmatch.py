@@ -1,9 +1,4 @@
-"""Which job rows a user's job id names: the rules, once, for every reader (stdlib only).
-
-``find(spec, run)`` applies them through ``run(any_of, all_of)``, which returns the rows (objects with
-the job columns as attributes) where at least one ``any_of`` and every ``all_of`` ``(column, value)``
-equality holds, ordered by cluster, array task, het offset and raw id. The ORM reader
-(storage/queries.py) and seff-gpu's SQLite reader (storage/sqlite_read.py) each supply ``run``.
+"""Which job rows a user's job id names: the rules, once, for the ORM and the SQLite reader (stdlib only).
 
 - ``123``: the job whose raw id (JobIDRaw) is 123. If that job is itself the array job or het leader
   123 (its ``array_job_id`` or ``het_job_id`` is 123), the id names the whole group, as in ``sacct -j``,
@@ -22,6 +17,8 @@ from typing import Any
 
 Cond = tuple[str, int]  # (job column, value): column == value
 ORDER = ("cluster", "array_task_id", "het_job_offset", "job_id")
+# run(any_of, all_of): the rows (job columns as attributes) where at least one ``any_of`` and every
+# ``all_of`` equality holds, in ORDER; storage/queries.py and storage/sqlite_read.py each supply one.
 Run = Callable[[Sequence[Cond], Sequence[Cond]], list[Any]]
 
 

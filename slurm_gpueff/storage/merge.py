@@ -1,10 +1,8 @@
 """Merge node records into job and GPU rows: pure, no I/O (ingest's plan step).
 
-A job's GPUs may span several nodes, and each node's Epilog writes its own record. :func:`merge` folds
-a batch of records, in spool order, into the rows the database holds for their jobs; the writer
-(:mod:`slurm_gpueff.storage.writer`) stores the result. The rules make the outcome the same whatever
-order a job's node records arrive in, and the same again when a record is ingested twice (a crash
-between a commit and the removal of its files):
+Each node of a job writes its own record. :func:`merge` folds a batch of records, in spool order, into
+the rows stored for their jobs (storage/writer.py stores the result), with rules that give the same
+outcome whatever order a job's node records arrive in, and again when a record is ingested twice:
 
 * job: earliest start, latest end, highest exit code and signal, union of nodes and reasons; identity
   fields (user, account, ...) from the records until sacct enrichment has run, which then owns them;
@@ -46,8 +44,8 @@ class Plan:
     old_jobs: dict[Key, Row]  # the stored rows the merge started from
     gpus: dict[Key, dict[Spot, Row]]  # merged GPU rows; "id" is None for a new one
     old_gpu_ids: set[int]
-    touched: set[tuple[Key, str]]  # (job, node) whose GPU rows a record replaced
-    timelines: dict[tuple[Key, str], dict[int, list[Any]]]  # (job, node) -> GPU index -> points
+    # (job, node) whose GPU rows a record replaced -> GPU index -> timeline points
+    timelines: dict[tuple[Key, str], dict[int, list[Any]]]
 
     def gpu_changes(self) -> tuple[list[Row], list[Row], list[int]]:
         """(new GPU rows, stored rows to rewrite: those of touched nodes, ids of stored rows now gone).
@@ -62,7 +60,7 @@ class Plan:
                     inserts.append(row)
                 else:
                     kept.add(row["id"])
-                    if (key, row["node"]) in self.touched:
+                    if (key, row["node"]) in self.timelines:
                         updates.append(row)
         return inserts, updates, sorted(self.old_gpu_ids - kept)
 
@@ -78,7 +76,7 @@ class Plan:
 
 
 def job_key(rec: Row) -> Key:
-    return (_cut(rec["cluster"], 64), rec["job_id"])
+    return (cut(rec["cluster"], 64), rec["job_id"])
 
 
 def merge(recs: list[Row], stored_jobs: dict[Key, Row], stored_gpus: dict[Key, dict[Spot, Row]],
@@ -87,19 +85,17 @@ def merge(recs: list[Row], stored_jobs: dict[Key, Row], stored_gpus: dict[Key, d
     jobs = {k: dict(v) for k, v in stored_jobs.items()}
     gpus: dict[Key, dict[Spot, Row]] = {job_key(r): {} for r in recs}
     gpus.update((k, {s: dict(r) for s, r in v.items()}) for k, v in stored_gpus.items())
-    touched: set[tuple[Key, str]] = set()
     timelines: dict[tuple[Key, str], dict[int, list[Any]]] = {}
     for rec in recs:
         key = job_key(rec)
         job = jobs.get(key)
         if job is None:
             job = jobs[key] = _new_job(key)
-        node = _cut(rec["node"], 128)
+        node = cut(rec["node"], 128)
         _fold(job, gpus[key], rec, node, now)
-        touched.add((key, node))
         timelines[(key, node)] = {g["index"]: g.get("timeline") or [] for g in rec["gpus"]}
     old_ids = {r["id"] for rows in stored_gpus.values() for r in rows.values()}
-    return Plan(jobs, dict(stored_jobs), gpus, old_ids, touched, timelines)
+    return Plan(jobs, dict(stored_jobs), gpus, old_ids, timelines)
 
 
 def _new_job(key: Key) -> Row:
@@ -113,7 +109,7 @@ def _fold(job: Row, gpus: dict[Spot, Row], rec: Row, node: str, now: datetime) -
     if job["record_source"] == "backfill":  # the hook's record came after all (storage/enrich.py):
         job["record_source"], job["reason"] = "hook", None  # it replaces the allocation-only backfill,
         gpus.clear()  # whose GPU rows were placeholders (sacct keeps no GPU indexes)
-    start, end = _utc(rec.get("start_time")), _utc(rec["end_time"])
+    start, end = utc(rec.get("start_time")), utc(rec["end_time"])
     mine = {k[1]: r for k, r in gpus.items() if k[0] == node} if gpus else {}
     for idx in mine:
         del gpus[(node, idx)]
@@ -125,30 +121,30 @@ def _fold(job: Row, gpus: dict[Spot, Row], rec: Row, node: str, now: datetime) -
         row["node"], row["gpu_index"] = node, g["index"]
         peak = get("memory_used_peak_bytes")
         row["memory_used_peak_bytes"] = int(peak) if peak is not None else None
-        row["uuid"] = _cut(get("uuid"), 96)
-        row["pci_bus_id"] = _cut(get("pci_bus_id"), 32)
-        row["model"] = _cut(get("model"), 128)
+        row["uuid"] = cut(get("uuid"), 96)
+        row["pci_bus_id"] = cut(get("pci_bus_id"), 32)
+        row["model"] = cut(get("model"), 128)
         row["start_time"], row["end_time"] = start, end
-        row["source"] = _cut(get("source") or backend, 16)
+        row["source"] = cut(get("source") or backend, 16)
         row["samples"] = get("samples") or 0
         row["missing"] = dict(get("missing") or {})
         gpus[(node, g["index"])] = row
     all_rows = sorted(gpus.values(), key=lambda r: (r["node"] == node, r.get("id") or 0))
     nodes = set(filter(None, (job["nodelist"] or "").split(","))) | {r["node"] for r in all_rows} | {node}
-    job["nodelist"] = _cut(",".join(sorted(nodes)), 1024)
+    job["nodelist"] = cut(",".join(sorted(nodes)), 1024)
     job["gpu_count"] = len(all_rows)
     models = sorted({r["model"] for r in all_rows if r["model"]})
     job["backend"] = max((r["source"] for r in all_rows), key=lambda s: _BACKEND_RANK.get(s, 0),
                          default=rec["backend"])
     if rec.get("reason"):
         parts = set(filter(None, (job["reason"] or "").split("; "))) | set(rec["reason"].split("; "))
-        job["reason"] = _cut("; ".join(sorted(parts)), 1024)
+        job["reason"] = cut("; ".join(sorted(parts)), 1024)
     for key, size in _IDENTITY:
         value = rec.get(key)
         if value is not None and (job[key] is None or not job["enriched"]):
-            job[key] = _cut(value, size) if size else value
+            job[key] = cut(value, size) if size else value
     if not job["enriched"]:  # sacct enrichment owns these once it has run
-        job["gpu_type"] = _cut(", ".join(models), 128) if models else job["gpu_type"]
+        job["gpu_type"] = cut(", ".join(models), 128) if models else job["gpu_type"]
         job["start_time"] = _pick([job["start_time"], start], min)
         job["end_time"] = _pick([job["end_time"], end], max)
         job["elapsed_s"] = ((job["end_time"] - job["start_time"]).total_seconds()
@@ -161,14 +157,14 @@ def _fold(job: Row, gpus: dict[Spot, Row], rec: Row, node: str, now: datetime) -
     job["analyzed_at"] = None  # new data: the stored summary (slurm_gpueff.summarize) must be recomputed
 
 
-def _utc(epoch: float | None) -> datetime | None:
+def utc(epoch: float | None) -> datetime | None:
     """Epoch seconds -> naive UTC datetime (how models.py stores every time)."""
     if epoch is None:
         return None
     return datetime.fromtimestamp(float(epoch), UTC).replace(tzinfo=None)
 
 
-def _cut(value: Any, n: int) -> Any:
+def cut(value: Any, n: int) -> Any:
     return value[:n] if isinstance(value, str) else value
 
 

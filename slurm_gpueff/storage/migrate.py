@@ -1,27 +1,24 @@
 """Schema migrations (Alembic), configured in code: no alembic.ini to install or find.
 
-Policy (README "Database"):
-
-- **SQLite** (the zero-setup default): :func:`ensure_schema` upgrades the file to the newest revision
-  when ``make_engine(create=True)`` opens it, so ``gpueff ingest`` / ``gpueff demo`` just work. A file
-  made by an older version with ``create_all`` (no ``alembic_version`` table) is adopted (stamped) when
-  its tables already match the models, otherwise the error says what differs.
-- **PostgreSQL** (and any other server): nothing changes the schema behind the administrator's back.
-  ``gpueff db upgrade`` migrates; until then ``make_engine(create=True)`` raises :class:`SchemaError`
-  naming the command, so a node or service never writes into an old schema.
-
-Alembic is imported only here, lazily: ``seff-gpu`` (``create=False``) never pays for it.
+SQLite (the zero-setup default) is upgraded when ``make_engine(create=True)`` opens it; a file made by
+``create_all`` before migrations existed is adopted (stamped) when its tables match the models. On
+PostgreSQL nothing changes the schema behind the administrator's back: until ``gpueff db upgrade`` has
+run, ``make_engine(create=True)`` raises :class:`SchemaError`, so no node or service writes into an old
+schema. Alembic is imported only here, lazily: ``seff-gpu`` (``create=False``) never pays for it.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from typing import Any
 
 from sqlalchemy import inspect
 from sqlalchemy.engine import Connection, Engine
+from sqlmodel import SQLModel
 
+from .. import models  # noqa: F401  (registers the tables on SQLModel.metadata)
 from ..errors import GpueffError
 
 MIGRATIONS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "migrations")
@@ -46,20 +43,15 @@ def alembic_config(connection: Connection | None = None, url: str | None = None)
     return cfg
 
 
-_HEAD: str | None = None
-
-
+@functools.cache
 def head() -> str:
     """The newest revision of the packaged migrations."""
-    global _HEAD
-    if _HEAD is None:
-        from alembic.script import ScriptDirectory
+    from alembic.script import ScriptDirectory
 
-        heads = ScriptDirectory.from_config(alembic_config()).get_heads()
-        if len(heads) != 1:
-            raise SchemaError(f"the migrations have {len(heads)} heads ({', '.join(heads)}): merge them")
-        _HEAD = heads[0]
-    return _HEAD
+    heads = ScriptDirectory.from_config(alembic_config()).get_heads()
+    if len(heads) != 1:
+        raise SchemaError(f"the migrations have {len(heads)} heads ({', '.join(heads)}): merge them")
+    return str(heads[0])
 
 
 def current(conn: Connection) -> str | None:
@@ -75,7 +67,7 @@ def upgrade(engine: Engine, revision: str = "head") -> tuple[str | None, str | N
 
     with engine.begin() as conn:
         before = current(conn)
-        if before is None and _has_tables(conn):
+        if before is None and "job" in inspect(conn).get_table_names():  # made by create_all
             _adopt(conn)
         command.upgrade(alembic_config(conn), revision)
     with engine.connect() as conn:
@@ -86,9 +78,6 @@ def diffs(conn: Connection) -> list[Any]:
     """Differences between the database and models.py (Alembic autogenerate's view); [] = identical."""
     from alembic.autogenerate import compare_metadata
     from alembic.runtime.migration import MigrationContext
-    from sqlmodel import SQLModel
-
-    from .. import models  # noqa: F401  (registers the tables on SQLModel.metadata)
 
     ctx = MigrationContext.configure(conn, opts={"compare_type": True})
     return list(compare_metadata(ctx, SQLModel.metadata))
@@ -109,16 +98,9 @@ def ensure_schema(engine: Engine) -> None:
                       "on the service host")
 
 
-def _has_tables(conn: Connection) -> bool:
-    return "job" in inspect(conn).get_table_names()
-
-
 def _adopt(conn: Connection) -> None:
     """A database made by create_all before migrations existed: stamp it if it matches, else refuse."""
     from alembic import command
-    from sqlmodel import SQLModel
-
-    from .. import models  # noqa: F401  (registers the tables on SQLModel.metadata)
 
     missing = set(SQLModel.metadata.tables) - set(inspect(conn).get_table_names())
     if missing:  # older create_all schema: tables that later versions added are simply created

@@ -1,13 +1,10 @@
-"""Look jobs up the way users name them (``123``, ``123_4``, ``123+1``) through the ORM.
-
-The rules are in :mod:`slurm_gpueff.storage.jobmatch`; seff-gpu's SQLite fast path
-(:mod:`slurm_gpueff.storage.sqlite_read`) applies the same ones without SQLAlchemy. ``cluster`` restricts
-the search to one cluster; without it, matches from every cluster are returned.
-"""
+"""Job look-ups through the ORM: by the ids users name (``123``, ``123_4``, ``123+1``; rules in
+storage/jobmatch.py) with their GPU rows and timelines, and many jobs at once for ``seff-gpu -u USER``."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import or_
@@ -19,7 +16,7 @@ from .jobmatch import ORDER, Cond, find
 
 
 def find_jobs(session: Session, spec: JobSpec, cluster: str | None = None) -> list[Job]:
-    """Jobs matching a parsed job id (rules in storage/jobmatch.py); empty list when none."""
+    """Jobs matching a parsed job id, in ``cluster`` or in every cluster; empty list when none."""
 
     def run(any_of: Sequence[Cond], all_of: Sequence[Cond]) -> list[Job]:
         stmt = select(Job).where(or_(*(getattr(Job, c) == v for c, v in any_of)),
@@ -44,3 +41,20 @@ def gpu_timelines(session: Session, gpus: Sequence[JobGpu]) -> dict[int, list[An
         return {}
     rows = session.exec(select(JobGpuTimeline).where(col(JobGpuTimeline.job_gpu_id).in_(ids))).all()
     return {r.job_gpu_id: list(r.points or []) for r in rows}
+
+
+def list_jobs(session: Session, *, user: str | None = None, account: str | None = None,
+              start: datetime | None = None, end: datetime | None = None, cluster: str | None = None) -> list[Job]:
+    """Jobs that ended in [start, end) (naive UTC), filtered by user/account/cluster, oldest first."""
+    stmt = select(Job).where(col(Job.end_time).is_not(None))
+    if user is not None:
+        stmt = stmt.where(Job.user == user)
+    if account is not None:
+        stmt = stmt.where(Job.account == account)
+    if cluster is not None:
+        stmt = stmt.where(Job.cluster == cluster)
+    if start is not None:
+        stmt = stmt.where(col(Job.end_time) >= start)
+    if end is not None:
+        stmt = stmt.where(col(Job.end_time) < end)
+    return list(session.exec(stmt.order_by(col(Job.end_time), col(Job.job_id))).all())

@@ -1,31 +1,19 @@
-"""Rollups: per-day and per-month sums of the job summaries, in SQL (INSERT ... SELECT ... GROUP BY).
+"""Per-day and per-month sums of the job summaries, in SQL (docs/DESIGN.md "Data flow", step 7).
 
-The grain stored in ``usage_rollup`` is (period, period_start, cluster, user, account, verdict); per user,
-per account or site-wide figures are :func:`usage` queries over those few rows. Only analysed jobs
-(``analyzed_at`` set by slurm_gpueff.summarize) with an end time count, on the UTC day they ended.
+``usage_rollup`` rows are keyed (period, period_start, cluster, user, account, verdict); only analysed jobs
+with an end time count, on the UTC day they ended. A refresh recomputes whole months (delete, aggregate
+the day rows, sum them into the month row), so a recomputed month is exact whatever happened before.
 
-Refresh works by whole months: delete the month's rows, re-aggregate its jobs into day rows, then sum the
-day rows into the month row. Which months: the current one, every month holding a job analysed since
-the last refresh (minus a safety margin for clock skew and in-flight commits), and every month noted in
-``rollup_pending``; or all of them on a full refresh. A recomputed month is exact whatever happened
-before (re-ingest, enrichment, deletes).
-
-A job whose end time moves to another month (sacct enrichment correcting it, ingest merging a later
-node record) is re-analysed, so its new month is found by the rule above; but no job row points at its
-*old* month, whose rollup rows still count it. So the writer that moves it calls :func:`note_moved`
-with the old end time, in the transaction that moves it: the old month goes into ``rollup_pending``
-(ON CONFLICT DO NOTHING, so noting a month twice is harmless). :func:`refresh_month` deletes the
-month's pending row first, in the transaction that recomputes the month: a crash leaves it pending,
-and a job moved by a transaction that commits while the month is being recomputed notes it pending
-again (on PostgreSQL its insert waits for the delete's row lock). ``gpueff rollup --full`` (the
-scheduler runs one daily) recomputes every month, pending ones included.
-
-Sums follow SQL: NULL when no job of the group had the figure measured (never a made-up 0); the
-``*_measured_gpu_hours`` columns carry the GPU-hours behind each sum.
+A job whose end time moves to another month is re-analysed, which finds its new month; but no row points
+at its *old* month any more, so the writer that moves it calls :func:`note_moved` in the same transaction.
+:func:`refresh_month` deletes the month's pending row first, in the transaction that recomputes it: a
+crash leaves it pending, and a job moved by a transaction committing meanwhile notes it again (on
+PostgreSQL that insert waits for the delete's row lock). Sums follow docs/DESIGN.md "Unknown is never zero".
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
@@ -41,7 +29,7 @@ MEASURES = ("gpu_hours", "idle_gpu_hours", "underfilled_gpu_hours", "sm_active_g
             "tensor_active_gpu_hours", "energy_j", "kernel_measured_gpu_hours", "sm_measured_gpu_hours",
             "tensor_measured_gpu_hours")
 KEYS = ("cluster", "user", "account", "verdict")
-SAFETY_MARGIN = timedelta(hours=1)
+SAFETY_MARGIN = timedelta(hours=1)  # clock skew and commits in flight at the last refresh
 _ROLLUP, _JOB, _PENDING = (Job.metadata.tables[t] for t in ("usage_rollup", "job", "rollup_pending"))
 
 
@@ -77,9 +65,9 @@ def _month_expr(conn: Connection, col: Any) -> Any:
     return cast(func.date_trunc("month", col), Date)
 
 
-def _known(col: Any, gpu_hours: Any) -> Any:
+def _known(col: Any) -> Any:
     """GPU-hours of the jobs where ``col`` was measured."""
-    return func.sum(case((col.is_not(None), gpu_hours), else_=None))
+    return func.sum(case((col.is_not(None), _JOB.c.gpu_hours), else_=None))
 
 
 def refresh_month(conn: Connection, month: date, now: datetime | None = None) -> int:
@@ -87,8 +75,7 @@ def refresh_month(conn: Connection, month: date, now: datetime | None = None) ->
     m0, m1 = month_start(month), next_month(month_start(month))
     now = now or _now()
     r, j, p = _ROLLUP, _JOB, _PENDING
-    # First, so that a job moved by a transaction committing while this one reads the jobs notes the
-    # month again (see the module docstring); committed or rolled back with the recomputation.
+    # First: a job moved while this transaction reads the jobs notes the month again (module docstring).
     conn.execute(delete(p).where(p.c.month == m0))
     conn.execute(delete(r).where(r.c.period_start >= m0, r.c.period_start < m1))
     day = _day_expr(conn, j.c.end_time)
@@ -97,8 +84,8 @@ def refresh_month(conn: Connection, month: date, now: datetime | None = None) ->
                   func.count(), func.sum(j.c.gpu_hours), func.sum(j.c.idle_gpu_hours),
                   func.sum(j.c.underfilled_gpu_hours), func.sum(j.c.sm_active_gpu_hours),
                   func.sum(j.c.tensor_active_gpu_hours), func.sum(j.c.energy_j),
-                  _known(j.c.idle_gpu_hours, j.c.gpu_hours), _known(j.c.sm_active_gpu_hours, j.c.gpu_hours),
-                  _known(j.c.tensor_active_gpu_hours, j.c.gpu_hours), literal(now, r.c.refreshed_at.type))
+                  _known(j.c.idle_gpu_hours), _known(j.c.sm_active_gpu_hours), _known(j.c.tensor_active_gpu_hours),
+                  literal(now, r.c.refreshed_at.type))
            .where(j.c.end_time >= datetime(m0.year, m0.month, 1), j.c.end_time < datetime(m1.year, m1.month, 1),
                   j.c.analyzed_at.is_not(None))
            .group_by(day, j.c.cluster, j.c.user, j.c.account, j.c.verdict))
@@ -113,7 +100,8 @@ def refresh_month(conn: Connection, month: date, now: datetime | None = None) ->
 
 
 def dirty_months(conn: Connection, now: datetime | None = None, full: bool = False) -> list[date]:
-    """The months a refresh must recompute (see the module docstring)."""
+    """The months a refresh recomputes: the current one, those holding a job analysed since the last refresh,
+    and those noted in ``rollup_pending``; with ``full``, every month."""
     now = now or _now()
     r, j = _ROLLUP, _JOB
     last = conn.execute(select(func.max(r.c.refreshed_at))).scalar()
@@ -131,25 +119,13 @@ def dirty_months(conn: Connection, now: datetime | None = None, full: bool = Fal
 
 
 def note_moved(conn: Connection, old_end_times: Iterable[datetime | None]) -> None:
-    """Note the months of these old (naive UTC) end times as pending: the next refresh recomputes them.
-
-    For writers that move a job's end time to another month; call it in the transaction that moves
-    the job. None is ignored; a month already pending stays as it was (one INSERT ... ON CONFLICT DO
-    NOTHING, no statement at all when there is nothing to note).
-    """
+    """Note the months of these old (naive UTC) end times as pending, in the transaction that moves the
+    jobs: the next refresh recomputes them. None is ignored; noting a month twice is harmless."""
     months = sorted({month_start(t) for t in old_end_times if t is not None})
     if not months:
         return
-    p = _PENDING
-    rows = [{"month": m, "noted_at": _now()} for m in months]
-    name = conn.dialect.name
-    if name in ("sqlite", "postgresql"):
-        ins = sqlite.insert(p) if name == "sqlite" else postgresql.insert(p)
-        conn.execute(ins.values(rows).on_conflict_do_nothing())
-        return
-    have = {_as_date(m) for (m,) in conn.execute(select(p.c.month).where(p.c.month.in_(months)))}
-    if len(have) < len(months):  # other backends: no ON CONFLICT; fine for a single writer
-        conn.execute(insert(p), [r for r in rows if r["month"] not in have])
+    ins = sqlite.insert(_PENDING) if conn.dialect.name == "sqlite" else postgresql.insert(_PENDING)
+    conn.execute(ins.values([{"month": m, "noted_at": _now()} for m in months]).on_conflict_do_nothing())
 
 
 def moved_month(old: datetime | None, new: datetime | None) -> bool:
@@ -168,8 +144,6 @@ def _as_date(v: Any) -> date:
 def refresh(engine: Engine, *, full: bool = False, months: Iterable[date] | None = None,
             now: datetime | None = None) -> RefreshResult:
     """Refresh the rollups; each month in its own transaction (readers see a month whole or not yet)."""
-    import time
-
     t0 = time.perf_counter()
     now = now or _now()
     with engine.connect() as conn:
@@ -188,18 +162,16 @@ BY = {"user": ("user",), "account": ("account",), "site": (), "verdict": ("verdi
 
 
 def usage(conn: Connection, *, period: str = "month", by: str = "user", start: date | None = None,
-          end: date | None = None, cluster: str | None = None, per_period: bool = True) -> list[dict[str, Any]]:
-    """Summed rollup rows grouped by ``by`` (a key of :data:`BY`) and, with ``per_period``, by period.
+          end: date | None = None, cluster: str | None = None) -> list[dict[str, Any]]:
+    """Summed rollup rows grouped by period and ``by`` (a key of :data:`BY`).
 
-    ``start``/``end`` bound ``period_start`` (inclusive/exclusive). Each dict has the group keys, maybe
-    ``period_start``, ``cluster``, ``jobs`` and every measure (None when nothing was measured).
+    ``start``/``end`` bound ``period_start`` (inclusive/exclusive). Each dict has ``period_start``,
+    ``cluster``, the group keys, ``jobs`` and every measure (None when nothing was measured).
     """
     if period not in ("day", "month"):
         raise ValueError(f"period must be day or month, not {period!r}")
     r = _ROLLUP
-    keys = [r.c.cluster, *[r.c[k] for k in BY[by]]]
-    if per_period:
-        keys.insert(0, r.c.period_start)
+    keys = [r.c.period_start, r.c.cluster, *[r.c[k] for k in BY[by]]]
     conds = [r.c.period == period]
     if start is not None:
         conds.append(r.c.period_start >= start)
@@ -212,8 +184,7 @@ def usage(conn: Connection, *, period: str = "month", by: str = "user", start: d
     out = []
     for row in conn.execute(stmt).mappings():
         d = dict(row)
-        if "period_start" in d:
-            d["period_start"] = _as_date(d["period_start"])
+        d["period_start"] = _as_date(d["period_start"])
         d["jobs"] = int(d["jobs"] or 0)
         out.append(d)
     return out

@@ -1,17 +1,15 @@
-"""seff-gpu's fast path on SQLite: one job's rows with the standard library's sqlite3, no SQLAlchemy.
+"""seff-gpu's path on SQLite: one job's rows with the standard library's sqlite3, no SQLAlchemy.
 
-``seff-gpu JOBID`` spent ~90 % of its time importing SQLAlchemy, SQLModel and pydantic (bench/seff_latency.py).
-For the common case, SQLite and a terminal or ``--json`` card, this module reads the job and GPU rows
-directly. The rows it returns carry the same values the ORM gives (checked column by column in
-tests/test_sqlite_read.py): every column of the table as an attribute, converted by the column's
-declared type (``DATETIME`` -> naive UTC datetime as SQLAlchemy stores it, ``BOOLEAN`` -> bool, ``JSON``
--> decoded, ``DATE`` -> date). Which rows a job id names comes from :mod:`storage.jobmatch`, as for the
-ORM reader. Opening follows storage/readonly.py: a user who cannot write the file or its directory
-reads a WAL database ``mode=ro`` while a writer is connected, else ``immutable=1``.
+Importing SQLAlchemy, SQLModel and pydantic was most of ``seff-gpu JOBID``'s run time (docs/bench/README.md).
+The rows returned carry the values the ORM gives (checked column by column in tests/test_sqlite_read.py):
+every column as an attribute, converted by its declared type (``DATETIME`` -> naive UTC datetime as
+SQLAlchemy stores it, ``BOOLEAN`` -> bool, ``JSON`` -> decoded, ``DATE`` -> date). Which rows a job id
+names comes from :mod:`storage.jobmatch`, as for the ORM reader.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
@@ -30,23 +28,13 @@ except ImportError:  # pragma: no cover - orjson is a dependency; same values ei
     _json_loads = json.loads
 
 
-def _json(v: Any) -> Any:
-    return None if v is None else _json_loads(v)
-
-
-def _datetime(v: Any) -> Any:
-    return None if v is None else datetime.fromisoformat(v) if isinstance(v, str) else v
-
-
-def _date(v: Any) -> Any:
-    return None if v is None else date.fromisoformat(v[:10]) if isinstance(v, str) else v
-
-
-def _bool(v: Any) -> Any:
-    return None if v is None else bool(v)
-
-
-_CONVERT: dict[str, Callable[[Any], Any]] = {"DATETIME": _datetime, "DATE": _date, "BOOLEAN": _bool, "JSON": _json}
+# Declared column type -> the value SQLAlchemy gives for the stored one (NULL stays None).
+_CONVERT: dict[str, Callable[[Any], Any]] = {
+    "DATETIME": lambda v: None if v is None else datetime.fromisoformat(v) if isinstance(v, str) else v,
+    "DATE": lambda v: None if v is None else date.fromisoformat(v[:10]) if isinstance(v, str) else v,
+    "BOOLEAN": lambda v: None if v is None else bool(v),
+    "JSON": lambda v: None if v is None else _json_loads(v),
+}
 
 
 def _q(name: str) -> str:
@@ -54,53 +42,49 @@ def _q(name: str) -> str:
     return f'"{name}"'
 
 
-def read_uri(path: str) -> tuple[str, bool]:
-    """(sqlite3 URI, whether it is a read-only open) for a reader of the database file ``path``."""
+def read_uri(path: str) -> str:
+    """The sqlite3 URI for reading the database file ``path``, also for users who may not write it.
+
+    SQLite in WAL mode normally needs write access to the file's directory (for ``-wal``/``-shm``),
+    which a site does not give its users. A user who cannot write the file or its directory opens it
+    ``mode=ro`` while a writer is connected (``-wal`` and ``-shm`` exist: SQLite >= 3.22 reads a WAL
+    database read-only then), else ``immutable=1`` (nothing is writing: no locks, no side files; a
+    writer starting during the lookup can at worst make the read fail, never harm the database).
+    """
     path = os.path.abspath(path)
     if os.access(path, os.W_OK) and os.access(os.path.dirname(path), os.W_OK):
-        return f"file:{quote(path)}", False
+        return f"file:{quote(path)}"
     live = os.path.exists(path + "-wal") and os.path.exists(path + "-shm")
-    return f"file:{quote(path)}?{'mode=ro' if live else 'immutable=1'}", True
-
-
-class Reader:
-    """An open database and its tables' column conversions. sqlite3.Error on any database problem."""
-
-    def __init__(self, path: str) -> None:
-        uri, _ro = read_uri(path)
-        self.con = sqlite3.connect(uri, uri=True, timeout=30)
-        self.convert = {t: self._columns(t) for t in ("job", "job_gpu")}
-
-    def _columns(self, table: str) -> list[tuple[str, Callable[[Any], Any] | None]]:
-        cols = [(r[1], _CONVERT.get(str(r[2]).upper())) for r in self.con.execute(f"PRAGMA table_info({_q(table)})")]
-        if not cols:
-            raise sqlite3.OperationalError(f"no such table: {table} (not a slurm-gpueff database?)")
-        return cols
-
-    def rows(self, table: str, where: str, params: Sequence[Any], order: Sequence[str]) -> list[SimpleNamespace]:
-        cols = self.convert[table]
-        sql = (f"SELECT {', '.join(_q(c) for c, _ in cols)} FROM {_q(table)} WHERE {where} "
-               f"ORDER BY {', '.join(_q(c) for c in order)}")
-        return [SimpleNamespace(**{c: (f(v) if f else v) for (c, f), v in zip(cols, row, strict=True)})
-                for row in self.con.execute(sql, list(params))]
-
-    def close(self) -> None:
-        self.con.close()
+    return f"file:{quote(path)}?{'mode=ro' if live else 'immutable=1'}"
 
 
 def lookup(path: str, spec: Any, cluster: str | None = None) -> list[tuple[SimpleNamespace, list[SimpleNamespace]]]:
-    """(job, its GPU rows by node and index) for every job ``spec`` names, as storage.queries would give."""
-    db = Reader(path)
-    try:
+    """(job, its GPU rows by node and index) for every job ``spec`` names, as storage.queries would give.
+    sqlite3.Error on any database problem."""
+    with contextlib.closing(sqlite3.connect(read_uri(path), uri=True, timeout=30)) as con:
+        columns = {t: _columns(con, t) for t in ("job", "job_gpu")}
+
+        def rows(table: str, where: str, params: Sequence[Any], order: Sequence[str]) -> list[SimpleNamespace]:
+            cols = columns[table]
+            sql = (f"SELECT {', '.join(_q(c) for c, _ in cols)} FROM {_q(table)} WHERE {where} "
+                   f"ORDER BY {', '.join(_q(c) for c in order)}")
+            return [SimpleNamespace(**{c: (f(v) if f else v) for (c, f), v in zip(cols, row, strict=True)})
+                    for row in con.execute(sql, list(params))]
+
         def run(any_of: Sequence[Cond], all_of: Sequence[Cond]) -> list[SimpleNamespace]:
             conds = ["(" + " OR ".join(f"{_q(c)} = ?" for c, _ in any_of) + ")", *(f"{_q(c)} = ?" for c, _ in all_of)]
             params: list[Any] = [v for _, v in any_of] + [v for _, v in all_of]
             if cluster is not None:
                 conds.append(f"{_q('cluster')} = ?")
                 params.append(cluster)
-            return db.rows("job", " AND ".join(conds), params, ORDER)
+            return rows("job", " AND ".join(conds), params, ORDER)
 
-        jobs = find(spec, run)
-        return [(j, db.rows("job_gpu", f"{_q('job_pk')} = ?", [j.id], ("node", "gpu_index"))) for j in jobs]
-    finally:
-        db.close()
+        return [(j, rows("job_gpu", f"{_q('job_pk')} = ?", [j.id], ("node", "gpu_index"))) for j in find(spec, run)]
+
+
+def _columns(con: sqlite3.Connection, table: str) -> list[tuple[str, Callable[[Any], Any] | None]]:
+    """(name, conversion) of the table's columns, in order."""
+    cols = [(r[1], _CONVERT.get(str(r[2]).upper())) for r in con.execute(f"PRAGMA table_info({_q(table)})")]
+    if not cols:
+        raise sqlite3.OperationalError(f"no such table: {table} (not a slurm-gpueff database?)")
+    return cols

@@ -1,12 +1,11 @@
-"""Ingest's SQL: read a batch's stored rows, merge (:mod:`slurm_gpueff.storage.merge`), write the result.
+"""Ingest's SQL: read a batch's stored rows, merge them (storage/merge.py), write the result.
 
-Reads go through SQLAlchemy Core (two SELECTs per batch). Writes go through the DBAPI cursor of the
-same transaction, because building Core's parameters for thousands of wide rows cost most of ingest's
-time: ``executemany`` on SQLite, ``COPY`` on PostgreSQL (several times faster than executemany there).
-Values pass through the columns' own bind processors, so the stored text is what Core would store.
-The database assigns the ids of new rows; they are read back by natural key ((cluster, job id) for a
-job, (job, node, GPU index) for a GPU), which unique constraints guarantee. Every difference between
-the two dialects is in :class:`_Sql` and :func:`transaction`.
+Reads go through SQLAlchemy Core. Writes go through the DBAPI cursor of the same transaction, because
+building Core's parameters for thousands of wide rows cost most of ingest's time: ``executemany`` on
+SQLite, ``COPY`` on PostgreSQL. Values pass through the columns' own bind processors, so the stored text
+is what Core would store. The database assigns new rows' ids; they are read back by natural key, which
+unique constraints guarantee. Every difference between the two dialects is in :class:`_Sql` and
+:func:`transaction`.
 """
 
 from __future__ import annotations
@@ -102,8 +101,7 @@ def read_stored(conn: Connection, keys: set[Key]) -> tuple[dict[Key, Row], dict[
 
 
 def ingest_record(session: Session, rec: Row) -> Job:
-    """Upsert one node record in the session's transaction (sacct enrichment's backfill); same code as
-    the batch path."""
+    """Upsert one node record in the session's transaction (sacct enrichment's backfill)."""
     recmod.validate(rec)
     write_records(session.connection(), [rec])
     session.expire_all()  # rows changed underneath the ORM
