@@ -91,26 +91,35 @@ def test_files_are_removed_only_while_every_wal_write_is_synced(tmp_path):
         db, d, 50, "-o", trace, "-e", "trace=openat,close,pwrite64,write,fsync,fdatasync,unlink,unlinkat")
     assert (ingested, failed) == (230, 0), errors
     assert list(spool.pending(d)) == []
+    # A file's commit is the first commit after the file was read: its WAL writes are the first ones after
+    # the read, and it is durable at the first WAL sync after those writes. The file may go only then.
+    # (The files of one commit are removed while the next batch already writes: those writes are not theirs.)
     fds: dict[str, str] = {}
-    dirty = False  # the WAL holds writes not synced yet
+    read: set[str] = set()  # read, its commit's WAL writes not seen yet
+    written: set[str] = set()  # its commit's WAL writes seen, not synced yet
     syncs, removed, late = 0, [], []
     for _pid, call, args, result in calls(trace):
         first = args.split(",", 1)[0]
         if call == "openat" and result not in ("start", None) and int(result) >= 0:
-            fds[result] = args.split('"')[1]
+            fds[result] = path = args.split('"')[1]
+            if "/incoming/job-" in path:
+                read.add(path)
         elif call == "close" and result == "start":
             fds.pop(first, None)
         elif call in ("pwrite64", "write") and result == "start" and fds.get(first) == db + "-wal":
-            dirty = True
+            written |= read
+            read.clear()
         elif call in ("fsync", "fdatasync") and result == "0" and fds.get(first) == db + "-wal":
-            dirty, syncs = False, syncs + 1
+            written.clear()
+            syncs += 1
         elif call in ("unlink", "unlinkat") and result == "start" and "/incoming/job-" in args:
-            removed.append(args)
-            if dirty:
-                late.append(args)
+            path = args.split('"')[1]
+            removed.append(path)
+            if path in read or path in written:
+                late.append(path)
     assert len(removed) == 230
     assert syncs >= 230 // 50, "one WAL sync per commit at least"
-    assert late == [], f"{len(late)} file(s) removed while a commit was not on disk yet, e.g. {late[:3]}"
+    assert late == [], f"{len(late)} file(s) removed before their commit was on disk, e.g. {late[:3]}"
 
 
 def test_a_failing_sync_keeps_the_files_and_the_next_run_adds_nothing_twice(tmp_path):
