@@ -119,7 +119,7 @@ def iso(dt: datetime | None) -> str | None:
 
 
 class JobIds(Protocol):
-    """What :func:`job_label` reads: an ORM ``Job``, a plain row of storage.sqlite_read or job_list."""
+    """What :func:`job_label` reads: an ORM ``Job``, a plain row of storage.sqlite_read or storage.queries.list_jobs."""
 
     @property
     def job_id(self) -> int: ...
