@@ -4,7 +4,7 @@ same run, and the time it takes to drain a backlog of 1,000,000 spooled records 
 
     python3 bench/ingest_rate.py [--records N] [--repeat K] [--postgres URL | --no-postgres]
 
-Records are slurm_gpueff.synthetic ones (1-8 GPUs, mean ~3.2; 10 timeline points per GPU, rounded as the
+Records are tests/synthetic.py ones (1-8 GPUs, mean ~3.2; 10 timeline points per GPU, rounded as the
 collectors round them; a fifth pre-Hopper), written into a spool exactly as the Epilog writes them
 (one fsync'd file each). Three things are timed, K times each, interleaved, and the medians reported:
 
@@ -34,9 +34,12 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]  # the package, and the synthetic records of the tests
 
-from slurm_gpueff import spool, synthetic  # noqa: E402
+import synthetic  # noqa: E402
+
+from slurm_gpueff import spool  # noqa: E402
 from slurm_gpueff.storage import migrate  # noqa: E402
 from slurm_gpueff.storage.db import json_dumps, make_engine  # noqa: E402
 from slurm_gpueff.storage.ingest import ingest_spool  # noqa: E402

@@ -27,11 +27,12 @@ import sys
 import time
 from datetime import date, datetime, timedelta
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]  # the package, and the synthetic records of the tests
 
+import synthetic  # noqa: E402
 from sqlalchemy import text  # noqa: E402
 
-from slurm_gpueff import synthetic  # noqa: E402
 from slurm_gpueff.storage import rollups  # noqa: E402
 from slurm_gpueff.storage.db import make_engine  # noqa: E402
 

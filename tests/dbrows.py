@@ -35,7 +35,9 @@ def ingest_beside_a_writer(engine, spool_dir: str, ref, stored_first: bool = Tru
     import random
     import threading
 
-    from slurm_gpueff import spool, synthetic
+    import synthetic
+
+    from slurm_gpueff import spool
     from slurm_gpueff.storage.ingest import ingest_spool
     from slurm_gpueff.storage.writer import transaction, write_records
 

@@ -13,10 +13,11 @@ import sys
 import time
 
 import pytest
+import synthetic
 from pgutil import PrivateCluster
 from sqlalchemy import text
 
-from slurm_gpueff import spool, synthetic
+from slurm_gpueff import spool
 from slurm_gpueff.storage import migrate
 from slurm_gpueff.storage.db import make_engine
 

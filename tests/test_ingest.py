@@ -236,7 +236,8 @@ def test_a_later_node_record_moving_the_end_into_another_month_marks_the_old_mon
     so January's rollups (which may count the job) are noted as pending for the next refresh."""
     from datetime import date
 
-    from slurm_gpueff import synthetic
+    import synthetic
+
     from slurm_gpueff.models import RollupPending
     from slurm_gpueff.storage.rollups import dirty_months
 

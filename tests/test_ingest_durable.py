@@ -23,10 +23,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import synthetic
 from dbrows import rows
 from hooksite import ROOT
 
-from slurm_gpueff import spool, synthetic
+from slurm_gpueff import spool
 from slurm_gpueff.storage.db import make_engine
 from slurm_gpueff.storage.ingest import ingest_spool
 

@@ -15,9 +15,10 @@ import random
 import sqlite3
 
 import pytest
+import synthetic
 from sqlalchemy import insert, select
 
-from slurm_gpueff import spool, synthetic
+from slurm_gpueff import spool
 from slurm_gpueff.models import Job, JobGpu, JobGpuTimeline
 from slurm_gpueff.storage import ingest
 from slurm_gpueff.storage.db import make_engine

@@ -9,11 +9,12 @@ import os
 import random
 
 import pytest
+import synthetic
 from dbrows import ingest_beside_a_writer, rows
 from pgutil import pg_url  # noqa: F401  (fixture)
 from sqlmodel import Session
 
-from slurm_gpueff import spool, synthetic
+from slurm_gpueff import spool
 from slurm_gpueff.storage import migrate
 from slurm_gpueff.storage.db import make_engine
 from slurm_gpueff.storage.ingest import ingest_spool

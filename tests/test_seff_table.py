@@ -8,8 +8,9 @@ import subprocess
 import sys
 
 import pytest
+import synthetic
 
-from slurm_gpueff import spool, synthetic
+from slurm_gpueff import spool
 from slurm_gpueff.config import Config
 from slurm_gpueff.storage.db import make_engine
 from slurm_gpueff.storage.ingest import ingest_spool

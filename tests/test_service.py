@@ -12,11 +12,12 @@ import urllib.request
 from datetime import UTC, datetime
 
 import pytest
+import synthetic
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import func, select
 
-from slurm_gpueff import spool, synthetic
+from slurm_gpueff import spool
 from slurm_gpueff.config import Config
 from slurm_gpueff.models import Job, JobGpuTimeline
 from slurm_gpueff.service import tasks

@@ -14,9 +14,10 @@ import subprocess
 import sys
 
 import pytest
+import synthetic
 from sqlmodel import Session
 
-from slurm_gpueff import spool, synthetic
+from slurm_gpueff import spool
 from slurm_gpueff.analysis import assess, job_figures
 from slurm_gpueff.config import Config
 from slurm_gpueff.jobid import parse

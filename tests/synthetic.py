@@ -1,4 +1,4 @@
-"""Synthetic spool records for benchmarks and scale tests; deterministic for a seed.
+"""Synthetic spool records for tests and benchmarks (bench/ puts tests/ on its path); deterministic for a seed.
 
 Plausible values (kernel >= SM activity), a fifth of the jobs on pre-Hopper GPUs with figures left
 unmeasured, so aggregates are exercised with NULLs too.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 
-from .record import FRACTIONS
+from slurm_gpueff.record import FRACTIONS
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
