@@ -32,6 +32,7 @@ from typing import Any
 
 from .config import Config
 from .errors import GpueffError
+from .slurmenv import parse_exit_text
 
 # The job fields asked of ``sacct -P``; JobName last because it may contain the delimiter.
 PARSABLE_FIELDS = ("JobIDRaw", "JobID", "Cluster", "User", "UID", "Account", "Partition", "QOS", "NodeList",
@@ -40,8 +41,8 @@ PARSABLE_FIELDS = ("JobIDRaw", "JobID", "Cluster", "User", "UID", "Account", "Pa
 BROKEN_JSON_EXIT_PLUGINS = ("openapi/dbv0.0.38", "openapi/dbv0.0.37", "openapi/dbv0.0.36")
 # States of a job that has not finished: its accounting record will still change.
 ACTIVE_STATES = frozenset({"PENDING", "RUNNING", "SUSPENDED", "REQUEUED", "RESIZING", "COMPLETING",
-                           "CONFIGURING", "REQUEUE_FED", "REQUEUE_HOLD", "SPECIAL_EXIT", "STAGE_OUT",
-                           "SIGNALING", "STOPPED"})
+                           "CONFIGURING", "REQUEUE_FED", "REQUEUE_HOLD", "RESV_DEL_HOLD", "SPECIAL_EXIT",
+                           "STAGE_OUT", "SIGNALING", "STOPPED"})
 FINAL_STATE_CODES = "BF,CA,CD,DL,F,NF,OOM,PR,TO"  # sacct -s codes of every final state
 _NONE_TEXT = {"", "None", "Unknown", "None assigned", "(null)"}
 
@@ -95,14 +96,6 @@ def state_word(text: str | None) -> str | None:
     if not text:
         return None
     return text.split()[0].upper() or None
-
-
-def parse_exit(text: str | None) -> tuple[int | None, int | None]:
-    """sacct's ``ExitCode`` ``"3:0"`` -> (3, 0); anything else -> (None, None)."""
-    code, sep, sig = (text or "").partition(":")
-    if sep and code.isdigit() and sig.isdigit():
-        return int(code), int(sig)
-    return None, None
 
 
 def parse_tres(text: str | None) -> tuple[int, str | None]:
@@ -320,7 +313,7 @@ def parse_parsable(text: str, delimiter: str = "|") -> list[SacctJob]:
         job.elapsed_s = float(elapsed) if elapsed is not None else None
         job.state_text = _text(row["State"])
         job.state = state_word(job.state_text)
-        job.exit_code, job.signal = parse_exit(row["ExitCode"].strip())
+        job.exit_code, job.signal = parse_exit_text(row["ExitCode"].strip())
         out.append(job)
     return out
 
@@ -331,7 +324,7 @@ def parse_exit_codes(text: str, delimiter: str = "|") -> dict[int, tuple[int | N
     for line in text.splitlines():
         raw, sep, ec = line.partition(delimiter)
         if sep and raw.strip().isdigit():
-            out[int(raw)] = parse_exit(ec.strip())
+            out[int(raw)] = parse_exit_text(ec.strip())
     return out
 
 
