@@ -155,23 +155,8 @@ def expand_hostlist(text: str | None) -> list[str]:
 
 
 def _split_top(text: str) -> list[str]:
-    """Split on the commas outside brackets."""
-    parts: list[str] = []
-    cur: list[str] = []
-    depth = 0
-    for ch in text:
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-    if cur:
-        parts.append("".join(cur))
-    return [p for p in parts if p]
+    """Split on the commas outside brackets (a comma inside one has a ``]`` ahead before any ``[``)."""
+    return [p for p in re.split(r",(?![^\[]*\])", text) if p]
 
 
 def _ids_from_text(job: SacctJob) -> None:
@@ -186,14 +171,8 @@ def _ids_from_text(job: SacctJob) -> None:
 
 def _epoch(value: object) -> float | None:
     """sacct times: epoch numbers (json; -P with SLURM_TIME_FORMAT=%s); 0 / Unknown / None -> None."""
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, int | float):
-        return float(value) if value > 0 else None
-    text = str(value).strip()
-    if text.isdigit():
-        return float(text) if int(text) > 0 else None
-    return None
+    v = value if isinstance(value, float) else _int(value)
+    return float(v) if v is not None and v > 0 else None
 
 
 def _text(value: object) -> str | None:
