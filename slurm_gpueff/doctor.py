@@ -164,27 +164,19 @@ def check_backend(rep: Report, cfg: Config) -> None:
 
 
 def check_agent(rep: Report, cfg: Config) -> None:
+    """The agent's state as the nvml collector reads it at job start: the hooks' verdict, word for word."""
     from .collectors.agent_files import state_path
+    from .collectors.nvml import NvmlCollector
 
-    must = cfg.collector.backend == "nvml"
-    path = state_path(cfg.paths.state_dir)
-    try:
-        with open(path, "rb") as fh:
-            st = json.loads(fh.read())
-    except FileNotFoundError:
-        rep.add(FAIL if must else WARN, "agent", f"not running (no {path}); start etc/gpueff-agent.service")
-        return
-    except (OSError, ValueError) as exc:
-        rep.add(FAIL, "agent", f"{path} unreadable: {exc}")
-        return
-    age = time.time() - float(st.get("updated") or 0)
-    gpus = len(st.get("gpus") or {})
-    if st.get("stopped"):
-        rep.add(FAIL if must else WARN, "agent", f"stopped {age:.0f} s ago (pid {st.get('pid')})")
-    elif age > cfg.collector.agent_stale_s:
-        rep.add(FAIL, "agent", f"stale: last update {age:.0f} s ago (> collector.agent_stale_s)")
-    else:
-        rep.add(PASS, "agent", f"pid {st.get('pid')}, {gpus} GPU(s), updated {age:.1f} s ago")
+    bad = FAIL if cfg.collector.backend == "nvml" else WARN
+    st, why = NvmlCollector(cfg).read_state()
+    if why is None and st is not None:
+        age = time.time() - float(st["updated"])
+        rep.add(PASS, "agent", f"pid {st.get('pid')}, {len(st['gpus'])} GPU(s), updated {age:.1f} s ago")
+    elif st is None and not os.path.exists(state_path(cfg.paths.state_dir)):
+        rep.add(bad, "agent", f"{why}; start etc/gpueff-agent.service")
+    else:  # unreadable, hung or dead; only a stopped agent is a mere warning where nvml is not the backend
+        rep.add(bad if st and st.get("stopped") else FAIL, "agent", str(why))
 
 
 def slurm_config() -> tuple[str | None, dict[str, str]]:
