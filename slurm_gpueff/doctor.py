@@ -46,23 +46,23 @@ class Report:
 
 
 def check_nvml(rep: Report, cfg: Config) -> None:
-    must = cfg.collector.backend == "nvml"
+    bad = FAIL if cfg.collector.backend == "nvml" else WARN
     try:
         import pynvml as nv
     except ImportError as exc:
-        rep.add(FAIL if must else WARN, "nvml", f"pynvml not importable ({exc}); install nvidia-ml-py")
+        rep.add(bad, "nvml", f"pynvml not importable ({exc}); install nvidia-ml-py")
         return
     try:
         nv.nvmlInit()
     except nv.NVMLError as exc:
         from .collectors.nvml_sampler import explain_nvml_error
 
-        rep.add(FAIL if must else WARN, "nvml", explain_nvml_error(nv, exc))
+        rep.add(bad, "nvml", explain_nvml_error(nv, exc))
         return
     try:
         drv = nv.nvmlSystemGetDriverVersion()
         n = nv.nvmlDeviceGetCount()
-        rep.add(PASS if n else (FAIL if must else WARN), "nvml", f"driver {_s(drv)}, {n} GPU(s)")
+        rep.add(PASS if n else bad, "nvml", f"driver {_s(drv)}, {n} GPU(s)")
         for i in range(n):
             _nvml_gpu(rep, nv, i)
     finally:
@@ -120,8 +120,7 @@ def check_proc(rep: Report, cfg: Config) -> None:
 def check_dcgm(rep: Report, cfg: Config) -> None:
     from .collectors import dcgm_bindings as dcgmb
 
-    must = cfg.collector.backend == "dcgm"
-    bad = FAIL if must else WARN
+    bad = FAIL if cfg.collector.backend == "dcgm" else WARN
     b: dcgmb.Bindings | None = None
     try:
         found = dcgmb.import_bindings(cfg.dcgm.bindings_path)

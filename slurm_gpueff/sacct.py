@@ -110,7 +110,7 @@ def parse_tres(text: str | None) -> tuple[int, str | None]:
         key, sep, value = part.strip().partition("=")
         if not sep or not key.startswith("gres/gpu"):
             continue
-        count = _count(value)
+        count = _int(value)  # memory-like TRES carry a unit suffix: not GPUs, not digits, ignored
         if count is None:
             continue
         if key == "gres/gpu":
@@ -121,12 +121,6 @@ def parse_tres(text: str | None) -> tuple[int, str | None]:
         total = sum(typed.values())
     types = [t for t, n in typed.items() if n > 0]
     return total, (",".join(sorted(types)) if types else None)
-
-
-def _count(value: str) -> int | None:
-    """TRES counts are integers (memory-like TRES carry a unit suffix: not GPUs, ignored)."""
-    value = value.strip()
-    return int(value) if value.isdigit() else None
 
 
 def expand_hostlist(text: str | None) -> list[str]:
@@ -238,7 +232,7 @@ def _job_from_json(j: dict[str, Any]) -> SacctJob:
     job.qos = _text(j.get("qos"))
     job.job_name = j.get("name") if isinstance(j.get("name"), str) else None
     job.nodelist = _text(j.get("nodes"))
-    alloc = (j.get("tres") or {}).get("allocated") if isinstance(j.get("tres"), dict) else None
+    alloc = _obj(j.get("tres")).get("allocated")
     parts = []
     for t in alloc or []:
         if isinstance(t, dict) and t.get("type") and _int(t.get("count")) is not None:
