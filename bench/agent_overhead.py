@@ -111,9 +111,8 @@ def nvml_call_costs(reps: int = 200) -> dict[str, dict[str, float]]:
 
 
 def state_write_costs(reps: int = 50) -> dict[str, dict[str, float]]:
-    """CPU and wall per state-file write: spool.atomic_write (2 fsyncs) vs the agent's replace_file."""
+    """CPU and wall per state-file write: spool.atomic_write with its 2 fsyncs vs durable=False (the agent's)."""
     from slurm_gpueff import spool
-    from slurm_gpueff.collectors.agent_files import replace_file
 
     data = b"x" * 6000  # about a 1-GPU state file
     out = {}
@@ -122,7 +121,7 @@ def state_write_costs(reps: int = 50) -> dict[str, dict[str, float]]:
             continue
         d = tempfile.mkdtemp(dir=base)
         for name, fn in (("atomic_write_fsync", lambda p: spool.atomic_write(p, data, 0o644)),
-                         ("replace_file", lambda p: replace_file(p, data))):
+                         ("replace_file", lambda p: spool.atomic_write(p, data, 0o644, durable=False))):
             c0, w0 = time.process_time(), time.perf_counter()
             for _ in range(reps):
                 fn(os.path.join(d, "state.json"))

@@ -46,23 +46,23 @@ class Report:
 
 
 def check_nvml(rep: Report, cfg: Config) -> None:
-    must = cfg.collector.backend == "nvml"
+    bad = FAIL if cfg.collector.backend == "nvml" else WARN
     try:
         import pynvml as nv
     except ImportError as exc:
-        rep.add(FAIL if must else WARN, "nvml", f"pynvml not importable ({exc}); install nvidia-ml-py")
+        rep.add(bad, "nvml", f"pynvml not importable ({exc}); install nvidia-ml-py")
         return
     try:
         nv.nvmlInit()
     except nv.NVMLError as exc:
         from .collectors.nvml_sampler import explain_nvml_error
 
-        rep.add(FAIL if must else WARN, "nvml", explain_nvml_error(nv, exc))
+        rep.add(bad, "nvml", explain_nvml_error(nv, exc))
         return
     try:
         drv = nv.nvmlSystemGetDriverVersion()
         n = nv.nvmlDeviceGetCount()
-        rep.add(PASS if n else (FAIL if must else WARN), "nvml", f"driver {_s(drv)}, {n} GPU(s)")
+        rep.add(PASS if n else bad, "nvml", f"driver {_s(drv)}, {n} GPU(s)")
         for i in range(n):
             _nvml_gpu(rep, nv, i)
     finally:
@@ -120,8 +120,7 @@ def check_proc(rep: Report, cfg: Config) -> None:
 def check_dcgm(rep: Report, cfg: Config) -> None:
     from .collectors import dcgm_bindings as dcgmb
 
-    must = cfg.collector.backend == "dcgm"
-    bad = FAIL if must else WARN
+    bad = FAIL if cfg.collector.backend == "dcgm" else WARN
     b: dcgmb.Bindings | None = None
     try:
         found = dcgmb.import_bindings(cfg.dcgm.bindings_path)
@@ -164,27 +163,19 @@ def check_backend(rep: Report, cfg: Config) -> None:
 
 
 def check_agent(rep: Report, cfg: Config) -> None:
+    """The agent's state as the nvml collector reads it at job start: the hooks' verdict, word for word."""
     from .collectors.agent_files import state_path
+    from .collectors.nvml import NvmlCollector
 
-    must = cfg.collector.backend == "nvml"
-    path = state_path(cfg.paths.state_dir)
-    try:
-        with open(path, "rb") as fh:
-            st = json.loads(fh.read())
-    except FileNotFoundError:
-        rep.add(FAIL if must else WARN, "agent", f"not running (no {path}); start etc/gpueff-agent.service")
-        return
-    except (OSError, ValueError) as exc:
-        rep.add(FAIL, "agent", f"{path} unreadable: {exc}")
-        return
-    age = time.time() - float(st.get("updated") or 0)
-    gpus = len(st.get("gpus") or {})
-    if st.get("stopped"):
-        rep.add(FAIL if must else WARN, "agent", f"stopped {age:.0f} s ago (pid {st.get('pid')})")
-    elif age > cfg.collector.agent_stale_s:
-        rep.add(FAIL, "agent", f"stale: last update {age:.0f} s ago (> collector.agent_stale_s)")
-    else:
-        rep.add(PASS, "agent", f"pid {st.get('pid')}, {gpus} GPU(s), updated {age:.1f} s ago")
+    bad = FAIL if cfg.collector.backend == "nvml" else WARN
+    st, why = NvmlCollector(cfg).read_state()
+    if why is None and st is not None:
+        age = time.time() - float(st["updated"])
+        rep.add(PASS, "agent", f"pid {st.get('pid')}, {len(st['gpus'])} GPU(s), updated {age:.1f} s ago")
+    elif st is None and not os.path.exists(state_path(cfg.paths.state_dir)):
+        rep.add(bad, "agent", f"{why}; start etc/gpueff-agent.service")
+    else:  # unreadable, hung or dead; only a stopped agent is a mere warning where nvml is not the backend
+        rep.add(bad if st and st.get("stopped") else FAIL, "agent", str(why))
 
 
 def slurm_config() -> tuple[str | None, dict[str, str]]:

@@ -32,6 +32,7 @@ from typing import Any
 
 from .config import Config
 from .errors import GpueffError
+from .slurmenv import parse_exit_text
 
 # The job fields asked of ``sacct -P``; JobName last because it may contain the delimiter.
 PARSABLE_FIELDS = ("JobIDRaw", "JobID", "Cluster", "User", "UID", "Account", "Partition", "QOS", "NodeList",
@@ -40,8 +41,8 @@ PARSABLE_FIELDS = ("JobIDRaw", "JobID", "Cluster", "User", "UID", "Account", "Pa
 BROKEN_JSON_EXIT_PLUGINS = ("openapi/dbv0.0.38", "openapi/dbv0.0.37", "openapi/dbv0.0.36")
 # States of a job that has not finished: its accounting record will still change.
 ACTIVE_STATES = frozenset({"PENDING", "RUNNING", "SUSPENDED", "REQUEUED", "RESIZING", "COMPLETING",
-                           "CONFIGURING", "REQUEUE_FED", "REQUEUE_HOLD", "SPECIAL_EXIT", "STAGE_OUT",
-                           "SIGNALING", "STOPPED"})
+                           "CONFIGURING", "REQUEUE_FED", "REQUEUE_HOLD", "RESV_DEL_HOLD", "SPECIAL_EXIT",
+                           "STAGE_OUT", "SIGNALING", "STOPPED"})
 FINAL_STATE_CODES = "BF,CA,CD,DL,F,NF,OOM,PR,TO"  # sacct -s codes of every final state
 _NONE_TEXT = {"", "None", "Unknown", "None assigned", "(null)"}
 
@@ -97,14 +98,6 @@ def state_word(text: str | None) -> str | None:
     return text.split()[0].upper() or None
 
 
-def parse_exit(text: str | None) -> tuple[int | None, int | None]:
-    """sacct's ``ExitCode`` ``"3:0"`` -> (3, 0); anything else -> (None, None)."""
-    code, sep, sig = (text or "").partition(":")
-    if sep and code.isdigit() and sig.isdigit():
-        return int(code), int(sig)
-    return None, None
-
-
 def parse_tres(text: str | None) -> tuple[int, str | None]:
     """(GPU count, GPU type) from a TRES string like ``cpu=2,gres/gpu:h100=2,gres/gpu=2,node=1``.
 
@@ -117,7 +110,7 @@ def parse_tres(text: str | None) -> tuple[int, str | None]:
         key, sep, value = part.strip().partition("=")
         if not sep or not key.startswith("gres/gpu"):
             continue
-        count = _count(value)
+        count = _int(value)  # memory-like TRES carry a unit suffix: not GPUs, not digits, ignored
         if count is None:
             continue
         if key == "gres/gpu":
@@ -128,12 +121,6 @@ def parse_tres(text: str | None) -> tuple[int, str | None]:
         total = sum(typed.values())
     types = [t for t, n in typed.items() if n > 0]
     return total, (",".join(sorted(types)) if types else None)
-
-
-def _count(value: str) -> int | None:
-    """TRES counts are integers (memory-like TRES carry a unit suffix: not GPUs, ignored)."""
-    value = value.strip()
-    return int(value) if value.isdigit() else None
 
 
 def expand_hostlist(text: str | None) -> list[str]:
@@ -162,23 +149,8 @@ def expand_hostlist(text: str | None) -> list[str]:
 
 
 def _split_top(text: str) -> list[str]:
-    """Split on the commas outside brackets."""
-    parts: list[str] = []
-    cur: list[str] = []
-    depth = 0
-    for ch in text:
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-    if cur:
-        parts.append("".join(cur))
-    return [p for p in parts if p]
+    """Split on the commas outside brackets (a comma inside one has a ``]`` ahead before any ``[``)."""
+    return [p for p in re.split(r",(?![^\[]*\])", text) if p]
 
 
 def _ids_from_text(job: SacctJob) -> None:
@@ -193,14 +165,8 @@ def _ids_from_text(job: SacctJob) -> None:
 
 def _epoch(value: object) -> float | None:
     """sacct times: epoch numbers (json; -P with SLURM_TIME_FORMAT=%s); 0 / Unknown / None -> None."""
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, int | float):
-        return float(value) if value > 0 else None
-    text = str(value).strip()
-    if text.isdigit():
-        return float(text) if int(text) > 0 else None
-    return None
+    v = value if isinstance(value, float) else _int(value)
+    return float(v) if v is not None and v > 0 else None
 
 
 def _text(value: object) -> str | None:
@@ -266,7 +232,7 @@ def _job_from_json(j: dict[str, Any]) -> SacctJob:
     job.qos = _text(j.get("qos"))
     job.job_name = j.get("name") if isinstance(j.get("name"), str) else None
     job.nodelist = _text(j.get("nodes"))
-    alloc = (j.get("tres") or {}).get("allocated") if isinstance(j.get("tres"), dict) else None
+    alloc = _obj(j.get("tres")).get("allocated")
     parts = []
     for t in alloc or []:
         if isinstance(t, dict) and t.get("type") and _int(t.get("count")) is not None:
@@ -320,7 +286,7 @@ def parse_parsable(text: str, delimiter: str = "|") -> list[SacctJob]:
         job.elapsed_s = float(elapsed) if elapsed is not None else None
         job.state_text = _text(row["State"])
         job.state = state_word(job.state_text)
-        job.exit_code, job.signal = parse_exit(row["ExitCode"].strip())
+        job.exit_code, job.signal = parse_exit_text(row["ExitCode"].strip())
         out.append(job)
     return out
 
@@ -331,7 +297,7 @@ def parse_exit_codes(text: str, delimiter: str = "|") -> dict[int, tuple[int | N
     for line in text.splitlines():
         raw, sep, ec = line.partition(delimiter)
         if sep and raw.strip().isdigit():
-            out[int(raw)] = parse_exit(ec.strip())
+            out[int(raw)] = parse_exit_text(ec.strip())
     return out
 
 

@@ -65,6 +65,14 @@ def _int(env: Mapping[str, str], key: str, problems: list[str], minimum: int = 0
     return None
 
 
+def parse_exit_text(text: str | None) -> tuple[int | None, int | None]:
+    """``"3:0"`` (SLURM_JOB_EXIT_CODE2, sacct's ExitCode) -> (3, 0); anything else -> (None, None)."""
+    code, sep, sig = (text or "").partition(":")
+    if sep and code.isdigit() and sig.isdigit():
+        return int(code), int(sig)
+    return None, None
+
+
 def parse_exit(env: Mapping[str, str], problems: list[str] | None = None) -> tuple[int | None, int | None]:
     """(exit_code, signal) of the job: SLURM_JOB_EXIT_CODE2 ``"3:0"`` first, else the raw wait status.
 
@@ -74,9 +82,9 @@ def parse_exit(env: Mapping[str, str], problems: list[str] | None = None) -> tup
     problems = problems if problems is not None else []
     v2 = _text(env, "SLURM_JOB_EXIT_CODE2")
     if v2 is not None:
-        code, sep, sig = v2.partition(":")
-        if sep and code.isdigit() and sig.isdigit():
-            return int(code), int(sig)
+        code, sig = parse_exit_text(v2)
+        if code is not None:
+            return code, sig
         problems.append(f"SLURM_JOB_EXIT_CODE2={v2!r} is not 'exit:signal'")
     raw = _text(env, "SLURM_JOB_EXIT_CODE")
     if raw is not None:

@@ -39,8 +39,12 @@ def ensure_dirs(spool_dir: str) -> None:
         os.makedirs(os.path.join(spool_dir, sub), mode=0o700, exist_ok=True)
 
 
-def atomic_write(path: str, data: bytes, mode: int = 0o600) -> None:
-    """Write ``data`` to ``path`` so that readers see the old file or the whole new one, never a part."""
+def atomic_write(path: str, data: bytes, mode: int = 0o600, durable: bool = True) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the whole new one, never a part.
+
+    ``durable=False`` skips both fsyncs: for files whose content means nothing after a crash or reboot
+    (the agent's state), where they would only make every write dear.
+    """
     directory = os.path.dirname(path) or "."
     # Not tempfile.mkstemp: importing tempfile (shutil, random, bz2, lzma) would slow the hook's start-up.
     tmp = os.path.join(directory, f".tmp-{os.getpid()}-{os.urandom(6).hex()}")
@@ -49,8 +53,9 @@ def atomic_write(path: str, data: bytes, mode: int = 0o600) -> None:
         os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
+            if durable:
+                fh.flush()
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         try:  # noqa: SIM105 - contextlib would be one more import on the hook path
@@ -58,6 +63,8 @@ def atomic_write(path: str, data: bytes, mode: int = 0o600) -> None:
         except OSError:
             pass
         raise
+    if not durable:
+        return
     dfd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(dfd)

@@ -14,13 +14,13 @@ from slurm_gpueff.sacct import (
     SacctError,
     SacctReader,
     expand_hostlist,
-    parse_exit,
     parse_exit_codes,
     parse_json,
     parse_parsable,
     parse_tres,
     state_word,
 )
+from slurm_gpueff.slurmenv import parse_exit_text
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "sacct")
 
@@ -98,7 +98,8 @@ def test_tres(text, count, kind):
 def test_small_parsers():
     assert expand_hostlist("gpu[01-03,07],login1") == ["gpu01", "gpu02", "gpu03", "gpu07", "login1"]
     assert expand_hostlist("None assigned") == [] and expand_hostlist("n[8-10]") == ["n8", "n9", "n10"]
-    assert parse_exit("3:0") == (3, 0) and parse_exit("0:15") == (0, 15) and parse_exit("") == (None, None)
+    assert parse_exit_text("3:0") == (3, 0) and parse_exit_text("0:15") == (0, 15)
+    assert parse_exit_text("") == (None, None)
     assert state_word("CANCELLED by 1001") == "CANCELLED" and state_word(None) is None
 
 

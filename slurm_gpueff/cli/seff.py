@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..sacct import ACTIVE_STATES
 from .common import CONFIG_HELP, CONFIG_NOTE, CommandError, run_command
 
 if TYPE_CHECKING:
@@ -30,9 +31,6 @@ EXIT_DENIED = 6  # another user's job, and privacy is on (slurm_gpueff.privacy)
 
 MAX_CARDS = 10
 SQUEUE_TIMEOUT_S = 5.0
-# squeue states of a job that has not finished yet (its record is written by the Epilog at the end).
-ACTIVE_STATES = {"PENDING", "RUNNING", "SUSPENDED", "CONFIGURING", "COMPLETING", "RESIZING", "REQUEUED",
-                 "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD"}
 
 DESCRIPTION = """\
 Show how well a finished Slurm job used its GPUs: allocated GPU-hours, kernel

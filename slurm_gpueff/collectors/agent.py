@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import spool
 from ..errors import CollectorError
-from . import agent_files, integrals
+from . import integrals
 from .agent_files import job_file_uuids, line_time, mig_key, state_path, timeline_path
 from .gpu_ids import parse_legacy_mig
 from .nvml_sampler import GPM_METRICS, NO_GPM_REASON, GpuInfo, GpuSample, MigInfo, MigSample, NvmlSampler, Sampler
@@ -309,7 +309,7 @@ class Agent:
 
     def write_state(self, stopped: bool = False) -> None:
         data = json.dumps(self.state(stopped), separators=(",", ":"), allow_nan=False).encode()
-        agent_files.replace_file(state_path(self.state_dir), data)
+        spool.atomic_write(state_path(self.state_dir), data, mode=0o644, durable=False)
 
     def _maybe_timeline(self) -> None:
         now = self.updated if self.updated is not None else self.clock()

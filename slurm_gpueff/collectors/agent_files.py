@@ -5,7 +5,6 @@ Apart from the agent so that the hooks import neither signal handling nor thread
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 
@@ -48,26 +47,6 @@ def job_file_uuids(data: object) -> list[str]:
     if not isinstance(uuids, list):
         return []
     return list(dict.fromkeys(u for u in uuids if isinstance(u, str) and u.startswith(("GPU-", "MIG-"))))
-
-
-def replace_file(path: str, data: bytes, mode: int = 0o644) -> None:
-    """Atomic for readers (temp file + rename) but without fsync, unlike :func:`spool.atomic_write`.
-
-    After a crash or reboot the state's counters mean nothing anyway (the collector checks the agent's
-    pid and instance), so the fsyncs would only make every tick dear where the state dir is on a disk.
-    """
-    import tempfile  # the agent's, not the hooks' import
-
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(path) or ".")
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def line_time(line: str) -> float | None:
