@@ -120,17 +120,19 @@ def import_pynvml() -> Any:  # the module: it has no type hints
     return pynvml
 
 
+_NVML_ADVICE = {
+    "NVMLError_LibraryNotFound": "NVML library libnvidia-ml.so.1 not found: no NVIDIA driver on this node",
+    "NVMLError_DriverNotLoaded": "NVIDIA kernel driver is not loaded on this node",
+    "NVMLError_NoPermission": "no permission to use NVML (run the agent as root)",
+}
+
+
 def explain_nvml_error(pynvml: Any, exc: Exception) -> str:
     """One sentence for an NVML initialisation failure (the common ones get advice)."""
-    name = type(exc).__name__
-    if isinstance(exc, getattr(pynvml, "NVMLError_LibraryNotFound", ())):
-        return ("NVML library libnvidia-ml.so.1 not found: no NVIDIA driver on this node "
-                f"(pynvml: {name})")
-    if isinstance(exc, getattr(pynvml, "NVMLError_DriverNotLoaded", ())):
-        return f"NVIDIA kernel driver is not loaded on this node (pynvml: {name})"
-    if isinstance(exc, getattr(pynvml, "NVMLError_NoPermission", ())):
-        return f"no permission to use NVML (run the agent as root) (pynvml: {name})"
-    return f"NVML failed: {exc} (pynvml: {name})"
+    for cls, advice in _NVML_ADVICE.items():
+        if isinstance(exc, getattr(pynvml, cls, ())):
+            return f"{advice} (pynvml: {type(exc).__name__})"
+    return f"NVML failed: {exc} (pynvml: {type(exc).__name__})"
 
 
 def _s(value: object) -> str:
@@ -196,14 +198,13 @@ class NvmlSampler:
             except nv.NVMLError as exc:
                 log.warning("GPU at NVML index %d is not usable, skipped: %s", i, exc)
                 continue
-            info = GpuInfo(uuid=uuid, index=i, minor=self._try(nv.nvmlDeviceGetMinorNumber, h),
-                           pci_bus_id=None, model=None, memory_total_bytes=None, gpm_supported=False)
+            minor = self._try(nv.nvmlDeviceGetMinorNumber, h)
             pci = self._try(nv.nvmlDeviceGetPciInfo, h)
-            info.pci_bus_id = _s(pci.busId) if pci is not None else None
             name = self._try(nv.nvmlDeviceGetName, h)
-            info.model = _s(name) if name is not None else None
             mem = self._try(nv.nvmlDeviceGetMemoryInfo, h)
-            info.memory_total_bytes = int(mem.total) if mem is not None else None
+            info = GpuInfo(uuid=uuid, index=i, minor=minor, pci_bus_id=_s(pci.busId) if pci is not None else None,
+                           model=_s(name) if name is not None else None,
+                           memory_total_bytes=int(mem.total) if mem is not None else None, gpm_supported=False)
             dev = _Dev(h, info)
             info.mig_enabled = self._mig_enabled(h)
             self._setup_gpm(dev)
@@ -298,16 +299,11 @@ class NvmlSampler:
         except nv.NVMLError:
             return None
 
-    def _gpm(self, dev: _GpmBuf, out: GpuSample | MigSample,
-             take: Callable[[object], object] | None = None) -> None:
-        """One GPM reading into ``out``: ``take(sample)`` fills the current buffer (default: whole GPU)."""
+    def _gpm(self, dev: _GpmBuf, out: GpuSample | MigSample, take: Callable[[object], object]) -> None:
+        """One GPM reading into ``out``: ``take(sample)`` fills the current buffer (a GPU's or a GPU instance's)."""
         nv = self._nvml
         try:
-            if take is not None:
-                take(dev.gpm_cur)
-            else:
-                assert isinstance(dev, _Dev)  # a GPU instance's buffers come with the call that fills them
-                nv.nvmlGpmSampleGet(dev.handle, dev.gpm_cur)
+            take(dev.gpm_cur)
         except nv.NVMLError as exc:
             out.errors["gpm"] = f"GPM sample failed: {exc}"
             return
@@ -396,7 +392,7 @@ class NvmlSampler:
                     self._free(buf)
                     buf = None
                 if buf is None:
-                    buf = self._new_mig_buf(dev, gi, key, ms)
+                    self._new_mig_buf(dev, gi, key, ms)
                 else:
                     self._gpm(buf, ms, take=functools.partial(nv.nvmlGpmMigSampleGet, dev.handle, gi))
             s.mig[gi] = ms
@@ -405,7 +401,7 @@ class NvmlSampler:
         for u in [u for u, i in dev.mig_cache.items() if i.gi_id not in by_gi]:
             del dev.mig_cache[u]
 
-    def _new_mig_buf(self, dev: _Dev, gi: int, key: frozenset[str], ms: MigSample) -> _GpmBuf | None:
+    def _new_mig_buf(self, dev: _Dev, gi: int, key: frozenset[str], ms: MigSample) -> None:
         """First GPM sample of a GPU instance (its figures start at the next tick)."""
         nv = self._nvml
         buf = _GpmBuf()
@@ -418,9 +414,8 @@ class NvmlSampler:
         except nv.NVMLError as exc:
             ms.errors["gpm"] = f"GPM MIG sampling refused for GPU instance {gi}: {exc}"
             self._free(buf)
-            return None
-        dev.mig_bufs[gi] = buf
-        return buf
+        else:
+            dev.mig_bufs[gi] = buf
 
     def _free(self, buf: _GpmBuf) -> None:
         nv = self._nvml
@@ -447,7 +442,7 @@ class NvmlSampler:
                 except nv.NVMLError as exc:
                     s.errors["energy"] = str(exc)
             if dev.info.gpm_supported:
-                self._gpm(dev, s)
+                self._gpm(dev, s, functools.partial(nv.nvmlGpmSampleGet, dev.handle))
             if dev.info.mig_enabled:
                 self._sample_mig(dev, s)
             out.append(s)
