@@ -139,35 +139,29 @@ def _s(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+@dataclass(eq=False, slots=True)
 class _GpmBuf:
     """Two GPM sample buffers (previous, current) and when the previous one was taken."""
 
-    __slots__ = ("gpm_prev", "gpm_cur", "gpm_prev_t", "key")
-
-    def __init__(self) -> None:
-        self.gpm_prev: object = None  # pynvml's GPM sample buffers
-        self.gpm_cur: object = None
-        self.gpm_prev_t: float | None = None
-        self.key: frozenset[str] = frozenset()  # MIG: the GPU instance's device UUIDs (new set = new GI)
+    gpm_prev: object = None  # pynvml's GPM sample buffers
+    gpm_cur: object = None
+    gpm_prev_t: float | None = None
+    key: frozenset[str] = frozenset()  # MIG: the GPU instance's device UUIDs (new set = new GI)
 
 
+@dataclass(eq=False, slots=True, kw_only=True)
 class _Dev(_GpmBuf):
     """Per-GPU handle and state of the real sampler, with the GPU's own GPM sample buffers."""
 
-    __slots__ = ("handle", "info", "util_ts", "util_buffer_ok", "mem_v2", "gpm_capable", "mig_gpm_reason",
-                 "mig_bufs", "mig_cache")
-
-    def __init__(self, handle: object, info: GpuInfo) -> None:
-        super().__init__()
-        self.handle = handle  # pynvml's device handle
-        self.info = info
-        self.util_ts = 0  # last seen utilization-sample timestamp (us)
-        self.util_buffer_ok = True
-        self.mem_v2 = True
-        self.gpm_capable = False  # the GPU supports GPM (even if device-level sampling is refused)
-        self.mig_gpm_reason: str | None = None  # why GPU instances get no GPM, when they do not
-        self.mig_bufs: dict[int, _GpmBuf] = {}  # GPU instance id -> its GPM buffers
-        self.mig_cache: dict[str, MigInfo] = {}  # MIG device UUID -> identity (asked once per device)
+    handle: object  # pynvml's device handle
+    info: GpuInfo
+    util_ts: int = 0  # last seen utilization-sample timestamp (us)
+    util_buffer_ok: bool = True
+    mem_v2: bool = True
+    gpm_capable: bool = False  # the GPU supports GPM (even if device-level sampling is refused)
+    mig_gpm_reason: str | None = None  # why GPU instances get no GPM, when they do not
+    mig_bufs: dict[int, _GpmBuf] = field(default_factory=dict)  # GPU instance id -> its GPM buffers
+    mig_cache: dict[str, MigInfo] = field(default_factory=dict)  # MIG device UUID -> identity (asked once)
 
 
 class NvmlSampler:
@@ -205,7 +199,7 @@ class NvmlSampler:
             info = GpuInfo(uuid=uuid, index=i, minor=minor, pci_bus_id=_s(pci.busId) if pci is not None else None,
                            model=_s(name) if name is not None else None,
                            memory_total_bytes=int(mem.total) if mem is not None else None, gpm_supported=False)
-            dev = _Dev(h, info)
+            dev = _Dev(handle=h, info=info)
             info.mig_enabled = self._mig_enabled(h)
             self._setup_gpm(dev)
             if info.mig_enabled:
