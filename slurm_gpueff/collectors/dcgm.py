@@ -362,15 +362,12 @@ class DcgmCollector(Collector):
         gpu["energy_j"] = round(energy_mj / 1000.0, 3) if energy_mj is not None else None
         gpu["power_mean_w"] = round(power_w, 3) if power_w is not None else None
         gpu["memory_used_peak_bytes"] = i64(g.maxGpuMemoryUsed)
-        for m in JOBSTATS_METRICS:
-            if gpu[m] is None:
-                missing[m] = BLANK_REASON
         gpu["xid_errors"] = i32(g.numXidCriticalErrors)
         throttle_us = {k: i64(getattr(g, attr, None)) for k, attr in VIOLATIONS.items()}
         gpu["throttle_s"] = {k: round(us / 1e6, 3) for k, us in throttle_us.items() if us is not None} or None
         n = i32(g.numComputePids) or 0
         gpu["processes"] = sorted({int(p.pid) for p in g.computePids[: min(n, len(g.computePids))] if int(p.pid) > 0})
-        for k in ("xid_errors", "throttle_s"):
+        for k in (*JOBSTATS_METRICS, "xid_errors", "throttle_s"):
             if gpu[k] is None:
                 missing[k] = BLANK_REASON
 
