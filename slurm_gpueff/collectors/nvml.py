@@ -208,16 +208,14 @@ class NvmlCollector(Collector):
                               else "NVML returned no value during the job")
         # Energy: difference of the cumulative counter (extended by integrated power between reads).
         e0, e1 = snap.get("energy_est_mj"), ag.get("energy_est_mj")
-        if isinstance(e0, int | float) and isinstance(e1, int | float) and e1 >= e0:
-            if samples > 0 or e1 > e0:
-                gpu["energy_j"] = round((e1 - e0) / 1000.0, 3)
-            else:
-                missing["energy_j"] = f"job shorter than one sampling interval ({interval:g} s)"
-        elif isinstance(e0, int | float) and isinstance(e1, int | float):
+        if not isinstance(e0, int | float) or not isinstance(e1, int | float):
+            missing["energy_j"] = f"energy counter not available ({ag.get('energy_error') or 'not supported'})"
+        elif e1 < e0:
             missing["energy_j"] = "energy counter went backwards (driver reloaded?)"
+        elif samples > 0 or e1 > e0:
+            gpu["energy_j"] = round((e1 - e0) / 1000.0, 3)
         else:
-            why = ag.get("energy_error") or "not supported"
-            missing["energy_j"] = f"energy counter not available ({why})"
+            missing["energy_j"] = f"job shorter than one sampling interval ({interval:g} s)"
         # Peak memory: tracked by the agent while the job's state file existed.
         peak = ((state.get("jobs") or {}).get(str(job.job_id)) or {}).get(ident["uuid"])
         if isinstance(peak, int) and peak >= 0:
