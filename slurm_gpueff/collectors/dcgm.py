@@ -19,7 +19,7 @@ from . import dcgm_bindings as dcgmb
 from . import exporter_map
 from . import mig as migmod
 from .agent_files import read_state, state_path
-from .base import Collector, JobContext, Measurement, slurm_index_to_minor
+from .base import Collector, JobContext, Measurement, NoneCollector, slurm_index_to_minor
 from .dcgm_bindings import fp64, handle, handle_int, i32, i64
 from .gpu_ids import PROC_GPUS, job_slices, normalize_bus_id, proc_gpus
 
@@ -299,8 +299,6 @@ class DcgmCollector(Collector):
     def _fall_back(self, job: JobContext, st: dict[str, Any], why: str) -> Measurement:
         fb = self._fallback(wanted=st.get("fallback") == "nvml")
         if fb is None:
-            from .none import NoneCollector
-
             return NoneCollector(self.config, f"{why}; no gpueff agent on this node to fall back to").stop(job, None)
         meas = fb.stop(job, st if "gpus" in st else None)
         meas.reason = f"{why}; figures from the gpueff agent (nvml) instead" + (
