@@ -111,15 +111,6 @@ class Sampler(Protocol):
         ...
 
 
-def import_pynvml() -> Any:  # the module: it has no type hints
-    """Import pynvml or raise CollectorError saying which package to install."""
-    try:
-        import pynvml  # noqa: PLC0415 - lazy on purpose (hook path stays stdlib-only)
-    except ImportError as exc:  # pragma: no cover - the package is a declared dependency
-        raise CollectorError(f"cannot import pynvml ({exc}); install the nvidia-ml-py package") from None
-    return pynvml
-
-
 _NVML_ADVICE = {
     "NVMLError_LibraryNotFound": "NVML library libnvidia-ml.so.1 not found: no NVIDIA driver on this node",
     "NVMLError_DriverNotLoaded": "NVIDIA kernel driver is not loaded on this node",
@@ -173,7 +164,8 @@ class NvmlSampler:
         self._gpm_ids: list[tuple[str, int]] = []
 
     def open(self) -> list[GpuInfo]:
-        nv = import_pynvml()
+        import pynvml as nv  # noqa: PLC0415 - lazy on purpose (hook path stays stdlib-only)
+
         try:
             nv.nvmlInit()
         except nv.NVMLError as exc:
