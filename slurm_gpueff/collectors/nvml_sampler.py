@@ -225,16 +225,24 @@ class NvmlSampler:
             info.gpm_reason = NO_GPM_REASON
             return
         dev.gpm_capable = True
-        try:
-            dev.gpm_prev = nv.nvmlGpmSampleAlloc()
-            dev.gpm_cur = nv.nvmlGpmSampleAlloc()
-            nv.nvmlGpmSampleGet(dev.handle, dev.gpm_prev)
-            dev.gpm_prev_t = time.monotonic()
-        except nv.NVMLError as exc:
-            info.gpm_reason = f"GPM sampling refused: {exc} (profiling restricted to admin?)"
+        why = self._prime(dev, functools.partial(nv.nvmlGpmSampleGet, dev.handle))
+        if why is not None:
+            info.gpm_reason = f"GPM sampling refused: {why} (profiling restricted to admin?)"
             dev.gpm_prev = dev.gpm_cur = None
             return
         info.gpm_supported = True
+
+    def _prime(self, buf: _GpmBuf, take: Callable[[object], object]) -> str | None:
+        """Allocate both GPM buffers and take the first sample (figures start at the next one); why not."""
+        nv = self._nvml
+        try:
+            buf.gpm_prev = nv.nvmlGpmSampleAlloc()
+            buf.gpm_cur = nv.nvmlGpmSampleAlloc()
+            take(buf.gpm_prev)
+            buf.gpm_prev_t = time.monotonic()
+        except nv.NVMLError as exc:
+            return str(exc)
+        return None
 
     def _kernel_pct(self, dev: _Dev) -> float | None:
         """Mean utilization.gpu over the readings since the last call (buffer), else the latest reading."""
@@ -373,35 +381,26 @@ class NvmlSampler:
             if dev.mig_gpm_reason is not None:
                 ms.gpm_reason = dev.mig_gpm_reason
             else:
+                take = functools.partial(nv.nvmlGpmMigSampleGet, dev.handle, gi)
                 buf = dev.mig_bufs.get(gi)
                 if buf is not None and buf.key != key:  # GPU instance re-created: old samples are another GI's
                     self._free(buf)
                     buf = None
-                if buf is None:
-                    self._new_mig_buf(dev, gi, key, ms)
-                else:
-                    self._gpm(buf, ms, take=functools.partial(nv.nvmlGpmMigSampleGet, dev.handle, gi))
+                if buf is not None:
+                    self._gpm(buf, ms, take)
+                else:  # the GPU instance's first GPM sample: its figures start at the next tick
+                    buf = _GpmBuf(key=key)
+                    why = self._prime(buf, take)
+                    if why is None:
+                        dev.mig_bufs[gi] = buf
+                    else:
+                        ms.errors["gpm"] = f"GPM MIG sampling refused for GPU instance {gi}: {why}"
+                        self._free(buf)
             s.mig[gi] = ms
         for gi in [g for g in dev.mig_bufs if g not in by_gi]:  # destroyed GPU instances
             self._free(dev.mig_bufs.pop(gi))
         for u in [u for u, i in dev.mig_cache.items() if i.gi_id not in by_gi]:
             del dev.mig_cache[u]
-
-    def _new_mig_buf(self, dev: _Dev, gi: int, key: frozenset[str], ms: MigSample) -> None:
-        """First GPM sample of a GPU instance (its figures start at the next tick)."""
-        nv = self._nvml
-        buf = _GpmBuf()
-        buf.key = key
-        try:
-            buf.gpm_prev = nv.nvmlGpmSampleAlloc()
-            buf.gpm_cur = nv.nvmlGpmSampleAlloc()
-            nv.nvmlGpmMigSampleGet(dev.handle, gi, buf.gpm_prev)
-            buf.gpm_prev_t = time.monotonic()
-        except nv.NVMLError as exc:
-            ms.errors["gpm"] = f"GPM MIG sampling refused for GPU instance {gi}: {exc}"
-            self._free(buf)
-        else:
-            dev.mig_bufs[gi] = buf
 
     def _free(self, buf: _GpmBuf) -> None:
         nv = self._nvml
