@@ -310,12 +310,10 @@ class DcgmCollector(Collector):
         key = d["key"]
         t1_us = int(self.now() * 1e6)
         try:
-            stats = None
+            per_gpu: dict[int, GpuJobStats] = {}
             if d.get("jobstats"):
                 b.agent.dcgmJobStopStats(h, key)
                 stats = b.agent.dcgmJobGetStats(h, key)
-            per_gpu: dict[int, GpuJobStats] = {}
-            if stats is not None:
                 per_gpu = {int(g.gpuId): g for g in stats.gpus[: max(0, int(stats.numGpus))]}
             gpus = [self._gpu_record(b, h, int(idx), t, d, per_gpu, t1_us)
                     for idx, t in sorted(d["targets"].items(), key=lambda kv: int(kv[0]))]
@@ -340,8 +338,7 @@ class DcgmCollector(Collector):
             missing.update(dict.fromkeys(JOBSTATS_METRICS, migmod.JOBSTATS_REASON))
         else:
             self._fill_jobstats(gpu, missing, per_gpu.get(int(t["gpu_id"])))
-        samples = self._fill_prof(b, h, gpu, missing, t, d, t1_us)
-        gpu["samples"] = samples
+        gpu["samples"] = self._fill_prof(b, h, gpu, missing, t, d, t1_us)
         for m in METRICS:
             if gpu[m] is None and m not in missing:
                 missing[m] = "not measured"
