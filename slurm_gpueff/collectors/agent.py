@@ -107,9 +107,7 @@ class _Gpu(_Series):
         return out
 
     def energy_est_mj(self) -> float | None:
-        if self.energy_mj is None:
-            return None
-        return self.energy_mj + self.power_since_energy_mj
+        return None if self.energy_mj is None else self.energy_mj + self.power_since_energy_mj
 
 
 class Agent:
@@ -118,7 +116,6 @@ class Agent:
 
     def __init__(self, config: Config, sampler: Sampler, *, wall_clock: Callable[[], float] = time.time,
                  energy_interval_s: float | None = None, host: str | None = None) -> None:
-        self.config = config
         self.sampler = sampler
         self.clock = wall_clock
         self.interval_s = float(config.agent.interval_s)
