@@ -347,7 +347,7 @@ def _clock(cfg: Config, env: Mapping[str, str]) -> float:
 
 def _get_collector(cfg: Config) -> Collector:
     """The configured backend; if it cannot even be set up, allocation-only with the reason."""
-    from .collectors.none import NoneCollector
+    from .collectors.base import NoneCollector
 
     try:
         from .collectors.select import get_collector
@@ -359,7 +359,7 @@ def _get_collector(cfg: Config) -> Collector:
 
 
 def _allocation_only(cfg: Config, jc: JobContext, reason: str) -> Measurement:
-    from .collectors.none import NoneCollector
+    from .collectors.base import NoneCollector
 
     return NoneCollector(cfg, reason).stop(jc, None)
 

@@ -43,45 +43,71 @@ GAP_INTERVALS = 3.0
 PRUNE_EVERY_S = 3600.0
 
 
-class _Slice:
+class _Series:
+    """What a GPU and a MIG GPU instance both carry: their integrals and their latest reading."""
+
+    def __init__(self) -> None:
+        self.counters = integrals.new_counters()
+        self.ticks = 0
+        self.memory_used: int | None = None
+        self.last: dict[str, float | None] = {}
+        self.errors: dict[str, str] = {}
+
+    def published(self) -> dict[str, Any]:
+        return {**_counters_state(self.counters, integrals.METRICS), "ticks": self.ticks,
+                "memory_used_bytes": self.memory_used, "last": {m: _r(v) for m, v in self.last.items()},
+                "errors": self.errors}
+
+
+class _Slice(_Series):
     """The agent's running state for one GPU instance (MIG slice) of a GPU in MIG mode."""
 
     def __init__(self, gi_id: int, devices: list[MigInfo], since: float):
+        super().__init__()
         self.gi_id = gi_id
         self.devices = devices
         self.key = frozenset(d.uuid for d in devices)
         self.gen = uuidlib.uuid4().hex[:12]  # new for every (re)created GPU instance: its counters restart
         self.since = since
-        self.counters = integrals.new_counters()
-        self.ticks = 0
         self.seen = False
-        self.memory_used: int | None = None
         self.gpm_reason: str | None = None
-        self.last: dict[str, float | None] = {}
-        self.errors: dict[str, str] = {}
+
+    def published(self) -> dict[str, Any]:
+        d0 = self.devices[0]
+        gpm = self.gpm_reason is None
+        return {"gi_id": self.gi_id, "gen": self.gen, "since": self.since, "profile": d0.profile,
+                "memory_total_bytes": d0.memory_total_bytes, "devices": {d.uuid: d.ci_id for d in self.devices},
+                "gpm_supported": gpm, "gpm_reason": self.gpm_reason, **super().published()}
 
 
-class _Gpu:
+class _Gpu(_Series):
     """The agent's running state for one GPU."""
 
     def __init__(self, info: GpuInfo):
+        super().__init__()
         self.info = info
-        self.counters = integrals.new_counters()
-        self.ticks = 0
         self.last_t: float | None = None
         self.energy_mj: int | None = None
         self.energy_read_at: float | None = None
         self.power_since_energy_mj = 0.0
         self.energy_error: str | None = None
-        self.memory_used: int | None = None
-        self.last: dict[str, float | None] = {}
-        self.errors: dict[str, str] = {}
         self.mig: dict[int, _Slice] = {}  # GPU instance id -> slice (MIG mode only)
 
+    def published(self) -> dict[str, Any]:
+        i = self.info
+        out = {"index": i.index, "minor": i.minor, "pci_bus_id": i.pci_bus_id, "model": i.model,
+               "memory_total_bytes": i.memory_total_bytes, "gpm_supported": i.gpm_supported,
+               "gpm_reason": None if i.gpm_supported else (i.gpm_reason or NO_GPM_REASON),
+               "gpm_metrics": sorted(GPM_METRICS) if i.gpm_supported else [], **super().published(),
+               "energy_mj": self.energy_mj, "energy_read_at": self.energy_read_at,
+               "energy_est_mj": _r(self.energy_est_mj()), "energy_error": self.energy_error,
+               "mig_enabled": i.mig_enabled}
+        if i.mig_enabled:
+            out["mig"] = {str(gi): sl.published() for gi, sl in sorted(self.mig.items())}
+        return out
+
     def energy_est_mj(self) -> float | None:
-        if self.energy_mj is None:
-            return None
-        return self.energy_mj + self.power_since_energy_mj
+        return None if self.energy_mj is None else self.energy_mj + self.power_since_energy_mj
 
 
 class Agent:
@@ -90,7 +116,6 @@ class Agent:
 
     def __init__(self, config: Config, sampler: Sampler, *, wall_clock: Callable[[], float] = time.time,
                  energy_interval_s: float | None = None, host: str | None = None) -> None:
-        self.config = config
         self.sampler = sampler
         self.clock = wall_clock
         self.interval_s = float(config.agent.interval_s)
@@ -261,25 +286,6 @@ class Agent:
                 self.job_peaks.pop(job_id, None)
 
     def state(self, stopped: bool = False) -> dict[str, Any]:
-        gpus: dict[str, dict[str, Any]] = {}
-        for u, g in self.gpus.items():
-            i = g.info
-            gpus[u] = {
-                "index": i.index, "minor": i.minor, "pci_bus_id": i.pci_bus_id, "model": i.model,
-                "memory_total_bytes": i.memory_total_bytes, "gpm_supported": i.gpm_supported,
-                "gpm_reason": None if i.gpm_supported else (i.gpm_reason or NO_GPM_REASON),
-                "gpm_metrics": sorted(GPM_METRICS) if i.gpm_supported else [],
-                **_counters_state(g.counters, integrals.METRICS),
-                "ticks": g.ticks,
-                "energy_mj": g.energy_mj, "energy_read_at": g.energy_read_at,
-                "energy_est_mj": _r(g.energy_est_mj()), "energy_error": g.energy_error,
-                "memory_used_bytes": g.memory_used,
-                "last": {m: _r(v) for m, v in g.last.items()},
-                "errors": g.errors,
-                "mig_enabled": i.mig_enabled,
-            }
-            if i.mig_enabled:
-                gpus[u]["mig"] = {str(gi): self._slice_state(i, sl) for gi, sl in sorted(g.mig.items())}
         inventory = {d.uuid: {"parent_uuid": d.parent_uuid, "parent_minor": g.info.minor, "gi_id": d.gi_id,
                               "ci_id": d.ci_id, "profile": d.profile, "memory_total_bytes": d.memory_total_bytes,
                               "gen": sl.gen}
@@ -291,20 +297,8 @@ class Agent:
             "energy_interval_s": self.energy_interval_s, "ticks": self.ticks, "stopped": stopped,
             "cpu_s": round(time.process_time(), 6), "prev_tick_cpu_s": _r(self.tick_cpu_s),
             "prev_tick_wall_s": _r(self.tick_wall_s),
-            "gpus": gpus, "mig": inventory, "jobs": {j: dict(p) for j, p in self.job_peaks.items()},
-        }
-
-    @staticmethod
-    def _slice_state(parent: GpuInfo, sl: _Slice) -> dict[str, Any]:
-        d0 = sl.devices[0]
-        gpm = sl.gpm_reason is None
-        return {
-            "gi_id": sl.gi_id, "gen": sl.gen, "since": sl.since, "profile": d0.profile,
-            "memory_total_bytes": d0.memory_total_bytes, "devices": {d.uuid: d.ci_id for d in sl.devices},
-            "gpm_supported": gpm, "gpm_reason": None if gpm else sl.gpm_reason,
-            **_counters_state(sl.counters, integrals.METRICS), "ticks": sl.ticks,
-            "memory_used_bytes": sl.memory_used, "last": {m: _r(v) for m, v in sl.last.items()},
-            "errors": sl.errors,
+            "gpus": {u: g.published() for u, g in self.gpus.items()}, "mig": inventory,
+            "jobs": {j: dict(p) for j, p in self.job_peaks.items()},
         }
 
     def write_state(self, stopped: bool = False) -> None:

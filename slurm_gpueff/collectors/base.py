@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import re
 
+from ..record import empty_gpu
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
@@ -61,6 +63,23 @@ class Collector:
 
     def stop(self, job: JobContext, start_state: dict[str, Any] | None) -> Measurement:  # pragma: no cover
         raise NotImplementedError
+
+
+class NoneCollector(Collector):
+    """Allocation only: which GPUs the job held and why nothing more is known. Used when no GPU backend
+    answers (or the site chose ``backend = "none"``)."""
+
+    def __init__(self, config: Config, reason: str = "no GPU collector configured (backend = none)") -> None:
+        super().__init__(config)
+        self.reason = reason
+
+    def start(self, job: JobContext) -> dict[str, Any]:
+        return {"backend": self.name}
+
+    def stop(self, job: JobContext, start_state: dict[str, Any] | None) -> Measurement:
+        minors = slurm_index_to_minor(job.gpu_indexes)
+        gpus = [empty_gpu(i, self.name, self.reason, minor=minors.get(i)) for i in job.gpu_indexes]
+        return Measurement(self.name, gpus, self.reason)
 
 
 _NVIDIA_DEV = re.compile(r"^nvidia(\d+)$")

@@ -19,7 +19,7 @@ from . import dcgm_bindings as dcgmb
 from . import exporter_map
 from . import mig as migmod
 from .agent_files import read_state, state_path
-from .base import Collector, JobContext, Measurement, slurm_index_to_minor
+from .base import Collector, JobContext, Measurement, NoneCollector, slurm_index_to_minor
 from .dcgm_bindings import fp64, handle, handle_int, i32, i64
 from .gpu_ids import PROC_GPUS, job_slices, normalize_bus_id, proc_gpus
 
@@ -299,8 +299,6 @@ class DcgmCollector(Collector):
     def _fall_back(self, job: JobContext, st: dict[str, Any], why: str) -> Measurement:
         fb = self._fallback(wanted=st.get("fallback") == "nvml")
         if fb is None:
-            from .none import NoneCollector
-
             return NoneCollector(self.config, f"{why}; no gpueff agent on this node to fall back to").stop(job, None)
         meas = fb.stop(job, st if "gpus" in st else None)
         meas.reason = f"{why}; figures from the gpueff agent (nvml) instead" + (
@@ -312,12 +310,10 @@ class DcgmCollector(Collector):
         key = d["key"]
         t1_us = int(self.now() * 1e6)
         try:
-            stats = None
+            per_gpu: dict[int, GpuJobStats] = {}
             if d.get("jobstats"):
                 b.agent.dcgmJobStopStats(h, key)
                 stats = b.agent.dcgmJobGetStats(h, key)
-            per_gpu: dict[int, GpuJobStats] = {}
-            if stats is not None:
                 per_gpu = {int(g.gpuId): g for g in stats.gpus[: max(0, int(stats.numGpus))]}
             gpus = [self._gpu_record(b, h, int(idx), t, d, per_gpu, t1_us)
                     for idx, t in sorted(d["targets"].items(), key=lambda kv: int(kv[0]))]
@@ -342,8 +338,7 @@ class DcgmCollector(Collector):
             missing.update(dict.fromkeys(JOBSTATS_METRICS, migmod.JOBSTATS_REASON))
         else:
             self._fill_jobstats(gpu, missing, per_gpu.get(int(t["gpu_id"])))
-        samples = self._fill_prof(b, h, gpu, missing, t, d, t1_us)
-        gpu["samples"] = samples
+        gpu["samples"] = self._fill_prof(b, h, gpu, missing, t, d, t1_us)
         for m in METRICS:
             if gpu[m] is None and m not in missing:
                 missing[m] = "not measured"
@@ -362,15 +357,12 @@ class DcgmCollector(Collector):
         gpu["energy_j"] = round(energy_mj / 1000.0, 3) if energy_mj is not None else None
         gpu["power_mean_w"] = round(power_w, 3) if power_w is not None else None
         gpu["memory_used_peak_bytes"] = i64(g.maxGpuMemoryUsed)
-        for m in JOBSTATS_METRICS:
-            if gpu[m] is None:
-                missing[m] = BLANK_REASON
         gpu["xid_errors"] = i32(g.numXidCriticalErrors)
         throttle_us = {k: i64(getattr(g, attr, None)) for k, attr in VIOLATIONS.items()}
         gpu["throttle_s"] = {k: round(us / 1e6, 3) for k, us in throttle_us.items() if us is not None} or None
         n = i32(g.numComputePids) or 0
         gpu["processes"] = sorted({int(p.pid) for p in g.computePids[: min(n, len(g.computePids))] if int(p.pid) > 0})
-        for k in ("xid_errors", "throttle_s"):
+        for k in (*JOBSTATS_METRICS, "xid_errors", "throttle_s"):
             if gpu[k] is None:
                 missing[k] = BLANK_REASON
 

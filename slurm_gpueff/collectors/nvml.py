@@ -186,38 +186,32 @@ class NvmlCollector(Collector):
                      state: dict[str, Any]) -> dict[str, Any]:
         gpm = bool(ag.get("gpm_supported"))
         gpu = empty_gpu(idx, "nvml-gpm" if gpm else "nvml", None, **ident)
-        missing: dict[str, str | None] = {}
+        missing: dict[str, str] = {}
         interval = state.get("interval_s", self.config.agent.interval_s)
-        samples = 0
-        for m in integrals.METRICS:
-            mean, _cov, n = integrals.window(snap, ag, m)
-            samples = max(samples, n)
+        short = f"job shorter than one sampling interval ({interval:g} s)"
+        windows = {m: integrals.window(snap, ag, m) for m in integrals.METRICS}
+        gpu["samples"] = samples = max(n for _mean, _cov, n in windows.values())
+        for m, (mean, _cov, _n) in windows.items():
             key = "power_mean_w" if m == "power_w" else m
             if mean is not None:
                 gpu[key] = round(mean, 3) if m == "power_w" else round(integrals.clamp_fraction(mean), 6)
             elif m in GPM_METRICS and not gpm:
                 missing[key] = ag.get("gpm_reason") or NO_GPM_REASON
+            elif samples == 0:
+                missing[key] = f"{short}: no agent sample fell inside it"
             else:
-                missing[key] = None  # the reason depends on whether there were samples at all
-        gpu["samples"] = samples
-        for m, why in missing.items():
-            if why is None and samples == 0:
-                missing[m] = f"job shorter than one sampling interval ({interval:g} s): no agent sample fell inside it"
-            elif why is None:
-                missing[m] = ("GPM returned no valid value during the job" if m in GPM_METRICS
-                              else "NVML returned no value during the job")
+                missing[key] = ("GPM returned no valid value during the job" if m in GPM_METRICS
+                                else "NVML returned no value during the job")
         # Energy: difference of the cumulative counter (extended by integrated power between reads).
         e0, e1 = snap.get("energy_est_mj"), ag.get("energy_est_mj")
-        if isinstance(e0, int | float) and isinstance(e1, int | float) and e1 >= e0:
-            if samples > 0 or e1 > e0:
-                gpu["energy_j"] = round((e1 - e0) / 1000.0, 3)
-            else:
-                missing["energy_j"] = f"job shorter than one sampling interval ({interval:g} s)"
-        elif isinstance(e0, int | float) and isinstance(e1, int | float):
+        if not isinstance(e0, int | float) or not isinstance(e1, int | float):
+            missing["energy_j"] = f"energy counter not available ({ag.get('energy_error') or 'not supported'})"
+        elif e1 < e0:
             missing["energy_j"] = "energy counter went backwards (driver reloaded?)"
+        elif samples > 0 or e1 > e0:
+            gpu["energy_j"] = round((e1 - e0) / 1000.0, 3)
         else:
-            why = ag.get("energy_error") or "not supported"
-            missing["energy_j"] = f"energy counter not available ({why})"
+            missing["energy_j"] = short
         # Peak memory: tracked by the agent while the job's state file existed.
         peak = ((state.get("jobs") or {}).get(str(job.job_id)) or {}).get(ident["uuid"])
         if isinstance(peak, int) and peak >= 0:
@@ -227,7 +221,7 @@ class NvmlCollector(Collector):
                                                  "existed (job shorter than one sampling interval?)")
         if gpm and all(gpu[m] is None for m in GPM_METRICS):
             gpu["source"] = "nvml"
-        gpu["missing"] = {k: v for k, v in missing.items() if v}
+        gpu["missing"] = missing
         if samples > 0:
             gpu["timeline"] = read_job_timeline(self.state_dir, ident["uuid"], {"instance": state.get("instance")},
                                                 job.start_time, start_state, snap, state, ag)

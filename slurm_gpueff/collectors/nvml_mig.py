@@ -136,6 +136,7 @@ def _figures(job: JobContext, gpu: dict[str, Any], missing: dict[str, str], entr
     end = _slice_entry(state, desc)
     assert end is not None  # _slice_reason checked
     gpm = bool(end.get("gpm_supported"))
+    ticks = int(end.get("ticks") or 0) - int(snap.get("ticks") or 0)
     samples = 0
     for m in GPM_MIG_METRICS:
         mean, _cov, n = integrals.window(snap, end, m)
@@ -144,9 +145,7 @@ def _figures(job: JobContext, gpu: dict[str, Any], missing: dict[str, str], entr
             gpu[m] = round(integrals.clamp_fraction(mean), 6)
         elif not gpm:
             missing[m] = end.get("gpm_reason") or migmod.NO_GPM_MIG_REASON
-    ticks = int(end.get("ticks") or 0) - int(snap.get("ticks") or 0)
-    for m in GPM_MIG_METRICS:
-        if gpu[m] is None and m not in missing:
+        else:
             missing[m] = (f"job shorter than one sampling interval ({interval_s:g} s): no agent sample fell inside it"
                           if ticks <= 0 else "GPM MIG sampling returned no valid value during the job")
     gpu["samples"] = samples if samples else max(ticks, 0)

@@ -111,61 +111,48 @@ class Sampler(Protocol):
         ...
 
 
-def import_pynvml() -> Any:  # the module: it has no type hints
-    """Import pynvml or raise CollectorError saying which package to install."""
-    try:
-        import pynvml  # noqa: PLC0415 - lazy on purpose (hook path stays stdlib-only)
-    except ImportError as exc:  # pragma: no cover - the package is a declared dependency
-        raise CollectorError(f"cannot import pynvml ({exc}); install the nvidia-ml-py package") from None
-    return pynvml
+_NVML_ADVICE = {
+    "NVMLError_LibraryNotFound": "NVML library libnvidia-ml.so.1 not found: no NVIDIA driver on this node",
+    "NVMLError_DriverNotLoaded": "NVIDIA kernel driver is not loaded on this node",
+    "NVMLError_NoPermission": "no permission to use NVML (run the agent as root)",
+}
 
 
 def explain_nvml_error(pynvml: Any, exc: Exception) -> str:
     """One sentence for an NVML initialisation failure (the common ones get advice)."""
-    name = type(exc).__name__
-    if isinstance(exc, getattr(pynvml, "NVMLError_LibraryNotFound", ())):
-        return ("NVML library libnvidia-ml.so.1 not found: no NVIDIA driver on this node "
-                f"(pynvml: {name})")
-    if isinstance(exc, getattr(pynvml, "NVMLError_DriverNotLoaded", ())):
-        return f"NVIDIA kernel driver is not loaded on this node (pynvml: {name})"
-    if isinstance(exc, getattr(pynvml, "NVMLError_NoPermission", ())):
-        return f"no permission to use NVML (run the agent as root) (pynvml: {name})"
-    return f"NVML failed: {exc} (pynvml: {name})"
+    for cls, advice in _NVML_ADVICE.items():
+        if isinstance(exc, getattr(pynvml, cls, ())):
+            return f"{advice} (pynvml: {type(exc).__name__})"
+    return f"NVML failed: {exc} (pynvml: {type(exc).__name__})"
 
 
 def _s(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+@dataclass(eq=False, slots=True)
 class _GpmBuf:
     """Two GPM sample buffers (previous, current) and when the previous one was taken."""
 
-    __slots__ = ("gpm_prev", "gpm_cur", "gpm_prev_t", "key")
-
-    def __init__(self) -> None:
-        self.gpm_prev: object = None  # pynvml's GPM sample buffers
-        self.gpm_cur: object = None
-        self.gpm_prev_t: float | None = None
-        self.key: frozenset[str] = frozenset()  # MIG: the GPU instance's device UUIDs (new set = new GI)
+    gpm_prev: object = None  # pynvml's GPM sample buffers
+    gpm_cur: object = None
+    gpm_prev_t: float | None = None
+    key: frozenset[str] = frozenset()  # MIG: the GPU instance's device UUIDs (new set = new GI)
 
 
+@dataclass(eq=False, slots=True, kw_only=True)
 class _Dev(_GpmBuf):
     """Per-GPU handle and state of the real sampler, with the GPU's own GPM sample buffers."""
 
-    __slots__ = ("handle", "info", "util_ts", "util_buffer_ok", "mem_v2", "gpm_capable", "mig_gpm_reason",
-                 "mig_bufs", "mig_cache")
-
-    def __init__(self, handle: object, info: GpuInfo) -> None:
-        super().__init__()
-        self.handle = handle  # pynvml's device handle
-        self.info = info
-        self.util_ts = 0  # last seen utilization-sample timestamp (us)
-        self.util_buffer_ok = True
-        self.mem_v2 = True
-        self.gpm_capable = False  # the GPU supports GPM (even if device-level sampling is refused)
-        self.mig_gpm_reason: str | None = None  # why GPU instances get no GPM, when they do not
-        self.mig_bufs: dict[int, _GpmBuf] = {}  # GPU instance id -> its GPM buffers
-        self.mig_cache: dict[str, MigInfo] = {}  # MIG device UUID -> identity (asked once per device)
+    handle: object  # pynvml's device handle
+    info: GpuInfo
+    util_ts: int = 0  # last seen utilization-sample timestamp (us)
+    util_buffer_ok: bool = True
+    mem_v2: bool = True
+    gpm_capable: bool = False  # the GPU supports GPM (even if device-level sampling is refused)
+    mig_gpm_reason: str | None = None  # why GPU instances get no GPM, when they do not
+    mig_bufs: dict[int, _GpmBuf] = field(default_factory=dict)  # GPU instance id -> its GPM buffers
+    mig_cache: dict[str, MigInfo] = field(default_factory=dict)  # MIG device UUID -> identity (asked once)
 
 
 class NvmlSampler:
@@ -177,7 +164,8 @@ class NvmlSampler:
         self._gpm_ids: list[tuple[str, int]] = []
 
     def open(self) -> list[GpuInfo]:
-        nv = import_pynvml()
+        import pynvml as nv  # noqa: PLC0415 - lazy on purpose (hook path stays stdlib-only)
+
         try:
             nv.nvmlInit()
         except nv.NVMLError as exc:
@@ -196,15 +184,14 @@ class NvmlSampler:
             except nv.NVMLError as exc:
                 log.warning("GPU at NVML index %d is not usable, skipped: %s", i, exc)
                 continue
-            info = GpuInfo(uuid=uuid, index=i, minor=self._try(nv.nvmlDeviceGetMinorNumber, h),
-                           pci_bus_id=None, model=None, memory_total_bytes=None, gpm_supported=False)
+            minor = self._try(nv.nvmlDeviceGetMinorNumber, h)
             pci = self._try(nv.nvmlDeviceGetPciInfo, h)
-            info.pci_bus_id = _s(pci.busId) if pci is not None else None
             name = self._try(nv.nvmlDeviceGetName, h)
-            info.model = _s(name) if name is not None else None
             mem = self._try(nv.nvmlDeviceGetMemoryInfo, h)
-            info.memory_total_bytes = int(mem.total) if mem is not None else None
-            dev = _Dev(h, info)
+            info = GpuInfo(uuid=uuid, index=i, minor=minor, pci_bus_id=_s(pci.busId) if pci is not None else None,
+                           model=_s(name) if name is not None else None,
+                           memory_total_bytes=int(mem.total) if mem is not None else None, gpm_supported=False)
+            dev = _Dev(handle=h, info=info)
             info.mig_enabled = self._mig_enabled(h)
             self._setup_gpm(dev)
             if info.mig_enabled:
@@ -238,16 +225,24 @@ class NvmlSampler:
             info.gpm_reason = NO_GPM_REASON
             return
         dev.gpm_capable = True
-        try:
-            dev.gpm_prev = nv.nvmlGpmSampleAlloc()
-            dev.gpm_cur = nv.nvmlGpmSampleAlloc()
-            nv.nvmlGpmSampleGet(dev.handle, dev.gpm_prev)
-            dev.gpm_prev_t = time.monotonic()
-        except nv.NVMLError as exc:
-            info.gpm_reason = f"GPM sampling refused: {exc} (profiling restricted to admin?)"
+        why = self._prime(dev, functools.partial(nv.nvmlGpmSampleGet, dev.handle))
+        if why is not None:
+            info.gpm_reason = f"GPM sampling refused: {why} (profiling restricted to admin?)"
             dev.gpm_prev = dev.gpm_cur = None
             return
         info.gpm_supported = True
+
+    def _prime(self, buf: _GpmBuf, take: Callable[[object], object]) -> str | None:
+        """Allocate both GPM buffers and take the first sample (figures start at the next one); why not."""
+        nv = self._nvml
+        try:
+            buf.gpm_prev = nv.nvmlGpmSampleAlloc()
+            buf.gpm_cur = nv.nvmlGpmSampleAlloc()
+            take(buf.gpm_prev)
+            buf.gpm_prev_t = time.monotonic()
+        except nv.NVMLError as exc:
+            return str(exc)
+        return None
 
     def _kernel_pct(self, dev: _Dev) -> float | None:
         """Mean utilization.gpu over the readings since the last call (buffer), else the latest reading."""
@@ -298,16 +293,11 @@ class NvmlSampler:
         except nv.NVMLError:
             return None
 
-    def _gpm(self, dev: _GpmBuf, out: GpuSample | MigSample,
-             take: Callable[[object], object] | None = None) -> None:
-        """One GPM reading into ``out``: ``take(sample)`` fills the current buffer (default: whole GPU)."""
+    def _gpm(self, dev: _GpmBuf, out: GpuSample | MigSample, take: Callable[[object], object]) -> None:
+        """One GPM reading into ``out``: ``take(sample)`` fills the current buffer (a GPU's or a GPU instance's)."""
         nv = self._nvml
         try:
-            if take is not None:
-                take(dev.gpm_cur)
-            else:
-                assert isinstance(dev, _Dev)  # a GPU instance's buffers come with the call that fills them
-                nv.nvmlGpmSampleGet(dev.handle, dev.gpm_cur)
+            take(dev.gpm_cur)
         except nv.NVMLError as exc:
             out.errors["gpm"] = f"GPM sample failed: {exc}"
             return
@@ -391,36 +381,26 @@ class NvmlSampler:
             if dev.mig_gpm_reason is not None:
                 ms.gpm_reason = dev.mig_gpm_reason
             else:
+                take = functools.partial(nv.nvmlGpmMigSampleGet, dev.handle, gi)
                 buf = dev.mig_bufs.get(gi)
                 if buf is not None and buf.key != key:  # GPU instance re-created: old samples are another GI's
                     self._free(buf)
                     buf = None
-                if buf is None:
-                    buf = self._new_mig_buf(dev, gi, key, ms)
-                else:
-                    self._gpm(buf, ms, take=functools.partial(nv.nvmlGpmMigSampleGet, dev.handle, gi))
+                if buf is not None:
+                    self._gpm(buf, ms, take)
+                else:  # the GPU instance's first GPM sample: its figures start at the next tick
+                    buf = _GpmBuf(key=key)
+                    why = self._prime(buf, take)
+                    if why is None:
+                        dev.mig_bufs[gi] = buf
+                    else:
+                        ms.errors["gpm"] = f"GPM MIG sampling refused for GPU instance {gi}: {why}"
+                        self._free(buf)
             s.mig[gi] = ms
         for gi in [g for g in dev.mig_bufs if g not in by_gi]:  # destroyed GPU instances
             self._free(dev.mig_bufs.pop(gi))
         for u in [u for u, i in dev.mig_cache.items() if i.gi_id not in by_gi]:
             del dev.mig_cache[u]
-
-    def _new_mig_buf(self, dev: _Dev, gi: int, key: frozenset[str], ms: MigSample) -> _GpmBuf | None:
-        """First GPM sample of a GPU instance (its figures start at the next tick)."""
-        nv = self._nvml
-        buf = _GpmBuf()
-        buf.key = key
-        try:
-            buf.gpm_prev = nv.nvmlGpmSampleAlloc()
-            buf.gpm_cur = nv.nvmlGpmSampleAlloc()
-            nv.nvmlGpmMigSampleGet(dev.handle, gi, buf.gpm_prev)
-            buf.gpm_prev_t = time.monotonic()
-        except nv.NVMLError as exc:
-            ms.errors["gpm"] = f"GPM MIG sampling refused for GPU instance {gi}: {exc}"
-            self._free(buf)
-            return None
-        dev.mig_bufs[gi] = buf
-        return buf
 
     def _free(self, buf: _GpmBuf) -> None:
         nv = self._nvml
@@ -447,7 +427,7 @@ class NvmlSampler:
                 except nv.NVMLError as exc:
                     s.errors["energy"] = str(exc)
             if dev.info.gpm_supported:
-                self._gpm(dev, s)
+                self._gpm(dev, s, functools.partial(nv.nvmlGpmSampleGet, dev.handle))
             if dev.info.mig_enabled:
                 self._sample_mig(dev, s)
             out.append(s)

@@ -7,8 +7,7 @@ from __future__ import annotations
 import os
 
 from .agent_files import state_path
-from .base import Collector
-from .none import NoneCollector
+from .base import Collector, NoneCollector
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
