@@ -17,7 +17,7 @@ from ..analysis.diagnose import Diagnosis
 from ..analysis.figures import JobFigures
 from ..config import Config
 from ..models import Job
-from ..render.text import SIM_BANNER, gpus_line, measured_by, render_card, state_text
+from ..render.text import SIM_BANNER, gpus_line, measured_by, na, render_card, state_text
 from . import charts
 from .prices import Prices, bar_part, share
 from .templates import Page, render, sentence
@@ -40,7 +40,7 @@ def clean(text: str | None, limit: int = 80) -> str:
 def _memory(fig: JobFigures) -> str:
     used, total = fig.memory_used_peak_bytes, fig.memory_total_bytes
     if used is None:
-        return f"n/a ({fig.missing.get('memory') or 'not measured'})"
+        return na(fig.missing.get("memory"))
     where = " (fullest GPU)" if fig.gpu_count > 1 else ""
     if not total:
         return f"{fmt.gib(used)} GiB{where}"
@@ -117,8 +117,7 @@ def build_card(job: Job, fig: JobFigures, diag: Diagnosis, timelines: Sequence[S
             ("GPUs", f"{gpus_line(job, fig, TIMES)} on {clean(job.nodelist, 200) or 'n/a'}"),
             ("GPU-hours allocated", fmt.gpu_hours(fig.hours) + (f" ({total_cost})" if total_cost else "")),
             ("Peak GPU memory", _memory(fig)),
-            ("Energy", fmt.energy(fig.energy_j) if fig.energy_j is not None
-             else f"n/a ({fig.missing.get('energy_j') or 'not measured'})"),
+            ("Energy", fmt.energy(fig.energy_j) if fig.energy_j is not None else na(fig.missing.get("energy_j"))),
         ],
         "not_assessed": [f"{s.title}: {s.reason}" for s in diag.not_assessed],
         "measured_by": measured_by(job, fig),
