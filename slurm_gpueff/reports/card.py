@@ -22,8 +22,6 @@ from . import charts
 from .prices import Prices, bar_part, share
 from .templates import Page, render, sentence
 
-SEVERITY_COLORS = {"critical": "#b3261e", "warning": "#9a5b00", "info": "#2a5db0", "ok": "#1b7f3b"}
-SEVERITY_BG = {"critical": "#fdecea", "warning": "#fff4e0", "info": "#eaf1fb", "ok": "#e8f5ec"}
 CHART_CID = "activity-chart"
 TIMES = "\u00d7"
 _CONTROL = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]+")
@@ -92,9 +90,8 @@ def build_card(job: Job, fig: JobFigures, diag: Diagnosis, timelines: Sequence[S
     ctx: dict[str, Any] = {
         "job_label": label, "raw_id": job.job_id, "name": name, "cluster": clean(job.cluster),
         "user": clean(job.user) or "n/a", "simulated": "simulated" in fig.backends, "sim_banner": SIM_BANNER,
-        "verdicts": [{"title": v.title, "why": v.why, "advice": list(v.advice), "severity": v.severity,
-                      "color": SEVERITY_COLORS.get(v.severity, "#333a44"),
-                      "bg": SEVERITY_BG.get(v.severity, "#f4f5f7")} for v in diag.verdicts],
+        "verdicts": [{"title": v.title, "why": v.why, "advice": list(v.advice), "severity": v.severity}
+                     for v in diag.verdicts],
         "verdict_title": diag.primary.title if diag.primary else None,
         "skipped_all": "; ".join(s.reason for s in diag.skipped if s.name == "all"),
         "byline": f"{who} \u00b7 {ran}", "ended": fmt.utc(job.end_time), "gpu_count": fig.gpu_count,
