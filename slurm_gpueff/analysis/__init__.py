@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .diagnose import Diagnosis, assess, diagnose
+from .diagnose import Diagnosis, assess
 from .figures import GpuFigures, JobFigures, Waste, job_figures
 
-__all__ = ["Diagnosis", "GpuFigures", "JobFigures", "Waste", "assess", "diagnose", "job_figures"]
+__all__ = ["Diagnosis", "GpuFigures", "JobFigures", "Waste", "assess", "job_figures"]

@@ -58,8 +58,3 @@ def assess(figures: JobFigures, thresholds: ThresholdSource = None) -> Diagnosis
         if rule.name == "never_used":
             ctx.used = [g for g in ctx.used if all(g is not x for x in gpus)]
     return Diagnosis(ctx.raised, ctx.skipped)
-
-
-def diagnose(figures: JobFigures, thresholds: ThresholdSource = None) -> list[Verdict]:
-    """Ordered verdicts for a job (primary first); see :func:`assess` for what could not be assessed."""
-    return assess(figures, thresholds).verdicts

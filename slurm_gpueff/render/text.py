@@ -72,8 +72,9 @@ def _line(key: str, value: str) -> list[str]:
     return _wrap(f"{key}: {value}", indent="    ", first="")
 
 
-def _figure(value: float | None, missing: str | None, na_: _Na) -> str:
+def _figure(fig: JobFigures, metric: str, na_: _Na) -> str:
     """A job-level fraction; notes partial coverage (``measured on 3 of 4 GPUs``) after the value."""
+    value, missing = fig.mean(metric), fig.missing.get(metric)
     if value is None:
         return na_(missing)
     return f"{pct(value)} (n/a: {missing})" if missing else pct(value)
@@ -191,34 +192,29 @@ def render_card(job: Job, fig: JobFigures, diag: Diagnosis) -> str:
     lines: list[str] = []
     if "simulated" in fig.backends:
         lines.append(SIM_BANNER)
-    jid = job_label(job)
-    lines += _line("Job ID", jid if jid == str(job.job_id) else f"{jid} (raw id {job.job_id})")
-    lines += _line("Cluster", job.cluster)
-    lines += _line("User/Account", f"{job.user or 'n/a'}/{job.account or 'n/a'}")
-    lines += _line("State", state_text(job))
-    lines += _line("Partition", job.partition or "n/a")
-    lines += _line("Nodes", _nodes_line(job, fig))
-    lines += _line("GPUs", gpus_line(job, fig))
-    lines += _line("Elapsed", hms(fig.elapsed_s))
-    lines += _line("GPU-hours allocated", gpu_hours(fig.hours) if fig.hours is not None
-                   else na(fig.missing.get("gpu_hours")))
-    m = fig.missing
     na_ = _Na()
-    kernel = _figure(fig.mean("kernel_active"), m.get("kernel_active"), na_)
+    kernel = _figure(fig, "kernel_active", na_)
     if fig.mean("kernel_active") is not None:
         kernel += "  (nvidia-smi's \"GPU utilization\")"
-    lines += _line("Kernel-active", kernel)
-    sm = _figure(fig.mean("sm_active"), m.get("sm_active"), na_)
+    sm = _figure(fig, "sm_active", na_)
     if fig.mean("sm_active") is not None:
         eff = pct(fig.efficiency)
         if fig.efficiency is None:
-            eff = f"n/a, {m.get('efficiency', 'not measured')}"
+            eff = f"n/a, {fig.missing.get('efficiency', 'not measured')}"
         sm += f"  (efficiency SM/kernel: {eff})"
-    lines += _line("SM-active", sm)
-    lines += _line("Tensor-active", _figure(fig.mean("tensor_active"), m.get("tensor_active"), na_))
-    lines += _line("DRAM-active", _figure(fig.mean("dram_active"), m.get("dram_active"), na_))
-    lines += _line("Peak GPU memory", _memory(fig, na_))
-    lines += _line("Energy", _energy(fig, na_))
+    jid = job_label(job)
+    fields = [
+        ("Job ID", jid if jid == str(job.job_id) else f"{jid} (raw id {job.job_id})"),
+        ("Cluster", job.cluster), ("User/Account", f"{job.user or 'n/a'}/{job.account or 'n/a'}"),
+        ("State", state_text(job)), ("Partition", job.partition or "n/a"), ("Nodes", _nodes_line(job, fig)),
+        ("GPUs", gpus_line(job, fig)), ("Elapsed", hms(fig.elapsed_s)),
+        ("GPU-hours allocated", gpu_hours(fig.hours) if fig.hours is not None else na(fig.missing.get("gpu_hours"))),
+        ("Kernel-active", kernel), ("SM-active", sm),
+        ("Tensor-active", _figure(fig, "tensor_active", na_)), ("DRAM-active", _figure(fig, "dram_active", na_)),
+        ("Peak GPU memory", _memory(fig, na_)), ("Energy", _energy(fig, na_)),
+    ]
+    for key, value in fields:
+        lines += _line(key, value)
     lines += _split(fig, na_)
     lines += _verdicts(diag)
     if fig.gpu_count > 1:

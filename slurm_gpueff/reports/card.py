@@ -17,13 +17,11 @@ from ..analysis.diagnose import Diagnosis
 from ..analysis.figures import JobFigures
 from ..config import Config
 from ..models import Job
-from ..render.text import SIM_BANNER, gpus_line, measured_by, render_card, state_text
+from ..render.text import SIM_BANNER, gpus_line, measured_by, na, render_card, state_text
 from . import charts
 from .prices import Prices, bar_part, share
 from .templates import Page, render, sentence
 
-SEVERITY_COLORS = {"critical": "#b3261e", "warning": "#9a5b00", "info": "#2a5db0", "ok": "#1b7f3b"}
-SEVERITY_BG = {"critical": "#fdecea", "warning": "#fff4e0", "info": "#eaf1fb", "ok": "#e8f5ec"}
 CHART_CID = "activity-chart"
 TIMES = "\u00d7"
 _CONTROL = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]+")
@@ -40,7 +38,7 @@ def clean(text: str | None, limit: int = 80) -> str:
 def _memory(fig: JobFigures) -> str:
     used, total = fig.memory_used_peak_bytes, fig.memory_total_bytes
     if used is None:
-        return f"n/a ({fig.missing.get('memory') or 'not measured'})"
+        return na(fig.missing.get("memory"))
     where = " (fullest GPU)" if fig.gpu_count > 1 else ""
     if not total:
         return f"{fmt.gib(used)} GiB{where}"
@@ -92,9 +90,8 @@ def build_card(job: Job, fig: JobFigures, diag: Diagnosis, timelines: Sequence[S
     ctx: dict[str, Any] = {
         "job_label": label, "raw_id": job.job_id, "name": name, "cluster": clean(job.cluster),
         "user": clean(job.user) or "n/a", "simulated": "simulated" in fig.backends, "sim_banner": SIM_BANNER,
-        "verdicts": [{"title": v.title, "why": v.why, "advice": list(v.advice), "severity": v.severity,
-                      "color": SEVERITY_COLORS.get(v.severity, "#333a44"),
-                      "bg": SEVERITY_BG.get(v.severity, "#f4f5f7")} for v in diag.verdicts],
+        "verdicts": [{"title": v.title, "why": v.why, "advice": list(v.advice), "severity": v.severity}
+                     for v in diag.verdicts],
         "verdict_title": diag.primary.title if diag.primary else None,
         "skipped_all": "; ".join(s.reason for s in diag.skipped if s.name == "all"),
         "byline": f"{who} \u00b7 {ran}", "ended": fmt.utc(job.end_time), "gpu_count": fig.gpu_count,
@@ -117,8 +114,7 @@ def build_card(job: Job, fig: JobFigures, diag: Diagnosis, timelines: Sequence[S
             ("GPUs", f"{gpus_line(job, fig, TIMES)} on {clean(job.nodelist, 200) or 'n/a'}"),
             ("GPU-hours allocated", fmt.gpu_hours(fig.hours) + (f" ({total_cost})" if total_cost else "")),
             ("Peak GPU memory", _memory(fig)),
-            ("Energy", fmt.energy(fig.energy_j) if fig.energy_j is not None
-             else f"n/a ({fig.missing.get('energy_j') or 'not measured'})"),
+            ("Energy", fmt.energy(fig.energy_j) if fig.energy_j is not None else na(fig.missing.get("energy_j"))),
         ],
         "not_assessed": [f"{s.title}: {s.reason}" for s in diag.not_assessed],
         "measured_by": measured_by(job, fig),

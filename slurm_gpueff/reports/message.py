@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from email import policy
 from email.message import EmailMessage
 from email.utils import formatdate, make_msgid
+from typing import NamedTuple
 
 from ..spool import atomic_write
 from .card import clean
@@ -33,8 +33,7 @@ from .templates import Page
 FILE_MODE = 0o640
 
 
-@dataclass
-class Parts:
+class Parts(NamedTuple):
     """What a report renders to: subject, text, HTML with ``cid:`` links, images by Content-ID, and the
     HTML again with ``<cid>.png`` file links for the archive."""
 

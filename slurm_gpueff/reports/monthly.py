@@ -7,9 +7,8 @@ The presenter: the plain data of :mod:`.queries`, priced per GPU model and forma
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlmodel import Session
 
@@ -44,8 +43,7 @@ def month_title(month: str) -> str:
     return month_bounds(month)[0].strftime("%B %Y")
 
 
-@dataclass
-class Totals:
+class Totals(NamedTuple):
     """GPU-hours of one group (the month, a user, an account) and their cost per part."""
 
     jobs: int

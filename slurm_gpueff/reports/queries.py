@@ -8,8 +8,8 @@ GPU-hours are grouped by GPU model, because prices are per model.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
 from sqlalchemy import Executable, Float, RowMapping, and_, case, cast, exists, func, select
 from sqlalchemy.sql.elements import ColumnElement
@@ -24,8 +24,7 @@ WASTED = func.coalesce(col(Job.idle_gpu_hours), 0.0) + func.coalesce(col(Job.und
 GROUPS = {"user": col(Job.user), "account": col(Job.account)}
 
 
-@dataclass(frozen=True)
-class Split:
+class Split(NamedTuple):
     """GPU-hours of one group (``key``: a user, an account, or None for all) on one GPU model."""
 
     key: str | None
@@ -34,8 +33,7 @@ class Split:
     hours: dict[str, float]  # PARTS -> GPU-hours
 
 
-@dataclass(frozen=True)
-class VerdictCount:
+class VerdictCount(NamedTuple):
     verdict: str | None
     jobs: int
     hours: float
@@ -43,8 +41,7 @@ class VerdictCount:
     users: int
 
 
-@dataclass(frozen=True)
-class WastefulJob:
+class WastefulJob(NamedTuple):
     """One of the jobs that lost the most GPU-hours (the fields :func:`slurm_gpueff.fmt.job_label` reads)."""
 
     job_id: int

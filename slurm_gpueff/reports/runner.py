@@ -96,7 +96,7 @@ def _deliver(session: Session, row: ReportLog, config: Config, parts: message.Pa
         result.lines.append(f"wrote {eml}")
         return
     try:
-        smtp.send(mail, mail.from_address, to, message.to_bytes(msg), sleep=sleep)
+        smtp.send(mail, to, message.to_bytes(msg), sleep=sleep)
     except smtp.DeliveryError as exc:
         status = "abandoned" if exc.permanent else "failed"
         sentlog.finish(session, row, status, now=now, reason=str(exc), archive=eml,
@@ -173,7 +173,7 @@ def retry_failed(config: Config, engine: Engine, *, now: datetime | None = None,
                     raise smtp.DeliveryError(f"archived message {row.archive} is gone", permanent=True)
                 with open(row.archive, "rb") as fh:
                     data = fh.read()
-                smtp.send(mail, mail.from_address, to, data, sleep=sleep)
+                smtp.send(mail, to, data, sleep=sleep)
             except smtp.DeliveryError as exc:
                 sentlog.finish(session, row, "abandoned" if exc.permanent else "failed", now=now, reason=str(exc),
                                retry_after_s=mail.retry_after_s, max_attempts=mail.max_attempts)

@@ -83,7 +83,7 @@ def due_retries(session: Session, now: datetime) -> list[ReportLog]:
 
 def finish(session: Session, row: ReportLog, status: str, *, now: datetime, reason: str | None = None,
            archive: str | None = None, retry_after_s: float = 0.0, max_attempts: int = 1,
-           attempted: bool = True) -> ReportLog:
+           attempted: bool = True) -> None:
     """Record a message's outcome; a failure gets its next try time (doubling) or is abandoned."""
     if attempted:
         row.attempts += 1
@@ -101,7 +101,6 @@ def finish(session: Session, row: ReportLog, status: str, *, now: datetime, reas
     row.status = status
     session.add(row)
     session.commit()
-    return row
 
 
 def status_counts(session: Session) -> dict[tuple[str, str], int]:

@@ -56,7 +56,7 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def send_once(mail: MailConfig, sender: str, recipients: Sequence[str], data: bytes) -> None:
+def send_once(mail: MailConfig, recipients: Sequence[str], data: bytes) -> None:
     """One SMTP conversation: connect (plain, STARTTLS or SSL), log in if configured, send."""
     context = ssl.create_default_context()
     password = _password(mail)
@@ -71,21 +71,19 @@ def send_once(mail: MailConfig, sender: str, recipients: Sequence[str], data: by
             smtp.ehlo()
         if mail.username:
             smtp.login(mail.username, password or "")
-        refused = smtp.sendmail(sender, list(recipients), data)
+        refused = smtp.sendmail(mail.from_address, list(recipients), data)
         if refused:  # some recipients took it, others not: report, but do not resend to everybody
             raise DeliveryError("some recipients refused: " + ", ".join(refused), permanent=True)
 
 
-def send(mail: MailConfig, sender: str, recipients: Sequence[str], data: bytes, *,
+def send(mail: MailConfig, recipients: Sequence[str], data: bytes, *,
          sleep: Callable[[float], None] = time.sleep) -> int:
     """Deliver with up to ``mail.retries`` tries; return the number of tries. Raises DeliveryError."""
     last: BaseException | None = None
     for attempt in range(1, mail.retries + 1):
         try:
-            send_once(mail, sender, recipients, data)
+            send_once(mail, recipients, data)
             return attempt
-        except DeliveryError:
-            raise
         except (smtplib.SMTPException, OSError) as exc:
             last = exc
             if _permanent(exc):

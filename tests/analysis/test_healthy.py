@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from slurm_gpueff.analysis import assess, diagnose
+from slurm_gpueff.analysis import assess
 
 
 def test_bf16_training_is_healthy(figures):
@@ -16,7 +16,7 @@ def test_bf16_training_is_healthy(figures):
 
 
 def test_healthy_is_never_added_to_a_problem(figures):
-    names = [v.name for v in diagnose(figures({}, dict(kernel_active=0.3, sm_active=0.25)))]
+    names = [v.name for v in assess(figures({}, dict(kernel_active=0.3, sm_active=0.25))).verdicts]
     assert names == ["starved"]
 
 

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from slurm_gpueff.analysis import assess, diagnose
+from slurm_gpueff.analysis import assess
 
 IDLE = dict(kernel_active=0.0, sm_active=0.0, sm_occupancy=0.0, tensor_active=0.0, dram_active=0.0,
             fp32_active=0.0, fp16_active=0.0, memory_used_peak_bytes=400 * 1024**2, power_mean_w=70.0)
 
 
 def test_single_idle_gpu_is_never_used(figures):
-    verdicts = diagnose(figures(IDLE))
+    verdicts = assess(figures(IDLE)).verdicts
     assert [v.name for v in verdicts] == ["never_used"]  # not also starved / oversized
     v = verdicts[0]
     assert v.title == "GPU never used"
@@ -20,7 +20,7 @@ def test_single_idle_gpu_is_never_used(figures):
 
 
 def test_three_of_four_gpus_never_used(figures):
-    verdicts = diagnose(figures({}, IDLE, IDLE, IDLE))
+    verdicts = assess(figures({}, IDLE, IDLE, IDLE)).verdicts
     assert verdicts[0].name == "never_used"
     assert verdicts[0].title == "3 of 4 GPUs never used"
     assert verdicts[0].gpus == [("gpu01", 1), ("gpu01", 2), ("gpu01", 3)]
@@ -32,8 +32,8 @@ def test_three_of_four_gpus_never_used(figures):
 
 def test_threshold_is_strict_and_configurable(figures):
     at = figures(dict(kernel_active=0.05))
-    assert "never_used" not in [v.name for v in diagnose(at)]
-    assert diagnose(at, {"never_used_kernel_pct": 6.0})[0].name == "never_used"
+    assert "never_used" not in [v.name for v in assess(at).verdicts]
+    assert assess(at, {"never_used_kernel_pct": 6.0}).verdicts[0].name == "never_used"
 
 
 def test_unmeasured_kernel_activity_is_not_assessed(figures):

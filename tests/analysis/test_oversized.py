@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from slurm_gpueff.analysis import assess, diagnose
+from slurm_gpueff.analysis import assess
 
 GiB = 1024**3
 SMALL = dict(kernel_active=0.70, sm_active=0.30, tensor_active=0.2, dram_active=0.05, fp32_active=0.03,
@@ -10,14 +10,14 @@ SMALL = dict(kernel_active=0.70, sm_active=0.30, tensor_active=0.2, dram_active=
 
 
 def test_small_model_on_big_gpu_is_oversized(figures):
-    verdicts = diagnose(figures(SMALL))
+    verdicts = assess(figures(SMALL)).verdicts
     assert [v.name for v in verdicts] == ["oversized"]
     assert "6.0%" in verdicts[0].why and "4.8 of 80.0 GiB" in verdicts[0].why
     assert any("MIG" in a for a in verdicts[0].advice)
 
 
 def test_small_memory_but_busy_sms_is_not(figures):
-    assert diagnose(figures(dict(SMALL, sm_active=0.6, tensor_active=0.5)))[0].name == "healthy"
+    assert assess(figures(dict(SMALL, sm_active=0.6, tensor_active=0.5))).verdicts[0].name == "healthy"
 
 
 def test_unknown_memory_size_is_not_assessed(figures):
