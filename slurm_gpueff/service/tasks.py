@@ -87,11 +87,11 @@ def rollups(ctx: Context, full: bool = False) -> str:
     return f"{len(res.months)} month(s), {res.rows} rows in {res.seconds:.2f} s"
 
 
-def retention(ctx: Context, now: datetime | None = None) -> str:
+def retention(ctx: Context) -> str:
     days = ctx.config.service.timeline_retention_days
     if days <= 0:
         return "timelines are kept forever (service.timeline_retention_days = 0)"
-    return f"deleted {prune_timelines(ctx.engine, (now or utcnow()) - timedelta(days=days))} timeline(s)"
+    return f"deleted {prune_timelines(ctx.engine, utcnow() - timedelta(days=days))} timeline(s)"
 
 
 def prune_timelines(engine: Engine, before: datetime, batch: int = 5000) -> int:
