@@ -129,12 +129,9 @@ def moved_month(old: datetime | None, new: datetime | None) -> bool:
     return old is not None and (new is None or month_start(old) != month_start(new))
 
 
-def _as_date(v: Any) -> date:
-    if isinstance(v, datetime):
-        return v.date()
-    if isinstance(v, date):
-        return v
-    return date.fromisoformat(str(v)[:10])
+def _as_date(v: date | str) -> date:
+    """A month or day from the database: a DATE column, or the text of SQLite's strftime."""
+    return v if isinstance(v, date) else date.fromisoformat(v)
 
 
 def refresh(engine: Engine, *, full: bool = False, months: Iterable[date] | None = None,
