@@ -180,8 +180,7 @@ def _run(args: argparse.Namespace) -> int:
         from .seff_table import run as run_table
 
         return run_table(args, load(args.config))
-    spec = parse(args.jobid)
-    return _show(args, spec, load(args.config))
+    return _show(args, parse(args.jobid), load(args.config))  # a bad id is refused before the config is read
 
 
 def _show(args: argparse.Namespace, spec: JobSpec, config: Config) -> int:

@@ -38,11 +38,12 @@ def run(args: argparse.Namespace, config: Config) -> int:
     from sqlmodel import Session
 
     from ..fmt import iso, utc
+    from ..models import utcnow
     from ..render.jobs_table import as_json, render
     from ..storage.db import make_engine
     from ..storage.queries import list_jobs
 
-    end = parse_time(args.end) if args.end else datetime.now(UTC).replace(tzinfo=None)
+    end = parse_time(args.end) if args.end else utcnow()
     start = parse_time(args.start) if args.start else end - timedelta(days=DEFAULT_DAYS)
     if start >= end:
         raise UsageError("-S/--starttime must be before -E/--endtime")
