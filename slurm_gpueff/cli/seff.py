@@ -135,7 +135,7 @@ def lookup(database: str, spec: JobSpec, cluster: str | None) -> list[tuple[Any,
     from sqlalchemy.exc import SQLAlchemyError
     from sqlmodel import Session
 
-    from ..storage.db import make_engine
+    from ..storage.db import first_line, make_engine
     from ..storage.queries import find_jobs, job_gpus
 
     try:
@@ -147,8 +147,7 @@ def lookup(database: str, spec: JobSpec, cluster: str | None) -> list[tuple[Any,
             jobs = find_jobs(session, spec, cluster)
             return [(j, job_gpus(session, j)) for j in jobs]
     except SQLAlchemyError as exc:
-        detail = str(getattr(exc, "orig", None) or exc).splitlines()[0]
-        raise RuntimeError(f"cannot read the job database {_safe_url(url)}: {detail}") from None
+        raise RuntimeError(f"cannot read the job database {_safe_url(url)}: {first_line(exc)}") from None
     finally:
         engine.dispose()
 

@@ -51,6 +51,12 @@ def json_dumps(value: object) -> str:
 json_loads = orjson.loads
 
 
+def first_line(exc: BaseException) -> str:
+    """A database error in one line: the driver's own message where SQLAlchemy wraps one."""
+    text = str(getattr(exc, "orig", None) or exc)
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur = dbapi_conn.cursor()
     for pragma in ("journal_mode=WAL", "foreign_keys=ON", "synchronous=FULL"):
