@@ -6,7 +6,7 @@ is Slurm's raw id (JobIDRaw); the array/het ids are extra columns so ``123_4`` a
 
 from __future__ import annotations
 
-from datetime import date, datetime
+from datetime import UTC, date, datetime
 
 from sqlalchemy import JSON, BigInteger, Column, Date, DateTime, Index, MetaData, UniqueConstraint
 from sqlmodel import Field, SQLModel
@@ -23,6 +23,10 @@ SQLModel.metadata = MetaData(naming_convention=NAMING_CONVENTION)
 # Naive UTC on every backend. Spelled out because newer SQLModel maps ``datetime`` to a tz-aware type
 # that behaves differently on SQLite (naive) and PostgreSQL (timestamptz).
 UTC_NAIVE = DateTime(timezone=False)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC).replace(tzinfo=None)
 
 
 class Job(SQLModel, table=True):

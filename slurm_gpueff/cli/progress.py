@@ -3,24 +3,22 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
+
+WIDTH = 30
 
 
 class ProgressBar:
-    """Call it with ``(done, total)``; without a total it counts. ``close()`` ends the line."""
+    """Call it with ``(done, total)``; ``close()`` ends the line."""
 
-    def __init__(self, label: str, enabled: bool, width: int = 30, unit: str = "records"):
-        self.label, self.enabled, self.width, self.unit, self.shown = label, enabled, width, unit, False
+    def __init__(self, label: str, quiet: bool):
+        self.label, self.shown = label, False
+        self.enabled = not quiet and sys.stderr.isatty()
 
-    def __call__(self, done: int, total: int | None = None, *_: Any, **__: Any) -> None:
-        if not self.enabled:
+    def __call__(self, done: int, total: int) -> None:
+        if not (self.enabled and total):
             return
-        if total:
-            filled = int(self.width * min(done, total) / total)
-            text = f"\r{self.label} [{'#' * filled}{'.' * (self.width - filled)}] {done}/{total}"
-        else:
-            text = f"\r{self.label} {done} {self.unit}"
-        sys.stderr.write(text)
+        filled = int(WIDTH * min(done, total) / total)
+        sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (WIDTH - filled)}] {done}/{total}")
         sys.stderr.flush()
         self.shown = True
 

@@ -133,7 +133,7 @@ def lookup(database: str, spec: JobSpec, cluster: str | None) -> list[tuple[Any,
     from sqlalchemy.exc import SQLAlchemyError
     from sqlmodel import Session
 
-    from ..storage.db import make_engine
+    from ..storage.db import first_line, make_engine
     from ..storage.queries import find_jobs, job_gpus
 
     try:
@@ -145,8 +145,7 @@ def lookup(database: str, spec: JobSpec, cluster: str | None) -> list[tuple[Any,
             jobs = find_jobs(session, spec, cluster)
             return [(j, job_gpus(session, j)) for j in jobs]
     except SQLAlchemyError as exc:
-        detail = str(getattr(exc, "orig", None) or exc).splitlines()[0]
-        raise RuntimeError(f"cannot read the job database {_safe_url(url)}: {detail}") from None
+        raise RuntimeError(f"cannot read the job database {_safe_url(url)}: {first_line(exc)}") from None
     finally:
         engine.dispose()
 
@@ -178,8 +177,7 @@ def _run(args: argparse.Namespace) -> int:
         from .seff_table import run as run_table
 
         return run_table(args, load(args.config))
-    spec = parse(args.jobid)
-    return _show(args, spec, load(args.config))
+    return _show(args, parse(args.jobid), load(args.config))  # a bad id is refused before the config is read
 
 
 def _show(args: argparse.Namespace, spec: JobSpec, config: Config) -> int:

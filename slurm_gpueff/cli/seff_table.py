@@ -38,11 +38,12 @@ def run(args: argparse.Namespace, config: Config) -> int:
     from sqlmodel import Session
 
     from ..fmt import iso, utc
+    from ..models import utcnow
     from ..render.jobs_table import as_json, render
-    from ..storage.db import make_engine
+    from ..storage.db import first_line, make_engine
     from ..storage.queries import list_jobs
 
-    end = parse_time(args.end) if args.end else datetime.now(UTC).replace(tzinfo=None)
+    end = parse_time(args.end) if args.end else utcnow()
     start = parse_time(args.start) if args.start else end - timedelta(days=DEFAULT_DAYS)
     if start >= end:
         raise UsageError("-S/--starttime must be before -E/--endtime")
@@ -62,8 +63,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
             jobs = list_jobs(session, user=user, account=args.account, start=start, end=end, cluster=args.cluster)
         engine.dispose()
     except SQLAlchemyError as exc:
-        detail = str(getattr(exc, "orig", exc)).splitlines()[0]
-        raise GpueffError(f"cannot read the job database: {detail}") from None
+        raise GpueffError(f"cannot read the job database: {first_line(exc)}") from None
     query = {"user": user, "account": args.account, "cluster": args.cluster,
              "start_utc": iso(start), "end_utc": iso(end)}
     if args.json:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import TYPE_CHECKING
 
 from .common import UsageError, at_least_one, database, err, load_config, log_to_stderr
@@ -71,7 +70,7 @@ def _ingest(config: Config, limit: int | None, quiet: bool) -> int:
 
     analysed = 0
     with database(config) as engine:
-        progress = ProgressBar("ingest", enabled=not quiet and sys.stderr.isatty())
+        progress = ProgressBar("ingest", quiet)
         try:
             result = ingest_spool(engine, config.paths.spool_dir, limit=limit, progress=progress)
             try:  # the stored per-job summaries that rollups and reports aggregate

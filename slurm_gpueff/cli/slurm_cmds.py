@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
 import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -67,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     from ..sacct import SacctReader  # its SacctError reaches `gpueff` (exit 1): nothing was changed
 
     reader = SacctReader.from_config(config)
-    bar = ProgressBar(args.command, enabled=not args.quiet and sys.stderr.isatty(), unit="jobs")
+    bar = ProgressBar(args.command, args.quiet)
     with database(config) as engine:
         try:
             if args.command == "enrich":

@@ -11,20 +11,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy import func
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from ..models import ReportLog, ReportOptOut
+from ..models import utcnow as utcnow  # re-exported: reports.runner and tests use sentlog.utcnow
 
 # Rows that count against the rate limit: everything that was (or may have been) delivered or written.
 COUNTED = ("sending", "sent", "failed", "dry-run", "abandoned")
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC).replace(tzinfo=None)
 
 
 def claim(session: Session, *, kind: str, subject: str, dry_run: bool, now: datetime, **fields: object

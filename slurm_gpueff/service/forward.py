@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
 
 from ..config import Config
 from ..errors import GpueffError
@@ -29,32 +28,17 @@ class ForwardError(GpueffError):
     exit_code = 2
 
 
-def forward_once(config: Config, engine: Any = None, *, batch: int | None = None) -> Any:
-    """One pass over the spool; returns the IngestResult (``failed`` > 0: left for the next pass)."""
+def run_forwarder(config: Config, *, once: bool = False, stop: threading.Event | None = None,
+                  batch: int | None = None) -> int:
+    """Loop: forward, sleep ``service.forward_interval_s`` (longer after failures). Exit status."""
     from ..storage.db import make_engine
     from ..storage.dburl import database_url
-    from ..storage.ingest import ingest_spool
+    from ..storage.ingest import BATCH, ingest_spool
 
     url = database_url(config.paths.database)
     if url.startswith("sqlite"):
         raise ForwardError(f"paths.database is SQLite ({url}): forwarding needs a database server "
                            "(postgresql+psycopg://...); with SQLite use a shared spool instead")
-    own = engine is None
-    engine = engine or make_engine(url, create=False)
-    try:
-        if batch:
-            return ingest_spool(engine, config.paths.spool_dir, batch=batch)
-        return ingest_spool(engine, config.paths.spool_dir)
-    finally:
-        if own:
-            engine.dispose()
-
-
-def run_forwarder(config: Config, *, once: bool = False, stop: threading.Event | None = None,
-                  batch: int | None = None) -> int:
-    """Loop: forward, sleep ``service.forward_interval_s`` (longer after failures). Exit status."""
-    from ..storage.db import make_engine
-
     stop = stop or threading.Event()
     interval = config.service.forward_interval_s
     delay = interval
@@ -62,10 +46,8 @@ def run_forwarder(config: Config, *, once: bool = False, stop: threading.Event |
     try:
         while True:
             try:
-                engine = engine or make_engine(config.paths.database, create=False)
-                res = forward_once(config, engine, batch=batch)
-            except ForwardError:
-                raise
+                engine = engine or make_engine(url, create=False)
+                res = ingest_spool(engine, config.paths.spool_dir, batch=batch or BATCH)
             except Exception as exc:  # noqa: BLE001 - bad URL, driver missing: report and retry
                 log.error("cannot reach the database: %s", exc)
                 res = None

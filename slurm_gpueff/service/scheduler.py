@@ -26,7 +26,7 @@ from .tasks import REGISTRY, Context, Task, builtin_tasks, load_plugins, run_tas
 log = logging.getLogger("gpueff.serve")
 
 
-def build_scheduler(ctx: Context, tasks: list[Task], *, start_now: bool = True) -> Any:
+def build_scheduler(ctx: Context, tasks: list[Task]) -> Any:
     from apscheduler.schedulers.background import BackgroundScheduler
     from apscheduler.triggers.cron import CronTrigger
     from apscheduler.triggers.interval import IntervalTrigger
@@ -39,9 +39,9 @@ def build_scheduler(ctx: Context, tasks: list[Task], *, start_now: bool = True) 
         trigger = (IntervalTrigger(seconds=task.interval_s) if task.interval_s
                    else CronTrigger(timezone="UTC", **(task.cron or {})))
         sched.add_job(run_task, trigger, args=(ctx, task), id=task.name, name=task.name, replace_existing=True)
-        if start_now:  # catch up once after a restart
-            sched.add_job(run_task, "date", args=(ctx, task), id=f"{task.name}@start", name=f"{task.name}@start",
-                          run_date=now + timedelta(seconds=1 + 2 * n))
+        # and once soon after start, to catch up after a restart
+        sched.add_job(run_task, "date", args=(ctx, task), id=f"{task.name}@start", name=f"{task.name}@start",
+                      run_date=now + timedelta(seconds=1 + 2 * n))
     return sched
 
 

@@ -10,7 +10,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
@@ -19,7 +19,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import col
 
 from ..config import Config
-from ..models import Job, JobGpu, JobGpuTimeline
+from ..models import Job, JobGpu, JobGpuTimeline, utcnow
 
 log = logging.getLogger("gpueff.serve")
 
@@ -53,10 +53,6 @@ def register_task(name: str, func: Callable[[Context], str | None], *, interval_
     REGISTRY[name] = Task(name, func, interval_s, cron)
 
 
-def _utcnow() -> datetime:
-    return datetime.now(UTC).replace(tzinfo=None)
-
-
 # ------------------------------------------------------------------------------------------ built-ins
 def ingest(ctx: Context) -> str:
     from ..storage.ingest import ingest_spool
@@ -74,7 +70,7 @@ def enrich(ctx: Context) -> str:
     from ..storage.enrich import enrich_jobs
     from ..summarize import summarize_pending
 
-    since = _utcnow() - timedelta(days=ctx.config.sacct.enrich_window_days)
+    since = utcnow() - timedelta(days=ctx.config.sacct.enrich_window_days)
     res = enrich_jobs(ctx.engine, SacctReader.from_config(ctx.config), since=since,
                       settle_s=ctx.config.sacct.settle_s)
     for e in res.errors:
@@ -91,11 +87,11 @@ def rollups(ctx: Context, full: bool = False) -> str:
     return f"{len(res.months)} month(s), {res.rows} rows in {res.seconds:.2f} s"
 
 
-def retention(ctx: Context, now: datetime | None = None) -> str:
+def retention(ctx: Context) -> str:
     days = ctx.config.service.timeline_retention_days
     if days <= 0:
         return "timelines are kept forever (service.timeline_retention_days = 0)"
-    return f"deleted {prune_timelines(ctx.engine, (now or _utcnow()) - timedelta(days=days))} timeline(s)"
+    return f"deleted {prune_timelines(ctx.engine, utcnow() - timedelta(days=days))} timeline(s)"
 
 
 def prune_timelines(engine: Engine, before: datetime, batch: int = 5000) -> int:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from types import ModuleType
 from typing import Any
 
+import orjson
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlmodel import create_engine
@@ -40,23 +40,21 @@ def make_engine(value: str, create: bool = True) -> Engine:
     return engine
 
 
-orjson: ModuleType | None
-try:  # JSON columns (timelines, missing-figure reasons) are a large share of ingest's per-record work
-    import orjson
-except ImportError:  # pragma: no cover - orjson is a dependency; the stdlib gives the same values
-    orjson = None
-
-
 def json_dumps(value: object) -> str:
-    """Compact JSON for JSON columns: orjson, or the stdlib for what orjson refuses (an integer beyond 64 bits)."""
-    if orjson is not None:
-        with contextlib.suppress(TypeError):  # orjson.JSONEncodeError
-            text: str = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
-            return text
+    """Compact JSON for JSON columns (a large share of ingest's per-record work): orjson, or the stdlib for
+    what orjson refuses (an integer beyond 64 bits)."""
+    with contextlib.suppress(orjson.JSONEncodeError):
+        return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
     return json.dumps(value, separators=(",", ":"))
 
 
-json_loads = orjson.loads if orjson is not None else json.loads
+json_loads = orjson.loads
+
+
+def first_line(exc: BaseException) -> str:
+    """A database error in one line: the driver's own message where SQLAlchemy wraps one."""
+    text = str(getattr(exc, "orig", None) or exc)
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:

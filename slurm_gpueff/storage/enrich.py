@@ -26,6 +26,7 @@ from sqlmodel import Session, col, select
 from .. import record as recmod
 from ..models import Job
 from ..sacct import SacctError, SacctJob
+from .db import first_line
 from .merge import cut, utc
 from .rollups import moved_month, note_moved
 from .writer import UNAVAILABLE, ingest_record
@@ -120,7 +121,7 @@ def enrich_jobs(engine: Engine, reader: Any, *, since: datetime | None = None, l
         with Session(engine) as session:
             todo = sorted(session.exec(stmt).all(), key=itemgetter(1))  # by cluster, then oldest first
     except UNAVAILABLE as exc:
-        res.errors.append(f"database unavailable ({_first_line(exc)}); nothing enriched")
+        res.errors.append(f"database unavailable ({first_line(exc)}); nothing enriched")
         return res
     done = 0
     for cluster, group in itertools.groupby(todo, key=itemgetter(1)):
@@ -156,7 +157,7 @@ def enrich_jobs(engine: Engine, reader: Any, *, since: datetime | None = None, l
                         note_moved(session.connection(), moved)
                     session.commit()
             except UNAVAILABLE as exc:
-                res.errors.append(f"database unavailable ({_first_line(exc)}); the next run retries")
+                res.errors.append(f"database unavailable ({first_line(exc)}); the next run retries")
                 return res
             done += len(chunk)
             if progress is not None:
@@ -180,10 +181,10 @@ def backfill_jobs(engine: Engine, sacct_jobs: Iterable[SacctJob], *, default_clu
             try:
                 _backfill_one(engine, sj, default_cluster, res)
             except UNAVAILABLE as exc:
-                res.errors.append(f"database unavailable ({_first_line(exc)}); the next run retries")
+                res.errors.append(f"database unavailable ({first_line(exc)}); the next run retries")
                 return res
             except (sa_exc.SQLAlchemyError, ValueError) as exc:
-                res.errors.append(f"job {sj.job_id_text}: {type(exc).__name__}: {_first_line(exc)}")
+                res.errors.append(f"job {sj.job_id_text}: {type(exc).__name__}: {first_line(exc)}")
         if progress is not None and (n % 50 == 0 or n == total):
             progress(n, total)
     return res
@@ -231,8 +232,3 @@ def backfill_records(sj: SacctJob, cluster: str) -> list[dict[str, Any]]:
         "gpus": [recmod.empty_gpu(i, "none", why) for i in range(per)],
         "written_at": time.time(), "writer": BACKFILL_WRITER,
     } for node in nodes]
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(getattr(exc, "orig", None) or exc)
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -30,14 +30,12 @@ class SchemaError(GpueffError):
     exit_code = 1
 
 
-def alembic_config(connection: Connection | None = None, url: str | None = None) -> Any:
+def alembic_config(connection: Connection | None = None) -> Any:
     """An Alembic Config pointing at the packaged migrations (and at ``connection`` when given)."""
     from alembic.config import Config
 
     cfg = Config()
     cfg.set_main_option("script_location", MIGRATIONS)
-    if url:
-        cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
     if connection is not None:
         cfg.attributes["connection"] = connection
     return cfg
@@ -113,23 +111,16 @@ def _adopt(conn: Connection) -> None:
     command.stamp(alembic_config(conn), "head")
 
 
-def _revision(message: str) -> None:  # pragma: no cover - a developer tool
-    """``python3 -m slurm_gpueff.storage.migrate revision MESSAGE``: autogenerate against a migrated SQLite."""
+if __name__ == "__main__":  # pragma: no cover - a developer tool (slurm_gpueff/migrations/__init__.py)
     import tempfile
 
     from alembic import command
+    from sqlalchemy import create_engine
 
-    from .db import make_engine
-
-    with tempfile.TemporaryDirectory() as d:
-        url = "sqlite:///" + os.path.join(d, "rev.db")
-        engine = make_engine(url, create=False)
-        upgrade(engine)
-        with engine.begin() as conn:
-            command.revision(alembic_config(conn, url), message=message, autogenerate=True)
-
-
-if __name__ == "__main__":  # pragma: no cover
     if len(sys.argv) != 3 or sys.argv[1] != "revision":
         sys.exit("usage: python3 -m slurm_gpueff.storage.migrate revision MESSAGE")
-    _revision(sys.argv[2])
+    with tempfile.TemporaryDirectory() as d:  # autogenerate against a freshly migrated SQLite
+        engine = create_engine("sqlite:///" + os.path.join(d, "rev.db"))
+        upgrade(engine)
+        with engine.begin() as conn:
+            command.revision(alembic_config(conn), message=sys.argv[2], autogenerate=True)

@@ -47,12 +47,9 @@ def list_jobs(session: Session, *, user: str | None = None, account: str | None 
               start: datetime | None = None, end: datetime | None = None, cluster: str | None = None) -> list[Job]:
     """Jobs that ended in [start, end) (naive UTC), filtered by user/account/cluster, oldest first."""
     stmt = select(Job).where(col(Job.end_time).is_not(None))
-    if user is not None:
-        stmt = stmt.where(Job.user == user)
-    if account is not None:
-        stmt = stmt.where(Job.account == account)
-    if cluster is not None:
-        stmt = stmt.where(Job.cluster == cluster)
+    for column, value in ((Job.user, user), (Job.account, account), (Job.cluster, cluster)):
+        if value is not None:
+            stmt = stmt.where(col(column) == value)
     if start is not None:
         stmt = stmt.where(col(Job.end_time) >= start)
     if end is not None:

@@ -16,14 +16,14 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, timedelta
+from datetime import date, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Date, String, and_, case, cast, delete, func, insert, literal, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
-from ..models import Job
+from ..models import Job, utcnow
 
 MEASURES = ("gpu_hours", "idle_gpu_hours", "underfilled_gpu_hours", "sm_active_gpu_hours",
             "tensor_active_gpu_hours", "energy_j", "kernel_measured_gpu_hours", "sm_measured_gpu_hours",
@@ -48,10 +48,6 @@ def next_month(d: date) -> date:
     return date(d.year + (d.month == 12), d.month % 12 + 1, 1)
 
 
-def _now() -> datetime:
-    return datetime.now(UTC).replace(tzinfo=None)
-
-
 def _day_expr(conn: Connection, col: Any) -> Any:
     """The UTC calendar day of a naive-UTC timestamp column, as a DATE on every backend."""
     if conn.dialect.name == "sqlite":
@@ -73,7 +69,7 @@ def _known(col: Any) -> Any:
 def refresh_month(conn: Connection, month: date, now: datetime | None = None) -> int:
     """Recompute one month's day and month rows; returns the number of rows written."""
     m0, m1 = month_start(month), next_month(month_start(month))
-    now = now or _now()
+    now = now or utcnow()
     r, j, p = _ROLLUP, _JOB, _PENDING
     # First: a job moved while this transaction reads the jobs notes the month again (module docstring).
     conn.execute(delete(p).where(p.c.month == m0))
@@ -102,7 +98,7 @@ def refresh_month(conn: Connection, month: date, now: datetime | None = None) ->
 def dirty_months(conn: Connection, now: datetime | None = None, full: bool = False) -> list[date]:
     """The months a refresh recomputes: the current one, those holding a job analysed since the last refresh,
     and those noted in ``rollup_pending``; with ``full``, every month."""
-    now = now or _now()
+    now = now or utcnow()
     r, j = _ROLLUP, _JOB
     last = conn.execute(select(func.max(r.c.refreshed_at))).scalar()
     month = _month_expr(conn, j.c.end_time)
@@ -125,7 +121,7 @@ def note_moved(conn: Connection, old_end_times: Iterable[datetime | None]) -> No
     if not months:
         return
     ins = sqlite.insert(_PENDING) if conn.dialect.name == "sqlite" else postgresql.insert(_PENDING)
-    conn.execute(ins.values([{"month": m, "noted_at": _now()} for m in months]).on_conflict_do_nothing())
+    conn.execute(ins.values([{"month": m, "noted_at": utcnow()} for m in months]).on_conflict_do_nothing())
 
 
 def moved_month(old: datetime | None, new: datetime | None) -> bool:
@@ -133,19 +129,16 @@ def moved_month(old: datetime | None, new: datetime | None) -> bool:
     return old is not None and (new is None or month_start(old) != month_start(new))
 
 
-def _as_date(v: Any) -> date:
-    if isinstance(v, datetime):
-        return v.date()
-    if isinstance(v, date):
-        return v
-    return date.fromisoformat(str(v)[:10])
+def _as_date(v: date | str) -> date:
+    """A month or day from the database: a DATE column, or the text of SQLite's strftime."""
+    return v if isinstance(v, date) else date.fromisoformat(v)
 
 
 def refresh(engine: Engine, *, full: bool = False, months: Iterable[date] | None = None,
             now: datetime | None = None) -> RefreshResult:
     """Refresh the rollups; each month in its own transaction (readers see a month whole or not yet)."""
     t0 = time.perf_counter()
-    now = now or _now()
+    now = now or utcnow()
     with engine.connect() as conn:
         todo = sorted({month_start(m) for m in months}) if months is not None else dirty_months(conn, now, full)
     rows = 0
@@ -156,9 +149,7 @@ def refresh(engine: Engine, *, full: bool = False, months: Iterable[date] | None
 
 
 # ---------------------------------------------------------------------------------------------- queries
-BY = {"user": ("user",), "account": ("account",), "site": (), "verdict": ("verdict",),
-      "user_account": ("user", "account"), "account_verdict": ("account", "verdict"),
-      "user_verdict": ("user", "verdict")}
+BY = {"user": ("user",), "account": ("account",), "site": (), "account_verdict": ("account", "verdict")}
 
 
 def usage(conn: Connection, *, period: str = "month", by: str = "user", start: date | None = None,

@@ -10,7 +10,6 @@ names comes from :mod:`storage.jobmatch`, as for the ORM reader.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sqlite3
 from collections.abc import Callable, Sequence
@@ -19,14 +18,9 @@ from types import SimpleNamespace
 from typing import Any
 from urllib.parse import quote
 
+from orjson import loads as _json_loads
+
 from .jobmatch import ORDER, Cond, find
-
-_json_loads: Callable[[str | bytes], Any]
-try:
-    from orjson import loads as _json_loads
-except ImportError:  # pragma: no cover - orjson is a dependency; same values either way
-    _json_loads = json.loads
-
 
 # Declared column type -> the value SQLAlchemy gives for the stored one (NULL stays None).
 _CONVERT: dict[str, Callable[[Any], Any]] = {

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
 from operator import itemgetter
 from typing import Any
 
@@ -25,7 +24,7 @@ from sqlalchemy.types import TypeEngine
 from sqlmodel import Session
 
 from .. import record as recmod
-from ..models import Job
+from ..models import Job, utcnow
 from .merge import Key, Row, Spot, job_key, merge
 from .rollups import moved_month, note_moved
 
@@ -57,7 +56,7 @@ def write_records(conn: Connection, recs: list[Row]) -> None:
     if not recs:
         return
     jobs, gpus = read_stored(conn, {job_key(r) for r in recs})
-    plan = merge(recs, jobs, gpus, datetime.now(UTC).replace(tzinfo=None))
+    plan = merge(recs, jobs, gpus, utcnow())
     # A later node record that moves a job's end into another month makes the old month's rollups stale:
     # noted for the next refresh (storage/rollups.py).
     note_moved(conn, [old["end_time"] for k, old in plan.old_jobs.items()
