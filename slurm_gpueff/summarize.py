@@ -5,7 +5,6 @@ metrics and reports aggregate in SQL instead of analysing every job again.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
 
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
@@ -13,7 +12,7 @@ from sqlmodel import Session, col, select
 from .analysis.diagnose import assess
 from .analysis.figures import JobFigures, job_figures
 from .analysis.verdicts.base import ThresholdSource
-from .models import Job, JobGpu
+from .models import Job, JobGpu, utcnow
 
 
 def _tensor_hours(fig: JobFigures) -> float | None:
@@ -43,7 +42,7 @@ def apply_summary(job: Job, gpus: Sequence[JobGpu], thresholds: ThresholdSource 
     job.energy_j = fig.energy_j
     job.verdict = primary.name if primary else None
     job.verdict_title = primary.title[:128] if primary else None
-    job.analyzed_at = datetime.now(UTC).replace(tzinfo=None)
+    job.analyzed_at = utcnow()
     return job
 
 
