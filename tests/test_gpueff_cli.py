@@ -177,3 +177,13 @@ def test_every_command_runs_through_the_group_that_lists_it():
         assert args.command == name and args.run in runs, name
         doc = sys.modules[args.run.__module__].__doc__
         assert re.search(rf"gpueff (\[--config PATH\] )?{name}\b", doc), name
+
+
+def test_database_errors_never_print_its_password(tmp_path):
+    """An unreachable PostgreSQL: the one-line error names the database without its password."""
+    cfg = tmp_path / "g.toml"
+    cfg.write_text(f'[paths]\ndatabase = "postgresql+psycopg://u:s3cret@127.0.0.1:1/x?connect_timeout=2"\n'
+                   f'spool_dir = "{tmp_path}/spool"\nstate_dir = "{tmp_path}/run"\n')
+    p = gpueff("--config", str(cfg), "rollup")
+    assert p.returncode == 1 and "cannot open the job database postgresql+psycopg://u:***@127.0.0.1:1/x" in p.stderr
+    assert "s3cret" not in p.stderr + p.stdout and "Traceback" not in p.stderr

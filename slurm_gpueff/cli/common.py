@@ -64,6 +64,16 @@ def load_config(args: argparse.Namespace) -> Config:
     return load(args.config)
 
 
+def safe_url(url: str) -> str:
+    """A database URL as it may be printed: without its password."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not a URL (a plain SQLite path): nothing to hide
+        return url
+
+
 @contextmanager
 def database(config: Config, create: bool = True) -> Iterator[Engine]:
     """The job database for a ``with`` block (disposed of at its end), or a one-line error (exit 1) that
@@ -73,7 +83,7 @@ def database(config: Config, create: bool = True) -> Iterator[Engine]:
     try:
         engine = make_engine(config.paths.database, create=create)
     except Exception as exc:
-        raise GpueffError(f"cannot open the job database {config.paths.database}: {exc}") from None
+        raise GpueffError(f"cannot open the job database {safe_url(config.paths.database)}: {exc}") from None
     try:
         yield engine
     finally:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..sacct import ACTIVE_STATES
-from .common import CONFIG_HELP, CONFIG_NOTE, CommandError, run_command
+from .common import CONFIG_HELP, CONFIG_NOTE, CommandError, run_command, safe_url
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -99,15 +99,6 @@ def still_running(spec: JobSpec, state_dir: str, timeout: float = SQUEUE_TIMEOUT
     return f"squeue reports it {active[0]}" if out.returncode == 0 and active else None
 
 
-def _safe_url(url: str) -> str:
-    try:
-        from sqlalchemy.engine import make_url
-
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:
-        return url
-
-
 def lookup(database: str, spec: JobSpec, cluster: str | None) -> list[tuple[Any, list[Any]]]:
     """(job, its GPU rows) for every match. Raises RuntimeError with a clear message on DB problems.
 
@@ -139,13 +130,13 @@ def lookup(database: str, spec: JobSpec, cluster: str | None) -> list[tuple[Any,
     try:
         engine = make_engine(database, create=False)
     except Exception as exc:  # bad URL, missing driver
-        raise RuntimeError(f"cannot open the job database {_safe_url(url)}: {exc}") from None
+        raise RuntimeError(f"cannot open the job database {safe_url(url)}: {exc}") from None
     try:
         with Session(engine) as session:
             jobs = find_jobs(session, spec, cluster)
             return [(j, job_gpus(session, j)) for j in jobs]
     except SQLAlchemyError as exc:
-        raise RuntimeError(f"cannot read the job database {_safe_url(url)}: {first_line(exc)}") from None
+        raise RuntimeError(f"cannot read the job database {safe_url(url)}: {first_line(exc)}") from None
     finally:
         engine.dispose()
 
