@@ -129,7 +129,7 @@ class HookRun:
         self.kind, self.env, self.log = kind, env, log
         self.job = slurmenv.parse(env)
         # The default bound until the config is loaded: loading it can block too (a hung filesystem).
-        self.deadline = self.t0 + float(cfgmod.Config().collector.hook_timeout_s)
+        self.deadline = self.t0 + cfgmod.CollectorConfig.hook_timeout_s
         self.cfg: Config | None = None
         self.reasons: list[str] = []  # for the record's reason
         self.backend: str | None = None  # the collector's name, once chosen
