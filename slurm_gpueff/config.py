@@ -26,8 +26,6 @@ Check = Callable[[object, str], str | None]  # (value, unit) -> what is wrong, o
 DEFAULT_PATH = "/etc/slurm-gpueff/gpueff.toml"
 ENV_VAR = "GPUEFF_CONFIG"
 
-BACKENDS = ("auto", "nvml", "dcgm", "simulated", "none")
-MAIL_SECURITY = ("none", "starttls", "ssl")
 DB_SCHEMES = ("sqlite", "postgresql", "postgresql+psycopg")  # what storage.db can open
 DAY = 86400.0
 YEAR = 366 * DAY
@@ -71,17 +69,14 @@ def _user_pattern(v: object, unit: str) -> str | None:
 
 
 def _database(v: object, unit: str) -> str | None:
-    if v == "":
-        return " must not be empty"
-    scheme = str(v).split("://", 1)[0] if "://" in str(v) else None
-    if scheme is None or scheme in DB_SCHEMES:
-        return None
+    scheme, sep, _ = str(v).partition("://")
+    if not sep or scheme in DB_SCHEMES:  # a plain path, or a URL storage.db can open
+        return _not_empty(v, unit)
     return (f" = {v!r}: unsupported database {scheme!r}; use a file path, sqlite:////PATH or "
             "postgresql+psycopg://USER@HOST/DB")
 
 
 _PCT = _range(0, 100, text=" = {v} is not a percentage (0-100)")
-_PORT = _range(1, 65535, text=" = {v} is not a TCP port")
 _PORT_OR_OFF = _range(0, 65535, text=" = {v} is not a TCP port (0 = off)")
 _SCHEDULE = _range(1, YEAR, off=True)  # a task of ``gpueff serve``: 0 disables it; under 1 s is a busy loop
 
@@ -109,8 +104,7 @@ def _read_only(self: object, name: str, value: object = None) -> NoReturn:
 
 @dataclass_transform(frozen_default=True)
 class Section:
-    """Base of the section classes: each annotated class attribute is a key, its value the default (or
-    a ``_key``)."""
+    """Base of the section classes: each annotated class attribute is a key, its value the default or a _key."""
 
     KEYS: ClassVar[dict[str, tuple[object, _Key]]]  # key -> (type, _Key), in the class's order
 
@@ -124,7 +118,7 @@ class Section:
 
     def __init__(self, **values: object) -> None:
         for name, (_tp, spec) in self.KEYS.items():
-            value = values.pop(name) if name in values else spec.default
+            value = values.pop(name, spec.default)
             object.__setattr__(self, name, type(value)(value) if isinstance(value, dict | list) else value)
         if values:
             raise TypeError(f"{type(self).__name__} has no key {', '.join(values)}")
@@ -155,7 +149,7 @@ class PathsConfig(Section):
 
 class CollectorConfig(Section):
     """[collector]: which backend measures the GPUs, and the hooks' time bound."""
-    backend: str = _key("auto", _one_of(BACKENDS))
+    backend: str = _key("auto", _one_of(("auto", "nvml", "dcgm", "simulated", "none")))
     hook_timeout_s: float = _key(10.0, _range(0, 300, above=True))
     agent_stale_s: float = _key(30.0, _range(0, 3600, above=True))
 
@@ -209,8 +203,8 @@ class AnalysisConfig(Section):
 class MailConfig(Section):
     """[mail]: SMTP delivery of reports."""
     host: str = "localhost"
-    port: int = _key(25, _PORT)
-    security: str = _key("none", _one_of(MAIL_SECURITY))
+    port: int = _key(25, _range(1, 65535, text=" = {v} is not a TCP port"))
+    security: str = _key("none", _one_of(("none", "starttls", "ssl")))
     username: str = ""
     password_file: str = ""
     from_address: str = "slurm-gpueff@localhost"
@@ -415,18 +409,16 @@ def _hint(word: str, choices: Iterable[str]) -> str:
 
 def read(path: str) -> dict[str, object]:
     """The TOML table in ``path``; ConfigError naming the path for anything but a readable UTF-8 TOML file
-    (FileNotFoundError passes through: whether that is an error is the caller's call).
-
-    Opened with O_NONBLOCK and read only if a regular file: a plain open() of a FIFO waits for a writer,
-    and a device can read forever; a hook must not hang on a misplaced config.
-    """
+    (FileNotFoundError passes through: whether that is an error is the caller's call). Opened with O_NONBLOCK
+    and read only if a regular file: a plain open() of a FIFO waits for a writer, and a device can read
+    forever; a hook must not hang on a misplaced config."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise
     except PermissionError:
         raise ConfigError(f"config file {path} is not readable by this user") from None
     except OSError as exc:
-        if isinstance(exc, FileNotFoundError):
-            raise
         raise ConfigError(f"config file {path} cannot be opened: {exc.strerror}") from None
     try:
         mode = os.fstat(fd).st_mode
