@@ -29,19 +29,17 @@ class Report:
     def add(self, status: str, check: str, detail: str) -> None:
         self.lines.append({"status": status, "check": check, "detail": detail})
 
-    @property
-    def failures(self) -> int:
-        return sum(1 for ln in self.lines if ln["status"] == FAIL)
+    def count(self, status: str) -> int:
+        return sum(1 for ln in self.lines if ln["status"] == status)
 
     def text(self) -> str:
         width = max((len(ln["check"]) for ln in self.lines), default=10)
         out = [f"{ln['status']}  {ln['check']:<{width}}  {ln['detail']}" for ln in self.lines]
-        n_warn = sum(1 for ln in self.lines if ln["status"] == WARN)
-        out.append(f"{len(self.lines)} checks: {self.failures} failed, {n_warn} warnings")
+        out.append(f"{len(self.lines)} checks: {self.count(FAIL)} failed, {self.count(WARN)} warnings")
         return "\n".join(out)
 
     def as_json(self) -> str:
-        return json.dumps({"schema": "slurm-gpueff/doctor", "checks": self.lines, "failures": self.failures},
+        return json.dumps({"schema": "slurm-gpueff/doctor", "checks": self.lines, "failures": self.count(FAIL)},
                           indent=1)
 
 
@@ -60,9 +58,8 @@ def check_nvml(rep: Report, cfg: Config) -> None:
         rep.add(bad, "nvml", explain_nvml_error(nv, exc))
         return
     try:
-        drv = nv.nvmlSystemGetDriverVersion()
-        n = nv.nvmlDeviceGetCount()
-        rep.add(PASS if n else bad, "nvml", f"driver {_s(drv)}, {n} GPU(s)")
+        drv, n = _s(nv.nvmlSystemGetDriverVersion()), nv.nvmlDeviceGetCount()
+        rep.add(PASS if n else bad, "nvml", f"driver {drv}, {n} GPU(s)")
         for i in range(n):
             _nvml_gpu(rep, nv, i)
     finally:
@@ -129,8 +126,7 @@ def check_dcgm(rep: Report, cfg: Config) -> None:
     else:
         try:
             found.structs._dcgmInit()
-            ver = dcgmb.version(found)
-            rep.add(PASS, "dcgm bindings", f"{found.path} (DCGM {ver or 'version unknown'})")
+            rep.add(PASS, "dcgm bindings", f"{found.path} (DCGM {dcgmb.version(found) or 'version unknown'})")
             b = found
         except Exception as exc:  # noqa: BLE001 - libdcgm missing etc.
             rep.add(bad, "dcgm bindings", f"{found.path}: library not loadable: {dcgmb.describe(exc)}")
@@ -225,47 +221,40 @@ def check_slurm(rep: Report, cfg: Config) -> None:
                                            "before the job")
 
 
-def _dir_check(rep: Report, check: str, path: str, private: bool) -> None:
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        parent = os.path.dirname(path.rstrip("/")) or "/"
-        ok = os.access(parent, os.W_OK)
-        rep.add(WARN if ok else FAIL, check, f"{path} missing; " + (
-            "the hooks create it" if ok else f"and {parent} is not writable by uid {os.geteuid()}"))
-        return
-    except OSError as exc:
-        rep.add(FAIL, check, f"{path}: {exc}")
-        return
-    if not stat.S_ISDIR(st.st_mode):
-        rep.add(FAIL, check, f"{path} is not a directory")
-        return
-    mode = stat.S_IMODE(st.st_mode)
-    if not os.access(path, os.W_OK):
-        rep.add(FAIL, check, f"{path} not writable by uid {os.geteuid()} (mode {mode:04o}, owner {st.st_uid})")
-    elif private and mode & 0o077:
-        rep.add(WARN, check, f"{path} mode {mode:04o}: records name users and accounts; 0700 recommended")
-    else:
-        rep.add(PASS, check, f"{path} writable, mode {mode:04o}, owner uid {st.st_uid}")
-
-
 def check_dirs(rep: Report, cfg: Config) -> None:
-    _dir_check(rep, "spool dir", cfg.paths.spool_dir, private=True)
-    _dir_check(rep, "state dir", cfg.paths.state_dir, private=False)
+    for check, path, private in (("spool dir", cfg.paths.spool_dir, True), ("state dir", cfg.paths.state_dir, False)):
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            parent = os.path.dirname(path.rstrip("/")) or "/"
+            ok = os.access(parent, os.W_OK)
+            rep.add(WARN if ok else FAIL, check, f"{path} missing; " + (
+                "the hooks create it" if ok else f"and {parent} is not writable by uid {os.geteuid()}"))
+            continue
+        except OSError as exc:
+            rep.add(FAIL, check, f"{path}: {exc}")
+            continue
+        mode = stat.S_IMODE(st.st_mode)
+        if not stat.S_ISDIR(st.st_mode):
+            rep.add(FAIL, check, f"{path} is not a directory")
+        elif not os.access(path, os.W_OK):
+            rep.add(FAIL, check, f"{path} not writable by uid {os.geteuid()} (mode {mode:04o}, owner {st.st_uid})")
+        elif private and mode & 0o077:
+            rep.add(WARN, check, f"{path} mode {mode:04o}: records name users and accounts; 0700 recommended")
+        else:
+            rep.add(PASS, check, f"{path} writable, mode {mode:04o}, owner uid {st.st_uid}")
 
 
 def check_db(rep: Report, cfg: Config) -> None:
     from sqlalchemy import text
 
     from .storage.db import make_engine
-    from .storage.dburl import database_url
+    from .storage.dburl import database_url, sqlite_file
 
-    url = database_url(cfg.paths.database)
-    if url.startswith("sqlite") and "///" in url:
-        path = url.split("///", 1)[1]
-        if path and path != ":memory:" and not os.path.exists(path):
-            rep.add(WARN, "database", f"{path} does not exist (yet): `gpueff ingest` creates it on the ingest host")
-            return
+    path = sqlite_file(database_url(cfg.paths.database))
+    if path and not os.path.exists(path):
+        rep.add(WARN, "database", f"{path} does not exist (yet): `gpueff ingest` creates it on the ingest host")
+        return
     try:
         engine = make_engine(cfg.paths.database, create=False)
         with engine.connect() as conn:
@@ -291,4 +280,4 @@ def run(cfg: Config, as_json: bool = False) -> int:
         except Exception as exc:  # noqa: BLE001 - a probe that crashes is itself a finding
             rep.add(FAIL, name, f"check crashed: {type(exc).__name__}: {exc}")
     print(rep.as_json() if as_json else rep.text())
-    return 1 if rep.failures else 0
+    return 1 if rep.count(FAIL) else 0
