@@ -15,7 +15,7 @@ import sys
 import time
 from typing import Any
 
-from .config import Config
+from .config import Config, load
 
 MARKER = ".gpueff-demo"
 
@@ -90,21 +90,18 @@ def slurm_env(config_path: str, job_id: int, user: str, account: str, gpus: int,
            "SLURM_JOB_ACCOUNT": account, "SLURM_JOB_PARTITION": "gpu", "SLURM_CLUSTER_NAME": "demo",
            "SLURMD_NODENAME": node, "SLURM_NODELIST": node, "SLURM_JOB_NUM_NODES": "1",
            "SLURM_JOB_GPUS": gpu_list, "CUDA_VISIBLE_DEVICES": gpu_list,
+           "SLURM_SCRIPT_CONTEXT": "prolog_slurmd" if exit_code is None else "epilog_slurmd",
            "GPUEFF_CONFIG": config_path, "GPUEFF_SIM_NOW": f"{now:.3f}", "GPUEFF_SIM_PROFILE": profile}
-    if exit_code is None:
-        env["SLURM_SCRIPT_CONTEXT"] = "prolog_slurmd"
-    else:
-        env["SLURM_SCRIPT_CONTEXT"] = "epilog_slurmd"
+    if exit_code is not None:
         env["SLURM_JOB_EXIT_CODE2"] = f"{exit_code}:0"
         env["SLURM_JOB_EXIT_CODE"] = str(exit_code << 8)
     return env
 
 
-def run_jobs(config_path: str, root: str, now: float | None = None) -> list[dict[str, Any]]:
-    """Run every demo job through the real Prolog and Epilog; return what was run."""
-    now = time.time() if now is None else now
+def run_jobs(config_path: str, root: str) -> list[tuple[int, str]]:
+    """Run every demo job through the real Prolog and Epilog; return (job id, profile) of each."""
     ran = []
-    end = now - 600.0
+    end = time.time() - 600.0
     for n, (profile, user, account, gpus, hours, code) in enumerate(JOBS):
         job_id = FIRST_JOB_ID + n
         start = end - hours * 3600.0
@@ -114,62 +111,53 @@ def run_jobs(config_path: str, root: str, now: float | None = None) -> list[dict
                                   timeout=60)
             if proc.returncode != 0:  # hooks always exit 0; anything else is a bug worth showing
                 raise RuntimeError(f"{kind} for job {job_id} exited {proc.returncode}: {proc.stderr}")
-        ran.append({"job_id": job_id, "profile": profile, "user": user, "account": account, "gpus": gpus})
+        ran.append((job_id, profile))
         end -= 1800.0 * (n % 3 + 1)
     return ran
 
 
 def summary(config: Config, job_ids: list[int]) -> str:
     """One line per demo job with its primary verdict and the site's total waste (the demo's punchline)."""
-    from sqlmodel import Session
-
     from .analysis.diagnose import assess
     from .analysis.figures import job_figures
+    from .cli.seff import lookup
     from .fmt import gpu_hours, pct
     from .jobid import JobSpec
     from .render.text import render_table
-    from .storage.db import make_engine
-    from .storage.queries import find_jobs, job_gpus
 
-    engine = make_engine(config.paths.database, create=False)
     items = []
-    with Session(engine) as session:
-        for job_id in job_ids:
-            for job in find_jobs(session, JobSpec(job_id)):
-                fig = job_figures(job, job_gpus(session, job))
-                items.append((job, fig, assess(fig, config.analysis)))
-    engine.dispose()
+    for job_id in job_ids:
+        for job, gpus in lookup(config.paths.database, JobSpec(job_id), None):  # as seff-gpu reads them
+            fig = job_figures(job, gpus)
+            items.append((job, fig, assess(fig, config.analysis)))
     hours = sum(f.hours or 0.0 for _, f, _ in items)
     active = sum(f.waste.sm_active_h or 0.0 for _, f, _ in items)
-    lines = ["Summary (all demo jobs):", render_table(items), "",
-             f"{gpu_hours(hours)} GPU-hours allocated, {gpu_hours(active)} of them SM-active ({pct(active / hours)});"
-             f" {gpu_hours(hours - active)} GPU-hours idle or underfilled."]
-    return "\n".join(lines)
+    return "\n".join(["Summary (all demo jobs):", render_table(items), "",
+                      f"{gpu_hours(hours)} GPU-hours allocated, {gpu_hours(active)} of them SM-active "
+                      f"({pct(active / hours)}); {gpu_hours(hours - active)} GPU-hours idle or underfilled."])
 
 
 def run(args: Any) -> int:
     from .cli import seff
-    from .config import load
-    from .storage.db import make_engine
+    from .cli.common import database
     from .storage.ingest import ingest_spool
     from .summarize import summarize_pending
 
-    root = os.path.abspath(getattr(args, "dir", None) or "gpueff-demo")
+    root = os.path.abspath(args.dir or "gpueff-demo")
     config_path = prepare(root)
     print(f"slurm-gpueff demo: simulated cluster 'demo' in {root}")
     print(f"  running {len(JOBS)} simulated jobs through the real Prolog/Epilog hooks ...")
     ran = run_jobs(config_path, root)
     config = load(config_path)
-    engine = make_engine(config.paths.database)
-    result = ingest_spool(engine, config.paths.spool_dir)
-    summarize_pending(engine, config.analysis)
+    with database(config) as engine:
+        result = ingest_spool(engine, config.paths.spool_dir)
+        summarize_pending(engine, config.analysis)
     print(f"  ingested {result.ingested} spool records into {config.paths.database}"
           f" (quarantined {result.quarantined}, failed {result.failed})")
-    engine.dispose()
-    for job in ran:
-        print(f"\n$ seff-gpu {job['job_id']}        # simulated profile: {job['profile']}")
-        seff.main(["--config", config_path, str(job["job_id"])])
-    print(f"\n{summary(config, [j['job_id'] for j in ran])}\n")
+    for job_id, profile in ran:
+        print(f"\n$ seff-gpu {job_id}        # simulated profile: {profile}")
+        seff.main(["--config", config_path, str(job_id)])
+    print(f"\n{summary(config, [job_id for job_id, _ in ran])}\n")
     print(f"Where the files are:\n  config    {config_path}\n  database  {config.paths.database}\n"
           f"  spool     {config.paths.spool_dir}  (empty after ingest; bad records go to quarantine/)")
     print(f"Try:  {shlex.join([*seff_command(), '--config', config_path, '--json', str(FIRST_JOB_ID)])}")
