@@ -4,7 +4,7 @@ metrics and reports aggregate in SQL instead of analysing every job again.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
@@ -26,7 +26,7 @@ def _tensor_hours(fig: JobFigures) -> float | None:
     return total
 
 
-def apply_summary(job: Job, gpus: Sequence[JobGpu], thresholds: ThresholdSource = None) -> Job:
+def apply_summary(job: Job, gpus: Sequence[JobGpu], thresholds: ThresholdSource = None) -> None:
     """Analyse one job and write its summary columns (in memory; the caller commits)."""
     fig = job_figures(job, gpus)
     diag = assess(fig, thresholds)
@@ -43,21 +43,18 @@ def apply_summary(job: Job, gpus: Sequence[JobGpu], thresholds: ThresholdSource 
     job.verdict = primary.name if primary else None
     job.verdict_title = primary.title[:128] if primary else None
     job.analyzed_at = utcnow()
-    return job
 
 
-def summarize_pending(engine: Engine, thresholds: ThresholdSource = None, *, batch: int = 500,
-                      progress: Callable[[int], None] | None = None) -> int:
-    """Analyse every job whose summary is missing or stale; return how many were summarised."""
+def summarize_pending(engine: Engine, thresholds: ThresholdSource = None) -> int:
+    """Analyse every job whose summary is missing or stale, 500 a transaction; return how many."""
     done = 0
     while True:
         with Session(engine) as session:
             jobs = session.exec(select(Job).where(col(Job.analyzed_at).is_(None)).order_by(col(Job.id))
-                                .limit(batch)).all()
+                                .limit(500)).all()
             if not jobs:
                 return done
-            ids = [j.id for j in jobs]
-            rows = session.exec(select(JobGpu).where(col(JobGpu.job_pk).in_(ids))
+            rows = session.exec(select(JobGpu).where(col(JobGpu.job_pk).in_([j.id for j in jobs]))
                                 .order_by(col(JobGpu.node), col(JobGpu.gpu_index))).all()
             by_job: dict[int, list[JobGpu]] = {}
             for r in rows:
@@ -67,5 +64,3 @@ def summarize_pending(engine: Engine, thresholds: ThresholdSource = None, *, bat
                 session.add(job)
             session.commit()
             done += len(jobs)
-            if progress:
-                progress(done)
