@@ -21,8 +21,7 @@ CURRENCY_SYMBOLS = {"EUR": "\u20ac", "USD": "$", "GBP": "\u00a3", "CHF": "CHF\u0
 def _decimal(v: float) -> str:
     """One decimal; a positive value that would print as 0.0 gets two significant digits instead."""
     if 0 < v < 0.1:
-        text = f"{v:.{1 - math.floor(math.log10(v))}f}"
-        return text.rstrip("0").rstrip(".")
+        return f"{v:.{1 - math.floor(math.log10(v))}f}".rstrip("0").rstrip(".")
     return f"{v:.1f}"
 
 
@@ -69,8 +68,7 @@ def hms(seconds: float | None) -> str:
     """A duration in Slurm's elapsed format: ``[D-]HH:MM:SS``."""
     if seconds is None:
         return NA
-    s = int(round(seconds))
-    d, s = divmod(s, 86400)
+    d, s = divmod(int(round(seconds)), 86400)
     h, s = divmod(s, 3600)
     m, s = divmod(s, 60)
     return f"{d}-{h:02d}:{m:02d}:{s:02d}" if d else f"{h:02d}:{m:02d}:{s:02d}"

@@ -31,13 +31,9 @@ class JobSpec(NamedTuple):
 
 def parse(text: str) -> JobSpec:
     """Parse one job id or raise JobIdError saying what a valid id looks like."""
-    s = text.strip()
-    m = _RE.match(s)
+    m = _RE.match(text.strip())
     if not m:
-        raise JobIdError(
-            f"invalid job id {text!r}: expected a number like 123, an array task like 123_4, "
-            "or a heterogeneous component like 123+1"
-        )
-    task = m.group("task")
-    het = m.group("het")
+        raise JobIdError(f"invalid job id {text!r}: expected a number like 123, an array task like 123_4, "
+                         "or a heterogeneous component like 123+1")
+    task, het = m.group("task", "het")
     return JobSpec(int(m.group("job")), int(task) if task else None, int(het) if het else None)

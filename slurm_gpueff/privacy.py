@@ -39,7 +39,6 @@ def current_user() -> tuple[int, str | None]:
 
 
 def sees_everything(privacy: PrivacyConfig, uid: int, name: str | None) -> bool:
-    """True for root, for configured admins, and for everyone when privacy is off."""
     return uid == 0 or not privacy.enabled or (name is not None and name in privacy.admins)
 
 
