@@ -18,10 +18,10 @@ import sys
 import threading
 import time
 
-from . import __version__, hook_config, hook_state, slurmenv, spool, spool_fallback
+from . import __version__, slurmenv, spool, spool_fallback
 from . import config as cfgmod
 from . import record as recmod
-from .collectors.base import JobContext, Measurement
+from .collectors.base import JobContext, Measurement, NoneCollector
 
 TYPE_CHECKING = False  # typing, for annotations only, would slow every Prolog/Epilog's start-up
 if TYPE_CHECKING:
@@ -140,7 +140,7 @@ class HookRun:
 
     def run(self, config_path: str | None) -> None:
         job = self.job
-        if not job.wants_gpus:
+        if job.gpu_raw is None:
             return  # CPU-only job: nothing to measure, nothing to record (see module docstring)
         watchdog = self.watchdog() if _process_mode else None
         cfg = self.load_config(config_path)
@@ -159,9 +159,9 @@ class HookRun:
             self.epilog(cfg, job.job_id)
 
     def load_config(self, config_path: str | None) -> Config:
-        """:func:`hook_config.load_config` within half the budget (the rest is the collector's, which may
-        still measure with the defaults); the defaults, and why, if it does not return in time."""
-        loaded, err = self.bounded(lambda: hook_config.load_config(config_path, self.env, self.log),
+        """:func:`read_config` within half the budget (the rest is the collector's, which may still measure
+        with the defaults); the defaults, and why, if it does not return in time."""
+        loaded, err = self.bounded(lambda: read_config(config_path, self.env, self.log),
                                    self.budget() / 2)
         if loaded is None:
             path = config_path or self.env.get(cfgmod.ENV_VAR) or cfgmod.DEFAULT_PATH
@@ -194,15 +194,21 @@ class HookRun:
         """``work()`` in a daemon thread for at most ``timeout`` s: (its result, None), else (None, why
         not: "timed out after N s" or "failed: <exception>")."""
         global _stuck
-        step = _Step(work)
-        step.start()
-        step.join(timeout)
-        if step.is_alive():
+        done: list[tuple[T | None, str | None]] = []
+
+        def step() -> None:
+            try:
+                done.append((work(), None))
+            except BaseException as exc:  # noqa: BLE001 - becomes the record's reason
+                done.append((None, f"failed: {type(exc).__name__}: {exc}"))
+
+        thread = threading.Thread(target=step, name="gpueff-hook-step", daemon=True)
+        thread.start()
+        thread.join(timeout)
+        if thread.is_alive():
             _stuck = True
             return None, f"timed out after {round(timeout, 1):g} s"  # to 0.1 s: start-up time varies
-        if step.error is not None:
-            return None, f"failed: {type(step.error).__name__}: {step.error}"
-        return step.result, None
+        return done[0]
 
     def collect(self, cfg: Config, work: Callable[[], T]) -> tuple[T | None, str | None]:
         """A collector step within the budget: (its result, None), else (None, the reason)."""
@@ -213,6 +219,18 @@ class HookRun:
             return None, f"collector {err}"
         return None, f"collector {self.backend or cfg.collector.backend} {err}"
 
+    def choose_collector(self, cfg: Config) -> Collector:
+        """The configured backend (noted in ``backend``); allocation-only, saying why, if it cannot even be set up."""
+        try:
+            from .collectors.select import get_collector
+
+            collector = get_collector(cfg)
+        except Exception as exc:  # noqa: BLE001 - e.g. a backend module that fails to import
+            collector = NoneCollector(cfg, f"collector backend {cfg.collector.backend!r} unavailable: "
+                                           f"{type(exc).__name__}: {exc}")
+        self.backend = collector.name
+        return collector
+
     def job_context(self, cfg: Config, gpus: list[int], start: float | None, end: float | None) -> JobContext:
         return JobContext(self.job.job_id or 0, self.job.node, self.job.cluster or cfg.site.cluster, list(gpus),
                           start_time=start, end_time=end, env=self.env)
@@ -221,19 +239,13 @@ class HookRun:
         job = self.job
         now = _clock(cfg, self.env)
         jc = self.job_context(cfg, job.gpu_indexes, now, None)
-
-        def work() -> dict[str, Any]:
-            collector = _get_collector(cfg)
-            self.backend = collector.name
-            return collector.start(jc)
-
-        state, err = self.collect(cfg, work)
+        state, err = self.collect(cfg, lambda: self.choose_collector(cfg).start(jc))
         reasons = self.reasons + ([err] if err else [])
         saved = {"start": state, "start_time": now, "gpus": job.gpu_indexes, "backend": self.backend,
                  "reason": "; ".join(reasons) or None, "written_at": time.time(), "writer": WRITER}
-        path = hook_state.path(cfg, job_id)
+        path = state_path(cfg, job_id)
         try:
-            hook_state.save(path, saved)
+            save_state(path, saved)
         except OSError as exc:
             self.log("error", f"job {job_id}: cannot save the job state {path}: {exc}; the Epilog will "
                               "record the job without a start time")
@@ -244,18 +256,16 @@ class HookRun:
     def epilog(self, cfg: Config, job_id: int) -> None:
         job, env = self.job, self.env
         end = _clock(cfg, env)
-        state_path = hook_state.path(cfg, job_id)
+        saved_path = state_path(cfg, job_id)
         self.jc = self.job_context(cfg, job.gpu_indexes, job.start_time, end)
 
         def work() -> Measurement:
             # Reading the state file is in here too: on a hung filesystem it blocks like a collector would.
-            self.saved, self.state_problem = hook_state.load(state_path)
+            self.saved, self.state_problem = load_state(saved_path)
             saved = self.saved or {}
-            gpus = job.gpu_indexes or hook_state.gpus(saved)
+            gpus = job.gpu_indexes or _saved_gpus(saved)
             self.jc = jc = self.job_context(cfg, gpus, saved.get("start_time") or job.start_time, end)
-            collector = _get_collector(cfg)
-            self.backend = collector.name
-            return collector.stop(jc, saved.get("start"))
+            return self.choose_collector(cfg).stop(jc, saved.get("start"))
 
         meas, err = self.collect(cfg, work)
         jc, saved = self.jc, self.saved
@@ -270,13 +280,13 @@ class HookRun:
                            "changed?): start time unknown")
             jc.start_time = None
         if not isinstance(meas, Measurement):
-            meas = _allocation_only(cfg, jc, err or f"collector returned {type(meas).__name__}, "
-                                                    "not a Measurement")
+            why = err or f"collector returned {type(meas).__name__}, not a Measurement"
+            meas = NoneCollector(cfg, why).stop(jc, None)  # allocation only, with the reason
         rec = build_record(job, jc, meas, reasons)
         data, problem = _serialise(rec)
         if problem is not None:
             self.log("error", f"job {job_id}: {problem}")
-            rec = build_record(job, jc, _allocation_only(cfg, jc, problem), reasons)
+            rec = build_record(job, jc, NoneCollector(cfg, problem).stop(jc, None), reasons)
             data, problem = _serialise(rec)
             if problem is not None:  # our own fields are wrong: keep everything for a person to look at
                 self.written = _last_resort(env, cfg, f"record does not validate: {problem}", self.log)
@@ -289,30 +299,105 @@ class HookRun:
         if primary:
             spool_fallback.drain(cfg, env, self.log)
         try:
-            os.unlink(state_path)
+            os.unlink(saved_path)
         except FileNotFoundError:
             pass
         except OSError as exc:
-            self.log("warning", f"job {job_id}: cannot remove job state {state_path}: {exc}")
+            self.log("warning", f"job {job_id}: cannot remove job state {saved_path}: {exc}")
         self.log("warning" if err else "info",
                  f"job {job_id}: record {path} ({meas.backend}, {len(meas.gpus)} GPU(s))"
                  + (f"; {rec['reason']}" if rec["reason"] else ""))
 
 
-class _Step(threading.Thread):
-    """One blocking step of a hook run, in a daemon thread that keeps its result or its exception."""
+def state_path(cfg: Config, job_id: int) -> str:
+    """Where the Prolog leaves the job's state (:meth:`HookRun.prolog`'s ``saved``) for the Epilog. Losing it
+    costs the job's start time and start counters, never its record: :func:`load_state` says why."""
+    return os.path.join(cfg.paths.state_dir, "jobs", f"{int(job_id)}.json")
 
-    def __init__(self, work: Callable[[], Any]):
-        super().__init__(name="gpueff-hook-step", daemon=True)
-        self.work = work
-        self.result: Any = None
-        self.error: BaseException | None = None
 
-    def run(self) -> None:
+def save_state(path: str, saved: dict[str, Any]) -> None:
+    """Write the state atomically (0600 in a 0700 directory); raises OSError. A collector start state
+    that JSON cannot hold is dropped, and its ``reason`` says so."""
+    try:
+        data = json.dumps(saved, allow_nan=False).encode()
+    except (TypeError, ValueError) as exc:
+        why = f"collector start state not storable: {exc}"
+        saved.update(start=None, reason=f"{saved['reason']}; {why}" if saved.get("reason") else why)
+        data = json.dumps(saved).encode()
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    spool.atomic_write(path, data)
+
+
+def load_state(path: str) -> tuple[dict[str, Any] | None, str | None]:
+    """(the saved state, None), else (what is left of it or None, why it is missing or unusable)."""
+    try:
+        with open(path, "rb") as fh:
+            saved = json.loads(fh.read())
+    except FileNotFoundError:
+        return None, "no Prolog state for this job (the Prolog did not run, failed, or its state was lost)"
+    except (OSError, ValueError) as exc:
+        return None, f"Prolog state {path} unreadable ({exc})"
+    if not isinstance(saved, dict):
+        return None, f"Prolog state {path} is not a JSON object"
+    st = saved.get("start_time")
+    if not isinstance(st, int | float) or isinstance(st, bool) or not st > 0:
+        saved["start_time"] = None
+        return saved, f"Prolog state {path} has no valid start time"
+    return saved, None
+
+
+def _saved_gpus(saved: dict[str, Any]) -> list[int]:
+    """The GPU indexes the Prolog saw (non-negative ints only: the file may have been edited)."""
+    value = saved.get("gpus")
+    if not isinstance(value, list):
+        return []
+    return [v for v in value if isinstance(v, int) and not isinstance(v, bool) and v >= 0]
+
+
+def read_config(config_path: str | None, env: Mapping[str, str], log: HookLog) -> tuple[Config, str | None]:
+    """The config (explicit path > $GPUEFF_CONFIG in ``env`` > default file > built-in defaults) and the
+    problem, if any. Unlike the service commands, which refuse a bad config, the hooks keep every setting
+    valid on its own (:func:`salvage`) and put the problem in the record's reason: a broken config must
+    never lose a job's record."""
+    path = config_path or env.get(cfgmod.ENV_VAR) or None
+    try:
+        if path:
+            return cfgmod.load(path), None
+        if os.path.exists(cfgmod.DEFAULT_PATH):
+            return cfgmod.load(cfgmod.DEFAULT_PATH), None
+        return cfgmod.Config(), None
+    except Exception as exc:  # noqa: BLE001 - ConfigError, or anything odd while reading
+        where = "" if path is None or path in str(exc) else f"{path}: "
+        problem = f"config problem ({where}{exc}); using defaults for the unusable settings"
+        log("error", problem)
+        return salvage(path or cfgmod.DEFAULT_PATH), problem
+
+
+def salvage(path: str) -> Config:
+    """Every setting of a broken config file that is valid on its own (paths above all)."""
+    try:  # read() never waits on a FIFO
+        data = cfgmod.read(path)
+    except Exception:  # noqa: BLE001
+        data = {}
+    good: dict[str, dict[str, Any]] = {}
+    for section, keys in cfgmod.Config().as_dict().items():
+        given = data.get(section)
+        if not isinstance(given, dict):
+            continue
+        for key, value in given.items():
+            if key in keys:
+                try:
+                    cfgmod.Config({section: {key: value}})
+                except Exception:  # noqa: BLE001
+                    continue
+                good.setdefault(section, {})[key] = value
+    paths_only: dict[str, Any] = {s: good[s] for s in ("paths", "site") if s in good}
+    for keep in (good, paths_only, {}):
         try:
-            self.result = self.work()
-        except BaseException as exc:  # noqa: BLE001 - becomes the record's reason
-            self.error = exc
+            return cfgmod.Config(keep, source=f"{path} (salvaged)")
+        except Exception:  # noqa: BLE001
+            continue
+    return cfgmod.Config()
 
 
 def _last_resort(env: Mapping[str, str], cfg: Config | None, reason: str, log: HookLog) -> bool:
@@ -343,25 +428,6 @@ def _clock(cfg: Config, env: Mapping[str, str]) -> float:
         if math.isfinite(sim) and sim > 0:
             return sim
     return time.time()
-
-
-def _get_collector(cfg: Config) -> Collector:
-    """The configured backend; if it cannot even be set up, allocation-only with the reason."""
-    from .collectors.base import NoneCollector
-
-    try:
-        from .collectors.select import get_collector
-
-        return get_collector(cfg)
-    except Exception as exc:  # noqa: BLE001 - e.g. a backend module that fails to import
-        return NoneCollector(cfg, f"collector backend {cfg.collector.backend!r} unavailable: "
-                                  f"{type(exc).__name__}: {exc}")
-
-
-def _allocation_only(cfg: Config, jc: JobContext, reason: str) -> Measurement:
-    from .collectors.base import NoneCollector
-
-    return NoneCollector(cfg, reason).stop(jc, None)
 
 
 def build_record(job: slurmenv.HookEnv, jc: JobContext, meas: Measurement,

@@ -30,13 +30,9 @@ except BaseException as exc:  # a broken install must not drain the node
 '''
 
 
-def install_hooks(dest_dir: str, python: str | None = None, config_path: str | None = None) -> list[str]:
-    """Write ``prolog`` and ``epilog`` into ``dest_dir`` with an absolute shebang to this Python.
-
-    With ``config_path`` the scripts read that config file (slurmd passes no GPUEFF_CONFIG), for sites
-    and test clusters that keep it elsewhere than the default path.
-    """
-    python = python or sys.executable
+def install_hooks(dest_dir: str, config_path: str | None = None) -> list[str]:
+    """Write ``prolog`` and ``epilog`` into ``dest_dir`` with an absolute shebang to this Python; with
+    ``config_path`` they read that config file, not the default one (slurmd passes no GPUEFF_CONFIG)."""
     pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     installed = os.path.basename(pkg_parent) in ("site-packages", "dist-packages")
     path_line = "" if installed else f"    sys.path.insert(0, {pkg_parent!r})\n"
@@ -46,7 +42,7 @@ def install_hooks(dest_dir: str, python: str | None = None, config_path: str | N
         path = os.path.join(os.path.abspath(dest_dir), kind)
         call = (f"hook.{kind}_main()" if config_path is None else
                 f"hook.main({kind!r}, {os.path.abspath(config_path)!r})")
-        text = _TEMPLATE.format(python=python, kind=kind, Kind=kind.capitalize(), path=path,
+        text = _TEMPLATE.format(python=sys.executable, kind=kind, Kind=kind.capitalize(), path=path,
                                 path_line=path_line, call=call)
         spool.atomic_write(path, text.encode(), mode=0o755)
         out.append(path)

@@ -32,7 +32,7 @@ class HookEnv:
     account: str | None = None
     partition: str | None = None
     gpu_var: str | None = None  # which variable the GPU list came from
-    gpu_raw: str | None = None
+    gpu_raw: str | None = None  # None: no GPUs allocated (a list we cannot parse, e.g. MIG UUIDs, is kept)
     exit_code: int | None = None
     signal: int | None = None
     array_job_id: int | None = None
@@ -44,11 +44,6 @@ class HookEnv:
     def __init__(self) -> None:
         self.gpu_indexes: list[int] = []
         self.problems: list[str] = []
-
-    @property
-    def wants_gpus(self) -> bool:
-        """True when Slurm allocated GPUs, even ones we could not parse (MIG UUIDs etc.)."""
-        return self.gpu_raw is not None
 
 
 def _text(env: Mapping[str, str], key: str) -> str | None:
@@ -96,19 +91,16 @@ def parse_exit(env: Mapping[str, str], problems: list[str] | None = None) -> tup
 
 
 def parse_gpus(env: Mapping[str, str], problems: list[str]) -> tuple[list[int], str | None, str | None]:
-    """(Slurm GPU indexes, sorted and unique; variable used; raw value): SLURM_JOB_GPUS, else
-    CUDA_VISIBLE_DEVICES.
-
-    The raw value is None when the job has no GPUs at all. A value we cannot read (a MIG UUID, junk)
-    gives an empty index list with the raw value kept, so the caller can still record the job and say why.
-    """
+    """(Slurm GPU indexes, sorted and unique; variable used; raw value) from SLURM_JOB_GPUS, else
+    CUDA_VISIBLE_DEVICES. The raw value is None when the job has no GPUs at all. A value we cannot read (a
+    MIG UUID, junk) gives no indexes but keeps the raw value, so the caller can still record the job and say why."""
     for var in ("SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES"):
-        raw = env.get(var)
-        if raw is None or raw.strip() in _NO_GPU_VALUES:
+        raw = (env.get(var) or "").strip()
+        if raw in _NO_GPU_VALUES:
             continue
-        raw = raw.strip()
-        indexes = sorted({int(p) for p in (part.strip() for part in raw.split(",")) if p.isdigit()})
-        if not indexes and not all(p.strip().startswith("MIG-") for p in raw.split(",")):
+        parts = [p.strip() for p in raw.split(",")]
+        indexes = sorted({int(p) for p in parts if p.isdigit()})
+        if not indexes and not all(p.startswith("MIG-") for p in parts):
             problems.append(f"{var}={raw!r} names no GPU index this version understands (MIG?)")
         return indexes, var, raw
     return [], None, None

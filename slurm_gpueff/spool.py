@@ -34,9 +34,8 @@ def record_name(job_id: int, node: str) -> str:
 
 
 def ensure_dirs(spool_dir: str) -> None:
-    os.makedirs(spool_dir, mode=0o700, exist_ok=True)  # makedirs gives only the leaf its mode
-    for sub in (INCOMING, QUARANTINE):
-        os.makedirs(os.path.join(spool_dir, sub), mode=0o700, exist_ok=True)
+    for d in (spool_dir, os.path.join(spool_dir, INCOMING), os.path.join(spool_dir, QUARANTINE)):
+        os.makedirs(d, mode=0o700, exist_ok=True)  # one at a time: makedirs gives only the leaf its mode
 
 
 def atomic_write(path: str, data: bytes, mode: int = 0o600, durable: bool = True) -> None:

@@ -52,10 +52,8 @@ def private_dir(path: str, create: bool) -> bool:
 
 def write(cfg: Config, env: Mapping[str, str], name: str, data: bytes, log: Log,
           sub: str = spool.INCOMING) -> tuple[str | None, bool]:
-    """Write ``data`` as ``<spool>/<sub>/<name>``, else into the first fallback that works.
-
-    Returns (path or None, written to the configured spool).
-    """
+    """Write ``data`` as ``<spool>/<sub>/<name>``, else into the first fallback that works; return (its
+    path or None, whether that is the configured spool)."""
     errors: list[str] = []
     dirs = spool_dirs(cfg, env)
     for i, d in enumerate(dirs):

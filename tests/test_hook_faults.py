@@ -19,7 +19,7 @@ import tempfile
 import pytest
 from hooksite import HOOKS, ROOT, HookSite
 
-from slurm_gpueff import hook, hook_config, hook_state, record, spool_fallback
+from slurm_gpueff import hook, record, spool_fallback
 from slurm_gpueff.config import Config
 
 MARGIN_S = 3.0  # interpreter start-up and exit on a loaded 2-core CI machine
@@ -148,9 +148,9 @@ def test_config_with_bad_values_keeps_the_valid_settings(site):
 def test_unparseable_or_missing_config_falls_back_to_defaults(site, tmp_path):
     site.write_config(text="[paths\nspool_dir = ")
     log = hook.HookLog("epilog")
-    cfg, problem = hook_config.load_config(site.config_path, {}, log)
+    cfg, problem = hook.read_config(site.config_path, {}, log)
     assert "not valid TOML" in problem and cfg.as_dict() == Config().as_dict()
-    cfg, problem = hook_config.load_config(str(tmp_path / "absent.toml"), {}, log)
+    cfg, problem = hook.read_config(str(tmp_path / "absent.toml"), {}, log)
     assert "does not exist" in problem and cfg.paths.spool_dir == Config().paths.spool_dir
     assert any("config problem" in line for line in log.lines)
 
@@ -185,8 +185,8 @@ def test_unstorable_start_state_is_dropped_with_the_reason(tmp_path):
     path = str(tmp_path / "jobs" / "5.json")
     for reason, expected in ((None, "collector start state not storable"),
                              ("collector timed out", "collector timed out; collector start state not storable")):
-        hook_state.save(path, {"start": {"sm": float("nan")}, "start_time": 1.7e9, "gpus": [0], "reason": reason})
-        saved, problem = hook_state.load(path)
+        hook.save_state(path, {"start": {"sm": float("nan")}, "start_time": 1.7e9, "gpus": [0], "reason": reason})
+        saved, problem = hook.load_state(path)
         assert problem is None and saved["start"] is None and saved["start_time"] == 1.7e9
         assert saved["reason"].startswith(expected)
     assert oct(os.stat(path).st_mode & 0o777) == "0o600"
@@ -255,7 +255,7 @@ def test_drain_never_clobbers_a_newer_record(site):
 
     from slurm_gpueff import spool
 
-    cfg = hook_config.load_config(site.config_path, {}, hook.HookLog("epilog"))[0]
+    cfg = hook.read_config(site.config_path, {}, hook.HookLog("epilog"))[0]
     env = {"TMPDIR": site.tmpdir}
     fallback = spool_fallback.spool_dirs(cfg, env)[1]
     assert spool_fallback.private_dir(fallback, create=True)

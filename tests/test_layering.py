@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("base", {"__init__", "__version__", "errors", "config", "jobid", "record", "spool", "slurmenv", "sacct",
               "privacy", "fmt"}),
     ("collectors", {"collectors"}),
-    ("hook", {"hook", "hook_config", "hook_state", "hook_install", "spool_fallback"}),
+    ("hook", {"hook", "hook_install", "spool_fallback"}),
     ("models", {"models"}),
     ("migrations", {"migrations"}),
     ("storage", {"storage"}),
