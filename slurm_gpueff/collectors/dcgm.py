@@ -142,11 +142,10 @@ class DcgmCollector(Collector):
         agent = self._agent_minors()
         by_uuid = {g["uuid"]: g for g in dcgm_gpus if g["uuid"]}
         by_bus = {g["pci_bus_id"]: g for g in dcgm_gpus if g["pci_bus_id"]}
-        fe_gpu = 1
         targets = {}
         for idx in job.gpu_indexes:
             minor = minors.get(idx)
-            t: dict[str, Any] = {"minor": minor, "entity_group": fe_gpu}
+            t: dict[str, Any] = {"minor": minor, "entity_group": 1}  # DCGM_FE_GPU
             known = procs.get(minor) or agent.get(minor) if minor is not None else None
             if minor is None:
                 t["error"] = f"Slurm GPU index {idx} has no /dev/nvidiaN device on this node"

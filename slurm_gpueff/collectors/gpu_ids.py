@@ -24,9 +24,7 @@ _LEGACY_MIG = re.compile(r"^MIG-(GPU-[0-9a-fA-F-]+)/(\d+)/(\d+)$")
 
 def normalize_bus_id(bus_id: str | None) -> str | None:
     """One spelling for a PCI bus id: ``0000:3b:00.0`` (NVML and DCGM write ``00000000:3B:00.0``)."""
-    if not bus_id:
-        return None
-    m = _BUS.match(bus_id.strip())
+    m = _BUS.match(bus_id.strip()) if bus_id else None
     if not m:
         return None
     domain, bus, dev, fn = m.groups()
@@ -75,9 +73,7 @@ def proc_gpus(proc_dir: str = PROC_GPUS) -> dict[int, dict[str, Any]]:
 def parse_legacy_mig(uuid: str) -> dict[str, Any] | None:
     """``MIG-GPU-<parent>/<gi>/<ci>`` -> {parent_uuid, gi_id, ci_id}; None for the opaque R470+ form."""
     m = _LEGACY_MIG.match(uuid.strip())
-    if not m:
-        return None
-    return {"parent_uuid": m.group(1), "gi_id": int(m.group(2)), "ci_id": int(m.group(3))}
+    return {"parent_uuid": m.group(1), "gi_id": int(m.group(2)), "ci_id": int(m.group(3))} if m else None
 
 
 def _split(value: str | None) -> list[str]:
@@ -85,11 +81,9 @@ def _split(value: str | None) -> list[str]:
 
 
 def job_slices(env: Mapping[str, str]) -> list[tuple[int, str]]:
-    """The MIG slices a job holds as ``[(slurm_index, mig_uuid), ...]``; ``[]`` for whole-GPU jobs.
-
-    Slurm with MIG GRES gives SLURM_JOB_GPUS as GRES indexes and CUDA_VISIBLE_DEVICES as the slices' MIG
-    UUIDs, position by position: pair them. Without a matching index list, a slice's position is its index.
-    """
+    """The MIG slices a job holds as ``[(slurm_index, mig_uuid), ...]``; ``[]`` for whole-GPU jobs. Slurm with
+    MIG GRES gives SLURM_JOB_GPUS as GRES indexes and CUDA_VISIBLE_DEVICES as the slices' MIG UUIDs, position by
+    position: pair them. Without a matching index list, a slice's position is its index."""
     job_gpus = _split(env.get("SLURM_JOB_GPUS"))
     cuda = _split(env.get("CUDA_VISIBLE_DEVICES"))
     for source in (job_gpus, cuda):

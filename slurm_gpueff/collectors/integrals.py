@@ -63,11 +63,9 @@ def clamp_fraction(v: float) -> float:
 
 def timeline_points(snapshots: list[tuple[float, Mapping[str, Any]]], t0: float,
                     max_points: int = 100) -> list[list[float | None]]:
-    """Difference ``(epoch, counters)`` snapshots in time order into ``[t_offset_s, kernel, sm, tensor]`` points.
-
-    Each point is one bucket's mean at its midpoint relative to ``t0``. Beyond ``max_points`` buckets,
-    neighbours are merged by adding their deltas, so merged means stay exact.
-    """
+    """Difference ``(epoch, counters)`` snapshots in time order into ``[t_offset_s, kernel, sm, tensor]`` points,
+    each one bucket's mean at its midpoint relative to ``t0``. Beyond ``max_points`` buckets, neighbours are
+    merged by adding their deltas, so merged means stay exact."""
     buckets: list[tuple[float, float, dict[str, tuple[float, float]]]] = []
     for (ta, a), (tb, b) in zip(snapshots, snapshots[1:], strict=False):
         if tb <= ta:

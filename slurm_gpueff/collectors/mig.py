@@ -26,9 +26,7 @@ NO_GPM_MIG_REASON = "no GPM MIG sample for this slice (pre-Hopper GPU, or the ag
 
 def profile_from_name(name: str | None) -> str | None:
     """``NVIDIA H100 80GB HBM3 MIG 1g.10gb`` -> ``1g.10gb``."""
-    if not name:
-        return None
-    _, sep, tail = name.rpartition("MIG ")
+    _, sep, tail = (name or "").rpartition("MIG ")
     return (tail.strip() or None) if sep else None
 
 

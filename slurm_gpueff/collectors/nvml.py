@@ -130,7 +130,7 @@ class NvmlCollector(Collector):
         reason = self._job_reason(start_state, state, err)
         if job_slices(job.env):
             interval = float((state or {}).get("interval_s") or self.config.agent.interval_s)
-            gpus = nvml_mig.stop(job, start_state, self.name, state=state, reason=reason, interval_s=interval,
+            gpus = nvml_mig.stop(job, start_state, state=state, reason=reason, interval_s=interval,
                                  state_dir=self.state_dir)
             return Measurement(_backend(gpus), gpus, reason)
         minors = slurm_index_to_minor(job.gpu_indexes, self.dev_dir)

@@ -70,8 +70,8 @@ def start(state_dir: str, job: JobContext, out: dict[str, Any], state: dict[str,
     return out
 
 
-def stop(job: JobContext, start_state: dict[str, Any] | None, backend: str, *, state: dict[str, Any] | None,
-         reason: str | None, interval_s: float, state_dir: str) -> list[dict[str, Any]]:
+def stop(job: JobContext, start_state: dict[str, Any] | None, *, state: dict[str, Any] | None, reason: str | None,
+         interval_s: float, state_dir: str) -> list[dict[str, Any]]:
     """One record entry per slice: identity from the Prolog's state (or the agent's inventory), figures
     from the difference of the slice's counters; ``reason`` (agent down, restarted, no Prolog state) voids them."""
     saved = (start_state or {}).get("mig") or {}
@@ -83,7 +83,7 @@ def stop(job: JobContext, start_state: dict[str, Any] | None, backend: str, *, s
             inventory = (state or {}).get("mig") if isinstance(state, dict) else None
             desc, why = migmod.resolve(mig_uuid, inventory if isinstance(inventory, dict) else None, None)
         ident = migmod.slice_ident(desc, mig_uuid)
-        gpu = empty_gpu(idx, backend, None, **ident)
+        gpu = empty_gpu(idx, "nvml", None, **ident)
         missing: dict[str, str] = {}
         for m in METRICS:
             if why:

@@ -189,13 +189,11 @@ class NvmlSampler:
             name = self._try(nv.nvmlDeviceGetName, h)
             mem = self._try(nv.nvmlDeviceGetMemoryInfo, h)
             info = GpuInfo(uuid=uuid, index=i, minor=minor, pci_bus_id=_s(pci.busId) if pci is not None else None,
-                           model=_s(name) if name is not None else None,
+                           model=_s(name) if name is not None else None, mig_enabled=self._mig_enabled(h),
                            memory_total_bytes=int(mem.total) if mem is not None else None, gpm_supported=False)
             dev = _Dev(handle=h, info=info)
-            info.mig_enabled = self._mig_enabled(h)
             self._setup_gpm(dev)
-            if info.mig_enabled:
-                dev.mig_gpm_reason = info.gpm_reason if not dev.gpm_capable else None
+            dev.mig_gpm_reason = info.gpm_reason if not dev.gpm_capable else None  # read in MIG mode only
             # Prime the utilization buffer: later samples average only readings newer than this.
             self._kernel_pct(dev)
             self._devs.append(dev)
