@@ -10,13 +10,14 @@ renamed their symbols). Failures never fail the hook: they fall back to the gpue
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import time
 
+from .. import spool
 from ..record import METRICS, empty_gpu
 from . import dcgm_bindings as dcgmb
-from . import exporter_map
 from . import mig as migmod
 from .agent_files import read_state, state_path
 from .base import Collector, JobContext, Measurement, NoneCollector, slurm_index_to_minor
@@ -25,7 +26,7 @@ from .gpu_ids import PROC_GPUS, job_slices, normalize_bus_id, proc_gpus
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable, Iterator
     from typing import Any, TypeVar
 
     from ..config import Config
@@ -279,7 +280,7 @@ class DcgmCollector(Collector):
         st = start_state if isinstance(start_state, dict) else {}
         try:
             if ex := st.get("exporter"):
-                exporter_map.remove_job(ex["dir"], ex.get("gpu_ids") or [], str(ex.get("job") or job.job_id))
+                unmap_job(ex["dir"], ex.get("gpu_ids") or [], str(ex.get("job") or job.job_id))
         except Exception as exc:  # noqa: BLE001
             log.warning("job %s: cannot remove dcgm-exporter job mapping: %s", job.job_id, exc)
         d = st.get("dcgm")
@@ -428,8 +429,61 @@ class DcgmCollector(Collector):
                    if m is not None and m in agent and isinstance(agent[m].get("index"), int)]
         out: dict[str, Any] = {"dir": directory, "gpu_ids": ids, "job": str(job.job_id)}
         try:
-            exporter_map.add_job(directory, ids, str(job.job_id))
+            map_job(directory, ids, str(job.job_id))
         except OSError as exc:
             out["error"] = str(exc)
             log.warning("job %s: cannot write dcgm-exporter job mapping in %s: %s", job.job_id, directory, exc)
         return out
+
+
+# dcgm-exporter's HPC job mapping (``dcgm.exporter_mapping``): ``DIR/<DCGM gpu id>`` lists the jobs on that GPU.
+# Each change is read-modify-write under an exclusive ``flock`` (two hooks may run at once) and lands with an
+# atomic rename, so the exporter never reads a half file.
+EXPORTER_LOCK = ".gpueff.lock"
+
+
+def _mapped_jobs(path: str) -> list[str]:
+    try:
+        with open(path) as fh:
+            return [ln.strip() for ln in fh if ln.strip()]
+    except FileNotFoundError:
+        return []
+
+
+@contextlib.contextmanager
+def _map_locked(directory: str) -> Iterator[None]:
+    """Hold an exclusive flock on the directory's lock file (closing the file releases it)."""
+    fd = os.open(os.path.join(directory, EXPORTER_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def map_job(directory: str, gpu_ids: Iterable[int], job_id: str) -> None:
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    with _map_locked(directory):
+        for gid in sorted({int(g) for g in gpu_ids}):
+            path = os.path.join(directory, str(gid))
+            ids = _mapped_jobs(path)
+            if job_id not in ids:
+                ids.append(job_id)
+            spool.atomic_write(path, ("\n".join(ids) + "\n").encode(), mode=0o644)
+
+
+def unmap_job(directory: str, gpu_ids: Iterable[int], job_id: str) -> None:
+    """Take ``job_id`` out of the file of each GPU id, deleting emptied files."""
+    if not os.path.isdir(directory):
+        return
+    with _map_locked(directory):
+        for gid in sorted({int(g) for g in gpu_ids}):
+            path = os.path.join(directory, str(gid))
+            ids = _mapped_jobs(path)
+            if job_id not in ids:
+                continue
+            rest = [i for i in ids if i != job_id]
+            if rest:
+                spool.atomic_write(path, ("\n".join(rest) + "\n").encode(), mode=0o644)
+            else:
+                os.unlink(path)
