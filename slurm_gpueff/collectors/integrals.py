@@ -29,8 +29,8 @@ TIMELINE_METRICS: tuple[str, ...] = ("kernel_active", "sm_active", "tensor_activ
 
 
 def new_counters() -> Counters:
-    return {"sum": {m: 0.0 for m in METRICS}, "covered_s": {m: 0.0 for m in METRICS},
-            "count": {m: 0 for m in METRICS}}
+    return {"sum": dict.fromkeys(METRICS, 0.0), "covered_s": dict.fromkeys(METRICS, 0.0),
+            "count": dict.fromkeys(METRICS, 0)}
 
 
 def add(counters: Counters, metric: str, value: float | None, dt: float | None) -> bool:

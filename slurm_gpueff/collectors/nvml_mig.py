@@ -8,7 +8,7 @@ dcgm backend, and on MIG slices".
 
 from __future__ import annotations
 
-from ..record import METRICS, empty_gpu
+from ..record import empty_gpu
 from . import integrals
 from . import mig as migmod
 from .agent_files import mig_key, read_job_timeline
@@ -80,30 +80,22 @@ def stop(job: JobContext, start_state: dict[str, Any] | None, *, state: dict[str
         entry = saved.get(str(idx)) or {}
         desc, why = entry.get("desc"), entry.get("error")
         if desc is None and why is None:
-            inventory = (state or {}).get("mig") if isinstance(state, dict) else None
+            inventory = state.get("mig") if isinstance(state, dict) else None
             desc, why = migmod.resolve(mig_uuid, inventory if isinstance(inventory, dict) else None, None)
-        ident = migmod.slice_ident(desc, mig_uuid)
-        gpu = empty_gpu(idx, "nvml", None, **ident)
-        missing: dict[str, str] = {}
-        for m in METRICS:
-            if why:
-                missing[m] = why
-            elif m == "kernel_active":
-                missing[m] = migmod.KERNEL_MIG_REASON
-            elif m in WHOLE_GPU_ONLY:
-                missing[m] = migmod.ENERGY_MIG_REASON
-        if not why:
-            assert desc is not None  # a slice without a reason was resolved
-            slice_reason = reason or _slice_reason(entry, state, desc)
-            if slice_reason:
-                for m in (*GPM_MIG_METRICS, "memory_used_peak_bytes"):
-                    missing[m] = slice_reason
-            else:
-                # Counters to difference: a Prolog snapshot (so a start state) and the slice at job end.
-                assert start_state is not None and state is not None
-                _figures(job, gpu, missing, entry, mig_uuid, desc, start_state, state, interval_s, state_dir)
-        gpu["missing"] = missing
+        gpu = empty_gpu(idx, "nvml", why, **migmod.slice_ident(desc, mig_uuid))
         gpus.append(gpu)
+        if why:
+            continue
+        assert desc is not None  # a slice without a reason was resolved
+        missing: dict[str, str] = {m: migmod.KERNEL_MIG_REASON if m == "kernel_active" else migmod.ENERGY_MIG_REASON
+                                   for m in WHOLE_GPU_ONLY}
+        gpu["missing"] = missing
+        slice_reason = reason or _slice_reason(entry, state, desc)
+        if slice_reason:
+            missing.update(dict.fromkeys((*GPM_MIG_METRICS, "memory_used_peak_bytes"), slice_reason))
+        else:  # counters to difference: a Prolog snapshot (so a start state) and the slice at job end
+            assert start_state is not None and state is not None
+            _figures(job, gpu, missing, entry, mig_uuid, desc, start_state, state, interval_s, state_dir)
     return gpus
 
 
