@@ -54,10 +54,6 @@ BLANK_REASON = "DCGM returned a blank value (not supported or not recorded on th
 NO_SAMPLES = "DCGM has no samples of this field in the job's window (job shorter than dcgm.update_interval_s?)"
 
 
-class _Fallback(Exception):
-    """DCGM could not measure the job; the message is the reason."""
-
-
 class DcgmCollector(Collector):
     """DCGM through nv-hostengine; falls back to the gpueff agent (nvml) or allocation-only."""
 
@@ -99,12 +95,6 @@ class DcgmCollector(Collector):
         finally:
             dcgmb.disconnect(b, h)
 
-    @staticmethod
-    def _why(exc: BaseException) -> str:
-        if isinstance(exc, dcgmb.DcgmUnavailable | _Fallback):
-            return str(exc)
-        return dcgmb.describe(exc)
-
     def start(self, job: JobContext) -> dict[str, Any]:
         state: dict[str, Any] = {"backend": self.name, "t": self.now()}
         fb = self._fallback()
@@ -114,7 +104,7 @@ class DcgmCollector(Collector):
         try:
             state["dcgm"] = self._with_dcgm(lambda b, h: self._dcgm_start(job, b, h))
         except Exception as exc:  # noqa: BLE001 - every DCGM failure becomes a reason
-            state["dcgm_error"] = f"DCGM unavailable at job start: {self._why(exc)}"
+            state["dcgm_error"] = f"DCGM unavailable at job start: {dcgmb.describe(exc)}"
             log.warning("job %s: %s", job.job_id, state["dcgm_error"])
         if self.dc.exporter_mapping:
             state["exporter"] = self._exporter_add(job, state)
@@ -209,7 +199,7 @@ class DcgmCollector(Collector):
         members = [t for t in targets.values() if "entity_id" in t]
         if not members:
             errors = "; ".join(sorted({t.get("error") or "?" for t in targets.values()})) or "job has no GPUs"
-            raise _Fallback(f"none of the job's GPUs could be found in DCGM ({errors})")
+            raise dcgmb.DcgmUnavailable(f"none of the job's GPUs could be found in DCGM ({errors})")
         key = f"gpueff-{job.job_id}"
         stamp = f"{key}-{int(self.now())}"
         group_empty = int(getattr(b.structs, "DCGM_GROUP_EMPTY", 1))
@@ -249,8 +239,8 @@ class DcgmCollector(Collector):
                 b.agent.dcgmJobRemove(h, key)
                 b.agent.dcgmJobStartStats(h, handle(gid), key)
             except Exception as again:  # noqa: BLE001
-                raise _Fallback(f"{dcgmb.describe(exc)}; removing the stale DCGM job {key} did not help "
-                                f"({dcgmb.describe(again)})") from None
+                raise dcgmb.DcgmUnavailable(f"{dcgmb.describe(exc)}; removing the stale DCGM job {key} did not "
+                                            f"help ({dcgmb.describe(again)})") from None
             out["notes"].append("a stale DCGM job with this id was removed (job requeued?)")
 
     def _watch_prof(self, b: Bindings, h: object, gid: int, stamp: str, freq_us: int, keep: float,
@@ -293,7 +283,7 @@ class DcgmCollector(Collector):
         try:
             gpus, reason = self._with_dcgm(lambda b, h: self._dcgm_stop(job, d, b, h))
         except Exception as exc:  # noqa: BLE001
-            return self._fall_back(job, st, f"DCGM failed at job end: {self._why(exc)}")
+            return self._fall_back(job, st, f"DCGM failed at job end: {dcgmb.describe(exc)}")
         return Measurement(self.name, gpus, reason)
 
     def _fall_back(self, job: JobContext, st: dict[str, Any], why: str) -> Measurement:

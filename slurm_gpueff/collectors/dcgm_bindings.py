@@ -80,7 +80,10 @@ def status(exc: BaseException) -> int | None:
 
 
 def describe(exc: BaseException) -> str:
-    """``DCGM error -26 (duplicate job id: Duplicate key passed to function)``-style text."""
+    """``DCGM error -26 (duplicate job id: Duplicate key passed to function)``-style text (a DcgmUnavailable's
+    sentence as it is)."""
+    if isinstance(exc, DcgmUnavailable):
+        return str(exc)
     code = status(exc)
     try:
         text = str(exc)
