@@ -9,7 +9,7 @@ import json
 import os
 
 from slurm_gpueff import hook
-from slurm_gpueff.collectors import mig, nvml_mig
+from slurm_gpueff.collectors import mig, nvml
 from slurm_gpueff.collectors.base import JobContext
 from slurm_gpueff.collectors.gpu_ids import (
     job_slices,
@@ -82,7 +82,7 @@ def test_nvml_backend_never_charges_a_slice_the_whole_gpu(tmp_path):
     meas = coll.stop(job, json.loads(json.dumps(coll.start(job))))
     (g,) = meas.gpus
     assert g["index"] == 4 and g["uuid"] == PARENT and g["mig_gi_id"] == 2
-    assert all(g[m] is None for m in nvml_mig.GPM_MIG_METRICS + nvml_mig.WHOLE_GPU_ONLY)
+    assert all(g[m] is None for m in nvml.GPM_MIG_METRICS + nvml.WHOLE_GPU_ONLY)
     assert "whole-GPU only" in g["missing"]["kernel_active"] and "whole-GPU only" in g["missing"]["energy_j"]
     assert "agent not running" in g["missing"]["sm_active"] and "agent not running" in meas.reason
 

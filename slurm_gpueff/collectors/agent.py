@@ -397,9 +397,7 @@ def _add_gpm(c: Counters, gpm: dict[str, float | None], dt: float | None) -> dic
 
 
 def _fraction(v: float | None) -> float | None:
-    if v is None or not math.isfinite(v):
-        return None
-    return min(1.0, max(0.0, v))
+    return integrals.clamp_fraction(v) if v is not None and math.isfinite(v) else None
 
 
 def _counters_state(c: Counters, metrics: tuple[str, ...]) -> dict[str, Any]:
@@ -408,9 +406,7 @@ def _counters_state(c: Counters, metrics: tuple[str, ...]) -> dict[str, Any]:
 
 
 def _r(v: float | None) -> float | None:
-    if v is None or not math.isfinite(v):
-        return None
-    return round(v, 6)
+    return round(v, 6) if v is not None and math.isfinite(v) else None
 
 
 def serve_metrics(agent: Agent, address: str, port: int) -> tuple[WSGIServer, threading.Thread]:
