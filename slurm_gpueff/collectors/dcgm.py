@@ -18,7 +18,7 @@ import time
 from .. import spool
 from ..record import METRICS, empty_gpu
 from . import dcgm_bindings as dcgmb
-from . import mig as migmod
+from . import gpu_ids
 from .agent_files import read_state, state_path
 from .base import Collector, JobContext, Measurement, NoneCollector, slurm_index_to_minor
 from .dcgm_bindings import fp64, handle, handle_int, i32, i64
@@ -61,7 +61,7 @@ class DcgmCollector(Collector):
 
     def __init__(self, config: Config, *, proc_dir: str = PROC_GPUS, dev_dir: str = "/dev",
                  now: Callable[[], float] = time.time,
-                 mig_lookup: Callable[[str], dict[str, Any]] | None = migmod.nvml_lookup) -> None:
+                 mig_lookup: Callable[[str], dict[str, Any]] | None = gpu_ids.nvml_lookup) -> None:
         super().__init__(config)
         self.proc_dir = proc_dir
         self.dev_dir = dev_dir
@@ -157,15 +157,15 @@ class DcgmCollector(Collector):
 
     def _mig_targets(self, slices: list[tuple[int, str]], b: Bindings, h: object,
                      dcgm_gpus: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-        inventory = migmod.agent_inventory(self.config.paths.state_dir)
+        inventory = gpu_ids.agent_inventory(self.config.paths.state_dir)
         by_uuid = {g["uuid"]: g for g in dcgm_gpus if g["uuid"]}
         fe_gpu_i = int(getattr(b.fields, "DCGM_FE_GPU_I", 4))
         hierarchy = b.agent.dcgmGetGpuInstanceHierarchy(h)
         entities = list(hierarchy.entityList[: int(hierarchy.count)])
         targets = {}
         for idx, mig_uuid in slices:
-            desc, why = migmod.resolve(mig_uuid, inventory, self.mig_lookup)
-            t: dict[str, Any] = {"entity_group": fe_gpu_i, **migmod.slice_ident(desc, mig_uuid)}
+            desc, why = gpu_ids.resolve(mig_uuid, inventory, self.mig_lookup)
+            t: dict[str, Any] = {"entity_group": fe_gpu_i, **gpu_ids.slice_ident(desc, mig_uuid)}
             parent = by_uuid.get(t["uuid"]) if desc else None
             if why:
                 t["error"] = why
@@ -325,7 +325,7 @@ class DcgmCollector(Collector):
         gpu = empty_gpu(idx, self.name, None, **ident)
         missing: dict[str, str] = {}
         if t.get("mig_uuid"):
-            missing.update(dict.fromkeys(JOBSTATS_METRICS, migmod.JOBSTATS_REASON))
+            missing.update(dict.fromkeys(JOBSTATS_METRICS, gpu_ids.JOBSTATS_REASON))
         else:
             self._fill_jobstats(gpu, missing, per_gpu.get(int(t["gpu_id"])))
         gpu["samples"] = self._fill_prof(b, h, gpu, missing, t, d, t1_us)
@@ -451,10 +451,10 @@ def _map_locked(directory: str) -> Iterator[None]:
         os.close(fd)
 
 
-def map_job(directory: str, gpu_ids: Iterable[int], job_id: str) -> None:
+def map_job(directory: str, gpus: Iterable[int], job_id: str) -> None:
     os.makedirs(directory, mode=0o755, exist_ok=True)
     with _map_locked(directory):
-        for gid in sorted({int(g) for g in gpu_ids}):
+        for gid in sorted({int(g) for g in gpus}):
             path = os.path.join(directory, str(gid))
             ids = _mapped_jobs(path)
             if job_id not in ids:
@@ -462,12 +462,12 @@ def map_job(directory: str, gpu_ids: Iterable[int], job_id: str) -> None:
             spool.atomic_write(path, ("\n".join(ids) + "\n").encode(), mode=0o644)
 
 
-def unmap_job(directory: str, gpu_ids: Iterable[int], job_id: str) -> None:
+def unmap_job(directory: str, gpus: Iterable[int], job_id: str) -> None:
     """Take ``job_id`` out of the file of each GPU id, deleting emptied files."""
     if not os.path.isdir(directory):
         return
     with _map_locked(directory):
-        for gid in sorted({int(g) for g in gpu_ids}):
+        for gid in sorted({int(g) for g in gpus}):
             path = os.path.join(directory, str(gid))
             ids = _mapped_jobs(path)
             if job_id not in ids:

@@ -7,7 +7,7 @@ raises to the hook: every failure becomes ``None`` figures with a reason.
 
 A MIG slice gets its own figures from the agent's per-GPU-instance counters, never the whole GPU's: its
 Slurm index is not a /dev/nvidiaN minor, and NVML's utilization, energy and power are whole-GPU readings.
-Each slice is resolved to (parent GPU, GPU instance) by :mod:`.mig`; what is measured per slice and why
+Each slice is resolved to (parent GPU, GPU instance) by :mod:`.gpu_ids`; what is measured per slice and why
 the rest is n/a: docs/FIGURES.md "On the dcgm backend, and on MIG slices".
 """
 
@@ -18,8 +18,7 @@ import logging
 import time
 
 from ..record import empty_gpu
-from . import integrals
-from . import mig as migmod
+from . import gpu_ids, integrals
 from .agent_files import mig_key, read_job_timeline, state_path
 from .base import Collector, JobContext, Measurement, slurm_index_to_minor
 from .gpu_ids import job_slices
@@ -266,10 +265,10 @@ def _mig_start(state_dir: str, job: JobContext, out: dict[str, Any], state: dict
                err: str | None) -> dict[str, Any]:
     """Complete ``out``, the Prolog state (``state``/``err`` from NvmlCollector.read_state): each slice
     resolved while it exists, its counters snapshotted, its UUID in ``uuids`` for the agent's peak memory."""
-    inventory = (state.get("mig") if isinstance(state, dict) else None) or migmod.agent_inventory(state_dir)
+    inventory = (state.get("mig") if isinstance(state, dict) else None) or gpu_ids.agent_inventory(state_dir)
     out["mig"] = {}
     for idx, mig_uuid in job_slices(job.env):
-        desc, why = migmod.resolve(mig_uuid, inventory if isinstance(inventory, dict) else {}, migmod.nvml_lookup)
+        desc, why = gpu_ids.resolve(mig_uuid, inventory if isinstance(inventory, dict) else {}, gpu_ids.nvml_lookup)
         entry: dict[str, Any] = {"uuid": mig_uuid, "desc": desc, "error": why}
         out["uuids"].append(mig_uuid)
         if desc is not None and err is None and isinstance(state, dict):
@@ -293,13 +292,13 @@ def _mig_stop(job: JobContext, start_state: dict[str, Any] | None, *, state: dic
         desc, why = entry.get("desc"), entry.get("error")
         if desc is None and why is None:
             inventory = state.get("mig") if isinstance(state, dict) else None
-            desc, why = migmod.resolve(mig_uuid, inventory if isinstance(inventory, dict) else None, None)
-        gpu = empty_gpu(idx, "nvml", why, **migmod.slice_ident(desc, mig_uuid))
+            desc, why = gpu_ids.resolve(mig_uuid, inventory if isinstance(inventory, dict) else None, None)
+        gpu = empty_gpu(idx, "nvml", why, **gpu_ids.slice_ident(desc, mig_uuid))
         gpus.append(gpu)
         if why:
             continue
         assert desc is not None  # a slice without a reason was resolved
-        missing: dict[str, str] = {m: migmod.KERNEL_MIG_REASON if m == "kernel_active" else migmod.ENERGY_MIG_REASON
+        missing: dict[str, str] = {m: gpu_ids.KERNEL_MIG_REASON if m == "kernel_active" else gpu_ids.ENERGY_MIG_REASON
                                    for m in WHOLE_GPU_ONLY}
         gpu["missing"] = missing
         slice_reason = reason or _slice_reason(entry, state, desc)
@@ -348,7 +347,7 @@ def _slice_figures(job: JobContext, gpu: dict[str, Any], missing: dict[str, str]
         if mean is not None:
             gpu[m] = round(integrals.clamp_fraction(mean), 6)
         elif not gpm:
-            missing[m] = end.get("gpm_reason") or migmod.NO_GPM_MIG_REASON
+            missing[m] = end.get("gpm_reason") or gpu_ids.NO_GPM_MIG_REASON
         else:
             missing[m] = (f"job shorter than one sampling interval ({interval_s:g} s): no agent sample fell inside it"
                           if ticks <= 0 else "GPM MIG sampling returned no valid value during the job")

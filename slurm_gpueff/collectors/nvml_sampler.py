@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..errors import CollectorError
-from .mig import profile_from_name
+from .gpu_ids import profile_from_name
 
 log = logging.getLogger(__name__)
 
