@@ -86,8 +86,6 @@ class _Slice(_Series):
 
 
 class _Gpu(_Series):
-    """The agent's running state for one GPU."""
-
     def __init__(self, info: GpuInfo):
         super().__init__()
         self.info = info

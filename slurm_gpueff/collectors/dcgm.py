@@ -202,8 +202,7 @@ class DcgmCollector(Collector):
             raise dcgmb.DcgmUnavailable(f"none of the job's GPUs could be found in DCGM ({errors})")
         key = f"gpueff-{job.job_id}"
         stamp = f"{key}-{int(self.now())}"
-        group_empty = int(getattr(b.structs, "DCGM_GROUP_EMPTY", 1))
-        gid = handle_int(b.agent.dcgmGroupCreate(h, group_empty, stamp))
+        gid = handle_int(b.agent.dcgmGroupCreate(h, int(getattr(b.structs, "DCGM_GROUP_EMPTY", 1)), stamp))
         out: dict[str, Any] = {"key": key, "group_id": gid, "field_group_id": None, "prof_fields": [],
                                "prof_reason": None, "jobstats": not slices, "t0_us": int(self.now() * 1e6),
                                "targets": targets, "notes": []}

@@ -16,9 +16,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any, TypedDict
 
-    class Counters(TypedDict):
-        """The three running totals, each per metric."""
-
+    class Counters(TypedDict):  # the three running totals, each per metric
         sum: dict[str, float]
         covered_s: dict[str, float]
         count: dict[str, int]

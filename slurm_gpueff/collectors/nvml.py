@@ -21,7 +21,6 @@ from ..record import empty_gpu
 from . import gpu_ids, integrals
 from .agent_files import mig_key, read_job_timeline, state_path
 from .base import Collector, JobContext, Measurement, slurm_index_to_minor
-from .gpu_ids import job_slices
 from .nvml_sampler import GPM_METRICS, NO_GPM_REASON
 
 TYPE_CHECKING = False
@@ -104,7 +103,7 @@ class NvmlCollector(Collector):
             out["agent"] = {"pid": state.get("pid"), "instance": state.get("instance"),
                             "started": state.get("started")}
             out["updated"] = state.get("updated")
-        if job_slices(job.env):  # MIG slices: the slice's own counters, never the whole GPU's
+        if gpu_ids.job_slices(job.env):  # MIG slices: the slice's own counters, never the whole GPU's
             return _mig_start(self.state_dir, job, out, state, err)
         minors = slurm_index_to_minor(job.gpu_indexes, self.dev_dir)
         by_minor = self._by_minor(state) if state is not None else {}
@@ -136,7 +135,7 @@ class NvmlCollector(Collector):
     def _stop(self, job: JobContext, start_state: dict[str, Any] | None) -> Measurement:
         state, err = self.read_state()
         reason = self._job_reason(start_state, state, err)
-        if job_slices(job.env):
+        if gpu_ids.job_slices(job.env):
             interval = float((state or {}).get("interval_s") or self.config.agent.interval_s)
             gpus = _mig_stop(job, start_state, state=state, reason=reason, interval_s=interval,
                              state_dir=self.state_dir)
@@ -189,9 +188,8 @@ class NvmlCollector(Collector):
                     "its counters are not comparable")
         return None
 
-    def _gpu_figures(self, job: JobContext, idx: int, ident: dict[str, Any], snap: dict[str, Any],
-                     ag: dict[str, Any], start_state: dict[str, Any],
-                     state: dict[str, Any]) -> dict[str, Any]:
+    def _gpu_figures(self, job: JobContext, idx: int, ident: dict[str, Any], snap: dict[str, Any], ag: dict[str, Any],
+                     start_state: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
         gpm = bool(ag.get("gpm_supported"))
         gpu = empty_gpu(idx, "nvml-gpm" if gpm else "nvml", None, **ident)
         missing: dict[str, str] = {}
@@ -267,7 +265,7 @@ def _mig_start(state_dir: str, job: JobContext, out: dict[str, Any], state: dict
     resolved while it exists, its counters snapshotted, its UUID in ``uuids`` for the agent's peak memory."""
     inventory = (state.get("mig") if isinstance(state, dict) else None) or gpu_ids.agent_inventory(state_dir)
     out["mig"] = {}
-    for idx, mig_uuid in job_slices(job.env):
+    for idx, mig_uuid in gpu_ids.job_slices(job.env):
         desc, why = gpu_ids.resolve(mig_uuid, inventory if isinstance(inventory, dict) else {}, gpu_ids.nvml_lookup)
         entry: dict[str, Any] = {"uuid": mig_uuid, "desc": desc, "error": why}
         out["uuids"].append(mig_uuid)
@@ -287,7 +285,7 @@ def _mig_stop(job: JobContext, start_state: dict[str, Any] | None, *, state: dic
     from the difference of the slice's counters; ``reason`` (agent down, restarted, no Prolog state) voids them."""
     saved = (start_state or {}).get("mig") or {}
     gpus = []
-    for idx, mig_uuid in job_slices(job.env):
+    for idx, mig_uuid in gpu_ids.job_slices(job.env):
         entry = saved.get(str(idx)) or {}
         desc, why = entry.get("desc"), entry.get("error")
         if desc is None and why is None:

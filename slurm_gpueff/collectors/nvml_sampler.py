@@ -101,11 +101,9 @@ class Sampler(Protocol):
 
     def open(self) -> list[GpuInfo]:
         """Initialise; return the node's GPUs. Raise CollectorError with a clear sentence if impossible."""
-        ...
 
     def sample(self, read_energy: bool) -> list[GpuSample]:
         """Read every GPU once; ``energy_mj`` only when ``read_energy`` (it is the expensive call)."""
-        ...
 
     def close(self) -> None:
         ...
