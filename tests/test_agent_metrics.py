@@ -13,8 +13,7 @@ import pytest
 from fake_gpus import FakeClock, FakeSampler, GiB, ampere, hopper, make_config
 from prometheus_client.parser import text_string_to_metric_families
 
-from slurm_gpueff.collectors import agent_metrics
-from slurm_gpueff.collectors.agent import Agent, run_agent
+from slurm_gpueff.collectors.agent import Agent, run_agent, serve_metrics
 from slurm_gpueff.config import Config
 from slurm_gpueff.errors import ConfigError
 
@@ -52,7 +51,7 @@ def test_gauges_are_the_last_tick_and_unmeasured_figures_have_no_series(tmp_path
         agent.tick()
         clock.advance(5.0)
     port = free_port()
-    server, _thread = agent_metrics.serve(agent, "127.0.0.1", port)
+    server, _thread = serve_metrics(agent, "127.0.0.1", port)
     try:
         m = scrape(port)
     finally:

@@ -358,10 +358,10 @@ def test_auto_selects_dcgm_only_when_a_hostengine_answers(hostengine_port, tmp_p
 
 def test_exporter_mapping_concurrent_jobs_keep_each_others_lines(tmp_path):
     """Hooks of different jobs on one node run at once: under the lock no job's line is lost."""
-    from slurm_gpueff.collectors import exporter_map
+    from slurm_gpueff.collectors.dcgm import map_job, unmap_job
 
     d = str(tmp_path / "map")
-    threads = [threading.Thread(target=exporter_map.add_job, args=(d, [0, 1], str(j))) for j in range(20)]
+    threads = [threading.Thread(target=map_job, args=(d, [0, 1], str(j))) for j in range(20)]
     for t in threads:
         t.start()
     for t in threads:
@@ -369,7 +369,7 @@ def test_exporter_mapping_concurrent_jobs_keep_each_others_lines(tmp_path):
     read = lambda name: open(os.path.join(d, name)).read()  # noqa: E731,SIM115 - tiny files, read whole
     assert sorted(read("0").split(), key=int) == [str(j) for j in range(20)]
     for j in range(19):
-        exporter_map.remove_job(d, [0], str(j))
+        unmap_job(d, [0], str(j))
     assert read("0") == "19\n" and len(read("1").split()) == 20
-    exporter_map.remove_job(d, [0], "19")
+    unmap_job(d, [0], "19")
     assert not os.path.exists(os.path.join(d, "0"))

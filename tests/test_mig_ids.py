@@ -9,7 +9,7 @@ import json
 import os
 
 from slurm_gpueff import hook
-from slurm_gpueff.collectors import mig, nvml_mig
+from slurm_gpueff.collectors import nvml
 from slurm_gpueff.collectors.base import JobContext
 from slurm_gpueff.collectors.gpu_ids import (
     job_slices,
@@ -17,6 +17,8 @@ from slurm_gpueff.collectors.gpu_ids import (
     parse_legacy_mig,
     parse_proc_information,
     proc_gpus,
+    profile_from_name,
+    resolve,
 )
 from slurm_gpueff.config import Config
 from slurm_gpueff.record import validate
@@ -56,18 +58,18 @@ def test_job_slices_pairs_slurm_indexes_with_mig_uuids():
 def test_mig_uuid_forms_and_resolution():
     assert parse_legacy_mig(f"MIG-{PARENT}/3/0") == {"parent_uuid": PARENT, "gi_id": 3, "ci_id": 0}
     assert parse_legacy_mig("MIG-8f2c1e9a-0000-5000-8000-000000000001") is None
-    assert mig.profile_from_name("NVIDIA H100 80GB HBM3 MIG 1g.10gb") == "1g.10gb"
-    assert mig.profile_from_name("NVIDIA H100 80GB HBM3") is None
+    assert profile_from_name("NVIDIA H100 80GB HBM3 MIG 1g.10gb") == "1g.10gb"
+    assert profile_from_name("NVIDIA H100 80GB HBM3") is None
     opaque = "MIG-8f2c1e9a-0000-5000-8000-000000000001"
     inv = {opaque: {"parent_uuid": PARENT, "gi_id": 9, "ci_id": 0, "profile": "1g.10gb"}}
-    assert mig.resolve(opaque, inv, None)[0]["gi_id"] == 9
-    desc, why = mig.resolve(opaque, {}, None)
+    assert resolve(opaque, inv, None)[0]["gi_id"] == 9
+    desc, why = resolve(opaque, {}, None)
     assert desc is None and "unknown" in why
 
     def broken(_u):
         raise RuntimeError("NVML says no")
 
-    desc, why = mig.resolve(opaque, {}, broken)
+    desc, why = resolve(opaque, {}, broken)
     assert desc is None and "NVML says no" in why
 
 
@@ -82,7 +84,7 @@ def test_nvml_backend_never_charges_a_slice_the_whole_gpu(tmp_path):
     meas = coll.stop(job, json.loads(json.dumps(coll.start(job))))
     (g,) = meas.gpus
     assert g["index"] == 4 and g["uuid"] == PARENT and g["mig_gi_id"] == 2
-    assert all(g[m] is None for m in nvml_mig.GPM_MIG_METRICS + nvml_mig.WHOLE_GPU_ONLY)
+    assert all(g[m] is None for m in nvml.GPM_MIG_METRICS + nvml.WHOLE_GPU_ONLY)
     assert "whole-GPU only" in g["missing"]["kernel_active"] and "whole-GPU only" in g["missing"]["energy_j"]
     assert "agent not running" in g["missing"]["sm_active"] and "agent not running" in meas.reason
 

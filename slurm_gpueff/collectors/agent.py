@@ -18,7 +18,7 @@ import socket
 import threading
 import time
 import uuid as uuidlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +30,10 @@ from .gpu_ids import parse_legacy_mig
 from .nvml_sampler import GPM_METRICS, NO_GPM_REASON, GpuInfo, GpuSample, MigInfo, MigSample, NvmlSampler, Sampler
 
 if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+    from prometheus_client.metrics_core import Metric
+
     from ..config import Config
     from .integrals import Counters
 
@@ -41,6 +45,8 @@ ENERGY_INTERVAL_S = 30.0
 # intervals (agent stalled, host suspended) we do not pretend to know what happened.
 GAP_INTERVALS = 3.0
 PRUNE_EVERY_S = 3600.0
+LABELS = ("minor", "uuid", "model")  # of the /metrics series
+ACTIVITIES = ("kernel_active", *GPM_METRICS)  # fractions 0-1 in the agent's ``last`` readings
 
 
 class _Series:
@@ -74,15 +80,12 @@ class _Slice(_Series):
 
     def published(self) -> dict[str, Any]:
         d0 = self.devices[0]
-        gpm = self.gpm_reason is None
         return {"gi_id": self.gi_id, "gen": self.gen, "since": self.since, "profile": d0.profile,
                 "memory_total_bytes": d0.memory_total_bytes, "devices": {d.uuid: d.ci_id for d in self.devices},
-                "gpm_supported": gpm, "gpm_reason": self.gpm_reason, **super().published()}
+                "gpm_supported": self.gpm_reason is None, "gpm_reason": self.gpm_reason, **super().published()}
 
 
 class _Gpu(_Series):
-    """The agent's running state for one GPU."""
-
     def __init__(self, info: GpuInfo):
         super().__init__()
         self.info = info
@@ -172,10 +175,10 @@ class Agent:
         if read_energy and samples:
             self.last_energy_t = max(s.t for s in samples)
         self.ticks += 1
-        self.updated = self.clock()
+        self.updated = now = self.clock()
         self._track_jobs()
         self.write_state()  # publishes the previous tick's cost
-        self._maybe_timeline()
+        self._maybe_timeline(now)
         self.tick_cpu_s = time.process_time() - cpu0
         self.tick_wall_s = time.perf_counter() - wall0
 
@@ -305,10 +308,8 @@ class Agent:
         data = json.dumps(self.state(stopped), separators=(",", ":"), allow_nan=False).encode()
         spool.atomic_write(state_path(self.state_dir), data, mode=0o644, durable=False)
 
-    def _maybe_timeline(self) -> None:
-        now = self.updated if self.updated is not None else self.clock()
-        last = self.last_timeline_wall
-        if last is not None and now - last < self.timeline_interval_s - 1e-6:
+    def _maybe_timeline(self, now: float) -> None:
+        if self.last_timeline_wall is not None and now - self.last_timeline_wall < self.timeline_interval_s - 1e-6:
             return
         self.last_timeline_wall = now
         series: list[tuple[str, Counters, dict[str, str]]] = []
@@ -350,6 +351,40 @@ class Agent:
                 except OSError as exc:
                     log.warning("cannot prune %s: %s", path, exc)
 
+    def collect(self) -> Iterator[Metric]:
+        """Live per-GPU gauges for Prometheus (``[agent] metrics_port``; 0, the default, = off), labelled by
+        minor, UUID and model only (never a job id, so series stay bounded); a figure the agent could not read
+        has no sample, never an invented 0. prometheus_client is imported only when the exporter starts."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        act = {m: GaugeMetricFamily(f"gpueff_gpu_{m}_ratio", f"{m.replace('_', ' ')} at the agent's last tick "
+                                    "(0-1; GPM metrics on Hopper and newer only)", labels=LABELS)
+               for m in ACTIVITIES}
+        power = GaugeMetricFamily("gpueff_gpu_power_watts", "Power draw at the last tick", labels=LABELS)
+        used = GaugeMetricFamily("gpueff_gpu_memory_used_bytes", "GPU memory in use at the last tick", labels=LABELS)
+        total = GaugeMetricFamily("gpueff_gpu_memory_total_bytes", "GPU memory size", labels=LABELS)
+        energy = CounterMetricFamily("gpueff_gpu_energy_joules", "Energy since the driver loaded (the agent's "
+                                     "estimate between counter reads)", labels=LABELS)
+        for g in list(self.gpus.values()):
+            info, last = g.info, g.last  # one tick's readings (a new dict each tick)
+            labels = [str(info.minor) if info.minor is not None else "", info.uuid, info.model or ""]
+            est = g.energy_est_mj()
+            readings: list[tuple[GaugeMetricFamily | CounterMetricFamily, float | None]] = [
+                *((fam, last.get(m)) for m, fam in act.items()),
+                (power, last.get("power_w")), (used, g.memory_used), (total, info.memory_total_bytes),
+                (energy, est / 1000.0 if est is not None else None)]
+            for fam, v in readings:
+                if v is not None:  # an unread figure is a missing series, never 0
+                    fam.add_metric(labels, v)
+        yield from act.values()
+        yield from (power, used, total, energy)
+        yield CounterMetricFamily("gpueff_agent_ticks", "Sampling ticks since the agent started", value=self.ticks)
+        if self.updated is not None:
+            yield GaugeMetricFamily("gpueff_agent_last_tick_timestamp_seconds", "When the last tick ended",
+                                    value=self.updated)
+        if self.tick_cpu_s is not None:
+            yield GaugeMetricFamily("gpueff_agent_tick_cpu_seconds", "CPU time of the last tick", value=self.tick_cpu_s)
+
 
 def _add_gpm(c: Counters, gpm: dict[str, float | None], dt: float | None) -> dict[str, float | None]:
     """Integrate GPM percentages (exact means over ``dt``); return them as fractions."""
@@ -360,9 +395,7 @@ def _add_gpm(c: Counters, gpm: dict[str, float | None], dt: float | None) -> dic
 
 
 def _fraction(v: float | None) -> float | None:
-    if v is None or not math.isfinite(v):
-        return None
-    return min(1.0, max(0.0, v))
+    return integrals.clamp_fraction(v) if v is not None and math.isfinite(v) else None
 
 
 def _counters_state(c: Counters, metrics: tuple[str, ...]) -> dict[str, Any]:
@@ -371,17 +404,23 @@ def _counters_state(c: Counters, metrics: tuple[str, ...]) -> dict[str, Any]:
 
 
 def _r(v: float | None) -> float | None:
-    if v is None or not math.isfinite(v):
-        return None
-    return round(v, 6)
+    return round(v, 6) if v is not None and math.isfinite(v) else None
+
+
+def serve_metrics(agent: Agent, address: str, port: int) -> tuple[WSGIServer, threading.Thread]:
+    """Start the /metrics HTTP server in a daemon thread, with the agent as its only collector."""
+    from prometheus_client import start_http_server
+    from prometheus_client.registry import CollectorRegistry
+
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(agent)
+    return start_http_server(port, addr=address, registry=reg)
 
 
 def run_agent(config: Config, *, once: bool = False, sampler: Sampler | None = None,
               energy_interval_s: float | None = None) -> int:
-    """The body of ``gpueff agent``: sample until SIGTERM/SIGINT (or one tick with ``once``).
-
-    Returns 1 (after logging why) when the GPUs cannot be read at all, e.g. no NVIDIA driver.
-    """
+    """The body of ``gpueff agent``: sample until SIGTERM/SIGINT (or one tick with ``once``). Returns 1
+    (after logging why) when the GPUs cannot be read at all, e.g. no NVIDIA driver."""
     agent = Agent(config, sampler if sampler is not None else NvmlSampler(),
                   energy_interval_s=energy_interval_s)
     try:
@@ -392,10 +431,8 @@ def run_agent(config: Config, *, once: bool = False, sampler: Sampler | None = N
     server = None
     address, port = config.agent.metrics_address, config.agent.metrics_port
     if port:
-        from .agent_metrics import serve
-
         try:
-            server, _thread = serve(agent, address, port)
+            server, _thread = serve_metrics(agent, address, port)
             log.info("live GPU gauges on http://%s:%d/metrics", address, port)
         except OSError as exc:  # port taken: sampling (what jobs' figures need) goes on without it
             log.error("cannot serve /metrics on %s:%d: %s; sampling goes on without it", address, port, exc)

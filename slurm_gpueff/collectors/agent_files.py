@@ -63,12 +63,10 @@ def line_time(line: str) -> float | None:
 def read_job_timeline(state_dir: str, key: str, match: Mapping[str, object], job_start: float | None,
                       start_state: Mapping[str, Any], snap: Mapping[str, Any], state: Mapping[str, Any],
                       end: Mapping[str, Any]) -> list[list[float | None]]:
-    """A job's coarse timeline: the timeline lines of ``key`` between the Prolog's snapshot ``snap`` and
-    the Epilog's ``end``, differenced into per-interval means ([] when either end's time is unknown).
-
-    A line counts only if it carries ``match`` (the agent ``instance``; for a MIG slice also its
-    ``gen``): counters of another agent run or slice generation are never mixed in.
-    """
+    """A job's coarse timeline: ``key``'s timeline lines between the Prolog's snapshot ``snap`` and the Epilog's
+    ``end``, differenced into per-interval means ([] when either end's time is unknown). Only lines carrying
+    ``match`` (the agent ``instance``; for a MIG slice also its ``gen``) count: counters of another agent run or
+    slice generation are never mixed in."""
     t_start = start_state.get("updated") or start_state.get("t")
     t_end = state.get("updated")
     if not isinstance(t_start, int | float) or not isinstance(t_end, int | float):

@@ -20,10 +20,8 @@ if TYPE_CHECKING:
 
 
 class JobContext:
-    """What the hook knows about the job from Slurm's environment (plus the clock).
-
-    ``gpu_indexes`` are Slurm's (SLURM_JOB_GPUS), *not* NVML indexes: see :func:`slurm_index_to_minor`.
-    """
+    """What the hook knows about the job from Slurm's environment (plus the clock). ``gpu_indexes`` are
+    Slurm's (SLURM_JOB_GPUS), *not* NVML indexes: see :func:`slurm_index_to_minor`."""
 
     __slots__ = ("job_id", "node", "cluster", "gpu_indexes", "start_time", "end_time", "env")
 
@@ -96,9 +94,7 @@ def device_minors(dev_dir: str = "/dev") -> list[int]:
 
 
 def slurm_index_to_minor(indexes: list[int], dev_dir: str = "/dev") -> dict[int, int | None]:
-    """Slurm GPU index -> /dev/nvidiaN minor (None where the device does not exist).
-
-    NVML's index order is PCI bus order, not the minor order: callers match minors, never NVML indexes.
-    """
+    """Slurm GPU index -> /dev/nvidiaN minor (None where the device does not exist). NVML's index order is
+    PCI bus order, not the minor order: callers match minors, never NVML indexes."""
     minors = device_minors(dev_dir)
     return {i: (minors[i] if 0 <= i < len(minors) else None) for i in indexes}

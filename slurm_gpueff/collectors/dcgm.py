@@ -10,14 +10,15 @@ renamed their symbols). Failures never fail the hook: they fall back to the gpue
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import time
 
+from .. import spool
 from ..record import METRICS, empty_gpu
 from . import dcgm_bindings as dcgmb
-from . import exporter_map
-from . import mig as migmod
+from . import gpu_ids
 from .agent_files import read_state, state_path
 from .base import Collector, JobContext, Measurement, NoneCollector, slurm_index_to_minor
 from .dcgm_bindings import fp64, handle, handle_int, i32, i64
@@ -25,7 +26,7 @@ from .gpu_ids import PROC_GPUS, job_slices, normalize_bus_id, proc_gpus
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable, Iterator
     from typing import Any, TypeVar
 
     from ..config import Config
@@ -53,10 +54,6 @@ BLANK_REASON = "DCGM returned a blank value (not supported or not recorded on th
 NO_SAMPLES = "DCGM has no samples of this field in the job's window (job shorter than dcgm.update_interval_s?)"
 
 
-class _Fallback(Exception):
-    """DCGM could not measure the job; the message is the reason."""
-
-
 class DcgmCollector(Collector):
     """DCGM through nv-hostengine; falls back to the gpueff agent (nvml) or allocation-only."""
 
@@ -64,7 +61,7 @@ class DcgmCollector(Collector):
 
     def __init__(self, config: Config, *, proc_dir: str = PROC_GPUS, dev_dir: str = "/dev",
                  now: Callable[[], float] = time.time,
-                 mig_lookup: Callable[[str], dict[str, Any]] | None = migmod.nvml_lookup) -> None:
+                 mig_lookup: Callable[[str], dict[str, Any]] | None = gpu_ids.nvml_lookup) -> None:
         super().__init__(config)
         self.proc_dir = proc_dir
         self.dev_dir = dev_dir
@@ -98,12 +95,6 @@ class DcgmCollector(Collector):
         finally:
             dcgmb.disconnect(b, h)
 
-    @staticmethod
-    def _why(exc: BaseException) -> str:
-        if isinstance(exc, dcgmb.DcgmUnavailable | _Fallback):
-            return str(exc)
-        return dcgmb.describe(exc)
-
     def start(self, job: JobContext) -> dict[str, Any]:
         state: dict[str, Any] = {"backend": self.name, "t": self.now()}
         fb = self._fallback()
@@ -113,7 +104,7 @@ class DcgmCollector(Collector):
         try:
             state["dcgm"] = self._with_dcgm(lambda b, h: self._dcgm_start(job, b, h))
         except Exception as exc:  # noqa: BLE001 - every DCGM failure becomes a reason
-            state["dcgm_error"] = f"DCGM unavailable at job start: {self._why(exc)}"
+            state["dcgm_error"] = f"DCGM unavailable at job start: {dcgmb.describe(exc)}"
             log.warning("job %s: %s", job.job_id, state["dcgm_error"])
         if self.dc.exporter_mapping:
             state["exporter"] = self._exporter_add(job, state)
@@ -142,11 +133,10 @@ class DcgmCollector(Collector):
         agent = self._agent_minors()
         by_uuid = {g["uuid"]: g for g in dcgm_gpus if g["uuid"]}
         by_bus = {g["pci_bus_id"]: g for g in dcgm_gpus if g["pci_bus_id"]}
-        fe_gpu = 1
         targets = {}
         for idx in job.gpu_indexes:
             minor = minors.get(idx)
-            t: dict[str, Any] = {"minor": minor, "entity_group": fe_gpu}
+            t: dict[str, Any] = {"minor": minor, "entity_group": 1}  # DCGM_FE_GPU
             known = procs.get(minor) or agent.get(minor) if minor is not None else None
             if minor is None:
                 t["error"] = f"Slurm GPU index {idx} has no /dev/nvidiaN device on this node"
@@ -167,15 +157,15 @@ class DcgmCollector(Collector):
 
     def _mig_targets(self, slices: list[tuple[int, str]], b: Bindings, h: object,
                      dcgm_gpus: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-        inventory = migmod.agent_inventory(self.config.paths.state_dir)
+        inventory = gpu_ids.agent_inventory(self.config.paths.state_dir)
         by_uuid = {g["uuid"]: g for g in dcgm_gpus if g["uuid"]}
         fe_gpu_i = int(getattr(b.fields, "DCGM_FE_GPU_I", 4))
         hierarchy = b.agent.dcgmGetGpuInstanceHierarchy(h)
         entities = list(hierarchy.entityList[: int(hierarchy.count)])
         targets = {}
         for idx, mig_uuid in slices:
-            desc, why = migmod.resolve(mig_uuid, inventory, self.mig_lookup)
-            t: dict[str, Any] = {"entity_group": fe_gpu_i, **migmod.slice_ident(desc, mig_uuid)}
+            desc, why = gpu_ids.resolve(mig_uuid, inventory, self.mig_lookup)
+            t: dict[str, Any] = {"entity_group": fe_gpu_i, **gpu_ids.slice_ident(desc, mig_uuid)}
             parent = by_uuid.get(t["uuid"]) if desc else None
             if why:
                 t["error"] = why
@@ -209,11 +199,10 @@ class DcgmCollector(Collector):
         members = [t for t in targets.values() if "entity_id" in t]
         if not members:
             errors = "; ".join(sorted({t.get("error") or "?" for t in targets.values()})) or "job has no GPUs"
-            raise _Fallback(f"none of the job's GPUs could be found in DCGM ({errors})")
+            raise dcgmb.DcgmUnavailable(f"none of the job's GPUs could be found in DCGM ({errors})")
         key = f"gpueff-{job.job_id}"
         stamp = f"{key}-{int(self.now())}"
-        group_empty = int(getattr(b.structs, "DCGM_GROUP_EMPTY", 1))
-        gid = handle_int(b.agent.dcgmGroupCreate(h, group_empty, stamp))
+        gid = handle_int(b.agent.dcgmGroupCreate(h, int(getattr(b.structs, "DCGM_GROUP_EMPTY", 1)), stamp))
         out: dict[str, Any] = {"key": key, "group_id": gid, "field_group_id": None, "prof_fields": [],
                                "prof_reason": None, "jobstats": not slices, "t0_us": int(self.now() * 1e6),
                                "targets": targets, "notes": []}
@@ -249,8 +238,8 @@ class DcgmCollector(Collector):
                 b.agent.dcgmJobRemove(h, key)
                 b.agent.dcgmJobStartStats(h, handle(gid), key)
             except Exception as again:  # noqa: BLE001
-                raise _Fallback(f"{dcgmb.describe(exc)}; removing the stale DCGM job {key} did not help "
-                                f"({dcgmb.describe(again)})") from None
+                raise dcgmb.DcgmUnavailable(f"{dcgmb.describe(exc)}; removing the stale DCGM job {key} did not "
+                                            f"help ({dcgmb.describe(again)})") from None
             out["notes"].append("a stale DCGM job with this id was removed (job requeued?)")
 
     def _watch_prof(self, b: Bindings, h: object, gid: int, stamp: str, freq_us: int, keep: float,
@@ -280,7 +269,7 @@ class DcgmCollector(Collector):
         st = start_state if isinstance(start_state, dict) else {}
         try:
             if ex := st.get("exporter"):
-                exporter_map.remove_job(ex["dir"], ex.get("gpu_ids") or [], str(ex.get("job") or job.job_id))
+                unmap_job(ex["dir"], ex.get("gpu_ids") or [], str(ex.get("job") or job.job_id))
         except Exception as exc:  # noqa: BLE001
             log.warning("job %s: cannot remove dcgm-exporter job mapping: %s", job.job_id, exc)
         d = st.get("dcgm")
@@ -293,7 +282,7 @@ class DcgmCollector(Collector):
         try:
             gpus, reason = self._with_dcgm(lambda b, h: self._dcgm_stop(job, d, b, h))
         except Exception as exc:  # noqa: BLE001
-            return self._fall_back(job, st, f"DCGM failed at job end: {self._why(exc)}")
+            return self._fall_back(job, st, f"DCGM failed at job end: {dcgmb.describe(exc)}")
         return Measurement(self.name, gpus, reason)
 
     def _fall_back(self, job: JobContext, st: dict[str, Any], why: str) -> Measurement:
@@ -335,7 +324,7 @@ class DcgmCollector(Collector):
         gpu = empty_gpu(idx, self.name, None, **ident)
         missing: dict[str, str] = {}
         if t.get("mig_uuid"):
-            missing.update(dict.fromkeys(JOBSTATS_METRICS, migmod.JOBSTATS_REASON))
+            missing.update(dict.fromkeys(JOBSTATS_METRICS, gpu_ids.JOBSTATS_REASON))
         else:
             self._fill_jobstats(gpu, missing, per_gpu.get(int(t["gpu_id"])))
         gpu["samples"] = self._fill_prof(b, h, gpu, missing, t, d, t1_us)
@@ -429,8 +418,61 @@ class DcgmCollector(Collector):
                    if m is not None and m in agent and isinstance(agent[m].get("index"), int)]
         out: dict[str, Any] = {"dir": directory, "gpu_ids": ids, "job": str(job.job_id)}
         try:
-            exporter_map.add_job(directory, ids, str(job.job_id))
+            map_job(directory, ids, str(job.job_id))
         except OSError as exc:
             out["error"] = str(exc)
             log.warning("job %s: cannot write dcgm-exporter job mapping in %s: %s", job.job_id, directory, exc)
         return out
+
+
+# dcgm-exporter's HPC job mapping (``dcgm.exporter_mapping``): ``DIR/<DCGM gpu id>`` lists the jobs on that GPU.
+# Each change is read-modify-write under an exclusive ``flock`` (two hooks may run at once) and lands with an
+# atomic rename, so the exporter never reads a half file.
+EXPORTER_LOCK = ".gpueff.lock"
+
+
+def _mapped_jobs(path: str) -> list[str]:
+    try:
+        with open(path) as fh:
+            return [ln.strip() for ln in fh if ln.strip()]
+    except FileNotFoundError:
+        return []
+
+
+@contextlib.contextmanager
+def _map_locked(directory: str) -> Iterator[None]:
+    """Hold an exclusive flock on the directory's lock file (closing the file releases it)."""
+    fd = os.open(os.path.join(directory, EXPORTER_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def map_job(directory: str, gpus: Iterable[int], job_id: str) -> None:
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    with _map_locked(directory):
+        for gid in sorted({int(g) for g in gpus}):
+            path = os.path.join(directory, str(gid))
+            ids = _mapped_jobs(path)
+            if job_id not in ids:
+                ids.append(job_id)
+            spool.atomic_write(path, ("\n".join(ids) + "\n").encode(), mode=0o644)
+
+
+def unmap_job(directory: str, gpus: Iterable[int], job_id: str) -> None:
+    """Take ``job_id`` out of the file of each GPU id, deleting emptied files."""
+    if not os.path.isdir(directory):
+        return
+    with _map_locked(directory):
+        for gid in sorted({int(g) for g in gpus}):
+            path = os.path.join(directory, str(gid))
+            ids = _mapped_jobs(path)
+            if job_id not in ids:
+                continue
+            rest = [i for i in ids if i != job_id]
+            if rest:
+                spool.atomic_write(path, ("\n".join(rest) + "\n").encode(), mode=0o644)
+            else:
+                os.unlink(path)

@@ -80,7 +80,9 @@ def status(exc: BaseException) -> int | None:
 
 
 def describe(exc: BaseException) -> str:
-    """``DCGM error -26 (duplicate job id: Duplicate key passed to function)``-style text."""
+    """``DCGM error -26 (duplicate job id: Duplicate key passed to function)``-style text; a DcgmUnavailable as is."""
+    if isinstance(exc, DcgmUnavailable):
+        return str(exc)
     code = status(exc)
     try:
         text = str(exc)
@@ -191,7 +193,6 @@ FP64_BLANK = 140737488355328.0
 
 
 def i32(v: object) -> int | None:
-    """An int32 DCGM value, or None for blanks (>= 0x7ffffff0) and negatives."""
     return int(v) if isinstance(v, int) and 0 <= v < INT32_BLANK else None
 
 

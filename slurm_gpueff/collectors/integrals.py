@@ -16,9 +16,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any, TypedDict
 
-    class Counters(TypedDict):
-        """The three running totals, each per metric."""
-
+    class Counters(TypedDict):  # the three running totals, each per metric
         sum: dict[str, float]
         covered_s: dict[str, float]
         count: dict[str, int]
@@ -29,8 +27,8 @@ TIMELINE_METRICS: tuple[str, ...] = ("kernel_active", "sm_active", "tensor_activ
 
 
 def new_counters() -> Counters:
-    return {"sum": {m: 0.0 for m in METRICS}, "covered_s": {m: 0.0 for m in METRICS},
-            "count": {m: 0 for m in METRICS}}
+    return {"sum": dict.fromkeys(METRICS, 0.0), "covered_s": dict.fromkeys(METRICS, 0.0),
+            "count": dict.fromkeys(METRICS, 0)}
 
 
 def add(counters: Counters, metric: str, value: float | None, dt: float | None) -> bool:
@@ -63,11 +61,9 @@ def clamp_fraction(v: float) -> float:
 
 def timeline_points(snapshots: list[tuple[float, Mapping[str, Any]]], t0: float,
                     max_points: int = 100) -> list[list[float | None]]:
-    """Difference ``(epoch, counters)`` snapshots in time order into ``[t_offset_s, kernel, sm, tensor]`` points.
-
-    Each point is one bucket's mean at its midpoint relative to ``t0``. Beyond ``max_points`` buckets,
-    neighbours are merged by adding their deltas, so merged means stay exact.
-    """
+    """Difference ``(epoch, counters)`` snapshots in time order into ``[t_offset_s, kernel, sm, tensor]`` points,
+    each one bucket's mean at its midpoint relative to ``t0``. Beyond ``max_points`` buckets, neighbours are
+    merged by adding their deltas, so merged means stay exact."""
     buckets: list[tuple[float, float, dict[str, tuple[float, float]]]] = []
     for (ta, a), (tb, b) in zip(snapshots, snapshots[1:], strict=False):
         if tb <= ta:

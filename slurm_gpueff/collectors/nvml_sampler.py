@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..errors import CollectorError
-from .mig import profile_from_name
+from .gpu_ids import profile_from_name
 
 log = logging.getLogger(__name__)
 
@@ -101,11 +101,9 @@ class Sampler(Protocol):
 
     def open(self) -> list[GpuInfo]:
         """Initialise; return the node's GPUs. Raise CollectorError with a clear sentence if impossible."""
-        ...
 
     def sample(self, read_energy: bool) -> list[GpuSample]:
         """Read every GPU once; ``energy_mj`` only when ``read_energy`` (it is the expensive call)."""
-        ...
 
     def close(self) -> None:
         ...
@@ -189,13 +187,11 @@ class NvmlSampler:
             name = self._try(nv.nvmlDeviceGetName, h)
             mem = self._try(nv.nvmlDeviceGetMemoryInfo, h)
             info = GpuInfo(uuid=uuid, index=i, minor=minor, pci_bus_id=_s(pci.busId) if pci is not None else None,
-                           model=_s(name) if name is not None else None,
+                           model=_s(name) if name is not None else None, mig_enabled=self._mig_enabled(h),
                            memory_total_bytes=int(mem.total) if mem is not None else None, gpm_supported=False)
             dev = _Dev(handle=h, info=info)
-            info.mig_enabled = self._mig_enabled(h)
             self._setup_gpm(dev)
-            if info.mig_enabled:
-                dev.mig_gpm_reason = info.gpm_reason if not dev.gpm_capable else None
+            dev.mig_gpm_reason = info.gpm_reason if not dev.gpm_capable else None  # read in MIG mode only
             # Prime the utilization buffer: later samples average only readings newer than this.
             self._kernel_pct(dev)
             self._devs.append(dev)

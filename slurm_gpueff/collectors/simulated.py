@@ -12,8 +12,7 @@ import zlib
 
 from ..record import FRACTIONS, empty_gpu
 from .base import Collector, JobContext, Measurement
-from .gpu_ids import job_slices, parse_legacy_mig
-from .mig import UTIL_REASON
+from .gpu_ids import UTIL_REASON, job_slices, parse_legacy_mig
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
