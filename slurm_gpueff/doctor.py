@@ -149,7 +149,7 @@ def check_dcgm(rep: Report, cfg: Config) -> None:
 
 
 def check_backend(rep: Report, cfg: Config) -> None:
-    from .collectors.select import get_collector
+    from .collectors.base import get_collector
 
     name = get_collector(cfg).name
     what = {"dcgm": "DCGM via nv-hostengine", "nvml": "the gpueff agent (NVML/GPM)",

@@ -222,7 +222,7 @@ class HookRun:
     def choose_collector(self, cfg: Config) -> Collector:
         """The configured backend (noted in ``backend``); allocation-only, saying why, if it cannot even be set up."""
         try:
-            from .collectors.select import get_collector
+            from .collectors.base import get_collector
 
             collector = get_collector(cfg)
         except Exception as exc:  # noqa: BLE001 - e.g. a backend module that fails to import

@@ -347,7 +347,7 @@ def test_address_parsing_and_probe(hostengine_port):
 
 
 def test_auto_selects_dcgm_only_when_a_hostengine_answers(hostengine_port, tmp_path):
-    from slurm_gpueff.collectors.select import get_collector
+    from slurm_gpueff.collectors.base import get_collector
 
     base = {"paths": {"state_dir": str(tmp_path)}}
     up = Config({**base, "dcgm": {"hostengine": f"127.0.0.1:{hostengine_port}"}})

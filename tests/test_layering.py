@@ -143,7 +143,7 @@ def test_hook_path_is_stdlib_only_at_import_time():
     assert not bad, "\n".join(bad)
 
 
-@pytest.mark.parametrize("module", ["slurm_gpueff.hook", "slurm_gpueff.collectors.select",
+@pytest.mark.parametrize("module", ["slurm_gpueff.hook", "slurm_gpueff.collectors.base",
                                     "slurm_gpueff.collectors.nvml", "slurm_gpueff.collectors.simulated"])
 def test_hook_modules_load_no_heavy_library(module):
     """Importing the hook path must not pull in SQLAlchemy, SQLModel, pydantic, pynvml or argparse."""

@@ -248,7 +248,7 @@ def test_collector_module_does_not_import_pynvml(repo_root):
 
 @pytest.mark.parametrize("backend", ["nvml", "auto"])
 def test_select_returns_the_nvml_collector(tmp_path, backend):
-    from slurm_gpueff.collectors.select import get_collector
+    from slurm_gpueff.collectors.base import get_collector
     from slurm_gpueff.config import Config
 
     n = Node(tmp_path, [hopper(U0)], [0])
