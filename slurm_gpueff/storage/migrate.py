@@ -27,8 +27,6 @@ MIGRATIONS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file
 class SchemaError(GpueffError):
     """The database schema is not the one this version needs (run ``gpueff db upgrade``)."""
 
-    exit_code = 1
-
 
 def alembic_config(connection: Connection | None = None) -> Any:
     """An Alembic Config pointing at the packaged migrations (and at ``connection`` when given)."""
