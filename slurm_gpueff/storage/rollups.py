@@ -62,10 +62,9 @@ def _month_expr(conn: Connection, col: Any) -> Any:
             else cast(func.date_trunc("month", col), Date))
 
 
-def refresh_month(conn: Connection, month: date, now: datetime | None = None) -> int:
+def refresh_month(conn: Connection, month: date, now: datetime) -> int:
     """Recompute one month's day and month rows; returns the number of rows written."""
     m0, m1 = month_start(month), next_month(month_start(month))
-    now = now or utcnow()
     r, j, p = _ROLLUP, _JOB, _PENDING
     # First: a job moved while this transaction reads the jobs notes the month again (module docstring).
     conn.execute(delete(p).where(p.c.month == m0))
@@ -89,10 +88,9 @@ def refresh_month(conn: Connection, month: date, now: datetime | None = None) ->
                         .where(r.c.period_start >= m0, r.c.period_start < m1)).scalar() or 0
 
 
-def dirty_months(conn: Connection, now: datetime | None = None, full: bool = False) -> list[date]:
+def dirty_months(conn: Connection, now: datetime, full: bool = False) -> list[date]:
     """The months a refresh recomputes: the current one, those holding a job analysed since the last refresh,
     and those noted in ``rollup_pending``; with ``full``, every month."""
-    now = now or utcnow()
     r, j = _ROLLUP, _JOB
     last = conn.execute(select(func.max(r.c.refreshed_at))).scalar()
     month = _month_expr(conn, j.c.end_time)
@@ -148,11 +146,8 @@ BY = {"user": ("user",), "account": ("account",), "site": (), "account_verdict":
 
 def usage(conn: Connection, *, period: str = "month", by: str = "user", start: date | None = None,
           end: date | None = None, cluster: str | None = None) -> list[dict[str, Any]]:
-    """Summed rollup rows grouped by period and ``by`` (a key of :data:`BY`).
-
-    ``start``/``end`` bound ``period_start`` (inclusive/exclusive). Each dict has ``period_start``,
-    ``cluster``, the group keys, ``jobs`` and every measure (None when nothing was measured).
-    """
+    """Summed rollup rows grouped by period and ``by`` (a key of :data:`BY`), ``period_start`` in [start, end):
+    dicts of ``period_start``, ``cluster``, the group keys, ``jobs`` and every measure (None: not measured)."""
     if period not in ("day", "month"):
         raise ValueError(f"period must be day or month, not {period!r}")
     r = _ROLLUP
