@@ -59,9 +59,8 @@ def lookup(path: str, spec: Any, cluster: str | None = None) -> list[tuple[Simpl
         columns = {t: _columns(con, t) for t in ("job", "job_gpu")}
 
         def rows(table: str, where: str, params: Sequence[Any], order: Sequence[str]) -> list[SimpleNamespace]:
-            cols = columns[table]
-            sql = (f"SELECT {', '.join(_q(c) for c, _ in cols)} FROM {_q(table)} WHERE {where} "
-                   f"ORDER BY {', '.join(_q(c) for c in order)}")
+            cols = columns[table]  # in the order of SELECT *
+            sql = f"SELECT * FROM {_q(table)} WHERE {where} ORDER BY {', '.join(_q(c) for c in order)}"
             return [SimpleNamespace(**{c: (f(v) if f else v) for (c, f), v in zip(cols, row, strict=True)})
                     for row in con.execute(sql, list(params))]
 
