@@ -32,10 +32,8 @@ def alembic_config(connection: Connection | None = None) -> Any:
     """An Alembic Config pointing at the packaged migrations (and at ``connection`` when given)."""
     from alembic.config import Config
 
-    cfg = Config()
+    cfg = Config(attributes={"connection": connection})
     cfg.set_main_option("script_location", MIGRATIONS)
-    if connection is not None:
-        cfg.attributes["connection"] = connection
     return cfg
 
 
