@@ -84,16 +84,13 @@ class UsageCollector(Collector):
 
     def collect(self) -> Iterator[Any]:
         s = self.config.service
-        up = GaugeMetricFamily("gpueff_database_up", "1 if the last scrape could read the job database")
         try:
             groups = {"account": _capped(self._rows("account"), "account", s.metrics_top_accounts),
                       "user": _capped(self._rows("user"), "user", s.metrics_top_users)}
         except Exception:  # noqa: BLE001 - a scrape must answer even with the database down
             groups = {}
-            up.add_metric([], 0)
-        else:
-            up.add_metric([], 1)
-        yield up
+        yield GaugeMetricFamily("gpueff_database_up", "1 if the last scrape could read the job database",
+                                value=1 if groups else 0)
         for scope, (jobs, sums) in groups.items():
             prefix = "gpueff" if scope == "account" else "gpueff_user"
             fam = CounterMetricFamily(f"{prefix}_jobs", f"Finished jobs by {scope} and primary verdict",

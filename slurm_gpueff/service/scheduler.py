@@ -63,8 +63,8 @@ def serve(config: Config, *, engine: Any = None, stop: threading.Event | None = 
 
         from .metrics import registry_for
 
-        registry = registry_for(engine, config, ctx)
-        server, _thread = start_http_server(s.metrics_port, addr=s.metrics_address, registry=registry)
+        server, _thread = start_http_server(s.metrics_port, addr=s.metrics_address,
+                                            registry=registry_for(engine, config, ctx))
         log.info("metrics on http://%s:%d/metrics", s.metrics_address, s.metrics_port)
 
     def _on_signal(signum: int, _frame: Any) -> None:
