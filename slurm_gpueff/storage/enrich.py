@@ -164,7 +164,6 @@ def backfill_jobs(engine: Engine, sacct_jobs: Iterable[SacctJob], *, default_clu
     """Allocation-only records for finished GPU jobs in ``sacct_jobs`` that have no job row yet."""
     res = BackfillResult()
     todo = list(sacct_jobs)
-    total = len(todo)
     for n, sj in enumerate(todo, 1):
         res.seen += 1
         if not sj.gpu_count or sj.start is None:
@@ -179,8 +178,8 @@ def backfill_jobs(engine: Engine, sacct_jobs: Iterable[SacctJob], *, default_clu
                 return res
             except (sa_exc.SQLAlchemyError, ValueError) as exc:
                 res.errors.append(f"job {sj.job_id_text}: {type(exc).__name__}: {first_line(exc)}")
-        if progress is not None and (n % 50 == 0 or n == total):
-            progress(n, total)
+        if progress is not None and (n % 50 == 0 or n == len(todo)):
+            progress(n, len(todo))
     return res
 
 
