@@ -58,7 +58,5 @@ def first_line(exc: BaseException) -> str:
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
-    cur = dbapi_conn.cursor()
     for pragma in ("journal_mode=WAL", "foreign_keys=ON", "synchronous=FULL"):
-        cur.execute(f"PRAGMA {pragma}")
-    cur.close()
+        dbapi_conn.execute(f"PRAGMA {pragma}")
