@@ -145,7 +145,7 @@ BY = {"user": ("user",), "account": ("account",), "site": (), "account_verdict":
 
 
 def usage(conn: Connection, *, period: str = "month", by: str = "user", start: date | None = None,
-          end: date | None = None, cluster: str | None = None) -> list[dict[str, Any]]:
+          end: date | None = None) -> list[dict[str, Any]]:
     """Summed rollup rows grouped by period and ``by`` (a key of :data:`BY`), ``period_start`` in [start, end):
     dicts of ``period_start``, ``cluster``, the group keys, ``jobs`` and every measure (None: not measured)."""
     if period not in ("day", "month"):
@@ -157,8 +157,6 @@ def usage(conn: Connection, *, period: str = "month", by: str = "user", start: d
         conds.append(r.c.period_start >= start)
     if end is not None:
         conds.append(r.c.period_start < end)
-    if cluster is not None:
-        conds.append(r.c.cluster == cluster)
     stmt = (select(*keys, func.sum(r.c.jobs).label("jobs"), *[func.sum(r.c[m]).label(m) for m in MEASURES])
             .where(and_(*conds)).group_by(*keys).order_by(*keys))
     return [{**row, "period_start": _as_date(row["period_start"]), "jobs": int(row["jobs"] or 0)}
