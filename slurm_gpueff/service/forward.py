@@ -22,9 +22,8 @@ from ..errors import ConfigError
 log = logging.getLogger("gpueff.forward")
 
 
-def run_forwarder(config: Config, *, once: bool = False, stop: threading.Event | None = None,
-                  batch: int | None = None) -> int:
-    """Loop: forward, sleep ``service.forward_interval_s`` (longer after failures). Exit status."""
+def run_forwarder(config: Config, stop: threading.Event, *, once: bool = False, batch: int | None = None) -> int:
+    """Until ``stop`` is set: forward, sleep ``service.forward_interval_s`` (longer after failures). Exit status."""
     from ..storage.db import make_engine
     from ..storage.dburl import database_url
     from ..storage.ingest import BATCH, ingest_spool
@@ -33,9 +32,7 @@ def run_forwarder(config: Config, *, once: bool = False, stop: threading.Event |
     if url.startswith("sqlite"):
         raise ConfigError(f"paths.database is SQLite ({url}): forwarding needs a database server "
                           "(postgresql+psycopg://...); with SQLite use a shared spool instead")
-    stop = stop or threading.Event()
-    interval = config.service.forward_interval_s
-    delay = interval
+    delay = interval = config.service.forward_interval_s
     engine = None
     try:
         while True:
