@@ -20,6 +20,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
 
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
@@ -127,8 +128,6 @@ class UsageCollector(Collector):
 
 
 def registry_for(engine: Any, config: Config, ctx: Context | None = None) -> Any:
-    from prometheus_client import CollectorRegistry
-
     reg = CollectorRegistry()
     reg.register(UsageCollector(engine, config, ctx))
     return reg

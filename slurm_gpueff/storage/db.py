@@ -29,7 +29,7 @@ def make_engine(value: str, create: bool = True) -> Engine:
     path = sqlite_file(url)
     if create and path:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    engine = create_engine(url, json_serializer=json_dumps, json_deserializer=json_loads,
+    engine = create_engine(url, json_serializer=json_dumps, json_deserializer=orjson.loads,
                            connect_args={"timeout": 30} if sqlite else {})
     if sqlite:
         event.listen(engine, "connect", _sqlite_pragmas)
@@ -46,9 +46,6 @@ def json_dumps(value: object) -> str:
     with contextlib.suppress(orjson.JSONEncodeError):
         return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
     return json.dumps(value, separators=(",", ":"))
-
-
-json_loads = orjson.loads
 
 
 def first_line(exc: BaseException) -> str:

@@ -19,13 +19,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Engine
 
 from .. import record as recmod
 from .. import spool
 from ..errors import RecordError
-from .db import json_loads
 from .writer import UNAVAILABLE, transaction, write_records
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ def read_record(path: str) -> dict[str, Any]:
     if not data.strip():
         raise RecordError("empty file")
     try:
-        rec = json_loads(data)
+        rec = orjson.loads(data)
     except ValueError as exc:  # JSONDecodeError (orjson's too) and UnicodeDecodeError
         raise RecordError(f"not valid JSON: {exc}") from None
     return recmod.validate(rec)

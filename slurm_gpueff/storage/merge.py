@@ -154,9 +154,7 @@ def _fold(job: Row, gpus: dict[Spot, Row], rec: Row, node: str, now: datetime) -
 
 def utc(epoch: float | None) -> datetime | None:
     """Epoch seconds -> naive UTC datetime (how models.py stores every time)."""
-    if epoch is None:
-        return None
-    return datetime.fromtimestamp(float(epoch), UTC).replace(tzinfo=None)
+    return None if epoch is None else datetime.fromtimestamp(float(epoch), UTC).replace(tzinfo=None)
 
 
 def cut(value: Any, n: int) -> Any:
