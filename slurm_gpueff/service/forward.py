@@ -17,31 +17,22 @@ import logging
 import threading
 
 from ..config import Config
-from ..errors import GpueffError
+from ..errors import ConfigError
 
 log = logging.getLogger("gpueff.forward")
 
 
-class ForwardError(GpueffError):
-    """Forwarding cannot work with this configuration: like bad usage, exit 2."""
-
-    exit_code = 2
-
-
-def run_forwarder(config: Config, *, once: bool = False, stop: threading.Event | None = None,
-                  batch: int | None = None) -> int:
-    """Loop: forward, sleep ``service.forward_interval_s`` (longer after failures). Exit status."""
+def run_forwarder(config: Config, stop: threading.Event, *, once: bool = False, batch: int | None = None) -> int:
+    """Until ``stop`` is set: forward, sleep ``service.forward_interval_s`` (longer after failures). Exit status."""
     from ..storage.db import make_engine
     from ..storage.dburl import database_url
     from ..storage.ingest import BATCH, ingest_spool
 
     url = database_url(config.paths.database)
     if url.startswith("sqlite"):
-        raise ForwardError(f"paths.database is SQLite ({url}): forwarding needs a database server "
-                           "(postgresql+psycopg://...); with SQLite use a shared spool instead")
-    stop = stop or threading.Event()
-    interval = config.service.forward_interval_s
-    delay = interval
+        raise ConfigError(f"paths.database is SQLite ({url}): forwarding needs a database server "
+                          "(postgresql+psycopg://...); with SQLite use a shared spool instead")
+    delay = interval = config.service.forward_interval_s
     engine = None
     try:
         while True:
@@ -50,14 +41,14 @@ def run_forwarder(config: Config, *, once: bool = False, stop: threading.Event |
                 res = ingest_spool(engine, config.paths.spool_dir, batch=batch or BATCH)
             except Exception as exc:  # noqa: BLE001 - bad URL, driver missing: report and retry
                 log.error("cannot reach the database: %s", exc)
-                res = None
-            ok = res is not None and res.failed == 0
-            if res is not None:
+                ok = False
+            else:
                 for e in res.errors:
                     log.warning("%s", e)
                 if res.ingested or res.quarantined or res.failed:
                     log.info("forwarded %d, quarantined %d, left in the spool %d", res.ingested, res.quarantined,
                              res.failed)
+                ok = res.failed == 0
             if once:
                 return 0 if ok else 1
             delay = interval if ok else min(max(delay, interval) * 2, config.service.forward_max_backoff_s)

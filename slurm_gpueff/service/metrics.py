@@ -20,6 +20,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
 
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
@@ -84,16 +85,13 @@ class UsageCollector(Collector):
 
     def collect(self) -> Iterator[Any]:
         s = self.config.service
-        up = GaugeMetricFamily("gpueff_database_up", "1 if the last scrape could read the job database")
         try:
             groups = {"account": _capped(self._rows("account"), "account", s.metrics_top_accounts),
                       "user": _capped(self._rows("user"), "user", s.metrics_top_users)}
         except Exception:  # noqa: BLE001 - a scrape must answer even with the database down
             groups = {}
-            up.add_metric([], 0)
-        else:
-            up.add_metric([], 1)
-        yield up
+        yield GaugeMetricFamily("gpueff_database_up", "1 if the last scrape could read the job database",
+                                value=1 if groups else 0)
         for scope, (jobs, sums) in groups.items():
             prefix = "gpueff" if scope == "account" else "gpueff_user"
             fam = CounterMetricFamily(f"{prefix}_jobs", f"Finished jobs by {scope} and primary verdict",
@@ -130,8 +128,6 @@ class UsageCollector(Collector):
 
 
 def registry_for(engine: Any, config: Config, ctx: Context | None = None) -> Any:
-    from prometheus_client import CollectorRegistry
-
     reg = CollectorRegistry()
     reg.register(UsageCollector(engine, config, ctx))
     return reg

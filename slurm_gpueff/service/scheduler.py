@@ -45,17 +45,17 @@ def build_scheduler(ctx: Context, tasks: list[Task]) -> Any:
     return sched
 
 
-def serve(config: Config, *, engine: Any = None, stop: threading.Event | None = None) -> int:
-    """Run until SIGTERM/SIGINT (or ``stop`` is set). Returns the exit status."""
+def serve(config: Config) -> int:
+    """Run until SIGTERM/SIGINT (in the main thread: it installs their handlers). Returns the exit status."""
     from ..storage.db import make_engine
 
-    engine = engine or make_engine(config.paths.database)  # SQLite: migrated; server: checked
+    engine = make_engine(config.paths.database)  # SQLite: migrated; server: checked
     ctx = Context(config, engine)
     for problem in load_plugins(config):
         log.error(problem)
     tasks = builtin_tasks(config) + list(REGISTRY.values())
     sched = build_scheduler(ctx, tasks)
-    stop = stop or threading.Event()
+    stop = threading.Event()
     server = None
     s = config.service
     if s.metrics_port:
@@ -63,17 +63,16 @@ def serve(config: Config, *, engine: Any = None, stop: threading.Event | None = 
 
         from .metrics import registry_for
 
-        registry = registry_for(engine, config, ctx)
-        server, _thread = start_http_server(s.metrics_port, addr=s.metrics_address, registry=registry)
+        server, _thread = start_http_server(s.metrics_port, addr=s.metrics_address,
+                                            registry=registry_for(engine, config, ctx))
         log.info("metrics on http://%s:%d/metrics", s.metrics_address, s.metrics_port)
 
     def _on_signal(signum: int, _frame: Any) -> None:
         log.info("%s: finishing running tasks, then exiting", signal.Signals(signum).name)
         stop.set()
 
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _on_signal)
-        signal.signal(signal.SIGINT, _on_signal)
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
     sched.start()
     for t in tasks:
         log.info("task %s: %s", t.name, f"every {t.interval_s:g} s" if t.interval_s else f"cron {t.cron}")

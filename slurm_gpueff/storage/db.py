@@ -29,7 +29,7 @@ def make_engine(value: str, create: bool = True) -> Engine:
     path = sqlite_file(url)
     if create and path:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    engine = create_engine(url, json_serializer=json_dumps, json_deserializer=json_loads,
+    engine = create_engine(url, json_serializer=json_dumps, json_deserializer=orjson.loads,
                            connect_args={"timeout": 30} if sqlite else {})
     if sqlite:
         event.listen(engine, "connect", _sqlite_pragmas)
@@ -48,9 +48,6 @@ def json_dumps(value: object) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
-json_loads = orjson.loads
-
-
 def first_line(exc: BaseException) -> str:
     """A database error in one line: the driver's own message where SQLAlchemy wraps one."""
     text = str(getattr(exc, "orig", None) or exc)
@@ -58,7 +55,5 @@ def first_line(exc: BaseException) -> str:
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
-    cur = dbapi_conn.cursor()
     for pragma in ("journal_mode=WAL", "foreign_keys=ON", "synchronous=FULL"):
-        cur.execute(f"PRAGMA {pragma}")
-    cur.close()
+        dbapi_conn.execute(f"PRAGMA {pragma}")

@@ -7,9 +7,7 @@ import os
 
 def database_url(value: str) -> str:
     """Turn the config value into a SQLAlchemy URL (a bare path means a SQLite file)."""
-    if "://" in value:
-        return value
-    return "sqlite:///" + os.path.abspath(value)
+    return value if "://" in value else "sqlite:///" + os.path.abspath(value)
 
 
 def sqlite_file(url: str) -> str | None:

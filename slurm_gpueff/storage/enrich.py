@@ -24,14 +24,13 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
 from .. import record as recmod
+from ..config import SacctConfig
 from ..models import Job
 from ..sacct import SacctError, SacctJob
 from .db import first_line
 from .merge import cut, utc
 from .rollups import moved_month, note_moved
 from .writer import UNAVAILABLE, ingest_record
-
-SETTLE_S = 120.0  # default of [sacct] settle_s: how long after a job's end its accounting record is trusted
 
 BACKFILL_REASON = ("no GPU record from the Slurm hooks (node crash, hooks not installed, collector or spool "
                    "lost); allocation only, from Slurm accounting")
@@ -65,11 +64,8 @@ class BackfillResult:
 
 
 def apply_sacct(job: Job, sj: SacctJob) -> datetime | None:
-    """Write what accounting says into ``job`` (a finished job): accounting wins where it knows.
-
-    Returns the job's old end time when accounting moved it into another month, for
-    :func:`rollups.note_moved` in the same transaction; else None.
-    """
+    """Write what accounting says into ``job`` (a finished job): accounting wins where it knows. Returns the
+    job's old end time when accounting moved it into another month (for rollups.note_moved), else None."""
     old_end = job.end_time
     for attr, value, size in (("user", sj.user, 128), ("account", sj.account, 128), ("partition", sj.partition, 128),
                               ("qos", sj.qos, 128), ("job_name", sj.job_name, 512)):
@@ -102,16 +98,14 @@ def apply_sacct(job: Job, sj: SacctJob) -> datetime | None:
 
 
 def enrich_jobs(engine: Engine, reader: Any, *, since: datetime | None = None, limit: int | None = None,
-                progress: Callable[[int, int], None] | None = None, settle_s: float = SETTLE_S,
+                progress: Callable[[int, int], None] | None = None, settle_s: float = SacctConfig.settle_s,
                 now: float | None = None) -> EnrichResult:
-    """Enrich every unenriched job (ended since ``since``) from ``reader``; commit batch by batch.
-
-    Jobs that ended less than ``settle_s`` before ``now`` (epoch; default: the clock) are left for the
-    next run. Never raises for sacct or database trouble: the run stops and says why in ``errors``; what
-    was committed stays, the rest is retried by the next run.
-    """
+    """Enrich every unenriched job (ended since ``since``) from ``reader``, committing batch by batch; jobs
+    that ended less than ``settle_s`` before ``now`` (epoch; default: the clock) wait for the next run. Never
+    raises for sacct or database trouble: the run stops and says why in ``errors``; what was committed stays,
+    the next run retries the rest."""
     res = EnrichResult()
-    batch = max(1, int(getattr(reader, "batch_size", 500)))
+    batch = max(1, int(getattr(reader, "batch_size", SacctConfig.batch_size)))
     stmt = select(Job.id, Job.cluster, Job.job_id).where(col(Job.enriched).is_(False)).order_by(col(Job.id))
     if since is not None:  # jobs without an end time too
         stmt = stmt.where((col(Job.end_time) >= since) | col(Job.end_time).is_(None))
@@ -170,7 +164,6 @@ def backfill_jobs(engine: Engine, sacct_jobs: Iterable[SacctJob], *, default_clu
     """Allocation-only records for finished GPU jobs in ``sacct_jobs`` that have no job row yet."""
     res = BackfillResult()
     todo = list(sacct_jobs)
-    total = len(todo)
     for n, sj in enumerate(todo, 1):
         res.seen += 1
         if not sj.gpu_count or sj.start is None:
@@ -185,8 +178,8 @@ def backfill_jobs(engine: Engine, sacct_jobs: Iterable[SacctJob], *, default_clu
                 return res
             except (sa_exc.SQLAlchemyError, ValueError) as exc:
                 res.errors.append(f"job {sj.job_id_text}: {type(exc).__name__}: {first_line(exc)}")
-        if progress is not None and (n % 50 == 0 or n == total):
-            progress(n, total)
+        if progress is not None and (n % 50 == 0 or n == len(todo)):
+            progress(n, len(todo))
     return res
 
 
@@ -212,11 +205,9 @@ def _backfill_one(engine: Engine, sj: SacctJob, default_cluster: str, res: Backf
 
 
 def backfill_records(sj: SacctJob, cluster: str) -> list[dict[str, Any]]:
-    """Allocation-only spool records (record.py schema) for a GPU job that has none, one per node.
-
-    GPUs are spread evenly over the job's nodes when they divide, else all on the first node;
-    their indexes are positions (0..n-1), because accounting does not keep Slurm's GPU indexes.
-    """
+    """Allocation-only spool records (record.py schema) for a GPU job that has none, one per node. GPUs are
+    spread evenly over the nodes when they divide, else all on the first node; their indexes are positions
+    (0..n-1), because accounting does not keep Slurm's GPU indexes."""
     nodes = sj.nodes or ["unknown"]
     if sj.gpu_count % len(nodes):
         nodes = nodes[:1]

@@ -19,13 +19,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Engine
 
 from .. import record as recmod
 from .. import spool
 from ..errors import RecordError
-from .db import json_loads
 from .writer import UNAVAILABLE, transaction, write_records
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ def read_record(path: str) -> dict[str, Any]:
     if not data.strip():
         raise RecordError("empty file")
     try:
-        rec = json_loads(data)
+        rec = orjson.loads(data)
     except ValueError as exc:  # JSONDecodeError (orjson's too) and UnicodeDecodeError
         raise RecordError(f"not valid JSON: {exc}") from None
     return recmod.validate(rec)
@@ -59,11 +59,8 @@ def read_record(path: str) -> dict[str, Any]:
 
 def ingest_spool(engine: Engine, spool_dir: str, *, limit: int | None = None,
                  progress: Callable[[int, int], None] | None = None, batch: int = BATCH) -> IngestResult:
-    """Drain ``spool_dir``'s incoming records into the database (at most ``limit`` files, oldest first).
-
-    ``progress(done, total)`` is called after each batch. Never raises for a bad record or an
-    unavailable database; see :class:`IngestResult`.
-    """
+    """Drain ``spool_dir``'s incoming records into the database (at most ``limit`` files, oldest first),
+    calling ``progress(done, total)`` after each batch. Never raises for a bad record or an unavailable database."""
     if limit is None:  # every record: only a job's own records need ordering (spool.pending_by_job)
         paths = [p for group in spool.pending_by_job(spool_dir, stale_tmp_s=spool.STALE_TMP_S) for p in group]
     else:  # the oldest ``limit`` records, a job's records together as above

@@ -89,19 +89,14 @@ def merge(recs: list[Row], stored_jobs: dict[Key, Row], stored_gpus: dict[Key, d
     for rec in recs:
         key = job_key(rec)
         job = jobs.get(key)
-        if job is None:
-            job = jobs[key] = _new_job(key)
+        if job is None:  # not stored yet
+            job = jobs[key] = dict.fromkeys(_JOB_COLS)
+            job.update(cluster=key[0], job_id=key[1], record_source="hook", gpu_count=0, backend="none", enriched=False)
         node = cut(rec["node"], 128)
         _fold(job, gpus[key], rec, node, now)
         timelines[(key, node)] = {g["index"]: g.get("timeline") or [] for g in rec["gpus"]}
     old_ids = {r["id"] for rows in stored_gpus.values() for r in rows.values()}
     return Plan(jobs, dict(stored_jobs), gpus, old_ids, timelines)
-
-
-def _new_job(key: Key) -> Row:
-    row: Row = dict.fromkeys(_JOB_COLS)
-    row.update(cluster=key[0], job_id=key[1], record_source="hook", gpu_count=0, backend="none", enriched=False)
-    return row
 
 
 def _fold(job: Row, gpus: dict[Spot, Row], rec: Row, node: str, now: datetime) -> None:
@@ -159,9 +154,7 @@ def _fold(job: Row, gpus: dict[Spot, Row], rec: Row, node: str, now: datetime) -
 
 def utc(epoch: float | None) -> datetime | None:
     """Epoch seconds -> naive UTC datetime (how models.py stores every time)."""
-    if epoch is None:
-        return None
-    return datetime.fromtimestamp(float(epoch), UTC).replace(tzinfo=None)
+    return None if epoch is None else datetime.fromtimestamp(float(epoch), UTC).replace(tzinfo=None)
 
 
 def cut(value: Any, n: int) -> Any:

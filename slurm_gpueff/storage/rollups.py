@@ -28,6 +28,9 @@ from ..models import Job, utcnow
 MEASURES = ("gpu_hours", "idle_gpu_hours", "underfilled_gpu_hours", "sm_active_gpu_hours",
             "tensor_active_gpu_hours", "energy_j", "kernel_measured_gpu_hours", "sm_measured_gpu_hours",
             "tensor_measured_gpu_hours")
+# The *_measured measures: the GPU-hours of the jobs where the figure named here was measured.
+_MEASURED = {"kernel_measured_gpu_hours": "idle_gpu_hours", "sm_measured_gpu_hours": "sm_active_gpu_hours",
+             "tensor_measured_gpu_hours": "tensor_active_gpu_hours"}
 KEYS = ("cluster", "user", "account", "verdict")
 SAFETY_MARGIN = timedelta(hours=1)  # clock skew and commits in flight at the last refresh
 _ROLLUP, _JOB, _PENDING = (Job.metadata.tables[t] for t in ("usage_rollup", "job", "rollup_pending"))
@@ -49,56 +52,45 @@ def next_month(d: date) -> date:
 
 
 def _day_expr(conn: Connection, col: Any) -> Any:
-    """The UTC calendar day of a naive-UTC timestamp column, as a DATE on every backend."""
-    if conn.dialect.name == "sqlite":
-        return func.date(col)  # 'YYYY-MM-DD': SQLAlchemy's own storage format for Date on SQLite
-    return cast(col, Date)
+    """The UTC calendar day of a naive-UTC timestamp column, as a DATE on every backend (on SQLite
+    'YYYY-MM-DD', SQLAlchemy's own storage format for Date there)."""
+    return func.date(col) if conn.dialect.name == "sqlite" else cast(col, Date)
 
 
 def _month_expr(conn: Connection, col: Any) -> Any:
-    if conn.dialect.name == "sqlite":
-        return func.strftime("%Y-%m-01", col)
-    return cast(func.date_trunc("month", col), Date)
+    return (func.strftime("%Y-%m-01", col) if conn.dialect.name == "sqlite"
+            else cast(func.date_trunc("month", col), Date))
 
 
-def _known(col: Any) -> Any:
-    """GPU-hours of the jobs where ``col`` was measured."""
-    return func.sum(case((col.is_not(None), _JOB.c.gpu_hours), else_=None))
-
-
-def refresh_month(conn: Connection, month: date, now: datetime | None = None) -> int:
+def refresh_month(conn: Connection, month: date, now: datetime) -> int:
     """Recompute one month's day and month rows; returns the number of rows written."""
     m0, m1 = month_start(month), next_month(month_start(month))
-    now = now or utcnow()
     r, j, p = _ROLLUP, _JOB, _PENDING
     # First: a job moved while this transaction reads the jobs notes the month again (module docstring).
     conn.execute(delete(p).where(p.c.month == m0))
     conn.execute(delete(r).where(r.c.period_start >= m0, r.c.period_start < m1))
     day = _day_expr(conn, j.c.end_time)
+    jkeys, rkeys = [j.c[k] for k in KEYS], [r.c[k] for k in KEYS]
     cols = ["period", "period_start", *KEYS, "jobs", *MEASURES, "refreshed_at"]
-    sel = (select(literal("day", String), day, j.c.cluster, j.c.user, j.c.account, j.c.verdict,
-                  func.count(), func.sum(j.c.gpu_hours), func.sum(j.c.idle_gpu_hours),
-                  func.sum(j.c.underfilled_gpu_hours), func.sum(j.c.sm_active_gpu_hours),
-                  func.sum(j.c.tensor_active_gpu_hours), func.sum(j.c.energy_j),
-                  _known(j.c.idle_gpu_hours), _known(j.c.sm_active_gpu_hours), _known(j.c.tensor_active_gpu_hours),
-                  literal(now, r.c.refreshed_at.type))
+    sums = [func.sum(case((j.c[_MEASURED[m]].is_not(None), j.c.gpu_hours))) if m in _MEASURED
+            else func.sum(j.c[m]) for m in MEASURES]
+    sel = (select(literal("day", String), day, *jkeys, func.count(), *sums, literal(now, r.c.refreshed_at.type))
            .where(j.c.end_time >= datetime(m0.year, m0.month, 1), j.c.end_time < datetime(m1.year, m1.month, 1),
                   j.c.analyzed_at.is_not(None))
-           .group_by(day, j.c.cluster, j.c.user, j.c.account, j.c.verdict))
+           .group_by(day, *jkeys))
     conn.execute(insert(r).from_select(cols, sel))
-    msel = (select(literal("month", String), literal(m0, Date), r.c.cluster, r.c.user, r.c.account, r.c.verdict,
+    msel = (select(literal("month", String), literal(m0, Date), *rkeys,
                    func.sum(r.c.jobs), *[func.sum(r.c[m]) for m in MEASURES], literal(now, r.c.refreshed_at.type))
             .where(r.c.period == "day", r.c.period_start >= m0, r.c.period_start < m1)
-            .group_by(r.c.cluster, r.c.user, r.c.account, r.c.verdict))
+            .group_by(*rkeys))
     conn.execute(insert(r).from_select(cols, msel))
     return conn.execute(select(func.count()).select_from(r)  # rowcount of INSERT..SELECT is -1 on psycopg
                         .where(r.c.period_start >= m0, r.c.period_start < m1)).scalar() or 0
 
 
-def dirty_months(conn: Connection, now: datetime | None = None, full: bool = False) -> list[date]:
+def dirty_months(conn: Connection, now: datetime, full: bool = False) -> list[date]:
     """The months a refresh recomputes: the current one, those holding a job analysed since the last refresh,
     and those noted in ``rollup_pending``; with ``full``, every month."""
-    now = now or utcnow()
     r, j = _ROLLUP, _JOB
     last = conn.execute(select(func.max(r.c.refreshed_at))).scalar()
     month = _month_expr(conn, j.c.end_time)
@@ -153,12 +145,9 @@ BY = {"user": ("user",), "account": ("account",), "site": (), "account_verdict":
 
 
 def usage(conn: Connection, *, period: str = "month", by: str = "user", start: date | None = None,
-          end: date | None = None, cluster: str | None = None) -> list[dict[str, Any]]:
-    """Summed rollup rows grouped by period and ``by`` (a key of :data:`BY`).
-
-    ``start``/``end`` bound ``period_start`` (inclusive/exclusive). Each dict has ``period_start``,
-    ``cluster``, the group keys, ``jobs`` and every measure (None when nothing was measured).
-    """
+          end: date | None = None) -> list[dict[str, Any]]:
+    """Summed rollup rows grouped by period and ``by`` (a key of :data:`BY`), ``period_start`` in [start, end):
+    dicts of ``period_start``, ``cluster``, the group keys, ``jobs`` and every measure (None: not measured)."""
     if period not in ("day", "month"):
         raise ValueError(f"period must be day or month, not {period!r}")
     r = _ROLLUP
@@ -168,14 +157,7 @@ def usage(conn: Connection, *, period: str = "month", by: str = "user", start: d
         conds.append(r.c.period_start >= start)
     if end is not None:
         conds.append(r.c.period_start < end)
-    if cluster is not None:
-        conds.append(r.c.cluster == cluster)
     stmt = (select(*keys, func.sum(r.c.jobs).label("jobs"), *[func.sum(r.c[m]).label(m) for m in MEASURES])
             .where(and_(*conds)).group_by(*keys).order_by(*keys))
-    out = []
-    for row in conn.execute(stmt).mappings():
-        d = dict(row)
-        d["period_start"] = _as_date(d["period_start"])
-        d["jobs"] = int(d["jobs"] or 0)
-        out.append(d)
-    return out
+    return [{**row, "period_start": _as_date(row["period_start"]), "jobs": int(row["jobs"] or 0)}
+            for row in conn.execute(stmt).mappings()]

@@ -3,8 +3,8 @@
 Importing SQLAlchemy, SQLModel and pydantic was most of ``seff-gpu JOBID``'s run time (docs/bench/README.md).
 The rows returned carry the values the ORM gives (checked column by column in tests/test_sqlite_read.py):
 every column as an attribute, converted by its declared type (``DATETIME`` -> naive UTC datetime as
-SQLAlchemy stores it, ``BOOLEAN`` -> bool, ``JSON`` -> decoded, ``DATE`` -> date). Which rows a job id
-names comes from :mod:`storage.jobmatch`, as for the ORM reader.
+SQLAlchemy stores it, ``BOOLEAN`` -> bool, ``JSON`` -> decoded). Which rows a job id names comes from
+:mod:`storage.jobmatch`, as for the ORM reader.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import contextlib
 import os
 import sqlite3
 from collections.abc import Callable, Sequence
-from datetime import date, datetime
+from datetime import datetime
 from types import SimpleNamespace
 from typing import Any
 from urllib.parse import quote
@@ -22,13 +22,8 @@ from orjson import loads as _json_loads
 
 from .jobmatch import ORDER, Cond, find
 
-# Declared column type -> the value SQLAlchemy gives for the stored one (NULL stays None).
-_CONVERT: dict[str, Callable[[Any], Any]] = {
-    "DATETIME": lambda v: None if v is None else datetime.fromisoformat(v) if isinstance(v, str) else v,
-    "DATE": lambda v: None if v is None else date.fromisoformat(v[:10]) if isinstance(v, str) else v,
-    "BOOLEAN": lambda v: None if v is None else bool(v),
-    "JSON": lambda v: None if v is None else _json_loads(v),
-}
+# Declared column type of job and job_gpu -> the value SQLAlchemy gives for a stored one (NULL stays None).
+_CONVERT: dict[str, Callable[[Any], Any]] = {"DATETIME": datetime.fromisoformat, "BOOLEAN": bool, "JSON": _json_loads}
 
 
 def _q(name: str) -> str:
@@ -59,10 +54,10 @@ def lookup(path: str, spec: Any, cluster: str | None = None) -> list[tuple[Simpl
         columns = {t: _columns(con, t) for t in ("job", "job_gpu")}
 
         def rows(table: str, where: str, params: Sequence[Any], order: Sequence[str]) -> list[SimpleNamespace]:
-            cols = columns[table]
-            sql = (f"SELECT {', '.join(_q(c) for c, _ in cols)} FROM {_q(table)} WHERE {where} "
-                   f"ORDER BY {', '.join(_q(c) for c in order)}")
-            return [SimpleNamespace(**{c: (f(v) if f else v) for (c, f), v in zip(cols, row, strict=True)})
+            cols = columns[table]  # in the order of SELECT *
+            sql = f"SELECT * FROM {_q(table)} WHERE {where} ORDER BY {', '.join(_q(c) for c in order)}"
+            return [SimpleNamespace(**{c: f(v) if f and v is not None else v
+                                       for (c, f), v in zip(cols, row, strict=True)})
                     for row in con.execute(sql, list(params))]
 
         def run(any_of: Sequence[Cond], all_of: Sequence[Cond]) -> list[SimpleNamespace]:

@@ -63,23 +63,13 @@ def write_records(conn: Connection, recs: list[Row]) -> None:
                       if moved_month(old["end_time"], plan.jobs[k]["end_time"])])
     with raw_errors(conn):
         db = _Sql(conn)
-        new = [k for k in plan.jobs if k not in plan.old_jobs]
-        if new:
-            db.insert(_JOB, [plan.jobs[k] for k in new])
-            ids = db.ids('SELECT id, cluster, job_id FROM "job"', "job_id", sorted({k[1] for k in new}))
-            for k in new:
-                plan.jobs[k]["id"] = ids[k]
+        db.insert_ids(_JOB, [row for k, row in plan.jobs.items() if k not in plan.old_jobs], ("cluster", "job_id"))
         db.update(_JOB, [plan.jobs[k] for k in plan.old_jobs if plan.jobs[k] != plan.old_jobs[k]])
         inserts, updates, gone = plan.gpu_changes()
         db.delete_in("job_gpu_timeline", "job_gpu_id", gone + sorted(r["id"] for r in updates))
         db.delete_in("job_gpu", "id", gone)  # after their timelines: no reliance on FK cascades
         db.update(_GPU, updates)
-        if inserts:
-            db.insert(_GPU, inserts)
-            gids = db.ids('SELECT id, job_pk, node, gpu_index FROM "job_gpu"', "job_pk",
-                          sorted({r["job_pk"] for r in inserts}))
-            for r in inserts:
-                r["id"] = gids[(r["job_pk"], r["node"], r["gpu_index"])]
+        db.insert_ids(_GPU, inserts, ("job_pk", "node", "gpu_index"))
         db.insert(_TIMELINE, plan.timeline_rows())
 
 
@@ -184,6 +174,18 @@ class _Sql:
         self.cur.executemany(f'INSERT INTO "{table.name}" ({t.quoted}) VALUES ({self.marks(len(t.cols))})',
                              [t.values(row) for row in rows])
 
+    def insert_ids(self, table: Table, rows: list[Row], key: tuple[str, ...]) -> None:
+        """Insert ``rows`` and set each one's "id" to the database's, read back by the natural key ``key``."""
+        self.insert(table, rows)
+        ids: dict[tuple[Any, ...], int] = {}
+        query = f'SELECT id, {", ".join(key)} FROM "{table.name}" WHERE "{key[0]}" IN'
+        for part in _chunks(sorted({r[key[0]] for r in rows})):
+            self.cur.execute(f"{query} ({self.marks(len(part))})", part)
+            ids.update((tuple(r[1:]), r[0]) for r in self.cur.fetchall())
+        get = itemgetter(*key)
+        for row in rows:
+            row["id"] = ids[get(row)]
+
     def update(self, table: Table, rows: list[Row]) -> None:
         if not rows:
             return
@@ -195,11 +197,3 @@ class _Sql:
     def delete_in(self, table: str, col: str, ids: list[int]) -> None:
         for part in _chunks(ids):
             self.cur.execute(f'DELETE FROM "{table}" WHERE "{col}" IN ({self.marks(len(part))})', part)
-
-    def ids(self, query: str, col: str, values: list[Any]) -> dict[tuple[Any, ...], int]:
-        """{natural key: id} of the rows ``query`` (id first, then the key's columns) finds by ``col``."""
-        out: dict[tuple[Any, ...], int] = {}
-        for part in _chunks(values):
-            self.cur.execute(f'{query} WHERE "{col}" IN ({self.marks(len(part))})', part)
-            out.update((tuple(r[1:]), r[0]) for r in self.cur.fetchall())
-        return out
