@@ -133,9 +133,9 @@ def build_summary(session: Session, config: Config, month: str, account: str | N
                                 key=lambda v: ORDER.get(v.verdict or "", 99))]
     top_jobs = [{"id": fmt.job_label(j), "name": clean(j.job_name, 28), "user": clean(j.user, 20) or "n/a",
                  "account": clean(j.account, 20) or "n/a", "hours": fmt.gpu_hours(j.gpu_hours),
-                 "wasted": fmt.gpu_hours(j.wasted), "wasted_share": fmt.pct(share(j.wasted, j.gpu_hours)),
+                 "wasted": fmt.gpu_hours(wasted), "wasted_share": fmt.pct(share(wasted, j.gpu_hours)),
                  "verdict": clean(j.verdict_title, 40) or "no verdict", "gpus": j.gpu_count}
-                for j in queries.most_wasteful(session, start, end, account)]
+                for j, wasted in queries.most_wasteful(session, start, end, account)]
     title = month_title(month)
     trend = {
         "prev_title": month_title(prev), "has_prev": prev_t.jobs > 0,
