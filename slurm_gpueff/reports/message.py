@@ -54,8 +54,8 @@ def parts(page: Page, cid_prefix: str, name: str) -> Parts:
                  html_file=html_mail.replace(f"cid:{cid}", _image_name(cid)), images=images, name=name)
 
 
-def build(parts: Parts, *, sender: str, to: Sequence[str], reply_to: str = "",
-          extra_headers: Mapping[str, str] | None = None) -> EmailMessage:
+def build(parts: Parts, *, sender: str, to: Sequence[str], reply_to: str, extra_headers: Mapping[str, str]
+          ) -> EmailMessage:
     msg = EmailMessage(policy=policy.SMTP)
     msg["Subject"] = clean(parts.subject, 200)
     msg["From"] = sender
@@ -67,7 +67,7 @@ def build(parts: Parts, *, sender: str, to: Sequence[str], reply_to: str = "",
     msg["Message-ID"] = make_msgid("gpueff", domain=domain)
     msg["Auto-Submitted"] = "auto-generated"
     msg["X-Auto-Response-Suppress"] = "All"
-    for key, value in (extra_headers or {}).items():
+    for key, value in extra_headers.items():
         msg[key] = clean(value, 200)
     msg.set_content(parts.text, subtype="plain", charset="utf-8", cte="quoted-printable")
     msg.add_alternative(parts.html_mail, subtype="html", charset="utf-8", cte="quoted-printable")
