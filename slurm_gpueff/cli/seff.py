@@ -23,7 +23,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from ..sacct import ACTIVE_STATES
-from .common import CONFIG_HELP, CONFIG_NOTE, CommandError, UsageError, run_command, safe_url
+from .common import CONFIG_HELP, CONFIG_NOTE, CommandError, UsageError, database, run_command, safe_url
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -107,7 +107,7 @@ def still_running(spec: JobSpec, state_dir: str, timeout: float = SQUEUE_TIMEOUT
     return f"squeue reports it {active[0]}" if out.returncode == 0 and active else None
 
 
-def lookup(database: str, spec: JobSpec, cluster: str | None) -> list[tuple[Any, list[Any]]]:
+def lookup(db: str, spec: JobSpec, cluster: str | None) -> list[tuple[Any, list[Any]]]:
     """(job, its GPU rows) for every match. Raises RuntimeError with a clear message on DB problems.
 
     SQLite is read with the standard library (storage/sqlite_read.py: the same rows without importing
@@ -115,7 +115,7 @@ def lookup(database: str, spec: JobSpec, cluster: str | None) -> list[tuple[Any,
     """
     from ..storage.dburl import database_url, sqlite_file
 
-    url = database_url(database)
+    url = database_url(db)
     path = sqlite_file(url)
     if path is not None:
         if not os.path.exists(path):
@@ -136,7 +136,7 @@ def lookup(database: str, spec: JobSpec, cluster: str | None) -> list[tuple[Any,
     from ..storage.queries import find_jobs, job_gpus
 
     try:
-        engine = make_engine(database, create=False)
+        engine = make_engine(db, create=False)
     except Exception as exc:  # bad URL, missing driver
         raise RuntimeError(f"cannot open the job database {safe_url(url)}: {exc}") from None
     try:
@@ -222,15 +222,10 @@ def _write_html(config: Config, found: Sequence[tuple[Any, list[Any]]], items: S
 
     from ..fmt import job_label
     from ..reports.card import build_card
-    from ..storage.db import make_engine
     from ..storage.queries import gpu_timelines
 
-    engine = make_engine(config.paths.database, create=False)
-    try:
-        with Session(engine) as session:
-            timelines = [gpu_timelines(session, gpus) for _job, gpus in found]
-    finally:
-        engine.dispose()
+    with database(config, create=False) as engine, Session(engine) as session:
+        timelines = [gpu_timelines(session, gpus) for _job, gpus in found]
     written = []
     stem, ext = os.path.splitext(path)
     for (job, gpus), (_j, fig, diag), tl in zip(found, items, timelines, strict=True):
