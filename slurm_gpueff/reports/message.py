@@ -78,10 +78,6 @@ def build(parts: Parts, *, sender: str, to: Sequence[str], reply_to: str, extra_
     return msg
 
 
-def to_bytes(msg: EmailMessage) -> bytes:
-    return msg.as_bytes(policy=policy.SMTP)
-
-
 def _image_name(cid: str) -> str:
     return cid.split("@")[0].split(".")[0] + ".png"
 
@@ -90,7 +86,7 @@ def archive(folder: str, parts: Parts, msg: EmailMessage) -> str:
     """Write the message and its viewable copies into ``folder``; return the ``.eml`` path."""
     os.makedirs(folder, mode=0o750, exist_ok=True)
     eml = os.path.join(folder, "message.eml")
-    atomic_write(eml, to_bytes(msg), FILE_MODE)
+    atomic_write(eml, msg.as_bytes(), FILE_MODE)  # in the message's own policy: SMTP's CRLF
     atomic_write(os.path.join(folder, f"{parts.name}.html"), parts.html_file.encode("utf-8"), FILE_MODE)
     atomic_write(os.path.join(folder, f"{parts.name}.txt"), parts.text.encode("utf-8"), FILE_MODE)
     for cid, png in parts.images.items():

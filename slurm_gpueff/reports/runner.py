@@ -42,19 +42,16 @@ class RunResult:
     retried: int = 0
     lines: list[str] = field(default_factory=list)
 
-    def summary(self) -> str:
+    def __str__(self) -> str:  # the summary line: `gpueff report` prints it, the scheduler logs it
         return (f"sent {self.sent}, written (dry-run) {self.written}, skipped {self.skipped}, "
                 f"failed {self.failed} (kept for retry), retried {self.retried}")
-
-    __str__ = summary  # the scheduler logs ``f"{result}"``
 
 
 def owner_address(job: Job, rep: ReportsConfig) -> str | None:
     """addresses[user], else the pattern; None if unusable."""
-    user = job.user
-    if not user:
+    if not job.user:
         return None
-    return valid_address(rep.addresses.get(user) or rep.address_pattern.format(user=user))
+    return valid_address(rep.addresses.get(job.user) or rep.address_pattern.format(user=job.user))
 
 
 def valid_address(addr: str | None) -> str | None:
@@ -94,7 +91,7 @@ def _deliver(session: Session, row: ReportLog, config: Config, parts: message.Pa
         result.lines.append(f"wrote {eml}")
         return
     try:
-        smtp.send(mail, to, message.to_bytes(msg))
+        smtp.send(mail, to, msg.as_bytes())
     except smtp.DeliveryError as exc:
         status = "abandoned" if exc.permanent else "failed"
         sentlog.finish(session, row, status, now=now, reason=str(exc), archive=eml,
