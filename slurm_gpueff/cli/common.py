@@ -77,8 +77,7 @@ def safe_url(url: str) -> str:
 
 @contextmanager
 def database(config: Config, create: bool = True) -> Iterator[Engine]:
-    """The job database for a ``with`` block (disposed of at its end), or a one-line error (exit 1) that
-    names it."""
+    """The job database for a ``with`` block (disposed of at its end), or a one-line error (exit 1) naming it."""
     from ..storage.db import make_engine
 
     try:

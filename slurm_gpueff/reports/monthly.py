@@ -7,7 +7,7 @@ The presenter: the plain data of :mod:`.queries`, priced per GPU model and forma
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 from sqlmodel import Session
@@ -35,8 +35,7 @@ def month_bounds(month: str) -> tuple[datetime, datetime]:
 
 
 def previous_month(month: str) -> str:
-    start, _ = month_bounds(month)
-    return f"{start.year - 1}-12" if start.month == 1 else f"{start.year}-{start.month - 1:02d}"
+    return (month_bounds(month)[0] - timedelta(days=1)).strftime("%Y-%m")
 
 
 def month_title(month: str) -> str:

@@ -78,13 +78,13 @@ class Context:
     skipped: list[Skipped] = field(default_factory=list)
 
 
-def of_n(involved: int, total: int, noun: str = "GPU") -> str:
+def of_n(involved: int, total: int) -> str:
     """'the GPU', 'both GPUs', '3 of 4 GPUs', 'all 4 GPUs'."""
     if total == 1:
-        return f"the {noun}"
+        return "the GPU"
     if involved == total:
-        return f"both {noun}s" if total == 2 else f"all {total} {noun}s"
-    return f"{involved} of {total} {noun}{'s' if total > 1 else ''}"
+        return "both GPUs" if total == 2 else f"all {total} GPUs"
+    return f"{involved} of {total} GPUs"
 
 
 @cache
