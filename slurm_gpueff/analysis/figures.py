@@ -233,11 +233,8 @@ def combine(per: list[GpuFigures], elapsed_s: float | None = None) -> JobFigures
     sources["gpu_hours"] = "slurm"
     efficiency = _efficiency(means["kernel_active"], means["sm_active"], missing)
     sources["efficiency"] = sources["sm_active"] if efficiency is not None else "none"
-    waste = Waste(
-        idle_h=_sum(g.waste.idle_h for g in per),
-        underfilled_h=_sum(g.waste.underfilled_h for g in per),
-        sm_active_h=_sum(g.waste.sm_active_h for g in per),
-    )
+    waste = Waste(idle_h=_sum(g.waste.idle_h for g in per), underfilled_h=_sum(g.waste.underfilled_h for g in per),
+                  sm_active_h=_sum(g.waste.sm_active_h for g in per))
     if waste.sm_active_h is None:
         lacking = [g for g in per if g.waste.reason]
         distinct = list(dict.fromkeys(str(g.waste.reason) for g in lacking))
@@ -262,8 +259,7 @@ def combine(per: list[GpuFigures], elapsed_s: float | None = None) -> JobFigures
     with_frac = [g for g in per if g.memory_fraction is not None]
     if with_frac:
         worst = max(with_frac, key=lambda g: g.memory_fraction or 0.0)
-        mem_used, mem_total = worst.memory_used_peak_bytes, worst.memory_total_bytes
-        mem_frac = worst.memory_fraction
+        mem_used, mem_total, mem_frac = worst.memory_used_peak_bytes, worst.memory_total_bytes, worst.memory_fraction
         sources["memory"] = _source(per, [g.memory_fraction is not None for g in per])
         if len(with_frac) < len(per):
             missing["memory"] = _partial(per, "memory_used_peak_bytes", len(with_frac))

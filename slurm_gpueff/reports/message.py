@@ -63,8 +63,7 @@ def build(parts: Parts, *, sender: str, to: Sequence[str], reply_to: str, extra_
     if reply_to:
         msg["Reply-To"] = reply_to
     msg["Date"] = formatdate(localtime=False, usegmt=True)
-    domain = sender.rpartition("@")[2] or "slurm-gpueff"
-    msg["Message-ID"] = make_msgid("gpueff", domain=domain)
+    msg["Message-ID"] = make_msgid("gpueff", domain=sender.rpartition("@")[2] or "slurm-gpueff")
     msg["Auto-Submitted"] = "auto-generated"
     msg["X-Auto-Response-Suppress"] = "All"
     for key, value in extra_headers.items():
