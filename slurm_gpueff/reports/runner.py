@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from email.utils import parseaddr
+from pathlib import Path
 
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
@@ -113,9 +114,7 @@ def send_cards(config: Config, engine: Engine, *, dry_run: bool | None = None, n
     dry = config.mail.dry_run if dry_run is None else dry_run
     now = now or sentlog.utcnow()
     rep = config.reports
-    result = RunResult()
-    if not dry:
-        result = retry_failed(config, engine, now=now)
+    result = RunResult() if dry else retry_failed(config, engine, now=now)
     with Session(engine) as session:
         optouts = sentlog.opted_out(session, rep.optout_file)
         for job in queries.card_candidates(session, config, now, dry, limit):
@@ -164,9 +163,7 @@ def retry_failed(config: Config, engine: Engine, *, now: datetime | None = None)
             try:
                 if not row.archive or not os.path.exists(row.archive):
                     raise smtp.DeliveryError(f"archived message {row.archive} is gone", permanent=True)
-                with open(row.archive, "rb") as fh:
-                    data = fh.read()
-                smtp.send(mail, to, data)
+                smtp.send(mail, to, Path(row.archive).read_bytes())
             except smtp.DeliveryError as exc:
                 sentlog.finish(session, row, "abandoned" if exc.permanent else "failed", now=now, reason=str(exc),
                                retry_after_s=mail.retry_after_s, max_attempts=mail.max_attempts)
@@ -212,7 +209,7 @@ def send_monthly(config: Config, engine: Engine, *, month: str | None = None, ac
             if summary.context["jobs"] == 0 and acc is not None and acc not in rep.leads:
                 continue
             row = sentlog.claim(session, kind="monthly", subject=f"{month}:{label}", dry_run=dry, now=now,
-                                user=None, recipients=",".join(to))
+                                recipients=",".join(to))
             if row is None:
                 result.lines.append(f"monthly {month} {label}: already {'written' if dry else 'sent'}")
                 continue
