@@ -1,4 +1,4 @@
-"""What the reports read from the database: SQL only, returning plain data.
+"""What the reports read from the database: SQL only, returning plain data or Job rows.
 
 Figures come from the per-job summary columns (written by :mod:`slurm_gpueff.summarize`) through SQL
 aggregates, so a month of a large site stays fast. A job belongs to the month in which it *ended* (UTC).
