@@ -23,6 +23,7 @@ LABELS = {
     "dram_active": "DRAM activity", "sm_occupancy": "SM occupancy", "fp32_active": "FP32 activity",
     "fp16_active": "FP16 activity", "fp64_active": "FP64 activity", "memory_fraction": "peak memory share",
 }
+QUANTITIES = ("memory_used_peak_bytes", "memory_total_bytes", "energy_j", "power_mean_w")  # per GPU, as measured
 NOT_MEASURED = "not measured"
 NO_GPUS = "job had no GPUs"
 
@@ -132,23 +133,16 @@ def gpu_figures(job: Job, gpu: JobGpu) -> GpuFigures:
     hours = t / 3600.0 if t is not None else None
     if hours is None:
         missing.setdefault("gpu_hours", "job start/end time unknown")
-    means: dict[str, float | None] = {}
-    for m in MEANS:
-        v = getattr(gpu, m)
-        means[m] = None if v is None else min(1.0, max(0.0, float(v)))
+    raw: dict[str, Any] = {name: getattr(gpu, name) for name in (*MEANS, *QUANTITIES)}
+    for name, v in raw.items():
         if v is None:
-            missing[m] = missing.get(m) or NOT_MEASURED
+            missing[name] = missing.get(name) or NOT_MEASURED
+    means = {m: None if raw[m] is None else min(1.0, max(0.0, float(raw[m]))) for m in MEANS}
     k, s = means["kernel_active"], means["sm_active"]
-    efficiency = _efficiency(k, s, missing)
-    waste = split(hours, k, s, missing)
-    quantities: dict[str, Any] = {q: getattr(gpu, q) for q in ("memory_used_peak_bytes", "memory_total_bytes",
-                                                               "energy_j", "power_mean_w")}
-    for q, v in quantities.items():
-        if v is None:
-            missing[q] = missing.get(q) or NOT_MEASURED
     return GpuFigures(node=gpu.node, index=gpu.gpu_index, model=gpu.model, uuid=gpu.uuid,
                       source=gpu.source or "none", samples=gpu.samples or 0, hours=hours, means=means,
-                      efficiency=efficiency, waste=waste, missing=missing, **quantities)
+                      efficiency=_efficiency(k, s, missing), waste=split(hours, k, s, missing), missing=missing,
+                      **{q: raw[q] for q in QUANTITIES})
 
 
 def split(hours: float | None, k: float | None, s: float | None, missing: dict[str, str]) -> Waste:
@@ -239,11 +233,8 @@ def combine(per: list[GpuFigures], elapsed_s: float | None = None) -> JobFigures
     sources["gpu_hours"] = "slurm"
     efficiency = _efficiency(means["kernel_active"], means["sm_active"], missing)
     sources["efficiency"] = sources["sm_active"] if efficiency is not None else "none"
-    waste = Waste(
-        idle_h=_sum(g.waste.idle_h for g in per),
-        underfilled_h=_sum(g.waste.underfilled_h for g in per),
-        sm_active_h=_sum(g.waste.sm_active_h for g in per),
-    )
+    waste = Waste(idle_h=_sum(g.waste.idle_h for g in per), underfilled_h=_sum(g.waste.underfilled_h for g in per),
+                  sm_active_h=_sum(g.waste.sm_active_h for g in per))
     if waste.sm_active_h is None:
         lacking = [g for g in per if g.waste.reason]
         distinct = list(dict.fromkeys(str(g.waste.reason) for g in lacking))
@@ -268,8 +259,7 @@ def combine(per: list[GpuFigures], elapsed_s: float | None = None) -> JobFigures
     with_frac = [g for g in per if g.memory_fraction is not None]
     if with_frac:
         worst = max(with_frac, key=lambda g: g.memory_fraction or 0.0)
-        mem_used, mem_total = worst.memory_used_peak_bytes, worst.memory_total_bytes
-        mem_frac = worst.memory_fraction
+        mem_used, mem_total, mem_frac = worst.memory_used_peak_bytes, worst.memory_total_bytes, worst.memory_fraction
         sources["memory"] = _source(per, [g.memory_fraction is not None for g in per])
         if len(with_frac) < len(per):
             missing["memory"] = _partial(per, "memory_used_peak_bytes", len(with_frac))

@@ -1,4 +1,5 @@
-"""What ``gpueff`` and ``seff-gpu`` share: their config, their error lines and exit status, the job database.
+"""What ``gpueff`` and ``seff-gpu`` share: their config, their error lines and exit status, the job database;
+and ``gpueff``'s progress bar.
 
 Stdlib-only at import time: every command module imports this while ``gpueff`` builds its parser, and
 ``gpueff hook prolog`` (run by slurmd on every job start) must load nothing heavy.
@@ -76,8 +77,7 @@ def safe_url(url: str) -> str:
 
 @contextmanager
 def database(config: Config, create: bool = True) -> Iterator[Engine]:
-    """The job database for a ``with`` block (disposed of at its end), or a one-line error (exit 1) that
-    names it."""
+    """The job database for a ``with`` block (disposed of at its end), or a one-line error (exit 1) naming it."""
     from ..storage.db import make_engine
 
     try:
@@ -103,3 +103,27 @@ def log_to_stderr(verbose: bool, name: str) -> None:
                         format=f"%(asctime)s gpueff-{name} %(levelname)s %(message)s")
     if not verbose:
         logging.getLogger("apscheduler").setLevel(logging.WARNING)
+
+
+class ProgressBar:
+    """A one-line progress bar on stderr, shown only on a terminal (cron and systemd logs stay clean). Call it
+    with ``(done, total)``; ``close()`` ends the line."""
+
+    WIDTH = 30
+
+    def __init__(self, label: str, quiet: bool):
+        self.label, self.shown = label, False
+        self.enabled = not quiet and sys.stderr.isatty()
+
+    def __call__(self, done: int, total: int) -> None:
+        if not (self.enabled and total):
+            return
+        filled = int(self.WIDTH * min(done, total) / total)
+        sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (self.WIDTH - filled)}] {done}/{total}")
+        sys.stderr.flush()
+        self.shown = True
+
+    def close(self) -> None:
+        if self.shown:
+            sys.stderr.write("\n")
+            sys.stderr.flush()

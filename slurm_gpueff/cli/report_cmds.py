@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         result = _send(args, config, engine)
     for line in result.lines:
         print(line)
-    print(result.summary())
+    print(result)
     return 1 if result.failed else 0
 
 

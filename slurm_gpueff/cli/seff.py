@@ -3,20 +3,27 @@
 Reads the job database (``paths.database``); never talks to the GPUs. Exit codes: :data:`EPILOG`.
 An id that names more than ``MAX_CARDS`` jobs (an array with its tasks) prints a one-line-per-job
 table instead of the cards; ``--json`` always carries every job.
+
+``seff-gpu -u USER [-A ACCOUNT] [-S START] [-E END] [--json]``: one line per job, with totals. Reads only
+the per-job summary columns (written at ingest by slurm_gpueff.summarize), so a month of a user's jobs is
+one indexed query. Times are local (like sacct) and select jobs by their end time; defaults: the last
+7 days up to now.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from ..sacct import ACTIVE_STATES
-from .common import CONFIG_HELP, CONFIG_NOTE, CommandError, run_command, safe_url
+from .common import CONFIG_HELP, CONFIG_NOTE, CommandError, UsageError, database, run_command, safe_url
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -31,6 +38,7 @@ EXIT_DENIED = 6  # another user's job, and privacy is on (slurm_gpueff.privacy)
 
 MAX_CARDS = 10
 SQUEUE_TIMEOUT_S = 5.0
+TABLE_DAYS = 7  # -u/-A without -S: the jobs of the last week
 
 DESCRIPTION = """\
 Show how well a finished Slurm job used its GPUs: allocated GPU-hours, kernel
@@ -63,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="seff-gpu", description=DESCRIPTION, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("jobid", nargs="?", help="Slurm job id: 123, 123_4 (array task) or 123+1 (het component)")
-    # Many jobs: a reportseff-style table from the stored summaries (slurm_gpueff.cli.seff_table).
+    # Many jobs: a reportseff-style table from the stored summaries (_table).
     p.add_argument("-u", "--user", help="list this user's jobs (one line each, with totals) instead of a card")
     p.add_argument("-A", "--account", help="list this account's jobs (with -u: that user's jobs in it)")
     p.add_argument("-S", "--starttime", dest="start", metavar="TIME", help="jobs that ended from TIME (local; "
@@ -99,7 +107,7 @@ def still_running(spec: JobSpec, state_dir: str, timeout: float = SQUEUE_TIMEOUT
     return f"squeue reports it {active[0]}" if out.returncode == 0 and active else None
 
 
-def lookup(database: str, spec: JobSpec, cluster: str | None) -> list[tuple[Any, list[Any]]]:
+def lookup(db: str, spec: JobSpec, cluster: str | None) -> list[tuple[Any, list[Any]]]:
     """(job, its GPU rows) for every match. Raises RuntimeError with a clear message on DB problems.
 
     SQLite is read with the standard library (storage/sqlite_read.py: the same rows without importing
@@ -107,7 +115,7 @@ def lookup(database: str, spec: JobSpec, cluster: str | None) -> list[tuple[Any,
     """
     from ..storage.dburl import database_url, sqlite_file
 
-    url = database_url(database)
+    url = database_url(db)
     path = sqlite_file(url)
     if path is not None:
         if not os.path.exists(path):
@@ -128,7 +136,7 @@ def lookup(database: str, spec: JobSpec, cluster: str | None) -> list[tuple[Any,
     from ..storage.queries import find_jobs, job_gpus
 
     try:
-        engine = make_engine(database, create=False)
+        engine = make_engine(db, create=False)
     except Exception as exc:  # bad URL, missing driver
         raise RuntimeError(f"cannot open the job database {safe_url(url)}: {exc}") from None
     try:
@@ -165,9 +173,7 @@ def _run(args: argparse.Namespace) -> int:
     from ..jobid import parse
 
     if args.jobid is None:  # the many-jobs table
-        from .seff_table import run as run_table
-
-        return run_table(args, load(args.config))
+        return _table(args, load(args.config))
     return _show(args, parse(args.jobid), load(args.config))  # a bad id is refused before the config is read
 
 
@@ -181,10 +187,8 @@ def _show(args: argparse.Namespace, spec: JobSpec, config: Config) -> int:
         fig = job_figures(job, gpus)
         items.append((job, fig, assess(fig, config.analysis)))
     if args.html:  # the mailed card as a file; the terminal output below is unchanged
-        from ..reports.standalone import write_html
-
         try:
-            for path in write_html(config, found, items, args.html):
+            for path in _write_html(config, found, items, args.html):
                 print(f"wrote {path}", file=sys.stderr)
         except OSError as exc:
             raise CommandError(f"cannot write {args.html}: {exc.strerror or exc}", EXIT_ERROR) from None
@@ -207,6 +211,30 @@ def _show(args: argparse.Namespace, spec: JobSpec, config: Config) -> int:
             print("-" * 80)
         print(render_card(job, fig, diag))
     return EXIT_OK
+
+
+def _write_html(config: Config, found: Sequence[tuple[Any, list[Any]]], items: Sequence[tuple[Any, Any, Any]],
+                path: str) -> list[str]:
+    """``--html``: the mailed card, with its chart as a ``data:`` URI, so the file opens in any browser with
+    nothing next to it; several jobs (an array) give one file each, ``-<job id>`` before the extension.
+    ``found`` = (job, GPU rows), ``items`` = (job, figures, diagnosis), in the same order."""
+    from sqlmodel import Session
+
+    from ..fmt import job_label
+    from ..reports.card import build_card
+    from ..storage.queries import gpu_timelines
+
+    with database(config, create=False) as engine, Session(engine) as session:
+        timelines = [gpu_timelines(session, gpus) for _job, gpus in found]
+    written = []
+    stem, ext = os.path.splitext(path)
+    for (job, gpus), (_j, fig, diag), tl in zip(found, items, timelines, strict=True):
+        card = build_card(job, fig, diag, [tl[g.id] for g in gpus if g.id in tl], config, optout_hint=False)
+        out = path if len(items) == 1 else f"{stem}-{job_label(job)}{ext or '.html'}"
+        with open(out, "w", encoding="utf-8") as fh:
+            fh.write(card.html())
+        written.append(out)
+    return written
 
 
 def _inquire(spec: JobSpec, config: Config, cluster: str | None) -> tuple[list[tuple[Any, list[Any]]], int]:
@@ -241,6 +269,62 @@ def _inquire(spec: JobSpec, config: Config, cluster: str | None) -> tuple[list[t
     if not with_gpus:
         raise CommandError(f"job {spec} had no GPUs allocated: nothing to report", EXIT_NO_GPUS)
     return with_gpus, len(found) - len(with_gpus)
+
+
+def parse_time(text: str) -> datetime:
+    """``YYYY-MM-DD`` or ``YYYY-MM-DDTHH:MM[:SS]`` in local time -> naive UTC (how the DB stores times)."""
+    try:
+        local = datetime.fromisoformat(text)
+    except ValueError:
+        raise UsageError(f"bad time {text!r}: use YYYY-MM-DD or YYYY-MM-DDTHH:MM[:SS]") from None
+    if local.tzinfo is None:
+        local = local.astimezone()  # interpret as this host's local time
+    return local.astimezone(UTC).replace(tzinfo=None)
+
+
+def _table(args: argparse.Namespace, config: Config) -> int:
+    from sqlalchemy.exc import SQLAlchemyError
+    from sqlmodel import Session
+
+    from ..fmt import iso, utc
+    from ..models import utcnow
+    from ..render.jobs_table import as_json, render
+    from ..storage.db import first_line, make_engine
+    from ..storage.queries import list_jobs
+
+    end = parse_time(args.end) if args.end else utcnow()
+    start = parse_time(args.start) if args.start else end - timedelta(days=TABLE_DAYS)
+    if start >= end:
+        raise UsageError("-S/--starttime must be before -E/--endtime")
+    user = args.user
+    from ..privacy import current_user, sees_everything  # like sacct: non-admins see only their own jobs
+
+    uid, name = current_user()
+    if not sees_everything(config.privacy, uid, name):
+        if user is None:
+            user = name
+        elif user != name:
+            raise CommandError(f"you may only list your own jobs (user {name}); [privacy] in the config",
+                               EXIT_DENIED)
+    try:
+        engine = make_engine(config.paths.database, create=False)
+        with Session(engine) as session:
+            jobs = list_jobs(session, user=user, account=args.account, start=start, end=end, cluster=args.cluster)
+        engine.dispose()
+    except SQLAlchemyError as exc:
+        raise CommandError(f"cannot read the job database: {first_line(exc)}", EXIT_ERROR) from None
+    query = {"user": user, "account": args.account, "cluster": args.cluster,
+             "start_utc": iso(start), "end_utc": iso(end)}
+    if args.json:
+        print(json.dumps(as_json(jobs, query), indent=2))
+        return 0
+    who = " ".join(f"{k} {v}" for k, v in (("user", user), ("account", args.account)) if v) or "all users"
+    print(f"GPU jobs of {who} that ended {utc(start)} to {utc(end)}")
+    if not jobs:
+        print("(none)")
+        return 0
+    print(render(jobs))
+    return 0
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from .common import UsageError, at_least_one, database, err, load_config, log_to_stderr
+from .common import ProgressBar, UsageError, at_least_one, database, err, load_config, log_to_stderr
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -66,7 +66,6 @@ def run(args: argparse.Namespace) -> int:
 def _ingest(config: Config, limit: int | None, quiet: bool) -> int:
     from ..storage.ingest import ingest_spool
     from ..summarize import summarize_pending
-    from .progress import ProgressBar
 
     analysed = 0
     with database(config) as engine:

@@ -51,14 +51,6 @@ def run(args: argparse.Namespace) -> int:
     return _config_check(config, args.json)
 
 
-def _toml_value(v: object) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, str):
-        return json.dumps(v)
-    return repr(v)
-
-
 def _config_check(config: Config, as_json: bool) -> int:
     data = config.as_dict()
     if as_json:
@@ -67,6 +59,6 @@ def _config_check(config: Config, as_json: bool) -> int:
     print(f"# effective configuration: {config.source} (valid)")
     for section, values in data.items():
         print(f"\n[{section}]")
-        for key, value in values.items():
-            print(f"{key} = {_toml_value(value)}")
+        for key, value in values.items():  # booleans and strings as TOML writes them, which is JSON's way
+            print(f"{key} = {json.dumps(value) if isinstance(value, bool | str) else repr(value)}")
     return 0

@@ -11,8 +11,7 @@ import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from .common import UsageError, at_least_one, database, err, load_config
-from .progress import ProgressBar
+from .common import ProgressBar, UsageError, at_least_one, database, err, load_config
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine

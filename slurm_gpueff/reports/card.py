@@ -88,7 +88,7 @@ def build_card(job: Job, fig: JobFigures, diag: Diagnosis, timelines: Sequence[S
     who = f"{clean(job.user) or 'n/a'} / {clean(job.account) or 'n/a'}"
     total_cost = prices.fmt(_gpu_cost(fig, prices, "allocated"))
     ctx: dict[str, Any] = {
-        "job_label": label, "raw_id": job.job_id, "name": name, "cluster": clean(job.cluster),
+        "job_label": label, "name": name, "cluster": clean(job.cluster),
         "user": clean(job.user) or "n/a", "simulated": "simulated" in fig.backends, "sim_banner": SIM_BANNER,
         "verdicts": [{"title": v.title, "why": v.why, "advice": list(v.advice), "severity": v.severity}
                      for v in diag.verdicts],

@@ -94,8 +94,7 @@ def job_chart(timelines: Sequence[Sequence[Sequence[Any]]], gpu_count: int) -> b
     ax.plot(hours, s["tensor"], color=COLORS["tensor"], lw=1.4, label="tensor-active")
     ax.set_ylim(0, 105)
     ax.set_xlim(0, max(hours[-1], 1e-9))
-    ax.set_yticks([0, 25, 50, 75, 100])
-    ax.set_yticklabels(["0", "25", "50", "75", "100%"])
+    ax.set_yticks([0, 25, 50, 75, 100], ["0", "25", "50", "75", "100%"])
     ax.set_xlabel("hours since the job started", labelpad=2)
     what = f" (mean of its {gpu_count} GPUs)" if gpu_count > 1 else ""
     _frame(fig, ax, "y", (0.075, 1 - 14 / height), f"Activity over the job{what}")

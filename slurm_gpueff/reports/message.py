@@ -54,8 +54,8 @@ def parts(page: Page, cid_prefix: str, name: str) -> Parts:
                  html_file=html_mail.replace(f"cid:{cid}", _image_name(cid)), images=images, name=name)
 
 
-def build(parts: Parts, *, sender: str, to: Sequence[str], reply_to: str = "",
-          extra_headers: Mapping[str, str] | None = None) -> EmailMessage:
+def build(parts: Parts, *, sender: str, to: Sequence[str], reply_to: str, extra_headers: Mapping[str, str]
+          ) -> EmailMessage:
     msg = EmailMessage(policy=policy.SMTP)
     msg["Subject"] = clean(parts.subject, 200)
     msg["From"] = sender
@@ -63,11 +63,10 @@ def build(parts: Parts, *, sender: str, to: Sequence[str], reply_to: str = "",
     if reply_to:
         msg["Reply-To"] = reply_to
     msg["Date"] = formatdate(localtime=False, usegmt=True)
-    domain = sender.rpartition("@")[2] or "slurm-gpueff"
-    msg["Message-ID"] = make_msgid("gpueff", domain=domain)
+    msg["Message-ID"] = make_msgid("gpueff", domain=sender.rpartition("@")[2] or "slurm-gpueff")
     msg["Auto-Submitted"] = "auto-generated"
     msg["X-Auto-Response-Suppress"] = "All"
-    for key, value in (extra_headers or {}).items():
+    for key, value in extra_headers.items():
         msg[key] = clean(value, 200)
     msg.set_content(parts.text, subtype="plain", charset="utf-8", cte="quoted-printable")
     msg.add_alternative(parts.html_mail, subtype="html", charset="utf-8", cte="quoted-printable")
@@ -78,10 +77,6 @@ def build(parts: Parts, *, sender: str, to: Sequence[str], reply_to: str = "",
     return msg
 
 
-def to_bytes(msg: EmailMessage) -> bytes:
-    return msg.as_bytes(policy=policy.SMTP)
-
-
 def _image_name(cid: str) -> str:
     return cid.split("@")[0].split(".")[0] + ".png"
 
@@ -90,7 +85,7 @@ def archive(folder: str, parts: Parts, msg: EmailMessage) -> str:
     """Write the message and its viewable copies into ``folder``; return the ``.eml`` path."""
     os.makedirs(folder, mode=0o750, exist_ok=True)
     eml = os.path.join(folder, "message.eml")
-    atomic_write(eml, to_bytes(msg), FILE_MODE)
+    atomic_write(eml, msg.as_bytes(), FILE_MODE)  # in the message's own policy: SMTP's CRLF
     atomic_write(os.path.join(folder, f"{parts.name}.html"), parts.html_file.encode("utf-8"), FILE_MODE)
     atomic_write(os.path.join(folder, f"{parts.name}.txt"), parts.text.encode("utf-8"), FILE_MODE)
     for cid, png in parts.images.items():

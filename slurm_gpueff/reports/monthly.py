@@ -7,7 +7,7 @@ The presenter: the plain data of :mod:`.queries`, priced per GPU model and forma
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 from sqlmodel import Session
@@ -35,8 +35,7 @@ def month_bounds(month: str) -> tuple[datetime, datetime]:
 
 
 def previous_month(month: str) -> str:
-    start, _ = month_bounds(month)
-    return f"{start.year - 1}-12" if start.month == 1 else f"{start.year}-{start.month - 1:02d}"
+    return (month_bounds(month)[0] - timedelta(days=1)).strftime("%Y-%m")
 
 
 def month_title(month: str) -> str:
@@ -133,9 +132,9 @@ def build_summary(session: Session, config: Config, month: str, account: str | N
                                 key=lambda v: ORDER.get(v.verdict or "", 99))]
     top_jobs = [{"id": fmt.job_label(j), "name": clean(j.job_name, 28), "user": clean(j.user, 20) or "n/a",
                  "account": clean(j.account, 20) or "n/a", "hours": fmt.gpu_hours(j.gpu_hours),
-                 "wasted": fmt.gpu_hours(j.wasted), "wasted_share": fmt.pct(share(j.wasted, j.gpu_hours)),
+                 "wasted": fmt.gpu_hours(wasted), "wasted_share": fmt.pct(share(wasted, j.gpu_hours)),
                  "verdict": clean(j.verdict_title, 40) or "no verdict", "gpus": j.gpu_count}
-                for j in queries.most_wasteful(session, start, end, account)]
+                for j, wasted in queries.most_wasteful(session, start, end, account)]
     title = month_title(month)
     trend = {
         "prev_title": month_title(prev), "has_prev": prev_t.jobs > 0,

@@ -1,4 +1,4 @@
-"""What the reports read from the database: SQL only, returning plain data.
+"""What the reports read from the database: SQL only, returning plain data or Job rows.
 
 Figures come from the per-job summary columns (written by :mod:`slurm_gpueff.summarize`) through SQL
 aggregates, so a month of a large site stays fast. A job belongs to the month in which it *ended* (UTC).
@@ -39,23 +39,6 @@ class VerdictCount(NamedTuple):
     hours: float
     wasted: float
     users: int
-
-
-class WastefulJob(NamedTuple):
-    """One of the jobs that lost the most GPU-hours (the fields :func:`slurm_gpueff.fmt.job_label` reads)."""
-
-    job_id: int
-    array_job_id: int | None
-    array_task_id: int | None
-    het_job_id: int | None
-    het_job_offset: int | None
-    job_name: str | None
-    user: str | None
-    account: str | None
-    gpu_count: int
-    gpu_hours: float | None
-    wasted: float
-    verdict_title: str | None
 
 
 def _where(start: datetime, end: datetime, account: str | None) -> list[ColumnElement[bool]]:
@@ -116,13 +99,11 @@ def worst_verdict_by(session: Session, by: str, start: datetime, end: datetime, 
 
 
 def most_wasteful(session: Session, start: datetime, end: datetime, account: str | None, limit: int = 10
-                  ) -> list[WastefulJob]:
-    stmt = (select_model(Job).where(*_where(start, end, account), col(Job.idle_gpu_hours).is_not(None))
+                  ) -> list[tuple[Job, float]]:
+    """The jobs that lost the most GPU-hours, each with those hours."""
+    stmt = (select_model(Job, WASTED).where(*_where(start, end, account), col(Job.idle_gpu_hours).is_not(None))
             .order_by(WASTED.desc(), col(Job.id)).limit(limit))
-    return [WastefulJob(j.job_id, j.array_job_id, j.array_task_id, j.het_job_id, j.het_job_offset, j.job_name,
-                        j.user, j.account, j.gpu_count, j.gpu_hours,
-                        (j.idle_gpu_hours or 0.0) + (j.underfilled_gpu_hours or 0.0), j.verdict_title)
-            for j in session.exec(stmt).all()]
+    return [(j, float(w)) for j, w in session.exec(stmt).all()]
 
 
 def accounts_with_jobs(session: Session, start: datetime, end: datetime) -> set[str]:

@@ -13,11 +13,11 @@ not reconsidered on every run).
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from email.utils import parseaddr
+from pathlib import Path
 
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
@@ -43,19 +43,16 @@ class RunResult:
     retried: int = 0
     lines: list[str] = field(default_factory=list)
 
-    def summary(self) -> str:
+    def __str__(self) -> str:  # the summary line: `gpueff report` prints it, the scheduler logs it
         return (f"sent {self.sent}, written (dry-run) {self.written}, skipped {self.skipped}, "
                 f"failed {self.failed} (kept for retry), retried {self.retried}")
-
-    __str__ = summary  # the scheduler logs ``f"{result}"``
 
 
 def owner_address(job: Job, rep: ReportsConfig) -> str | None:
     """addresses[user], else the pattern; None if unusable."""
-    user = job.user
-    if not user:
+    if not job.user:
         return None
-    return valid_address(rep.addresses.get(user) or rep.address_pattern.format(user=user))
+    return valid_address(rep.addresses.get(job.user) or rep.address_pattern.format(user=job.user))
 
 
 def valid_address(addr: str | None) -> str | None:
@@ -85,8 +82,7 @@ def render_job_card(session: Session, job: Job, config: Config) -> Page:
 
 
 def _deliver(session: Session, row: ReportLog, config: Config, parts: message.Parts, to: list[str], folder: str,
-             dry_run: bool, now: datetime, result: RunResult, sleep: Callable[[float], None],
-             headers: dict[str, str] | None = None) -> None:
+             dry_run: bool, now: datetime, result: RunResult, headers: dict[str, str]) -> None:
     mail = config.mail
     msg = message.build(parts, sender=mail.from_address, to=to, reply_to=mail.reply_to, extra_headers=headers)
     eml = message.archive(folder, parts, msg)
@@ -96,7 +92,7 @@ def _deliver(session: Session, row: ReportLog, config: Config, parts: message.Pa
         result.lines.append(f"wrote {eml}")
         return
     try:
-        smtp.send(mail, to, message.to_bytes(msg), sleep=sleep)
+        smtp.send(mail, to, msg.as_bytes())
     except smtp.DeliveryError as exc:
         status = "abandoned" if exc.permanent else "failed"
         sentlog.finish(session, row, status, now=now, reason=str(exc), archive=eml,
@@ -110,7 +106,7 @@ def _deliver(session: Session, row: ReportLog, config: Config, parts: message.Pa
 
 
 def send_cards(config: Config, engine: Engine, *, dry_run: bool | None = None, now: datetime | None = None,
-               limit: int | None = None, sleep: Callable[[float], None] = time.sleep) -> RunResult:
+               limit: int | None = None) -> RunResult:
     """Send (or in dry-run write) the cards of recently ended jobs; see the module docstring for who.
 
     A real run first retries the failed messages that are due (:func:`retry_failed`): one run is one
@@ -118,9 +114,7 @@ def send_cards(config: Config, engine: Engine, *, dry_run: bool | None = None, n
     dry = config.mail.dry_run if dry_run is None else dry_run
     now = now or sentlog.utcnow()
     rep = config.reports
-    result = RunResult()
-    if not dry:
-        result = retry_failed(config, engine, now=now, sleep=sleep)
+    result = RunResult() if dry else retry_failed(config, engine, now=now)
     with Session(engine) as session:
         optouts = sentlog.opted_out(session, rep.optout_file)
         for job in queries.card_candidates(session, config, now, dry, limit):
@@ -147,20 +141,18 @@ def send_cards(config: Config, engine: Engine, *, dry_run: bool | None = None, n
             try:
                 parts = message.parts(render_job_card(session, job, config), CHART_CID, "card")
             except Exception as exc:  # a bad row must not stop the other cards
-                sentlog.finish(session, row, "abandoned", now=now, reason=f"could not render: {exc}",
-                               max_attempts=1)
+                sentlog.finish(session, row, "abandoned", now=now, reason=f"could not render: {exc}")
                 result.failed += 1
                 result.lines.append(f"card {subject}: could not render: {exc}")
                 continue
             folder = _archive_dir(rep, "cards", naive_utc(job.end_time) or now, f"{job.cluster}-{job_label(job)}",
                                   dry)
-            _deliver(session, row, config, parts, [addr], folder, dry, now, result, sleep,  # type: ignore[list-item]
+            _deliver(session, row, config, parts, [addr], folder, dry, now, result,  # type: ignore[list-item]
                      {"X-Gpueff-Job": f"{job.cluster}:{job_label(job)}"})
     return result
 
 
-def retry_failed(config: Config, engine: Engine, *, now: datetime | None = None,
-                 sleep: Callable[[float], None] = time.sleep) -> RunResult:
+def retry_failed(config: Config, engine: Engine, *, now: datetime | None = None) -> RunResult:
     """Re-send failed messages whose next try is due, from their archived .eml."""
     now = now or sentlog.utcnow()
     mail = config.mail
@@ -171,9 +163,7 @@ def retry_failed(config: Config, engine: Engine, *, now: datetime | None = None,
             try:
                 if not row.archive or not os.path.exists(row.archive):
                     raise smtp.DeliveryError(f"archived message {row.archive} is gone", permanent=True)
-                with open(row.archive, "rb") as fh:
-                    data = fh.read()
-                smtp.send(mail, to, data, sleep=sleep)
+                smtp.send(mail, to, Path(row.archive).read_bytes())
             except smtp.DeliveryError as exc:
                 sentlog.finish(session, row, "abandoned" if exc.permanent else "failed", now=now, reason=str(exc),
                                retry_after_s=mail.retry_after_s, max_attempts=mail.max_attempts)
@@ -193,8 +183,7 @@ def _leads(rep: ReportsConfig, account: str) -> list[str]:
 
 
 def send_monthly(config: Config, engine: Engine, *, month: str | None = None, account: str | None = None,
-                 site: bool | None = None, dry_run: bool | None = None, now: datetime | None = None,
-                 sleep: Callable[[float], None] = time.sleep) -> RunResult:
+                 site: bool | None = None, dry_run: bool | None = None, now: datetime | None = None) -> RunResult:
     """Monthly summaries: one per account with leads (or just ``account``), plus the site-wide one for
     ``reports.admins``. In dry-run, accounts without leads are written too (addressed to nobody), so a
     site can look at them before configuring leads."""
@@ -220,12 +209,12 @@ def send_monthly(config: Config, engine: Engine, *, month: str | None = None, ac
             if summary.context["jobs"] == 0 and acc is not None and acc not in rep.leads:
                 continue
             row = sentlog.claim(session, kind="monthly", subject=f"{month}:{label}", dry_run=dry, now=now,
-                                user=None, recipients=",".join(to))
+                                recipients=",".join(to))
             if row is None:
                 result.lines.append(f"monthly {month} {label}: already {'written' if dry else 'sent'}")
                 continue
             parts = message.parts(summary, "monthly-chart", "summary")
             folder = _archive_dir(rep, "monthly", start, label if acc is not None else "site", dry)
             _deliver(session, row, config, parts, to or ["undisclosed-recipients:;"], folder, dry, now, result,
-                     sleep, {"X-Gpueff-Month": month})
+                     {"X-Gpueff-Month": month})
     return result

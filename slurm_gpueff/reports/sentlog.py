@@ -56,13 +56,13 @@ def opted_out(session: Session, optout_file: str = "") -> set[str]:
     return users
 
 
-def set_optout(session: Session, users: Iterable[str], opt_out: bool, note: str | None = None) -> list[str]:
+def set_optout(session: Session, users: Iterable[str], opt_out: bool) -> list[str]:
     """Add (or remove) users; return those whose state changed."""
     changed = []
     for user in users:
         row = session.get(ReportOptOut, user)
         if opt_out and row is None:
-            session.add(ReportOptOut(user=user, created_at=utcnow(), note=note))
+            session.add(ReportOptOut(user=user, created_at=utcnow()))
             changed.append(user)
         elif not opt_out and row is not None:
             session.delete(row)

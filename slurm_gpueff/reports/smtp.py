@@ -12,7 +12,7 @@ from __future__ import annotations
 import smtplib
 import ssl
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from ..config import MailConfig
 
@@ -76,8 +76,7 @@ def send_once(mail: MailConfig, recipients: Sequence[str], data: bytes) -> None:
             raise DeliveryError("some recipients refused: " + ", ".join(refused), permanent=True)
 
 
-def send(mail: MailConfig, recipients: Sequence[str], data: bytes, *,
-         sleep: Callable[[float], None] = time.sleep) -> int:
+def send(mail: MailConfig, recipients: Sequence[str], data: bytes) -> int:
     """Deliver with up to ``mail.retries`` tries; return the number of tries. Raises DeliveryError."""
     last: BaseException | None = None
     for attempt in range(1, mail.retries + 1):
@@ -89,5 +88,5 @@ def send(mail: MailConfig, recipients: Sequence[str], data: bytes, *,
             if _permanent(exc):
                 raise DeliveryError(_describe(exc), permanent=True) from None
             if attempt < mail.retries:
-                sleep(mail.backoff_s * 2 ** (attempt - 1))
+                time.sleep(mail.backoff_s * 2 ** (attempt - 1))
     raise DeliveryError(f"{_describe(last)} (after {mail.retries} tries)" if last else "not sent")

@@ -23,10 +23,8 @@ from .. import fmt
 @cache
 def environment() -> Environment:
     env = Environment(loader=PackageLoader("slurm_gpueff.reports", "templates"),
-                      autoescape=select_autoescape(enabled_extensions=("html.j2", "html"),
-                                                   default_for_string=False),
-                      undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True,
-                      keep_trailing_newline=True)
+                      autoescape=select_autoescape(["html.j2"]), undefined=StrictUndefined,
+                      trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
     env.filters.update(pct=fmt.pct, hours=fmt.gpu_hours, stack=stack, words=lambda s: " ".join(str(s).split()))
     return env
 

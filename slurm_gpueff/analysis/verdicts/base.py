@@ -78,13 +78,13 @@ class Context:
     skipped: list[Skipped] = field(default_factory=list)
 
 
-def of_n(involved: int, total: int, noun: str = "GPU") -> str:
+def of_n(involved: int, total: int) -> str:
     """'the GPU', 'both GPUs', '3 of 4 GPUs', 'all 4 GPUs'."""
     if total == 1:
-        return f"the {noun}"
+        return "the GPU"
     if involved == total:
-        return f"both {noun}s" if total == 2 else f"all {total} {noun}s"
-    return f"{involved} of {total} {noun}{'s' if total > 1 else ''}"
+        return "both GPUs" if total == 2 else f"all {total} GPUs"
+    return f"{involved} of {total} GPUs"
 
 
 @cache
@@ -92,12 +92,11 @@ def load_text(name: str) -> dict[str, Any]:
     """The message template of a verdict (validated: title, why, 2-3 advice items)."""
     path = resources.files("slurm_gpueff.analysis.verdicts").joinpath("text", f"{name}.toml")
     data = tomllib.loads(path.read_text(encoding="utf-8"))
-    advice = data.get("advice")
     for key in ("label", "title", "why"):
         if not isinstance(data.get(key), str) or not data[key].strip():
             raise ValueError(f"verdict text {name}.toml needs a string {key!r}")
-    if not isinstance(advice, list) or not 2 <= len(advice) <= 3 or not all(isinstance(a, str)
-                                                                            for a in advice):
+    advice = data.get("advice")
+    if not (isinstance(advice, list) and 2 <= len(advice) <= 3 and all(isinstance(a, str) for a in advice)):
         raise ValueError(f"verdict text {name}.toml needs 'advice': a list of 2 or 3 strings")
     return data
 
@@ -132,12 +131,10 @@ class Rule:
     def need(gpus: Sequence[GpuFigures], *metrics: str) -> list[GpuFigures]:
         """GPUs on which every metric was measured; NotAssessed if there are none."""
         ok = [g for g in gpus if all(_value(g, m) is not None for m in metrics)]
-        if gpus and not ok:
-            for m in metrics:
-                lacking = [g for g in gpus if _value(g, m) is None]
-                if lacking:
-                    label, why = LABELS.get(m, m), _missing_reason(lacking[0], m)
-                    raise NotAssessed(f"{label}: {why}", figure=label, detail=why)
+        if gpus and not ok:  # the first metric some GPU lacks, with that GPU's reason
+            metric, lacking = next((m, g) for m in metrics for g in gpus if _value(g, m) is None)
+            label, why = LABELS.get(metric, metric), _missing_reason(lacking, metric)
+            raise NotAssessed(f"{label}: {why}", figure=label, detail=why)
         return ok
 
 
