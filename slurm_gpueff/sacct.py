@@ -80,6 +80,8 @@ class SacctJob:
     exit_code: int | None = None
     signal: int | None = None
     alloc_tres: str | None = None
+    restarts: int | None = None      # this run's restart count (JSON restart_cnt, -P Restarts): its run index
+    sluid: str | None = None         # 26.05+: the run's Slurm-unique id, new on each requeue
     source: str = "json"             # "json" or "parsable": which sacct output it came from
     notes: list[str] = field(default_factory=list)
 
@@ -246,6 +248,9 @@ def _job_from_json(j: dict[str, Any]) -> SacctJob:
     job.elapsed_s = float(elapsed) if isinstance(elapsed, int | float) and not isinstance(elapsed, bool) else None
     job.state_text = str(state_text) if state_text else None
     job.state = state_word(job.state_text)
+    restarts = j.get("restart_cnt")
+    job.restarts = _int(_obj(restarts).get("number") if isinstance(restarts, dict) else restarts)
+    job.sluid = _text(j.get("sluid"))
     ec = _obj(j.get("exit_code"))
     code = _int(ec.get("return_code"))
     sig = _obj(ec.get("signal"))
@@ -327,13 +332,14 @@ class SacctReader:
         s = config.sacct
         return cls(command=s.command, timeout_s=s.timeout_s, batch_size=s.batch_size, fmt=s.format)
 
-    def jobs(self, job_ids: Iterable[int], cluster: str | None = None) -> list[SacctJob]:
-        """Accounting records of these raw job ids (only those sacct knows; array ids expand to tasks)."""
+    def jobs(self, job_ids: Iterable[int], cluster: str | None = None, runs: bool = False) -> list[SacctJob]:
+        """Accounting records of these raw job ids (only those sacct knows; array ids expand to tasks); with
+        ``runs``, every run of a requeued job (``-D``), else only its last."""
         ids = sorted({int(i) for i in job_ids})
         out: list[SacctJob] = []
         for k in range(0, len(ids), self.batch_size):
             chunk = ids[k:k + self.batch_size]
-            out.extend(self._query(["-j", ",".join(map(str, chunk))], cluster))
+            out.extend(self._query([*(["-D"] if runs else []), "-j", ",".join(map(str, chunk))], cluster))
         return out
 
     def window(self, since: float, until: float, cluster: str | None = None) -> list[SacctJob]:
