@@ -30,14 +30,20 @@ def utcnow() -> datetime:
 
 
 class Job(SQLModel, table=True):
-    """A Slurm job that had (or should have had) GPUs."""
+    """One run of a Slurm job that had (or should have had) GPUs: a requeued job has a row per run.
+
+    ``run`` is the run's restart count (0: the first run); a negative ``run`` is a run the Epilog could not
+    settle without its Prolog's state, until enrichment settles it (docs/DESIGN.md, "Runs").
+    """
 
     __tablename__ = "job"
-    __table_args__ = (UniqueConstraint("cluster", "job_id", name="uq_job_cluster_job_id"),)
+    __table_args__ = (UniqueConstraint("cluster", "job_id", "run", name="uq_job_cluster_job_id_run"),)
 
     id: int | None = Field(default=None, primary_key=True)
     cluster: str = Field(max_length=64)
     job_id: int = Field(sa_type=BigInteger, index=True)
+    run: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
+    sluid: str | None = Field(default=None, max_length=32)
     array_job_id: int | None = Field(default=None, sa_type=BigInteger, index=True)
     array_task_id: int | None = Field(default=None, sa_type=BigInteger)
     het_job_id: int | None = Field(default=None, sa_type=BigInteger, index=True)
