@@ -194,8 +194,9 @@ def _show(args: argparse.Namespace, spec: JobSpec, config: Config) -> int:
             raise CommandError(f"cannot write {args.html}: {exc.strerror or exc}", EXIT_ERROR) from None
     from ..render import dumps, render_card, render_table
 
+    items, runs = by_job(items)
     if args.json:
-        print(dumps(items))
+        print(dumps(items, runs))
         return EXIT_OK
     if len(items) > 1:
         print(f"{len(items)} jobs match {spec}" + (f" ({skipped} without GPUs not shown)" if skipped else ""))
@@ -205,12 +206,22 @@ def _show(args: argparse.Namespace, spec: JobSpec, config: Config) -> int:
         print()
         print(f"For one job's card: seff-gpu {spec.job}_<task> (array) or the raw job id.")
         return EXIT_OK
-    for n, (job, fig, diag) in enumerate(items):
+    for n, ((job, fig, diag), job_runs) in enumerate(zip(items, runs, strict=True)):
         if n:
             print()
             print("-" * 80)
-        print(render_card(job, fig, diag))
+        print(render_card(job, fig, diag, job_runs))
     return EXIT_OK
+
+
+def by_job(items: list[tuple[Any, Any, Any]]) -> tuple[list[tuple[Any, Any, Any]], list[list[tuple[Any, Any]]]]:
+    """A requeued job's runs (a row each) as one item, its last run's, and each item's runs by end time."""
+    groups: dict[tuple[str, int], list[tuple[Any, Any, Any]]] = {}
+    for item in items:
+        groups.setdefault((item[0].cluster, item[0].job_id), []).append(item)
+    for group in groups.values():
+        group.sort(key=lambda it: (it[0].end_time is not None, it[0].end_time or 0, it[0].run))
+    return [g[-1] for g in groups.values()], [[(j, f) for j, f, _d in g] for g in groups.values()]
 
 
 def _write_html(config: Config, found: Sequence[tuple[Any, list[Any]]], items: Sequence[tuple[Any, Any, Any]],

@@ -187,8 +187,30 @@ def measured_by(job: Job, fig: JobFigures) -> list[str]:
     return out
 
 
-def render_card(job: Job, fig: JobFigures, diag: Diagnosis) -> str:
-    """The card of one job, as printed by ``seff-gpu``."""
+Runs = Sequence[tuple["Job", JobFigures]]  # a requeued job's runs, in order, the card's own last
+
+
+def runs_line(runs: Runs) -> str:
+    """``requeued once: 2 runs, 0.40 + 1.20 GPU-h (1.60 in all)``: every run's GPU-hours, n/a with the reason
+    where a run's are unknown; the card's other figures are the last run's."""
+    n = len(runs)
+    times = {2: "once", 3: "twice"}.get(n, f"{n - 1} times")
+    hours = [f.hours for _j, f in runs]
+    parts = " + ".join(gpu_hours(h) if h is not None else na(f.missing.get("gpu_hours")) for (_j, f), h
+                       in zip(runs, hours, strict=True))
+    known = [h for h in hours if h is not None]
+    total = (f"{gpu_hours(sum(known))} in all" if len(known) == n
+             else f"{gpu_hours(sum(known))} in the {len(known)} runs known" if known else "")
+    notes = [total] if total else []
+    if any(j.run < 0 for j, _f in runs):
+        notes.append("run order pending accounting")
+    notes.append("the figures below are the last run's")
+    return f"requeued {times}: {n} runs, {parts} GPU-h ({'; '.join(notes)})"
+
+
+def render_card(job: Job, fig: JobFigures, diag: Diagnosis, runs: Runs = ()) -> str:
+    """The card of one job, as printed by ``seff-gpu``; with ``runs`` (a requeued job's, this one last) a
+    Runs line after the GPU-hours."""
     lines: list[str] = []
     if "simulated" in fig.backends:
         lines.append(SIM_BANNER)
@@ -209,6 +231,7 @@ def render_card(job: Job, fig: JobFigures, diag: Diagnosis) -> str:
         ("State", state_text(job)), ("Partition", job.partition or "n/a"), ("Nodes", _nodes_line(job, fig)),
         ("GPUs", gpus_line(job, fig)), ("Elapsed", hms(fig.elapsed_s)),
         ("GPU-hours allocated", gpu_hours(fig.hours) if fig.hours is not None else na(fig.missing.get("gpu_hours"))),
+        *([("Runs", runs_line(runs))] if len(runs) > 1 else []),
         ("Kernel-active", kernel), ("SM-active", sm),
         ("Tensor-active", _figure(fig, "tensor_active", na_)), ("DRAM-active", _figure(fig, "dram_active", na_)),
         ("Peak GPU memory", _memory(fig, na_)), ("Energy", _energy(fig, na_)),
