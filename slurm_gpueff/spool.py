@@ -36,11 +36,12 @@ def record_name(job_id: int, node: str, run: str = "") -> str:
 
 
 def run_tag(rec: dict[str, Any]) -> str:
-    """``""`` for run 0, ``r<run>`` for a later run, ``r<count>p<start or end time>`` for a run the Epilog could
-    not settle (two runs may carry the same provisional count; their times tell them apart)."""
+    """``""`` for run 0, ``r<run>`` for a later run, ``r<count>p<start s | end ms>`` for a run the Epilog could
+    not settle (two runs may carry the same provisional count; their start, else end, times tell them apart)."""
     run = rec.get("run") or 0
     if rec.get("run_provisional"):
-        return f"r{int(run)}p{int(rec.get('start_time') or rec['end_time'])}"
+        start = rec.get("start_time")
+        return f"r{int(run)}p{int(start) if start else int(rec['end_time'] * 1000)}"
     return f"r{int(run)}" if run else ""
 
 

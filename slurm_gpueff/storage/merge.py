@@ -82,11 +82,11 @@ def job_key(rec: Row) -> Key:
 def run_key(rec: Row) -> int:
     """The record's ``job.run``: its run, or for a run the Epilog could not settle (``run_provisional``) a
     negative stand-in that enrichment replaces (docs/DESIGN.md, "Runs"): minus the run's start time, which
-    every node of the run shares (SLURM_JOB_START_TIME), else minus the provisional count."""
-    run = rec.get("run") or 0
+    every node of the run shares (SLURM_JOB_START_TIME), else minus its end time (a row per node until
+    enrichment puts them together)."""
     if not rec.get("run_provisional"):
-        return int(run)
-    return -int(rec.get("start_time") or run or 1)
+        return int(rec.get("run") or 0)
+    return -int(rec.get("start_time") or rec["end_time"])
 
 
 def merge(recs: list[Row], stored_jobs: dict[Key, Row], stored_gpus: dict[Key, dict[Spot, Row]],
