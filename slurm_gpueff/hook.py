@@ -246,7 +246,7 @@ class HookRun:
         saved = {"start": state, "start_time": now, "gpus": job.gpu_indexes, "backend": self.backend,
                  "reason": "; ".join(reasons) or None, "run": run, "sluid": job.sluid,
                  "written_at": time.time(), "writer": WRITER}
-        path = state_path(cfg, job_id, run)
+        path = state_path(cfg, job_id)
         try:
             save_state(path, saved)
         except OSError as exc:
@@ -259,13 +259,12 @@ class HookRun:
     def epilog(self, cfg: Config, job_id: int) -> None:
         job, env = self.job, self.env
         end = _clock(cfg, env)
-        saved_path: str | None = None
+        saved_path = state_path(cfg, job_id)
         self.jc = self.job_context(cfg, job.gpu_indexes, job.start_time, end)
 
         def work() -> Measurement:
-            nonlocal saved_path
             # Reading the state file is in here too: on a hung filesystem it blocks like a collector would.
-            saved_path, self.saved, self.state_problem = self.find_state(cfg, job_id)
+            self.saved, self.state_problem = self.find_state(saved_path)
             saved = self.saved or {}
             gpus = job.gpu_indexes or _saved_gpus(saved)
             self.jc = jc = self.job_context(cfg, gpus, saved.get("start_time") or job.start_time, end)
@@ -305,8 +304,7 @@ class HookRun:
         if primary:
             spool_fallback.drain(cfg, env, self.log)
         try:
-            if saved_path:
-                os.unlink(saved_path)
+            os.unlink(saved_path)  # another run's, too: that run's Epilog never came
         except FileNotFoundError:
             pass
         except OSError as exc:
@@ -315,27 +313,26 @@ class HookRun:
                  f"job {job_id}: record {path} ({meas.backend}, {len(meas.gpus)} GPU(s))"
                  + (f"; {rec['reason']}" if rec["reason"] else ""))
 
-    def find_state(self, cfg: Config, job_id: int) -> tuple[str | None, dict[str, Any] | None, str | None]:
-        """(path, saved state, problem) of this run's Prolog state, and ``run`` set (docs/DESIGN.md, "Runs").
+    def find_state(self, path: str) -> tuple[dict[str, Any] | None, str | None]:
+        """(saved state, problem) at ``path``, and ``run_index`` set (docs/DESIGN.md, "Runs").
 
-        The Epilog's restart count is this run's, or one more when a requeue ended the run: the Prolog's
-        state of either run is looked for, the earlier first (a requeued run's Epilog can come after the
-        next run's Prolog); a state whose SLUID is another run's is not this run's. Without any, the run is
-        the count, provisional when above 0: enrichment settles it (storage/enrich.py).
+        The Epilog's restart count is this run's, or one more when a requeue ended the run, so the run is
+        the one the Prolog saved when it is one of those two and the state is not surely another run's
+        (:func:`_other_run`: left by a run whose Epilog never came). Without it the run is the count,
+        provisional when above 0: enrichment settles it (storage/enrich.py).
         """
         job = self.job
         count = job.restart_count or 0
-        for run in (count - 1, count) if count else (0,):
-            path = state_path(cfg, job_id, run)
-            saved, problem = load_state(path)
-            if saved is None and problem == NO_STATE:
-                continue
-            if saved is not None and _other_run(job, saved):
-                continue
+        saved, problem = load_state(path)
+        if saved is not None and _other_run(job, saved):
+            saved, problem = None, f"the Prolog state {path} is another run's (its SLUID differs, or it was saved " \
+                                   "before this run started)"
+        run = saved.get("run") if saved is not None else None
+        if isinstance(run, int) and not isinstance(run, bool) and count - 1 <= run <= count:
             self.run_index = run
-            return path, saved, problem
-        self.run_index, self.run_provisional = count, count > 0
-        return None, None, NO_STATE
+        else:
+            self.run_index, self.run_provisional = count, count > 0
+        return saved, problem
 
 
 def _other_run(job: slurmenv.HookEnv, saved: dict[str, Any]) -> bool:
@@ -351,11 +348,12 @@ STATE_SKEW_S = 30.0
 NO_STATE = "no Prolog state for this job (the Prolog did not run, failed, or its state was lost)"
 
 
-def state_path(cfg: Config, job_id: int, run: int = 0) -> str:
-    """Where the Prolog leaves the job's state (:meth:`HookRun.prolog`'s ``saved``) for the Epilog, one file
-    per run (a requeued run's Prolog may come before the Epilog of the run before it). Losing it costs the
-    job's start time and start counters, never its record: :func:`load_state` says why."""
-    return os.path.join(cfg.paths.state_dir, "jobs", f"{int(job_id)}{f'.r{int(run)}' if run else ''}.json")
+def state_path(cfg: Config, job_id: int) -> str:
+    """Where the Prolog leaves the job's state (:meth:`HookRun.prolog`'s ``saved``, with its run) for the
+    Epilog. One per job, whatever the run: Slurm holds a requeued job until its Epilogs have finished, so the
+    next run's Prolog comes after them. Losing it costs the job's start time and start counters, never its
+    record: :func:`load_state` says why."""
+    return os.path.join(cfg.paths.state_dir, "jobs", f"{int(job_id)}.json")
 
 
 def save_state(path: str, saved: dict[str, Any]) -> None:

@@ -15,6 +15,7 @@ from datetime import UTC
 
 import pytest
 from hooksite import HookSite, make_record
+from pgutil import pg_url  # noqa: F401  (fixture)
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlmodel import Session, select
@@ -92,34 +93,26 @@ def test_each_run_is_its_own_record(tmp_path, version):
     assert not os.listdir(os.path.join(node.site.state, "jobs"))  # both states consumed
 
 
-@pytest.mark.parametrize("version", sorted(VERSIONS))
-def test_next_runs_prolog_before_the_requeued_runs_epilog(tmp_path, version):
-    """Per-run state files: run 1's Prolog does not take run 0's state from run 0's Epilog."""
-    node, jid = Node(tmp_path, version), VERSIONS[version]
-    for which in ("prolog0", "prolog1", "epilog0", "epilog1"):
-        node.run(which)
-    recs = node.records()
-    assert {n: r["run"] for n, r in recs.items()} == {f"job-{jid}-vm.json": 0, f"job-{jid}-r1-vm.json": 1}
-    assert not any(r["run_provisional"] for r in recs.values())
-
-
 @pytest.mark.parametrize("version", ["24.11.5", "26.05.5"])
 def test_a_state_left_by_an_earlier_run_is_not_taken(tmp_path, version):
-    """Run 0's Epilog never ran on this node: run 1's Epilog (count 1) must not take run 0's state; the
-    SLUID (26.05) or SLURM_JOB_START_TIME (24.11+) tells them apart."""
+    """Run 0's Epilog never came and run 1's Prolog did not run on this node: run 1's Epilog (count 1) must
+    not take run 0's state for its own. Run 0's SLUID (26.05) or its Prolog's time before SLURM_JOB_START_TIME
+    (24.11+) tells them apart; the run is then provisional and the stale state removed."""
     node, jid = Node(tmp_path, version), VERSIONS[version]
-    state = os.path.join(node.site.state, "jobs")
+    path = node.site.state_file(jid)
     node.run("prolog0")
-    with open(os.path.join(state, f"{jid}.json")) as fh:  # a Prolog well before this run's start
+    with open(path) as fh:
         saved = json.load(fh)
+    # a run 0 that ran two minutes (the captured one was requeued after a second: within the clock allowance)
     saved["start_time"] = float(captured_env(version, "epilog1")["SLURM_JOB_START_TIME"]) - 120
-    with open(os.path.join(state, f"{jid}.json"), "w") as fh:
+    with open(path, "w") as fh:
         json.dump(saved, fh)
-    node.run("prolog1")
     node.run("epilog1")
     (rec,) = node.records().values()
-    assert (rec["run"], rec["run_provisional"]) == (1, False)
-    assert os.listdir(state) == [f"{jid}.json"]  # run 0's, untouched
+    assert (rec["run"], rec["run_provisional"]) == (1, True)
+    assert "is another run's" in rec["reason"] and "start time from SLURM_JOB_START_TIME" in rec["reason"]
+    assert rec["start_time"] == float(captured_env(version, "epilog1")["SLURM_JOB_START_TIME"])
+    assert not os.path.exists(path)
 
 
 @pytest.mark.parametrize("version", sorted(VERSIONS))
@@ -327,4 +320,23 @@ def test_an_old_database_is_upgraded_to_runs_keeping_its_rows(tmp_path):
     con.close()
     with engine.connect() as conn:
         assert migrate.diffs(conn) == []
+    engine.dispose()
+
+
+@pytest.mark.postgres
+def test_two_runs_on_postgres(tmp_path, pg_url):  # noqa: F811
+    """The same on PostgreSQL (COPY path, the run in the unique key, the rollup's count of last runs)."""
+    migrate.upgrade(make_engine(pg_url, create=False))
+    engine = make_engine(pg_url)
+    sp = str(tmp_path / "spool")
+    for r in run_records("26.05.5"):
+        spool.write_record(sp, r)
+    assert ingest_spool(engine, sp).ingested == 2
+    assert enrich_jobs(engine, DashD("26.05.5"), settle_s=0).enriched == 2
+    assert summarize_pending(engine) == 2
+    refresh(engine, full=True)
+    r0, r1 = rows(engine)
+    with engine.connect() as conn:
+        (month,) = usage(conn, period="month", by="site")
+    assert (month["jobs"], month["gpu_hours"]) == (1, pytest.approx(r0.gpu_hours + r1.gpu_hours))
     engine.dispose()
