@@ -186,3 +186,18 @@ def test_number_unwraps_every_form():
     assert plugin_name({"plugins": {"data_parser": "data_parser/v0.0.39"}}) == "data_parser/v0.0.39"
     assert exit_codes_wrong("data_parser/v0.0.39") and exit_codes_wrong("v0.0.39")
     assert not any(exit_codes_wrong(p) for p in ("data_parser/v0.0.40", "data_parser/v0.0.45", None, ""))
+
+
+def test_public_23_02_capture():
+    """Real sacct --json of Slurm 23.02.8 (tests/data/sacct/public/README.md): v0.0.39's mixed plain and
+    wrapped integers, and the plugin name under meta.plugins that makes the reader ask -P for exit codes."""
+    with open(os.path.join(DATA, "public", "sacct-23.02.8-v0.0.39.json")) as fh:
+        jobs, meta = parse_json(fh.read())
+    (j,) = jobs
+    assert plugin_name(meta) == "data_parser/v0.0.39" and exit_codes_wrong(plugin_name(meta))
+    assert (j.job_id, j.job_id_text, j.array_job_id, j.array_task_id, j.het_job_id) == (
+        12079670, "12078642_6", 12078642, 6, None)
+    assert (j.state, j.exit_code, j.signal, j.cluster, j.nodes, j.gpu_count) == (
+        "COMPLETED", 0, 0, "alpine", ["c3cpu-a2-u1-1"], 0)
+    assert (j.start, j.end, j.elapsed_s, j.submit) == (1741667820.0, 1741668146.0, 326.0, 1741662974.0)
+    assert j.alloc_tres == "billing=9,cpu=10,mem=38400,node=1" and j.restart_count is None and j.sluid is None
