@@ -244,7 +244,8 @@ def render_table(items: Sequence[tuple[Job, JobFigures, Diagnosis]]) -> str:
     out = [head, "-" * len(head)]
     for job, fig, diag in items:
         v = diag.primary
-        out.append(f"{job_label(job):<14} {(final_state(job) or 'n/a')[:10]:<10} {fig.gpu_count:>4} {gpu_hours(fig.hours):>7} "
+        state = final_state(job) or ("pending" if not getattr(job, "enriched", True) else "n/a")
+        out.append(f"{job_label(job):<14} {state[:10]:<10} {fig.gpu_count:>4} {gpu_hours(fig.hours):>7} "
                    f"{pct(fig.mean('kernel_active')):>6} {pct(fig.mean('sm_active')):>6}  "
                    f"{(v.title if v else 'none')[:36]}")
     return "\n".join(out)
