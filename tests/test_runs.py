@@ -7,6 +7,7 @@ The hooks run in-process on the Prolog/Epilog environments captured from a reque
 
 from __future__ import annotations
 
+import copy
 import glob
 import json
 import os
@@ -27,6 +28,7 @@ from slurm_gpueff.models import Job, JobGpu
 from slurm_gpueff.render import dumps, render_card
 from slurm_gpueff.render.text import runs_line
 from slurm_gpueff.sacct import parse_json
+from slurm_gpueff.sacct_rows import last_runs, number_runs
 from slurm_gpueff.service.metrics import registry_for
 from slurm_gpueff.storage import migrate
 from slurm_gpueff.storage.db import make_engine
@@ -156,7 +158,7 @@ def test_record_run_fields_are_optional_and_checked():
 
 
 class DashD:
-    """The reader interface over the captured ``sacct --json -D`` (without ``runs``: the last run only)."""
+    """The reader interface over the captured ``sacct --json -D``, numbering runs as SacctReader does."""
 
     batch_size = 500
 
@@ -167,8 +169,8 @@ class DashD:
 
     def jobs(self, ids, cluster=None, runs=False):  # noqa: ANN001
         self.calls.append(runs)
-        found = [j for j in self.all if j.job_id in set(ids)]
-        return found if runs else found[-1:]
+        found = [copy.copy(j) for j in self.all if j.job_id in set(ids)]
+        return number_runs(found) if runs else last_runs(found)  # as SacctReader.jobs
 
 
 def sacct_runs(version: str) -> list:

@@ -254,6 +254,8 @@ def _inquire(spec: JobSpec, config: Config, cluster: str | None) -> tuple[list[t
     found: list[tuple[Any, list[Any]]] = []
     try:
         found = lookup(config.paths.database, spec, cluster)
+        if not found and (spec.task is not None or spec.het_offset is not None):
+            found = _by_raw_id(spec, config, cluster)
     except RuntimeError as exc:
         error = str(exc)
     from ..privacy import current_user, denied_message, visible  # like sacct's PrivateData=jobs
@@ -280,6 +282,27 @@ def _inquire(spec: JobSpec, config: Config, cluster: str | None) -> tuple[list[t
     if not with_gpus:
         raise CommandError(f"job {spec} had no GPUs allocated: nothing to report", EXIT_NO_GPUS)
     return with_gpus, len(found) - len(with_gpus)
+
+
+def _by_raw_id(spec: JobSpec, config: Config, cluster: str | None) -> list[tuple[Any, list[Any]]]:
+    """``123_4`` / ``123+1`` right after the job ended, before enrichment: the hooks recorded only the raw
+    id (the nodes see no array or het ids), so ask sacct for it (one call, bounded) and look that up. The
+    rows found lack the array/het ids sacct just gave: they are filled in for this display only (the
+    enrichment writes them). Any sacct problem just finds nothing (the caller then says why)."""
+    from ..jobid import JobSpec
+    from ..slurmcmds import RESOLVE_TIMEOUT_S, SlurmCommandError, raw_ids
+
+    try:
+        ids = raw_ids(str(spec), config.sacct.command, cluster, min(RESOLVE_TIMEOUT_S, config.sacct.timeout_s))
+    except SlurmCommandError:
+        return []
+    found = [hit for raw in ids for hit in lookup(config.paths.database, JobSpec(raw), cluster)]
+    for job, _gpus in found:
+        if spec.task is not None and job.array_task_id is None:
+            job.array_job_id, job.array_task_id = spec.job, spec.task
+        if spec.het_offset is not None and job.het_job_offset is None:
+            job.het_job_id, job.het_job_offset = spec.job, spec.het_offset
+    return found
 
 
 def parse_time(text: str) -> datetime:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from ..analysis.diagnose import Diagnosis
 from ..analysis.figures import MEANS, GpuFigures, JobFigures, Waste
 from ..fmt import iso, job_label
-from .text import Runs, state_text
+from .text import Runs, final_state, state_text
 
 if TYPE_CHECKING:  # an ORM row or a plain row of storage.sqlite_read: only attributes are read
     from ..models import Job
@@ -73,7 +73,8 @@ def job_document(job: Job, fig: JobFigures, diag: Diagnosis, runs: Runs = ()) ->
             "array_job_id": job.array_job_id, "array_task_id": job.array_task_id,
             "het_job_id": job.het_job_id, "het_job_offset": job.het_job_offset,
             "user": job.user, "account": job.account, "partition": job.partition,
-            "state": job.state, "state_text": state_text(job), "exit_code": job.exit_code,
+            "state": final_state(job), "state_pending": not getattr(job, "enriched", True),
+            "state_text": state_text(job), "exit_code": job.exit_code,
             "signal": job.signal,
             "nodes": nodes, "gpu_count": fig.gpu_count or job.gpu_count,
             "gpu_model": ", ".join(models) if models else job.gpu_type,

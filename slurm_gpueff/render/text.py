@@ -48,6 +48,16 @@ class _Na:
         return na(reason)
 
 
+PENDING_STATE = "final state pending accounting"
+
+
+def final_state(job: Job) -> str | None:
+    """Slurm's final state, None while only the hooks' record exists: the Epilog sees a TIMEOUT or a
+    CANCELLED job exit 0 (checked on Slurm 22.05, 24.11 and 26.05), so its COMPLETED / FAILED is a guess
+    that only enrichment from sacct replaces with the real state."""
+    return job.state if getattr(job, "enriched", True) else None
+
+
 def state_text(job: Job) -> str:
     """``COMPLETED (exit code 0)``, or n/a with the reason when Slurm's state is not known yet."""
     if job.signal:
@@ -56,8 +66,12 @@ def state_text(job: Job) -> str:
         detail = f"exit code {job.exit_code}"
     else:
         detail = None
-    if job.state:
-        return f"{job.state} ({detail})" if detail else job.state
+    state = final_state(job)
+    if state:
+        return f"{state} ({detail})" if detail else state
+    if not getattr(job, "enriched", True):
+        seen = f"signal {job.signal}" if job.signal else detail
+        return na(f"{PENDING_STATE}; the Epilog saw {seen}" if seen else PENDING_STATE)
     if job.signal:
         return na(f"{detail}; the final state comes from sacct, not fetched yet")
     return na("not recorded yet; it comes from sacct")
@@ -253,7 +267,8 @@ def render_table(items: Sequence[tuple[Job, JobFigures, Diagnosis]]) -> str:
     out = [head, "-" * len(head)]
     for job, fig, diag in items:
         v = diag.primary
-        out.append(f"{job_label(job):<14} {(job.state or 'n/a')[:10]:<10} {fig.gpu_count:>4} {gpu_hours(fig.hours):>7} "
+        state = final_state(job) or ("pending" if not getattr(job, "enriched", True) else "n/a")
+        out.append(f"{job_label(job):<14} {state[:10]:<10} {fig.gpu_count:>4} {gpu_hours(fig.hours):>7} "
                    f"{pct(fig.mean('kernel_active')):>6} {pct(fig.mean('sm_active')):>6}  "
                    f"{(v.title if v else 'none')[:36]}")
     return "\n".join(out)

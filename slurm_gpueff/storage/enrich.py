@@ -168,30 +168,34 @@ def enrich_jobs(engine: Engine, reader: Any, *, since: datetime | None = None, l
 
 
 def runs_by_job(sacct_jobs: Iterable[SacctJob]) -> dict[int, list[SacctJob]]:
-    """sacct's records by raw job id, each job's runs in order, with ``restarts`` set to the run index (22.05
-    has no restart count: there the runs' start order gives it). A run that a later one follows has ended,
-    whatever state sacct gives it (24.11 reports ``PENDING,REQUEUED``): :func:`ended`."""
+    """sacct's records by raw job id, each job's runs in order, every one with its ``run`` (the reader sets
+    it for ``runs=True``; else the restart count, else the place by start, as 22.05 has no count)."""
     by_job: dict[int, list[SacctJob]] = {}
     for sj in sacct_jobs:
         by_job.setdefault(sj.job_id, []).append(sj)
     for runs in by_job.values():
-        runs.sort(key=lambda r: (r.restarts if r.restarts is not None else -1, r.start or 0.0, r.end or 0.0))
+        runs.sort(key=lambda r: (_run_of(r), r.start or 0.0, r.end or 0.0))
         for n, sj in enumerate(runs):
-            if sj.restarts is None:
-                sj.restarts = n
+            if sj.run is None:
+                sj.run = sj.restart_count if sj.restart_count is not None else n
     return by_job
 
 
+def _run_of(sj: SacctJob) -> int:
+    return sj.run if sj.run is not None else sj.restart_count if sj.restart_count is not None else -1
+
+
 def ended(sj: SacctJob, runs: list[SacctJob]) -> bool:
-    """Whether accounting's record of this run is final: its state is, or a later run of the job exists."""
-    return sj.final or (bool(runs) and sj is not runs[-1])
+    """Whether accounting's record of this run is final: the run is over (SacctJob.run_over), or a later run
+    of the job exists (24.11 reports a requeued run ``PENDING,REQUEUED``, without an end at first)."""
+    return sj.run_over or (bool(runs) and sj is not runs[-1])
 
 
 def match_run(job: Job, runs: list[SacctJob]) -> SacctJob | None:
     """The sacct run of a job row: the same run index; for a run the Epilog could not settle (``run`` < 0),
     the run with the same SLUID (26.05+), else the one whose time span overlaps the row's the most."""
     if job.run >= 0:
-        return next((sj for sj in runs if sj.restarts == job.run), None)
+        return next((sj for sj in runs if sj.run == job.run), None)
     if job.sluid and any(sj.sluid for sj in runs):
         return next((sj for sj in runs if sj.sluid == job.sluid), None)
     end = job.end_time.replace(tzinfo=UTC).timestamp() if job.end_time else None
@@ -210,7 +214,7 @@ def match_run(job: Job, runs: list[SacctJob]) -> SacctJob | None:
 def settle_run(session: Session, job: Job, sj: SacctJob) -> Job:
     """Give a row with a provisional run its run from accounting; where another row (another node's record)
     already holds that run, move this row's GPUs there and drop it. Returns the row that holds the run."""
-    run = sj.restarts if sj.restarts is not None else job.run
+    run = sj.run if sj.run is not None else job.run
     if job.run == run:
         return job
     other = session.exec(select(Job).where(Job.cluster == job.cluster, Job.job_id == job.job_id,
@@ -266,7 +270,7 @@ def _backfill_one(engine: Engine, sj: SacctJob, default_cluster: str, res: Backf
     with Session(engine) as session:
         same = select(Job).where(Job.cluster == cluster, Job.job_id == sj.job_id)
         # this run's row; without a restart count (22.05), the job's latest (sacct without -D: its last run)
-        job = session.exec(same.where(Job.run == sj.restarts) if sj.restarts is not None
+        job = session.exec(same.where(Job.run == sj.restart_count) if sj.restart_count is not None
                            else same.order_by(col(Job.run).desc())).first()
         if job is not None:
             res.had_record += 1
@@ -301,7 +305,7 @@ def backfill_records(sj: SacctJob, cluster: str) -> list[dict[str, Any]]:
         "user": sj.user, "uid": sj.uid, "account": sj.account, "partition": sj.partition,
         "start_time": sj.start, "end_time": sj.end if sj.end is not None else sj.start,
         "exit_code": sj.exit_code, "signal": sj.signal, "backend": "none", "reason": why,
-        "run": sj.restarts or 0, "sluid": sj.sluid,
+        "run": sj.restart_count or 0, "sluid": sj.sluid,
         "gpus": [recmod.empty_gpu(i, "none", why) for i in range(per)],
         "written_at": time.time(), "writer": BACKFILL_WRITER,
     } for node in nodes]

@@ -269,6 +269,43 @@ def test_backfill_records_gpu_jobs_the_hooks_missed(slurm, jobs):
     assert c.gpu_indexes(lost) == c.job_gpus_seen(lost) and r["enriched"]
 
 
+def test_seff_gpu_finds_an_array_task_right_after_it_ends(slurm, jobs):
+    """Right after a task ends, before enrichment, its record has only the raw id (slurmd's hooks see no
+    array ids): ``seff-gpu <array>_<task>`` asks sacct for the raw id and answers within seconds, saying
+    the final state is pending accounting. After enrichment the card has Slurm's state.
+
+    Last in this module: it leaves its tasks for its own enrich run, not for the enrich counts above."""
+    c = slurm
+    array = c.sbatch("--array=0-1", "--gres=gpu:1", "-J", "arr-now", "-o", f"{c.out}/%j.out", "--wrap", ECHO,
+                     user=USER)
+    tasks = array_tasks(c, array, 2)
+    ended = time.monotonic()
+    assert "ingested 2," in c.gpueff("ingest").stdout
+    answers = {}
+    for task, raw in tasks.items():
+        assert c.job_row(raw)["array_job_id"] is None and not c.job_row(raw)["enriched"]
+        while True:  # slurmdbd may take a moment to have the task at all (it lags the controller)
+            t0 = time.monotonic()
+            p = c.seff(f"{array}_{task}", user=USER)
+            took = time.monotonic() - t0
+            if p.returncode == 0 or time.monotonic() - ended > 30:
+                break
+            time.sleep(0.5)
+        answers[task] = time.monotonic() - ended
+        out = _card(p)
+        assert took < 10, f"seff-gpu {array}_{task} took {took:.1f} s"
+        assert f"Job ID: {array}_{task}" in out and (raw == array or f"(raw id {raw})" in out), out
+        assert "final state pending accounting" in out and "COMPLETED" not in out, out
+        assert not c.job_row(raw)["enriched"]  # seff-gpu only reads
+    sys.stderr.write(f"\n[slurm] seff-gpu {array}_<task> answered {answers} s after the tasks ended\n")
+    assert max(answers.values()) < 30
+    c.wait_accounted(list(tasks.values()))
+    c.settle()
+    c.gpueff("enrich", "--since", "now-1d")
+    for task in tasks:
+        assert "State: COMPLETED (exit code 0)" in _card(c.seff(f"{array}_{task}", user=USER))
+
+
 def test_a_requeued_gpu_job_keeps_both_runs(slurm, jobs):
     """``scontrol requeue`` of a running GPU job: a record and a row per run, enriched from each run's own
     accounting (sacct -D), both runs' GPU-hours in the month's rollup, the job counted once, and the card's
