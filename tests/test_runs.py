@@ -342,3 +342,18 @@ def test_two_runs_on_postgres(tmp_path, pg_url):  # noqa: F811
         (month,) = usage(conn, period="month", by="site")
     assert (month["jobs"], month["gpu_hours"]) == (1, pytest.approx(r0.gpu_hours + r1.gpu_hours))
     engine.dispose()
+
+
+def test_the_jobs_table_lists_each_run_and_counts_the_job_once(tmp_path):
+    from slurm_gpueff.render.jobs_table import as_json, render
+    from slurm_gpueff.storage.queries import list_jobs
+
+    engine = store(tmp_path, run_records("24.11.5"))
+    assert summarize_pending(engine) == 2
+    with Session(engine) as s:
+        jobs = list_jobs(s)
+    text = render(jobs)
+    assert "8 (run 1)" in text and "Total (1 jobs)" in text
+    doc = as_json(jobs, {})
+    assert [j["run"] for j in doc["jobs"]] == [0, 1]
+    assert doc["totals"]["gpu_hours"] == pytest.approx(sum(j.gpu_hours for j in jobs))

@@ -57,7 +57,7 @@ def _gpu(g: GpuFigures) -> dict[str, Any]:
 
 
 def _run(job: Job, fig: JobFigures) -> dict[str, Any]:
-    return {"run": job.run, "sluid": job.sluid, "state": job.state, "start_time": iso(job.start_time),
+    return {"run": job.run, "sluid": job.sluid, "state": final_state(job), "start_time": iso(job.start_time),
             "end_time": iso(job.end_time), "gpu_hours": _num(fig.hours), "missing": fig.missing.get("gpu_hours")}
 
 
