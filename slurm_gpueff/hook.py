@@ -344,14 +344,14 @@ def _other_run(job: slurmenv.HookEnv, saved: dict[str, Any]) -> bool:
     return bool(job.start_time and isinstance(st, int | float) and st < job.start_time - STATE_SKEW_S)
 
 
-STATE_SKEW_S = 30.0
+STATE_SKEW_S = 300.0  # munge's default credential TTL: nodes whose clocks differ more cannot run jobs at all
 NO_STATE = "no Prolog state for this job (the Prolog did not run, failed, or its state was lost)"
 
 
 def state_path(cfg: Config, job_id: int) -> str:
     """Where the Prolog leaves the job's state (:meth:`HookRun.prolog`'s ``saved``, with its run) for the
-    Epilog. One per job, whatever the run: Slurm holds a requeued job until its Epilogs have finished, so the
-    next run's Prolog comes after them. Losing it costs the job's start time and start counters, never its
+    Epilog. One per job, whatever the run: a requeued job stays COMPLETING until its Epilogs have finished, so
+    the next run's Prolog comes after them. Losing it costs the job's start time and start counters, never its
     record: :func:`load_state` says why."""
     return os.path.join(cfg.paths.state_dir, "jobs", f"{int(job_id)}.json")
 

@@ -105,8 +105,8 @@ def test_a_state_left_by_an_earlier_run_is_not_taken(tmp_path, version):
     node.run("prolog0")
     with open(path) as fh:
         saved = json.load(fh)
-    # a run 0 that ran two minutes (the captured one was requeued after a second: within the clock allowance)
-    saved["start_time"] = float(captured_env(version, "epilog1")["SLURM_JOB_START_TIME"]) - 120
+    # a run 0 that ran ten minutes (the captured one was requeued after a second: within the clock allowance)
+    saved["start_time"] = float(captured_env(version, "epilog1")["SLURM_JOB_START_TIME"]) - 600
     with open(path, "w") as fh:
         json.dump(saved, fh)
     node.run("epilog1")
