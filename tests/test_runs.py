@@ -357,3 +357,30 @@ def test_the_jobs_table_lists_each_run_and_counts_the_job_once(tmp_path):
     doc = as_json(jobs, {})
     assert [j["run"] for j in doc["jobs"]] == [0, 1]
     assert doc["totals"]["gpu_hours"] == pytest.approx(sum(j.gpu_hours for j in jobs))
+
+
+def test_the_mailed_card_and_html_show_every_run(tmp_path):
+    """The mail (reports.runner.render_job_card) and ``seff-gpu --html`` carry the Runs line, and a requeued
+    job writes one --html file, its last run's, not one per run under the same name."""
+    from slurm_gpueff.cli import seff
+    from slurm_gpueff.reports.runner import render_job_card
+
+    version = "24.11.5"
+    engine = store(tmp_path, run_records(version))
+    enrich_jobs(engine, DashD(version), settle_s=0)
+    cfg = Config({"paths": {"database": str(tmp_path / "g.db")}})
+    summarize_pending(engine, cfg.analysis)
+    r0, r1 = rows(engine)
+    with Session(engine) as s:
+        last = s.get(Job, r1.id)
+        page = render_job_card(s, last, cfg)
+        first = render_job_card(s, s.get(Job, r0.id), cfg)
+    assert "Runs: requeued once: 2 runs, " in page.text.replace("\n    ", " ")
+    assert "requeued once: 2 runs" in page.html()
+    assert "requeued once" in first.text  # any run's card shows the job's runs
+    conf = tmp_path / "gpueff.toml"
+    conf.write_text(f'[paths]\ndatabase = "sqlite:///{tmp_path}/g.db"\n')
+    out = tmp_path / "card.html"
+    assert seff.main(["--config", str(conf), str(r1.job_id), "--html", str(out)]) == 0
+    assert sorted(p.name for p in tmp_path.glob("card*.html")) == ["card.html"]
+    assert "requeued once: 2 runs" in out.read_text()

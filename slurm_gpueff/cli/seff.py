@@ -216,11 +216,13 @@ def _show(args: argparse.Namespace, spec: JobSpec, config: Config) -> int:
 
 def by_job(items: list[tuple[Any, Any, Any]]) -> tuple[list[tuple[Any, Any, Any]], list[list[tuple[Any, Any]]]]:
     """A requeued job's runs (a row each) as one item, its last run's, and each item's runs by end time."""
+    from ..storage.jobmatch import run_order
+
     groups: dict[tuple[str, int], list[tuple[Any, Any, Any]]] = {}
     for item in items:
         groups.setdefault((item[0].cluster, item[0].job_id), []).append(item)
     for group in groups.values():
-        group.sort(key=lambda it: (it[0].end_time is not None, it[0].end_time or 0, it[0].run))
+        group.sort(key=lambda it: run_order(it[0]))
     return [g[-1] for g in groups.values()], [[(j, f) for j, f, _d in g] for g in groups.values()]
 
 
@@ -235,13 +237,16 @@ def _write_html(config: Config, found: Sequence[tuple[Any, list[Any]]], items: S
     from ..reports.card import build_card
     from ..storage.queries import gpu_timelines
 
+    gpus_of = {id(job): gpus for job, gpus in found}
+    cards, runs = by_job(list(items))  # a requeued job: one file, its last run's card with the Runs line
     with database(config, create=False) as engine, Session(engine) as session:
-        timelines = [gpu_timelines(session, gpus) for _job, gpus in found]
+        timelines = [gpu_timelines(session, gpus_of[id(job)]) for job, _f, _d in cards]
     written = []
     stem, ext = os.path.splitext(path)
-    for (job, gpus), (_j, fig, diag), tl in zip(found, items, timelines, strict=True):
-        card = build_card(job, fig, diag, [tl[g.id] for g in gpus if g.id in tl], config, optout_hint=False)
-        out = path if len(items) == 1 else f"{stem}-{job_label(job)}{ext or '.html'}"
+    for (job, fig, diag), job_runs, tl in zip(cards, runs, timelines, strict=True):
+        card = build_card(job, fig, diag, [tl[g.id] for g in gpus_of[id(job)] if g.id in tl], config,
+                          optout_hint=False, runs=job_runs if len(job_runs) > 1 else ())
+        out = path if len(cards) == 1 else f"{stem}-{job_label(job)}{ext or '.html'}"
         with open(out, "w", encoding="utf-8") as fh:
             fh.write(card.html())
         written.append(out)

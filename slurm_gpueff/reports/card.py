@@ -17,7 +17,7 @@ from ..analysis.diagnose import Diagnosis
 from ..analysis.figures import JobFigures
 from ..config import Config
 from ..models import Job
-from ..render.text import SIM_BANNER, gpus_line, measured_by, na, render_card, state_text
+from ..render.text import SIM_BANNER, Runs, gpus_line, measured_by, na, render_card, runs_line, state_text
 from . import charts
 from .prices import Prices, bar_part, share
 from .templates import Page, render, sentence
@@ -74,8 +74,8 @@ def _gpu_rows(fig: JobFigures, diag: Diagnosis, never_used_pct: float) -> list[d
 
 
 def build_card(job: Job, fig: JobFigures, diag: Diagnosis, timelines: Sequence[Sequence[Any]],
-               config: Config, *, optout_hint: bool = True) -> Page:
-    """Render one job's card (HTML context, plain text, chart)."""
+               config: Config, *, optout_hint: bool = True, runs: Runs = ()) -> Page:
+    """Render one job's card (HTML context, plain text, chart); ``runs`` as for the terminal card."""
     rep = config.reports
     prices = Prices(rep.price_per_gpu_hour, rep.currency)
     gpu_rows = _gpu_rows(fig, diag, float(config.analysis.never_used_kernel_pct)) if fig.gpu_count > 1 else []
@@ -113,6 +113,7 @@ def build_card(job: Job, fig: JobFigures, diag: Diagnosis, timelines: Sequence[S
             ("State", state_text(job)), ("Ran", ran),
             ("GPUs", f"{gpus_line(job, fig, TIMES)} on {clean(job.nodelist, 200) or 'n/a'}"),
             ("GPU-hours allocated", fmt.gpu_hours(fig.hours) + (f" ({total_cost})" if total_cost else "")),
+            *([("Runs", runs_line(runs))] if len(runs) > 1 else []),
             ("Peak GPU memory", _memory(fig)),
             ("Energy", fmt.energy(fig.energy_j) if fig.energy_j is not None else na(fig.missing.get("energy_j"))),
         ],
@@ -123,7 +124,7 @@ def build_card(job: Job, fig: JobFigures, diag: Diagnosis, timelines: Sequence[S
     }
     # The terminal card is built from the same (sanitised-on-input) fields; strip control characters that
     # a job name could still carry into it.
-    seff = "\n".join(_CONTROL.sub(" ", line) for line in render_card(job, fig, diag).splitlines())
+    seff = "\n".join(_CONTROL.sub(" ", line) for line in render_card(job, fig, diag, runs).splitlines())
     return Page("card.html.j2", subject=sentence("card_subject", **ctx),
                 text=render("card.txt.j2", **ctx, seff=seff), chart=charts.job_chart(timelines, fig.gpu_count),
                 context=ctx)

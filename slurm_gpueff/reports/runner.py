@@ -33,7 +33,7 @@ from ..analysis.figures import job_figures, naive_utc
 from ..config import Config, ReportsConfig
 from ..fmt import job_label
 from ..models import Job, ReportLog
-from ..storage.queries import gpu_timelines, job_gpus
+from ..storage.queries import gpu_timelines, job_gpus, job_runs
 from . import message, queries, sentlog, smtp
 from .card import CHART_CID, build_card, clean
 from .monthly import build_summary, month_bounds, previous_month
@@ -86,7 +86,9 @@ def render_job_card(session: Session, job: Job, config: Config) -> Page:
     timelines = gpu_timelines(session, gpus)
     fig = job_figures(job, gpus)
     diag = assess(fig, config.analysis)
-    return build_card(job, fig, diag, [timelines[g.id] for g in gpus if g.id in timelines], config)
+    runs = [(r, fig if r.id == job.id else job_figures(r, job_gpus(session, r))) for r in job_runs(session, job)]
+    return build_card(job, fig, diag, [timelines[g.id] for g in gpus if g.id in timelines], config,
+                      runs=runs if len(runs) > 1 else ())
 
 
 def _deliver(session: Session, row: ReportLog, config: Config, parts: message.Parts, to: list[str], folder: str,

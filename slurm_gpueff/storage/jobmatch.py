@@ -38,3 +38,8 @@ def find(spec: Any, run: Run) -> list[Any]:
         return found
     array = [r for r in found if r.array_job_id == j]
     return array or [r for r in found if r.het_job_id == j]
+
+
+def run_order(job: Any) -> tuple[Any, ...]:
+    """A job's runs by end time (a run still without one last), then run number: the card's run is the last."""
+    return (job.end_time is not None, job.end_time or 0, job.run)

@@ -12,7 +12,7 @@ from sqlmodel import Session, col, select
 
 from ..jobid import JobSpec
 from ..models import Job, JobGpu, JobGpuTimeline
-from .jobmatch import ORDER, Cond, find
+from .jobmatch import ORDER, Cond, find, run_order
 
 
 def find_jobs(session: Session, spec: JobSpec, cluster: str | None = None) -> list[Job]:
@@ -26,6 +26,13 @@ def find_jobs(session: Session, spec: JobSpec, cluster: str | None = None) -> li
         return list(session.exec(stmt.order_by(*(col(getattr(Job, c)) for c in ORDER))).all())
 
     return find(spec, run)
+
+
+def job_runs(session: Session, job: Job) -> list[Job]:
+    """Every run of ``job``'s job (a requeued job has a row per run; docs/DESIGN.md, "Runs"), ``job`` included,
+    in :func:`run_order`."""
+    return sorted(session.exec(select(Job).where(Job.cluster == job.cluster, Job.job_id == job.job_id)),
+                  key=run_order)
 
 
 def job_gpus(session: Session, job: Job) -> list[JobGpu]:
