@@ -172,8 +172,8 @@ def test_sacct_json_and_parsable_agree_and_batch(slurm, jobs):
     from slurm_gpueff.sacct import SacctReader
 
     ids = [jobs["ids"][k] for k in ("one", "two", "cpu", "fail", "cancel")] + list(jobs["tasks"].values())
-    js = SacctReader(fmt="json", batch_size=2)
-    ps = SacctReader(fmt="parsable", batch_size=2)
+    js = SacctReader(command=slurm.sacct, fmt="json", batch_size=2)
+    ps = SacctReader(command=slurm.sacct, fmt="parsable", batch_size=2)
     a = {j.job_id: j for j in js.jobs(ids, CLUSTER)}
     b = {j.job_id: j for j in ps.jobs(ids, CLUSTER)}
     assert set(a) == set(b) == set(ids)
@@ -206,9 +206,7 @@ def test_enrich_survives_slow_and_broken_sacct(slurm, jobs):
     assert took < 15
     assert not c.job_row(j)["enriched"]
     # sacct absent: a clear error, nothing changed
-    absent = os.path.join(c.base, "gpueff-nosacct.toml")
-    with open(c.config_path) as fh, open(absent, "w") as out:
-        out.write(fh.read().replace("[sacct]\n", '[sacct]\ncommand = "/nonexistent/sacct"\n'))
+    absent = c.write_config(sacct="/nonexistent/sacct", path=os.path.join(c.base, "gpueff-nosacct.toml"))
     p = c.gpueff("enrich", "--since", "now-1d", check=False, config=absent)
     assert p.returncode == 1 and "sacct not found" in p.stderr
     assert not c.job_row(j)["enriched"]
