@@ -52,6 +52,7 @@ SYS_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Slurm release -> the Debian suite whose chroot runs it (None: the host's own Debian 12 packages)
 SUITES: dict[str, str | None] = {"22.05": None, "24.11": "trixie", "26.05": "sid"}
 VERSIONS = [v.strip() for v in os.environ.get("GPUEFF_SLURM_VERSIONS", ",".join(SUITES)).split(",") if v.strip()]
+STARTED: dict[str, str] = {}  # version -> how its cluster came up, for the summary at the end
 
 # [sacct] settle_s of the test cluster: slurmdbd fills in array ids 1-4 s after a task's final state
 # (storage/enrich.py); the product's default is 120 s, the tests wait this much instead (settle()).
@@ -344,9 +345,23 @@ def slurm(request: pytest.FixtureRequest) -> Iterator[SlurmCluster]:
             pytest.fail(f"slurm-{version}: the cluster runs Slurm {got} (Debian {c.suite or 'host'})")
         _user_runtime(c)
         c.startup_s = time.monotonic() - t0  # type: ignore[attr-defined]
+        STARTED[version] = f"Slurm {got}{' in ' + c.chroot if c.chroot else ''}, cluster up in {c.startup_s:.1f} s"
         sys.stderr.write(f"\n[slurm] {got} cluster up in {c.startup_s:.1f} s\n{started.stdout}")
         yield c
     finally:
         stopped = subprocess.run(stop, env=env, capture_output=True, text=True, timeout=300)
         sys.stderr.write(f"\n[slurm] {version} {stopped.stdout}{stopped.stderr}")
         shutil.rmtree(base, ignore_errors=True)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Per version: its cluster's cold start and the outcome of its tests (the figures docs/ quotes)."""
+    if not STARTED:
+        return
+    terminalreporter.section("slurm versions")
+    for version, line in STARTED.items():
+        tag = f"[slurm-{version}]"
+        counts = {kind: len({r.nodeid for r in terminalreporter.stats.get(kind, ()) if tag in getattr(r, "nodeid", "")})
+                  for kind in ("passed", "failed", "error", "skipped", "xfailed")}
+        terminalreporter.write_line(f"slurm-{version}: {line}; " +
+                                    ", ".join(f"{n} {kind}" for kind, n in counts.items() if n))

@@ -177,7 +177,10 @@ def test_sacct_json_and_parsable_agree_and_batch(slurm, jobs):
     a = {j.job_id: j for j in js.jobs(ids, CLUSTER)}
     b = {j.job_id: j for j in ps.jobs(ids, CLUSTER)}
     assert set(a) == set(b) == set(ids)
-    assert ps.calls == math.ceil(len(ids) / 2) and js.calls == 2 * ps.calls  # json + its exit-code query
+    # 22.05's openapi/dbv0.0.38 reports every normal exit as 0, so its JSON takes a second, -P query for the
+    # exit codes; the data_parser plugins of 24.11 and 26.05 report them right (docs/SLURM-VERSIONS.md)
+    per_batch = 2 if slurm.version == "22.05" else 1
+    assert ps.calls == math.ceil(len(ids) / 2) and js.calls == per_batch * ps.calls
     keys = ("job_id_text", "array_job_id", "array_task_id", "user", "uid", "account", "partition", "qos", "job_name",
             "gpu_count", "gpu_type", "submit", "start", "end", "elapsed_s", "state", "exit_code", "nodelist")
     for i in ids:
