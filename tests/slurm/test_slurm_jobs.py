@@ -180,7 +180,11 @@ def test_sacct_json_and_parsable_agree_and_batch(slurm, jobs):
     # 22.05's openapi/dbv0.0.38 reports every normal exit as 0, so its JSON takes a second, -P query for the
     # exit codes; the data_parser plugins of 24.11 and 26.05 report them right (docs/SLURM-VERSIONS.md)
     per_batch = 2 if slurm.version == "22.05" else 1
-    assert ps.calls == math.ceil(len(ids) / 2) and js.calls == per_batch * ps.calls
+    batches = math.ceil(len(ids) / 2)
+    # a reader that asks -P for Restarts is refused once by 22.05's sacct, then asks without it
+    retry = 0 if getattr(ps, "restarts_field", True) else 1
+    assert retry == 0 or slurm.version == "22.05"
+    assert ps.calls == batches + retry and js.calls == per_batch * batches
     keys = ("job_id_text", "array_job_id", "array_task_id", "user", "uid", "account", "partition", "qos", "job_name",
             "gpu_count", "gpu_type", "submit", "start", "end", "elapsed_s", "state", "exit_code", "nodelist")
     for i in ids:
