@@ -351,6 +351,8 @@ def slurm(request: pytest.FixtureRequest) -> Iterator[SlurmCluster]:
     finally:
         stopped = subprocess.run(stop, env=env, capture_output=True, text=True, timeout=300)
         sys.stderr.write(f"\n[slurm] {version} {stopped.stdout}{stopped.stderr}")
+        if version in STARTED:
+            STARTED[version] += f", {time.monotonic() - t0:.0f} s from start to stop"
         shutil.rmtree(base, ignore_errors=True)
 
 
