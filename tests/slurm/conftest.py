@@ -250,7 +250,7 @@ class SlurmCluster:
     def log_tail(self, n: int = 40) -> str:
         out = []
         logs = os.path.join(self.base, "log")
-        for name in sorted(n for n in os.listdir(logs) if n.startswith("slurm")) if os.path.isdir(logs) else ():
+        for name in sorted(f for f in os.listdir(logs) if f.startswith("slurm")) if os.path.isdir(logs) else ():
             path = os.path.join(logs, name)
             if os.path.isfile(path):
                 with open(path, errors="replace") as fh:
