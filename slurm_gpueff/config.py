@@ -230,6 +230,7 @@ class ReportsConfig(Section):
     optout_file: str = ""
     monthly: bool = False
     leads: dict[str, str | list[str]] = _key({}, what="an address or a list of them")
+    coordinators_as_leads: bool = True
     admins: list[str] = _key([], what="a list of addresses")
     price_per_gpu_hour: dict[str, float] = _key({}, _range(0, None), "a number >= 0")
     currency: str = "EUR"

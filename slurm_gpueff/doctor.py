@@ -175,7 +175,7 @@ def check_agent(rep: Report, cfg: Config) -> None:
 
 
 def slurm_config() -> tuple[str | None, dict[str, str]]:
-    """(source, {Prolog, Epilog, PrologFlags}) from ``scontrol show config``, else slurm.conf."""
+    """(source, {Prolog, Epilog, PrologFlags, ClusterName}) from ``scontrol show config``, else slurm.conf."""
     exe = shutil.which("scontrol")
     if exe:
         try:
@@ -195,7 +195,7 @@ def _hook_keys(lines: Iterable[str]) -> dict[str, str]:
     out = {}
     for line in lines:
         k, sep, v = line.partition("=")
-        if sep and k.strip() in ("Prolog", "Epilog", "PrologFlags"):
+        if sep and k.strip() in ("Prolog", "Epilog", "PrologFlags", "ClusterName"):
             out[k.strip()] = v.strip()
     return out
 
@@ -203,8 +203,9 @@ def _hook_keys(lines: Iterable[str]) -> dict[str, str]:
 def check_slurm(rep: Report, cfg: Config) -> None:
     source, conf = slurm_config()
     if source is None:
-        rep.add(WARN, "slurm", "no scontrol and no slurm.conf found: cannot check Prolog/Epilog")
+        rep.add(WARN, "slurm", "no scontrol and no slurm.conf found: cannot check Prolog/Epilog and ClusterName")
         return
+    _check_cluster(rep, cfg, source, conf.get("ClusterName"))
     for key in ("Prolog", "Epilog"):
         v = conf.get(key)
         if not v or v == "(null)":
@@ -219,6 +220,19 @@ def check_slurm(rep: Report, cfg: Config) -> None:
     else:
         rep.add(WARN, "slurm PrologFlags", f"{flags or '(none)'}: add Alloc so the Prolog runs at allocation, "
                                            "before the job")
+
+
+def _check_cluster(rep: Report, cfg: Config, source: str, name: str | None) -> None:
+    """site.cluster against Slurm's ClusterName. The hooks (SLURM_CLUSTER_NAME) and sacct name jobs by
+    ClusterName, site.cluster names them where Slurm does not say: if the two differ, one cluster's jobs
+    are split under two names (and enrichment asks sacct -M for a cluster it does not know)."""
+    if not name:
+        rep.add(WARN, "slurm ClusterName", f"not found ({source}): cannot compare it with site.cluster")
+    elif name == cfg.site.cluster:
+        rep.add(PASS, "slurm ClusterName", f"{name} = site.cluster ({source})")
+    else:
+        rep.add(WARN, "slurm ClusterName", f"Slurm's ClusterName is {name!r} ({source}) but site.cluster is "
+                                           f"{cfg.site.cluster!r}: set site.cluster = {name!r}")
 
 
 def check_dirs(rep: Report, cfg: Config) -> None:

@@ -137,6 +137,7 @@ class HookRun:
         self.state_problem: str | None = None
         self.jc: JobContext | None = None  # the job as the collector saw it (Epilog)
         self.written = False  # the Epilog's record (or the last-resort snapshot) is on disk
+        self.run_index, self.run_provisional = 0, False  # which run of the job this is (docs/DESIGN.md, "Runs")
 
     def run(self, config_path: str | None) -> None:
         job = self.job
@@ -241,8 +242,10 @@ class HookRun:
         jc = self.job_context(cfg, job.gpu_indexes, now, None)
         state, err = self.collect(cfg, lambda: self.choose_collector(cfg).start(jc))
         reasons = self.reasons + ([err] if err else [])
+        run = job.restart_count or 0  # the Prolog's count is this run's index
         saved = {"start": state, "start_time": now, "gpus": job.gpu_indexes, "backend": self.backend,
-                 "reason": "; ".join(reasons) or None, "written_at": time.time(), "writer": WRITER}
+                 "reason": "; ".join(reasons) or None, "run": run, "sluid": job.sluid,
+                 "written_at": time.time(), "writer": WRITER}
         path = state_path(cfg, job_id)
         try:
             save_state(path, saved)
@@ -261,7 +264,7 @@ class HookRun:
 
         def work() -> Measurement:
             # Reading the state file is in here too: on a hung filesystem it blocks like a collector would.
-            self.saved, self.state_problem = load_state(saved_path)
+            self.saved, self.state_problem = self.find_state(saved_path)
             saved = self.saved or {}
             gpus = job.gpu_indexes or _saved_gpus(saved)
             self.jc = jc = self.job_context(cfg, gpus, saved.get("start_time") or job.start_time, end)
@@ -282,24 +285,26 @@ class HookRun:
         if not isinstance(meas, Measurement):
             why = err or f"collector returned {type(meas).__name__}, not a Measurement"
             meas = NoneCollector(cfg, why).stop(jc, None)  # allocation only, with the reason
-        rec = build_record(job, jc, meas, reasons)
+        run = (self.run_index, self.run_provisional)
+        rec = build_record(job, jc, meas, reasons, run)
         data, problem = _serialise(rec)
         if problem is not None:
             self.log("error", f"job {job_id}: {problem}")
-            rec = build_record(job, jc, NoneCollector(cfg, problem).stop(jc, None), reasons)
+            rec = build_record(job, jc, NoneCollector(cfg, problem).stop(jc, None), reasons, run)
             data, problem = _serialise(rec)
             if problem is not None:  # our own fields are wrong: keep everything for a person to look at
                 self.written = _last_resort(env, cfg, f"record does not validate: {problem}", self.log)
                 return
         assert data is not None
-        path, primary = spool_fallback.write(cfg, env, spool.record_name(job_id, job.node), data, self.log)
+        path, primary = spool_fallback.write(cfg, env, spool.record_name(job_id, job.node, spool.run_tag(rec)),
+                                              data, self.log)
         if path is None:
             return
         self.written = True
         if primary:
             spool_fallback.drain(cfg, env, self.log)
         try:
-            os.unlink(saved_path)
+            os.unlink(saved_path)  # another run's, too: that run's Epilog never came
         except FileNotFoundError:
             pass
         except OSError as exc:
@@ -308,10 +313,46 @@ class HookRun:
                  f"job {job_id}: record {path} ({meas.backend}, {len(meas.gpus)} GPU(s))"
                  + (f"; {rec['reason']}" if rec["reason"] else ""))
 
+    def find_state(self, path: str) -> tuple[dict[str, Any] | None, str | None]:
+        """(saved state, problem) at ``path``, and ``run_index`` set (docs/DESIGN.md, "Runs").
+
+        The Epilog's restart count is this run's, or one more when a requeue ended the run, so the run is
+        the one the Prolog saved when it is one of those two and the state is not surely another run's
+        (:func:`_other_run`: left by a run whose Epilog never came). Without it the run is the count,
+        provisional when above 0: enrichment settles it (storage/enrich.py).
+        """
+        job = self.job
+        count = job.restart_count or 0
+        saved, problem = load_state(path)
+        if saved is not None and _other_run(job, saved):
+            saved, problem = None, f"the Prolog state {path} is another run's (its SLUID differs, or it was saved " \
+                                   "before this run started)"
+        run = saved.get("run") if saved is not None else None
+        if isinstance(run, int) and not isinstance(run, bool) and count - 1 <= run <= count:
+            self.run_index = run
+        else:
+            self.run_index, self.run_provisional = count, count > 0
+        return saved, problem
+
+
+def _other_run(job: slurmenv.HookEnv, saved: dict[str, Any]) -> bool:
+    """Whether a Prolog state is surely another run's: its SLUID differs, or the Prolog ran well before this
+    run started (SLURM_JOB_START_TIME; STATE_SKEW_S allows for the nodes' clocks)."""
+    if job.sluid and saved.get("sluid") not in (None, job.sluid):
+        return True
+    st = saved.get("start_time")
+    return bool(job.start_time and isinstance(st, int | float) and st < job.start_time - STATE_SKEW_S)
+
+
+STATE_SKEW_S = 300.0  # munge's default credential TTL: nodes whose clocks differ more cannot run jobs at all
+NO_STATE = "no Prolog state for this job (the Prolog did not run, failed, or its state was lost)"
+
 
 def state_path(cfg: Config, job_id: int) -> str:
-    """Where the Prolog leaves the job's state (:meth:`HookRun.prolog`'s ``saved``) for the Epilog. Losing it
-    costs the job's start time and start counters, never its record: :func:`load_state` says why."""
+    """Where the Prolog leaves the job's state (:meth:`HookRun.prolog`'s ``saved``, with its run) for the
+    Epilog. One per job, whatever the run: a requeued job stays COMPLETING until its Epilogs have finished, so
+    the next run's Prolog comes after them. Losing it costs the job's start time and start counters, never its
+    record: :func:`load_state` says why."""
     return os.path.join(cfg.paths.state_dir, "jobs", f"{int(job_id)}.json")
 
 
@@ -334,7 +375,7 @@ def load_state(path: str) -> tuple[dict[str, Any] | None, str | None]:
         with open(path, "rb") as fh:
             saved = json.loads(fh.read())
     except FileNotFoundError:
-        return None, "no Prolog state for this job (the Prolog did not run, failed, or its state was lost)"
+        return None, NO_STATE
     except (OSError, ValueError) as exc:
         return None, f"Prolog state {path} unreadable ({exc})"
     if not isinstance(saved, dict):
@@ -431,8 +472,8 @@ def _clock(cfg: Config, env: Mapping[str, str]) -> float:
 
 
 def build_record(job: slurmenv.HookEnv, jc: JobContext, meas: Measurement,
-                 reasons: list[str]) -> dict[str, Any]:
-    """The spool record (record.py schema) for this job on this node."""
+                 reasons: list[str], run: tuple[int, bool] = (0, False)) -> dict[str, Any]:
+    """The spool record (record.py schema) for this job on this node; ``run``: (run index, provisional)."""
     parts = [r for r in dict.fromkeys((*reasons, meas.reason)) if r]
     return {
         "schema": recmod.SCHEMA_VERSION, "cluster": jc.cluster, "node": job.node, "job_id": job.job_id,
@@ -442,6 +483,7 @@ def build_record(job: slurmenv.HookEnv, jc: JobContext, meas: Measurement,
         "start_time": jc.start_time, "end_time": jc.end_time,
         "exit_code": job.exit_code, "signal": job.signal,
         "backend": meas.backend, "reason": "; ".join(parts) or None, "gpus": meas.gpus,
+        "run": run[0], "run_provisional": run[1], "sluid": job.sluid,
         "written_at": time.time(), "writer": WRITER,
     }
 

@@ -7,8 +7,9 @@ is Slurm's raw id (JobIDRaw); the array/het ids are extra columns so ``123_4`` a
 from __future__ import annotations
 
 from datetime import UTC, date, datetime
+from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Column, Date, DateTime, Index, MetaData, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Column, Date, DateTime, Index, MetaData, UniqueConstraint, case, exists
 from sqlmodel import Field, SQLModel
 
 NAMING_CONVENTION = {
@@ -30,14 +31,20 @@ def utcnow() -> datetime:
 
 
 class Job(SQLModel, table=True):
-    """A Slurm job that had (or should have had) GPUs."""
+    """One run of a Slurm job that had (or should have had) GPUs: a requeued job has a row per run.
+
+    ``run`` is the run's restart count (0: the first run); a negative ``run`` is a run the Epilog could not
+    settle without its Prolog's state, until enrichment settles it (docs/DESIGN.md, "Runs").
+    """
 
     __tablename__ = "job"
-    __table_args__ = (UniqueConstraint("cluster", "job_id", name="uq_job_cluster_job_id"),)
+    __table_args__ = (UniqueConstraint("cluster", "job_id", "run", name="uq_job_cluster_job_id_run"),)
 
     id: int | None = Field(default=None, primary_key=True)
     cluster: str = Field(max_length=64)
     job_id: int = Field(sa_type=BigInteger, index=True)
+    run: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
+    sluid: str | None = Field(default=None, max_length=32)
     array_job_id: int | None = Field(default=None, sa_type=BigInteger, index=True)
     array_task_id: int | None = Field(default=None, sa_type=BigInteger)
     het_job_id: int | None = Field(default=None, sa_type=BigInteger, index=True)
@@ -77,6 +84,14 @@ class Job(SQLModel, table=True):
     verdict: str | None = Field(default=None, max_length=32, index=True)
     verdict_title: str | None = Field(default=None, max_length=128)
     analyzed_at: datetime | None = Field(default=None, sa_type=UTC_NAIVE, index=True)
+
+
+def last_run_count() -> Any:
+    """SQL: 1 for a job row no later run of its job follows, else 0; summed, it counts a requeued job once
+    (as its last run) while the GPU-hours of all its runs are summed."""
+    j, later = Job.metadata.tables["job"], Job.metadata.tables["job"].alias("later_run")
+    followed = exists().where(later.c.cluster == j.c.cluster, later.c.job_id == j.c.job_id, later.c.run > j.c.run)
+    return case((followed, 0), else_=1)
 
 
 class JobGpu(SQLModel, table=True):

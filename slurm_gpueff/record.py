@@ -8,7 +8,12 @@ Plain dicts, stdlib only (hook path). Unknown figures are ``None`` with the reas
      "user": str|null, "uid": int|null, "account": str|null, "partition": str|null,
      "start_time": float epoch s|null (null: unknown, Prolog state lost), "end_time": float epoch s,
      "exit_code": int|null, "signal": int|null, "backend": BACKENDS, "reason": str|null,
-     "gpus": [GPU...], "written_at": float, "writer": "slurm-gpueff 0.1.0"}
+     "gpus": [GPU...], "written_at": float, "writer": "slurm-gpueff 0.1.0",
+     "run": int|null (absent or null: 0), "run_provisional": bool (absent: false), "sluid": str|null}
+
+    ``run`` is the run of a requeued job (its restart count when the run started); ``run_provisional``
+    marks one the Epilog could not settle without the Prolog's state, and enrichment settles it
+    (docs/DESIGN.md, "Runs"); ``sluid`` is Slurm's id of the run (26.05+). Records without them are run 0.
 
     GPU = {"index": int (Slurm's index), "minor": int|null, "uuid": str|null, "pci_bus_id": str|null,
            "model": str|null, "memory_total_bytes": int|null, <METRICS>..., "samples": int,
@@ -46,8 +51,8 @@ OPTIONAL_GPU = OPTIONAL_INTS + OPTIONAL_STRS + ("throttle_s", "processes")
 _NUMBER = frozenset((int, float))  # exact classes: bool (an int subclass) is refused
 _QUANTITIES = (*QUANTITIES, "memory_total_bytes")
 _JOB_INTS = ("job_id", "array_job_id", "array_task_id", "het_job_id", "het_job_offset", "uid", "exit_code",
-             "signal")
-_JOB_STRS = ("cluster", "node", "user", "account", "partition", "reason", "writer")
+             "signal", "run")
+_JOB_STRS = ("cluster", "node", "user", "account", "partition", "reason", "writer", "sluid")
 
 
 def _is_number(v: object) -> TypeGuard[int | float]:
@@ -80,6 +85,9 @@ def validate(rec: object) -> dict[str, Any]:
         v = rec.get(key)
         if v is not None and not isinstance(v, str):
             raise RecordError(f"{key} must be a string or null, got {v!r}")
+    if (rec.get("run") or 0) < 0 or rec.get("run_provisional", False).__class__ is not bool:
+        raise RecordError(f"run must be >= 0 and run_provisional a boolean, got {rec.get('run')!r}, "
+                          f"{rec.get('run_provisional')!r}")
     if not rec["cluster"] or not rec["node"]:
         raise RecordError("cluster and node must be non-empty")
     for key in ("start_time", "end_time"):

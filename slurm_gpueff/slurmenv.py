@@ -40,6 +40,11 @@ class HookEnv:
     het_job_id: int | None = None
     het_job_offset: int | None = None
     start_time: float | None = None  # SLURM_JOB_START_TIME where Slurm sets it (23.02+)
+    end_time: float | None = None  # SLURM_JOB_END_TIME: the real end in an Epilog, the planned one in a Prolog
+    # SLURM_JOB_RESTART_COUNT: in a Prolog this run's index; in an Epilog it may already count the requeue that
+    # ended this run (one too high), so only the Prolog's saved value settles the run (docs/DESIGN.md, "Runs").
+    restart_count: int | None = None
+    sluid: str | None = None  # SLURM_JOB_SLUID (26.05+): new on every run, the same in its Prolog and Epilog
 
     def __init__(self) -> None:
         self.gpu_indexes: list[int] = []
@@ -132,4 +137,9 @@ def parse(env: Mapping[str, str]) -> HookEnv:
     h.het_job_offset = _int(env, "SLURM_HET_JOB_OFFSET", p)
     start = _int(env, "SLURM_JOB_START_TIME", p, 1)
     h.start_time = float(start) if start else None
+    end = _int(env, "SLURM_JOB_END_TIME", p, 1)
+    h.end_time = float(end) if end else None
+    h.restart_count = _int(env, "SLURM_JOB_RESTART_COUNT", p)
+    sluid = _text(env, "SLURM_JOB_SLUID")
+    h.sluid = sluid[:32] if sluid else None
     return h

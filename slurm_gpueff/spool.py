@@ -2,7 +2,8 @@
 
 Layout under ``paths.spool_dir``::
 
-    incoming/    job-<job_id>-<node>.json   one per job and node; written atomically
+    incoming/    job-<job_id>-<node>.json   one per job and node; written atomically; a requeued job's
+                 job-<job_id>-r<run>[p<time>]-<node>.json  later runs (p: run not settled, docs/DESIGN.md "Runs")
     quarantine/  <name> + <name>.error      records ingest could not read, with the reason
     .tmp-*       half-written files (never read; cleaned up by ingest when old)
 
@@ -28,9 +29,20 @@ STALE_TMP_S = 3600.0  # a temp file this old was left by a writer that died
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
-def record_name(job_id: int, node: str) -> str:
-    """The file name of a job's record on a node (node names are sanitised, never a path)."""
-    return f"job-{int(job_id)}-{_SAFE.sub('_', node) or 'node'}.json"
+def record_name(job_id: int, node: str, run: str = "") -> str:
+    """The file name of a job's record on a node (node names are sanitised, never a path); ``run`` from
+    :func:`run_tag` (empty for a job's first run: the name every record had before runs were told apart)."""
+    return f"job-{int(job_id)}-{run + '-' if run else ''}{_SAFE.sub('_', node) or 'node'}.json"
+
+
+def run_tag(rec: dict[str, Any]) -> str:
+    """``""`` for run 0, ``r<run>`` for a later run, ``r<count>p<start s | end ms>`` for a run the Epilog could
+    not settle (two runs may carry the same provisional count; their start, else end, times tell them apart)."""
+    run = rec.get("run") or 0
+    if rec.get("run_provisional"):
+        start = rec.get("start_time")
+        return f"r{int(run)}p{int(start) if start else int(rec['end_time'] * 1000)}"
+    return f"r{int(run)}" if run else ""
 
 
 def ensure_dirs(spool_dir: str) -> None:
@@ -74,7 +86,7 @@ def atomic_write(path: str, data: bytes, mode: int = 0o600, durable: bool = True
 def write_record(spool_dir: str, record: dict[str, Any]) -> str:
     """Write one record into ``incoming/``; return its path."""
     ensure_dirs(spool_dir)
-    path = os.path.join(spool_dir, INCOMING, record_name(record["job_id"], record["node"]))
+    path = os.path.join(spool_dir, INCOMING, record_name(record["job_id"], record["node"], run_tag(record)))
     atomic_write(path, json.dumps(record, separators=(",", ":"), allow_nan=False).encode())
     return path
 

@@ -8,15 +8,17 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from slurm_gpueff import spool
 from slurm_gpueff.collectors.base import JobContext
 from slurm_gpueff.collectors.simulated import SimulatedCollector
 from slurm_gpueff.config import Config
 from slurm_gpueff.models import Job
+from slurm_gpueff.sacct import SacctJob
 from slurm_gpueff.storage import migrate
 from slurm_gpueff.storage.db import make_engine
+from slurm_gpueff.storage.enrich import apply_sacct
 from slurm_gpueff.storage.ingest import ingest_spool
 from slurm_gpueff.summarize import summarize_pending
 
@@ -38,9 +40,10 @@ def add_job(spool_dir: str, job_id: int, profile: str, *, user: str, account: st
 
 
 def make_db(tmp_path: Any, jobs: list[dict[str, Any]], names: dict[int, str] | None = None,  # type: ignore[no-untyped-def]
-            url: str | None = None):
+            url: str | None = None, enriched: bool = True):
     """Engine of a fresh database (SQLite in tmp_path, or ``url``) holding ``jobs`` (kwargs of
-    :func:`add_job`), analysed."""
+    :func:`add_job`), analysed; ``enriched``: as enrichment leaves them once sacct reported each job
+    COMPLETED 0:0 (what accounting says of these jobs), else hook records only."""
     if url:
         engine = make_engine(url, create=False)
         migrate.upgrade(engine)  # the service host's `gpueff db upgrade`
@@ -51,6 +54,8 @@ def make_db(tmp_path: Any, jobs: list[dict[str, Any]], names: dict[int, str] | N
         add_job(spool_dir, **j)
     result = ingest_spool(engine, spool_dir)
     assert result.ingested == len(jobs), result.errors
+    if enriched:
+        enrich(engine, {j["job_id"]: "COMPLETED" for j in jobs})
     summarize_pending(engine)
     if names:
         with Session(engine) as s:
@@ -60,6 +65,16 @@ def make_db(tmp_path: Any, jobs: list[dict[str, Any]], names: dict[int, str] | N
                     s.add(job)
             s.commit()
     return engine
+
+
+def enrich(engine: Any, states: dict[int, str]) -> None:
+    """Write what sacct reports (``states``: raw job id -> final state, exit 0:0) as enrichment does."""
+    with Session(engine) as s:
+        for job in s.exec(select(Job).where(col(Job.job_id).in_(list(states)))).all():
+            apply_sacct(job, SacctJob(job_id=job.job_id, job_id_text=str(job.job_id), state=states[job.job_id],
+                                      exit_code=0, signal=0))
+            s.add(job)
+        s.commit()
 
 
 def config(tmp_path: Any, **reports: Any) -> Config:

@@ -42,7 +42,7 @@ class Replay:
         self.fail = fail
         self.calls = 0
 
-    def jobs(self, ids, cluster=None):
+    def jobs(self, ids, cluster=None, runs=False):
         self.calls += 1
         if self.fail:
             raise SacctError(self.fail)

@@ -7,17 +7,21 @@ smtplib to a real SMTP server, and the assertions are on the MIME messages it re
 from __future__ import annotations
 
 import email
+import os
 import re
 import socket
+from datetime import timedelta
 from email import policy
 
 import pytest
-from reports_data import EVIL_NAME, config, make_db
+from reports_data import EVIL_NAME, config, enrich, make_db
 from sqlmodel import Session, select
 
 from slurm_gpueff.config import Config
 from slurm_gpueff.models import ReportLog
 from slurm_gpueff.reports import runner, sentlog
+from slurm_gpueff.reports.queries import CARD_ENRICH_WAIT_H
+from slurm_gpueff.summarize import summarize_pending
 
 pytestmark = pytest.mark.smtp
 
@@ -207,6 +211,74 @@ def test_monthly_summary_to_leads_and_admins(tmp_path, smtp_server):
     site_text, _, _ = parts_of(by_to[("admin@uni.example",)])
     assert "all accounts" in site_text and "vision" in site_text
     assert runner.send_monthly(cfg, engine, month=month).sent == 0  # never twice
+
+
+def test_cards_wait_for_enrichment_so_the_mail_has_the_real_state(tmp_path, smtp_server):
+    """An Epilog sees a TIMEOUT exit 0: a card mailed before sacct enrichment would say COMPLETED. The card
+    waits for enrichment; a job never enriched goes out after CARD_ENRICH_WAIT_H, saying it is pending."""
+    inbox, port = smtp_server
+    engine = make_db(tmp_path, JOBS[:2], enriched=False)  # hook records only, ended an hour ago
+    cfg = mail_config(tmp_path, port)
+    assert runner.send_cards(cfg, engine).sent == 0 and inbox.messages == []
+    enrich(engine, {101: "TIMEOUT"})  # sacct's final state of 101; 102 unknown to accounting
+    summarize_pending(engine)
+    assert runner.send_cards(cfg, engine).sent == 1
+    (_, msg), = inbox.messages
+    text, html, _ = parts_of(msg)
+    assert msg["X-Gpueff-Job"] == "c:101" and "TIMEOUT (exit code 0)" in text and "TIMEOUT" in html
+    assert "COMPLETED" not in text and "pending" not in text
+    later = sentlog.utcnow() + timedelta(hours=CARD_ENRICH_WAIT_H)
+    assert runner.send_cards(cfg, engine, now=later).sent == 1
+    _, msg = inbox.messages[1]
+    text, _, _ = parts_of(msg)
+    assert msg["X-Gpueff-Job"] == "c:102" and "final state pending accounting" in text
+    assert "COMPLETED" not in text
+
+
+def sacctmgr_on_path(tmp_path, monkeypatch, output: str, mode: str = "") -> None:
+    """tests/fake_slurm_cmd.py as ``sacctmgr`` first on PATH, printing ``output`` (or failing: ``mode``)."""
+    from test_seff_rawid import install_fake
+
+    install_fake(tmp_path / "bin", "sacctmgr")
+    (tmp_path / "sacctmgr.psv").write_text(output)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SACCTMGR_FILE", str(tmp_path / "sacctmgr.psv"))
+    monkeypatch.setenv("FAKE_SLURM_MODE", mode)
+
+
+def test_monthly_summary_to_account_coordinators(tmp_path, smtp_server, monkeypatch):
+    """vision has no reports.leads: its Slurm coordinators (bob, carol) get it, addressed like card owners;
+    physics keeps its configured lead although bob coordinates it too."""
+    from test_slurmcmds import WITH_COORDS
+
+    inbox, port = smtp_server
+    sacctmgr_on_path(tmp_path, monkeypatch, WITH_COORDS)
+    monkeypatch.setenv("FAKE_SLURM_LOG", str(tmp_path / "calls"))
+    engine = make_db(tmp_path, JOBS)
+    month = sentlog.utcnow().strftime("%Y-%m")
+    off = mail_config(tmp_path, port, coordinators_as_leads=False)
+    assert runner.send_monthly(off, engine, month=month, site=False).sent == 0  # no leads: nobody
+    assert not (tmp_path / "calls").exists()  # and sacctmgr was not asked
+    cfg = mail_config(tmp_path, port, leads={"physics": "lead@uni.example"}, address_pattern="{user}@uni.example",
+                      addresses={"carol": "carol.c@uni.example"})
+    result = runner.send_monthly(cfg, engine, month=month, site=False)
+    assert result.sent == 2, result.lines
+    by_to = {tuple(rcpt): m for rcpt, m in inbox.messages}
+    assert set(by_to) == {("lead@uni.example",), ("bob@uni.example", "carol.c@uni.example")}
+    assert "account vision" in by_to[("bob@uni.example", "carol.c@uni.example")]["Subject"]
+    assert (tmp_path / "calls").read_text().count("sacctmgr") == 1  # one call for all accounts
+
+
+def test_monthly_summaries_survive_a_sacctmgr_failure(tmp_path, smtp_server, monkeypatch, caplog):
+    inbox, port = smtp_server
+    sacctmgr_on_path(tmp_path, monkeypatch, "", mode="fail")
+    engine = make_db(tmp_path, JOBS)
+    cfg = mail_config(tmp_path, port, leads={"physics": "lead@uni.example"}, admins=["admin@uni.example"])
+    result = runner.send_monthly(cfg, engine, month=sentlog.utcnow().strftime("%Y-%m"))
+    assert result.sent == 2  # physics's lead and the site summary; vision has nobody
+    why = next(line for line in result.lines if "coordinators unknown" in line)
+    assert "sacctmgr failed (exit 1)" in why and "Connection refused" in why
+    assert "coordinators unknown" in caplog.text
 
 
 class Refusing:

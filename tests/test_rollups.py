@@ -143,7 +143,7 @@ class Replay:
         with open(SACCT) as fh:
             self.by_id = {j.job_id: j for j in parse_parsable(fh.read(), delimiter="|")}
 
-    def jobs(self, ids, cluster=None):  # noqa: ANN001
+    def jobs(self, ids, cluster=None, runs=False):  # noqa: ANN001
         return [self.by_id[i] for i in ids if i in self.by_id]
 
 

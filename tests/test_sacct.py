@@ -79,7 +79,7 @@ def test_json_and_parsable_agree_on_the_same_jobs():
 
 def test_exit_codes_query():
     codes = parse_exit_codes(read("sacct-22.05-exitcodes.txt"))
-    assert codes[14] == (3, 0) and codes[11] == (0, 0) and len(codes) == 9
+    assert codes[(14, None)] == (3, 0) and codes[(11, None)] == (0, 0) and len(codes) == 9
 
 
 @pytest.mark.parametrize("text, count, kind", [

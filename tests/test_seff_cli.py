@@ -47,6 +47,7 @@ def sim_record(job_id: int, profile: str, gpus: int, hours: float, **extra):
 def store(session: Session, rec, state: str | None = "COMPLETED") -> None:
     job, gpus = from_record(rec)
     job.state = state
+    job.enriched = state is not None  # a stored state is the one enrichment wrote; None: hook record only
     session.add(job)
     session.flush()
     for g in gpus:

@@ -194,8 +194,9 @@ def _show(args: argparse.Namespace, spec: JobSpec, config: Config) -> int:
             raise CommandError(f"cannot write {args.html}: {exc.strerror or exc}", EXIT_ERROR) from None
     from ..render import dumps, render_card, render_table
 
+    items, runs = by_job(items)
     if args.json:
-        print(dumps(items))
+        print(dumps(items, runs))
         return EXIT_OK
     if len(items) > 1:
         print(f"{len(items)} jobs match {spec}" + (f" ({skipped} without GPUs not shown)" if skipped else ""))
@@ -205,12 +206,22 @@ def _show(args: argparse.Namespace, spec: JobSpec, config: Config) -> int:
         print()
         print(f"For one job's card: seff-gpu {spec.job}_<task> (array) or the raw job id.")
         return EXIT_OK
-    for n, (job, fig, diag) in enumerate(items):
+    for n, ((job, fig, diag), job_runs) in enumerate(zip(items, runs, strict=True)):
         if n:
             print()
             print("-" * 80)
-        print(render_card(job, fig, diag))
+        print(render_card(job, fig, diag, job_runs))
     return EXIT_OK
+
+
+def by_job(items: list[tuple[Any, Any, Any]]) -> tuple[list[tuple[Any, Any, Any]], list[list[tuple[Any, Any]]]]:
+    """A requeued job's runs (a row each) as one item, its last run's, and each item's runs by end time."""
+    groups: dict[tuple[str, int], list[tuple[Any, Any, Any]]] = {}
+    for item in items:
+        groups.setdefault((item[0].cluster, item[0].job_id), []).append(item)
+    for group in groups.values():
+        group.sort(key=lambda it: (it[0].end_time is not None, it[0].end_time or 0, it[0].run))
+    return [g[-1] for g in groups.values()], [[(j, f) for j, f, _d in g] for g in groups.values()]
 
 
 def _write_html(config: Config, found: Sequence[tuple[Any, list[Any]]], items: Sequence[tuple[Any, Any, Any]],
@@ -243,6 +254,8 @@ def _inquire(spec: JobSpec, config: Config, cluster: str | None) -> tuple[list[t
     found: list[tuple[Any, list[Any]]] = []
     try:
         found = lookup(config.paths.database, spec, cluster)
+        if not found and (spec.task is not None or spec.het_offset is not None):
+            found = _by_raw_id(spec, config, cluster)
     except RuntimeError as exc:
         error = str(exc)
     from ..privacy import current_user, denied_message, visible  # like sacct's PrivateData=jobs
@@ -269,6 +282,27 @@ def _inquire(spec: JobSpec, config: Config, cluster: str | None) -> tuple[list[t
     if not with_gpus:
         raise CommandError(f"job {spec} had no GPUs allocated: nothing to report", EXIT_NO_GPUS)
     return with_gpus, len(found) - len(with_gpus)
+
+
+def _by_raw_id(spec: JobSpec, config: Config, cluster: str | None) -> list[tuple[Any, list[Any]]]:
+    """``123_4`` / ``123+1`` right after the job ended, before enrichment: the hooks recorded only the raw
+    id (the nodes see no array or het ids), so ask sacct for it (one call, bounded) and look that up. The
+    rows found lack the array/het ids sacct just gave: they are filled in for this display only (the
+    enrichment writes them). Any sacct problem just finds nothing (the caller then says why)."""
+    from ..jobid import JobSpec
+    from ..slurmcmds import RESOLVE_TIMEOUT_S, SlurmCommandError, raw_ids
+
+    try:
+        ids = raw_ids(str(spec), config.sacct.command, cluster, min(RESOLVE_TIMEOUT_S, config.sacct.timeout_s))
+    except SlurmCommandError:
+        return []
+    found = [hit for raw in ids for hit in lookup(config.paths.database, JobSpec(raw), cluster)]
+    for job, _gpus in found:
+        if spec.task is not None and job.array_task_id is None:
+            job.array_job_id, job.array_task_id = spec.job, spec.task
+        if spec.het_offset is not None and job.het_job_offset is None:
+            job.het_job_id, job.het_job_offset = spec.job, spec.het_offset
+    return found
 
 
 def parse_time(text: str) -> datetime:

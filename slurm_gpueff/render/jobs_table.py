@@ -1,7 +1,8 @@
 """A reportseff-style table of many jobs from their stored summaries, with totals; and its JSON.
 
 Totals weight each percentage by GPU-hours over the jobs where it was measured; an unmeasured figure
-reads ``n/a`` (``null`` in JSON), never 0.
+reads ``n/a`` (``null`` in JSON), never 0. A requeued job's runs are lines of their own (``(run 1)``; ``(run
+?)`` until accounting settles it), its GPU-hours all in the total, the job counted once.
 """
 
 from __future__ import annotations
@@ -21,6 +22,11 @@ def _waste(job: Any) -> float | None:
     return float(job.idle_gpu_hours + job.underfilled_gpu_hours)
 
 
+def _label(job: Any) -> str:
+    run = getattr(job, "run", 0)
+    return job_label(job) + (f" (run {run})" if run > 0 else " (run ?)" if run < 0 else "")
+
+
 def totals(jobs: Sequence[Any]) -> dict[str, Any]:
     """Sums and GPU-hour-weighted means over the jobs (each over the jobs where it was measured)."""
     def wmean(getter: Callable[[Any], float | None]) -> float | None:
@@ -35,7 +41,7 @@ def totals(jobs: Sequence[Any]) -> dict[str, Any]:
     hours = [j.gpu_hours for j in jobs if j.gpu_hours is not None]
     wastes = [w for w in map(_waste, jobs) if w is not None]
     return {
-        "jobs": len(jobs),
+        "jobs": len({(j.cluster, j.job_id) for j in jobs}),
         "gpu_hours": sum(hours) if hours else None,
         "kernel_active": wmean(lambda j: None if j.idle_gpu_hours is None else j.gpu_hours - j.idle_gpu_hours),
         "sm_active": wmean(lambda j: j.sm_active_gpu_hours),
@@ -50,7 +56,7 @@ def render(jobs: Sequence[Any]) -> str:
     rows = []
     for j in jobs:
         verdict = j.verdict_title or j.verdict or ("(pending analysis)" if j.analyzed_at is None else "-")
-        rows.append((job_label(j), j.state or "unknown", hms(j.elapsed_s), str(j.gpu_count),
+        rows.append((_label(j), j.state or "unknown", hms(j.elapsed_s), str(j.gpu_count),
                      gpu_hours(j.gpu_hours), pct(j.kernel_active), pct(j.sm_active), pct(j.tensor_active),
                      gpu_hours(_waste(j)), verdict))
     t = totals(jobs)
@@ -69,7 +75,7 @@ def render(jobs: Sequence[Any]) -> str:
 
 
 def as_json(jobs: Sequence[Any], query: dict[str, Any]) -> dict[str, Any]:
-    out = [{"job_id": job_label(j), "raw_job_id": j.job_id, "cluster": j.cluster, "user": j.user,
+    out = [{"job_id": job_label(j), "raw_job_id": j.job_id, "run": j.run, "cluster": j.cluster, "user": j.user,
             "account": j.account, "state": j.state, "end_time": iso(j.end_time),
             "elapsed_s": j.elapsed_s, "gpus": j.gpu_count, "gpu_hours": j.gpu_hours,
             "kernel_active": j.kernel_active, "sm_active": j.sm_active, "tensor_active": j.tensor_active,

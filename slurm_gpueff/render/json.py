@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from ..analysis.diagnose import Diagnosis
 from ..analysis.figures import MEANS, GpuFigures, JobFigures, Waste
 from ..fmt import iso, job_label
-from .text import state_text
+from .text import Runs, final_state, state_text
 
 if TYPE_CHECKING:  # an ORM row or a plain row of storage.sqlite_read: only attributes are read
     from ..models import Job
@@ -56,8 +56,15 @@ def _gpu(g: GpuFigures) -> dict[str, Any]:
             "missing": dict(sorted(g.missing.items()))}
 
 
-def job_document(job: Job, fig: JobFigures, diag: Diagnosis) -> dict[str, Any]:
-    """One job's document (an element of ``jobs``)."""
+def _run(job: Job, fig: JobFigures) -> dict[str, Any]:
+    return {"run": job.run, "sluid": job.sluid, "state": final_state(job), "start_time": iso(job.start_time),
+            "end_time": iso(job.end_time), "gpu_hours": _num(fig.hours), "missing": fig.missing.get("gpu_hours")}
+
+
+def job_document(job: Job, fig: JobFigures, diag: Diagnosis, runs: Runs = ()) -> dict[str, Any]:
+    """One job's document (an element of ``jobs``). For a requeued job the figures are its last run's, and
+    ``runs`` lists every run (``run`` < 0: not settled by accounting yet; docs/DESIGN.md, "Runs"); a job
+    never requeued has no ``runs``, its document is as before runs were told apart."""
     nodes = list(dict.fromkeys(g.node for g in fig.gpus)) or ([job.nodelist] if job.nodelist else [])
     models = list(dict.fromkeys(g.model for g in fig.gpus if g.model))
     return {
@@ -66,7 +73,8 @@ def job_document(job: Job, fig: JobFigures, diag: Diagnosis) -> dict[str, Any]:
             "array_job_id": job.array_job_id, "array_task_id": job.array_task_id,
             "het_job_id": job.het_job_id, "het_job_offset": job.het_job_offset,
             "user": job.user, "account": job.account, "partition": job.partition,
-            "state": job.state, "state_text": state_text(job), "exit_code": job.exit_code,
+            "state": final_state(job), "state_pending": not getattr(job, "enriched", True),
+            "state_text": state_text(job), "exit_code": job.exit_code,
             "signal": job.signal,
             "nodes": nodes, "gpu_count": fig.gpu_count or job.gpu_count,
             "gpu_model": ", ".join(models) if models else job.gpu_type,
@@ -81,10 +89,13 @@ def job_document(job: Job, fig: JobFigures, diag: Diagnosis) -> dict[str, Any]:
                      for v in diag.verdicts],
         "not_assessed": [{"name": s.name, "title": s.title, "reason": s.reason} for s in diag.skipped],
         "gpus": [_gpu(g) for g in fig.gpus],
-    }
+    } | ({"runs": [_run(j, f) for j, f in runs]} if len(runs) > 1 else {})
 
 
-def dumps(items: Sequence[tuple[Job, JobFigures, Diagnosis]]) -> str:
-    """The whole ``--json`` output: always a ``jobs`` list, even for one job, so the shape never varies."""
-    doc = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "jobs": [job_document(j, f, d) for j, f, d in items]}
+def dumps(items: Sequence[tuple[Job, JobFigures, Diagnosis]], runs: Sequence[Runs] = ()) -> str:
+    """The whole ``--json`` output: always a ``jobs`` list, even for one job, so the shape never varies;
+    ``runs``: each item's runs (as :func:`job_document`), when given."""
+    runs = runs or [()] * len(items)
+    doc = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION,
+           "jobs": [job_document(j, f, d, r) for (j, f, d), r in zip(items, runs, strict=True)]}
     return json.dumps(doc, indent=2, allow_nan=False)

@@ -48,6 +48,16 @@ class _Na:
         return na(reason)
 
 
+PENDING_STATE = "final state pending accounting"
+
+
+def final_state(job: Job) -> str | None:
+    """Slurm's final state, None while only the hooks' record exists: the Epilog sees a TIMEOUT or a
+    CANCELLED job exit 0 (checked on Slurm 22.05, 24.11 and 26.05), so its COMPLETED / FAILED is a guess
+    that only enrichment from sacct replaces with the real state."""
+    return job.state if getattr(job, "enriched", True) else None
+
+
 def state_text(job: Job) -> str:
     """``COMPLETED (exit code 0)``, or n/a with the reason when Slurm's state is not known yet."""
     if job.signal:
@@ -56,8 +66,12 @@ def state_text(job: Job) -> str:
         detail = f"exit code {job.exit_code}"
     else:
         detail = None
-    if job.state:
-        return f"{job.state} ({detail})" if detail else job.state
+    state = final_state(job)
+    if state:
+        return f"{state} ({detail})" if detail else state
+    if not getattr(job, "enriched", True):
+        seen = f"signal {job.signal}" if job.signal else detail
+        return na(f"{PENDING_STATE}; the Epilog saw {seen}" if seen else PENDING_STATE)
     if job.signal:
         return na(f"{detail}; the final state comes from sacct, not fetched yet")
     return na("not recorded yet; it comes from sacct")
@@ -187,8 +201,30 @@ def measured_by(job: Job, fig: JobFigures) -> list[str]:
     return out
 
 
-def render_card(job: Job, fig: JobFigures, diag: Diagnosis) -> str:
-    """The card of one job, as printed by ``seff-gpu``."""
+Runs = Sequence[tuple["Job", JobFigures]]  # a requeued job's runs, in order, the card's own last
+
+
+def runs_line(runs: Runs) -> str:
+    """``requeued once: 2 runs, 0.40 + 1.20 GPU-h (1.60 in all)``: every run's GPU-hours, n/a with the reason
+    where a run's are unknown; the card's other figures are the last run's."""
+    n = len(runs)
+    times = {2: "once", 3: "twice"}.get(n, f"{n - 1} times")
+    hours = [f.hours for _j, f in runs]
+    parts = " + ".join(gpu_hours(h) if h is not None else na(f.missing.get("gpu_hours")) for (_j, f), h
+                       in zip(runs, hours, strict=True))
+    known = [h for h in hours if h is not None]
+    total = (f"{gpu_hours(sum(known))} in all" if len(known) == n
+             else f"{gpu_hours(sum(known))} in the {len(known)} runs known" if known else "")
+    notes = [total] if total else []
+    if any(j.run < 0 for j, _f in runs):
+        notes.append("run order pending accounting")
+    notes.append("the figures below are the last run's")
+    return f"requeued {times}: {n} runs, {parts} GPU-h ({'; '.join(notes)})"
+
+
+def render_card(job: Job, fig: JobFigures, diag: Diagnosis, runs: Runs = ()) -> str:
+    """The card of one job, as printed by ``seff-gpu``; with ``runs`` (a requeued job's, this one last) a
+    Runs line after the GPU-hours."""
     lines: list[str] = []
     if "simulated" in fig.backends:
         lines.append(SIM_BANNER)
@@ -209,6 +245,7 @@ def render_card(job: Job, fig: JobFigures, diag: Diagnosis) -> str:
         ("State", state_text(job)), ("Partition", job.partition or "n/a"), ("Nodes", _nodes_line(job, fig)),
         ("GPUs", gpus_line(job, fig)), ("Elapsed", hms(fig.elapsed_s)),
         ("GPU-hours allocated", gpu_hours(fig.hours) if fig.hours is not None else na(fig.missing.get("gpu_hours"))),
+        *([("Runs", runs_line(runs))] if len(runs) > 1 else []),
         ("Kernel-active", kernel), ("SM-active", sm),
         ("Tensor-active", _figure(fig, "tensor_active", na_)), ("DRAM-active", _figure(fig, "dram_active", na_)),
         ("Peak GPU memory", _memory(fig, na_)), ("Energy", _energy(fig, na_)),
@@ -230,7 +267,8 @@ def render_table(items: Sequence[tuple[Job, JobFigures, Diagnosis]]) -> str:
     out = [head, "-" * len(head)]
     for job, fig, diag in items:
         v = diag.primary
-        out.append(f"{job_label(job):<14} {(job.state or 'n/a')[:10]:<10} {fig.gpu_count:>4} {gpu_hours(fig.hours):>7} "
+        state = final_state(job) or ("pending" if not getattr(job, "enriched", True) else "n/a")
+        out.append(f"{job_label(job):<14} {state[:10]:<10} {fig.gpu_count:>4} {gpu_hours(fig.hours):>7} "
                    f"{pct(fig.mean('kernel_active')):>6} {pct(fig.mean('sm_active')):>6}  "
                    f"{(v.title if v else 'none')[:36]}")
     return "\n".join(out)

@@ -3,7 +3,8 @@
 Figures come from the per-job summary columns (written by :mod:`slurm_gpueff.summarize`) through SQL
 aggregates, so a month of a large site stays fast. A job belongs to the month in which it *ended* (UTC).
 Jobs whose activity was not measured add to "allocated" and "unmeasured", never to idle or active.
-GPU-hours are grouped by GPU model, because prices are per model.
+GPU-hours are grouped by GPU model, because prices are per model. A requeued job's runs are rows of
+their own: their GPU-hours all count, the job once (:func:`~slurm_gpueff.models.last_run_count`).
 """
 
 from __future__ import annotations
@@ -11,14 +12,19 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import NamedTuple
 
-from sqlalchemy import Executable, Float, RowMapping, and_, case, cast, exists, func, select
+from sqlalchemy import Executable, Float, RowMapping, and_, case, cast, exists, func, or_, select
 from sqlalchemy.sql.elements import ColumnElement
 from sqlmodel import Session, col
 from sqlmodel import select as select_model
 
 from ..config import Config
-from ..models import Job, ReportLog
+from ..models import Job, ReportLog, last_run_count
 
+# A job's card waits for sacct's enrichment (its real final state: the Epilog sees a TIMEOUT or CANCELLED
+# job exit 0) at most this long. The service enriches every few minutes (settle_s + enrich_interval_s,
+# 7 minutes by default); 6 hours also outlast a slurmdbd restart or upgrade. A job accounting never knows
+# (sacct absent on this host, another cluster's job) is then mailed with "final state pending accounting".
+CARD_ENRICH_WAIT_H = 6.0
 PARTS = ("allocated", "idle", "underfilled", "active", "tensor", "unmeasured")
 WASTED = func.coalesce(col(Job.idle_gpu_hours), 0.0) + func.coalesce(col(Job.underfilled_gpu_hours), 0.0)
 GROUPS = {"user": col(Job.user), "account": col(Job.account)}
@@ -62,17 +68,18 @@ def split(session: Session, start: datetime, end: datetime, account: str | None,
             func.sum(col(Job.tensor_active_gpu_hours)).label("tensor"),
             func.sum(case((col(Job.sm_active_gpu_hours).is_(None), col(Job.gpu_hours)),
                           else_=cast(0.0, Float))).label("unmeasured")]
-    stmt = (select(*groups, func.count().label("jobs"), *sums).where(*_where(start, end, account))
+    stmt = (select(*groups, func.sum(last_run_count()).label("jobs"), *sums).where(*_where(start, end, account))
             .group_by(*groups))
     return [Split(r[by] if by else None, r["gpu_type"], int(r["jobs"] or 0),
                   {p: float(r[p] or 0.0) for p in PARTS}) for r in _rows(session, stmt)]
 
 
 def verdict_counts(session: Session, start: datetime, end: datetime, account: str | None) -> list[VerdictCount]:
-    stmt = (select(col(Job.verdict), func.count().label("jobs"), func.sum(col(Job.gpu_hours)).label("hours"),
+    stmt = (select(col(Job.verdict), func.sum(last_run_count()).label("jobs"),
+                   func.sum(col(Job.gpu_hours)).label("hours"),
                    func.sum(WASTED).label("wasted"), func.count(func.distinct(col(Job.user))).label("users"))
             .where(*_where(start, end, account)).group_by(col(Job.verdict)))
-    return [VerdictCount(r["verdict"], int(r["jobs"]), float(r["hours"] or 0.0), float(r["wasted"] or 0.0),
+    return [VerdictCount(r["verdict"], int(r["jobs"] or 0), float(r["hours"] or 0.0), float(r["wasted"] or 0.0),
                          int(r["users"])) for r in _rows(session, stmt)]
 
 
@@ -111,15 +118,26 @@ def accounts_with_jobs(session: Session, start: datetime, end: datetime) -> set[
     return {r["account"] for r in _rows(session, stmt) if r["account"]}
 
 
+def enrich_wait(config: Config) -> timedelta:
+    """How long a card waits for a job's enrichment: CARD_ENRICH_WAIT_H, at most half the lookback so
+    that the job is still in it when the wait ends."""
+    return timedelta(hours=min(CARD_ENRICH_WAIT_H, config.reports.card_lookback_h / 2))
+
+
 def card_candidates(session: Session, config: Config, now: datetime, dry_run: bool, limit: int | None = None
                     ) -> list[Job]:
-    """Jobs due a card (see :mod:`.runner`), most GPU-hours lost first."""
+    """Jobs due a card (see :mod:`.runner`), most GPU-hours lost first: enriched ones, so the card's state is
+    Slurm's final one, and those still not enriched after :func:`enrich_wait` (their card says the final
+    state is pending accounting). A requeued job's card is its last run's (a run that ended by its requeue
+    gets none: the card's subject is the job)."""
     rep = config.reports
     logged = exists().where(and_(col(ReportLog.kind) == "card", col(ReportLog.job_pk) == col(Job.id),
                                  col(ReportLog.dry_run) == dry_run))
     stmt = select_model(Job).where(col(Job.analyzed_at).is_not(None), col(Job.end_time).is_not(None),
                              col(Job.end_time) >= now - timedelta(hours=rep.card_lookback_h),
-                             col(Job.gpu_hours) >= rep.card_min_gpu_hours, ~logged)
+                             col(Job.gpu_hours) >= rep.card_min_gpu_hours, ~logged,
+                             or_(col(Job.enriched).is_(True), col(Job.end_time) < now - enrich_wait(config)),
+                             func.coalesce(col(Job.state), "") != "REQUEUED", last_run_count() == 1)
     if rep.card_only_unhealthy:
         stmt = stmt.where(col(Job.verdict).is_not(None), col(Job.verdict) != "healthy")
     stmt = stmt.order_by(WASTED.desc(), col(Job.end_time), col(Job.id))

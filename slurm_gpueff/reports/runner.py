@@ -7,11 +7,17 @@ Cards (``send_cards``): jobs that ended within ``reports.card_lookback_h``, anal
 ``card_min_gpu_hours`` and (``card_only_unhealthy``) a verdict other than healthy, that have no sent-log
 row yet; most wasteful first, so the per-user daily limit keeps the cards that matter. Opted-out users,
 users over the limit and users without an address get a ``skipped`` row with the reason (so the job is
-not reconsidered on every run).
+not reconsidered on every run). A card waits until sacct enriched the job, so the state it mails is
+Slurm's final one (``queries.enrich_wait`` bounds the wait).
+
+Monthly summaries go to an account's ``reports.leads``, else (``reports.coordinators_as_leads``) to its
+Slurm account coordinators (``sacctmgr``), addressed like the cards' owners. A sacctmgr failure is logged
+and the configured leads are used alone: it never stops the summaries.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -32,6 +38,8 @@ from . import message, queries, sentlog, smtp
 from .card import CHART_CID, build_card, clean
 from .monthly import build_summary, month_bounds, previous_month
 from .templates import Page
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -177,15 +185,34 @@ def retry_failed(config: Config, engine: Engine, *, now: datetime | None = None)
     return result
 
 
-def _leads(rep: ReportsConfig, account: str) -> list[str]:
+def _leads(rep: ReportsConfig, account: str, coordinators: dict[str, list[str]]) -> list[str]:
+    """reports.leads[account], else the account's Slurm coordinators' addresses."""
     value = rep.leads.get(account) or []
-    return _valid([value] if isinstance(value, str) else value)
+    if value:
+        return _valid([value] if isinstance(value, str) else value)
+    return _valid([rep.addresses.get(u) or rep.address_pattern.format(user=u) for u in coordinators.get(account, [])])
+
+
+def account_coordinators(config: Config, result: RunResult) -> dict[str, list[str]]:
+    """Every account's coordinators from sacctmgr (when reports.coordinators_as_leads), else {}; a failure
+    is logged and noted in ``result``, and the summaries go to the configured leads alone."""
+    if not config.reports.coordinators_as_leads:
+        return {}
+    from ..slurmcmds import SlurmCommandError, coordinators
+
+    try:
+        return coordinators(config.sacct.command, min(30.0, config.sacct.timeout_s))
+    except SlurmCommandError as exc:
+        why = f"account coordinators unknown ({exc}): only reports.leads get account summaries"
+        log.warning("monthly: %s", why)
+        result.lines.append(why)
+        return {}
 
 
 def send_monthly(config: Config, engine: Engine, *, month: str | None = None, account: str | None = None,
                  site: bool | None = None, dry_run: bool | None = None, now: datetime | None = None) -> RunResult:
-    """Monthly summaries: one per account with leads (or just ``account``), plus the site-wide one for
-    ``reports.admins``. In dry-run, accounts without leads are written too (addressed to nobody), so a
+    """Monthly summaries: one per account with leads or coordinators (or just ``account``), plus the
+    site-wide one for ``reports.admins``. In dry-run, accounts without leads are written too (addressed to nobody), so a
     site can look at them before configuring leads."""
     dry = config.mail.dry_run if dry_run is None else dry_run
     now = now or sentlog.utcnow()
@@ -196,14 +223,15 @@ def send_monthly(config: Config, engine: Engine, *, month: str | None = None, ac
     with Session(engine) as session:
         targets: list[str | None] = [account] if account is not None else [
             *sorted(queries.accounts_with_jobs(session, start, end) | set(rep.leads))]
+        coords = account_coordinators(config, result) if any(a not in rep.leads for a in targets if a) else {}
         if site or (site is None and account is None):
             targets.append(None)
         for acc in targets:
-            to = _leads(rep, acc) if acc is not None else _valid(rep.admins)
+            to = _leads(rep, acc, coords) if acc is not None else _valid(rep.admins)
             label = acc if acc is not None else "*"
             if not to and not dry:
                 result.lines.append(f"no recipients for {'account ' + acc if acc else 'the site summary'} "
-                                    f"({'reports.leads' if acc else 'reports.admins'}); not sent")
+                                    f"({'reports.leads or coordinators' if acc else 'reports.admins'}); not sent")
                 continue
             summary = build_summary(session, config, month, acc)
             if summary.context["jobs"] == 0 and acc is not None and acc not in rep.leads:

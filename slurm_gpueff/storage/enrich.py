@@ -15,7 +15,7 @@ import itertools
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from operator import itemgetter
 from typing import Any
 
@@ -25,7 +25,7 @@ from sqlmodel import Session, col, select
 
 from .. import record as recmod
 from ..config import SacctConfig
-from ..models import Job
+from ..models import Job, JobGpu
 from ..sacct import SacctError, SacctJob
 from .db import first_line
 from .merge import cut, utc
@@ -35,6 +35,7 @@ from .writer import UNAVAILABLE, ingest_record
 BACKFILL_REASON = ("no GPU record from the Slurm hooks (node crash, hooks not installed, collector or spool "
                    "lost); allocation only, from Slurm accounting")
 BACKFILL_WRITER = "slurm-gpueff backfill"
+RUN_SLACK_S = 60.0  # a provisional run's hook times may lie this far outside accounting's (clocks, Epilog delay)
 
 
 @dataclass
@@ -89,7 +90,9 @@ def apply_sacct(job: Job, sj: SacctJob) -> datetime | None:
         job.elapsed_s = sj.elapsed_s
     elif job.start_time is not None and job.end_time is not None:
         job.elapsed_s = (job.end_time - job.start_time).total_seconds()
-    job.state = cut(sj.state, 32) or job.state  # replaces the hook's provisional state
+    # replaces the hook's provisional state; a run that a later run followed ended by its requeue
+    job.state = cut(sj.state if sj.final else "REQUEUED", 32) or job.state
+    job.sluid = cut(sj.sluid, 32) or job.sluid
     if sj.exit_code is not None:
         job.exit_code, job.signal = sj.exit_code, sj.signal
     job.enriched = True
@@ -100,13 +103,14 @@ def apply_sacct(job: Job, sj: SacctJob) -> datetime | None:
 def enrich_jobs(engine: Engine, reader: Any, *, since: datetime | None = None, limit: int | None = None,
                 progress: Callable[[int, int], None] | None = None, settle_s: float = SacctConfig.settle_s,
                 now: float | None = None) -> EnrichResult:
-    """Enrich every unenriched job (ended since ``since``) from ``reader``, committing batch by batch; jobs
-    that ended less than ``settle_s`` before ``now`` (epoch; default: the clock) wait for the next run. Never
-    raises for sacct or database trouble: the run stops and says why in ``errors``; what was committed stays,
-    the next run retries the rest."""
+    """Enrich every unenriched job run (ended since ``since``) from ``reader``, committing batch by batch; runs
+    that ended less than ``settle_s`` before ``now`` (epoch; default: the clock) wait for the next run. Each
+    row is matched to its own run in ``sacct -D`` (:func:`match_run`). Never raises for sacct or database
+    trouble: the run stops and says why in ``errors``; what was committed stays, the next run retries the rest."""
     res = EnrichResult()
     batch = max(1, int(getattr(reader, "batch_size", SacctConfig.batch_size)))
-    stmt = select(Job.id, Job.cluster, Job.job_id).where(col(Job.enriched).is_(False)).order_by(col(Job.id))
+    stmt = (select(Job.id, Job.cluster, Job.job_id).where(col(Job.enriched).is_(False))
+            .order_by(col(Job.id)))
     if since is not None:  # jobs without an end time too
         stmt = stmt.where((col(Job.end_time) >= since) | col(Job.end_time).is_(None))
     if limit is not None:
@@ -118,12 +122,13 @@ def enrich_jobs(engine: Engine, reader: Any, *, since: datetime | None = None, l
         res.errors.append(f"database unavailable ({first_line(exc)}); nothing enriched")
         return res
     done = 0
+    clock = now if now is not None else time.time()
     for cluster, group in itertools.groupby(todo, key=itemgetter(1)):
         rows = [(pk, job_id) for pk, _cluster, job_id in group]
         for k in range(0, len(rows), batch):
             chunk = rows[k:k + batch]
             try:
-                found = {sj.job_id: sj for sj in reader.jobs([j for _pk, j in chunk], cluster)}
+                found = runs_by_job(reader.jobs(sorted({j for _pk, j in chunk}), cluster, runs=True))
             except SacctError as exc:
                 res.errors.append(str(exc))
                 return res
@@ -132,18 +137,21 @@ def enrich_jobs(engine: Engine, reader: Any, *, since: datetime | None = None, l
                     moved: list[datetime | None] = []
                     for pk, job_id in chunk:
                         res.checked += 1
-                        sj = found.get(job_id)
+                        job = session.get(Job, pk)
+                        if job is None or job.enriched:
+                            continue
+                        sj = match_run(job, found.get(job_id, []))
                         if sj is None:
                             res.not_found += 1
                             continue
-                        if not sj.final:
+                        if not ended(sj, found[job_id]):
                             res.not_final += 1
                             continue
-                        if sj.end is not None and (now if now is not None else time.time()) - sj.end < settle_s:
+                        if sj.end is not None and clock - sj.end < settle_s:
                             res.settling += 1
                             continue
-                        job = session.get(Job, pk)
-                        if job is None or job.enriched:
+                        job = settle_run(session, job, sj)
+                        if job.enriched:  # folded into a row of its run that accounting had already filled
                             continue
                         moved.append(apply_sacct(job, sj))
                         res.enriched += 1
@@ -157,6 +165,80 @@ def enrich_jobs(engine: Engine, reader: Any, *, since: datetime | None = None, l
             if progress is not None:
                 progress(done, len(todo))
     return res
+
+
+def runs_by_job(sacct_jobs: Iterable[SacctJob]) -> dict[int, list[SacctJob]]:
+    """sacct's records by raw job id, each job's runs in order, every one with its ``run`` (the reader sets
+    it for ``runs=True``; else the restart count, else the place by start, as 22.05 has no count)."""
+    by_job: dict[int, list[SacctJob]] = {}
+    for sj in sacct_jobs:
+        by_job.setdefault(sj.job_id, []).append(sj)
+    for runs in by_job.values():
+        runs.sort(key=lambda r: (_run_of(r), r.start or 0.0, r.end or 0.0))
+        for n, sj in enumerate(runs):
+            if sj.run is None:
+                sj.run = sj.restart_count if sj.restart_count is not None else n
+    return by_job
+
+
+def _run_of(sj: SacctJob) -> int:
+    return sj.run if sj.run is not None else sj.restart_count if sj.restart_count is not None else -1
+
+
+def ended(sj: SacctJob, runs: list[SacctJob]) -> bool:
+    """Whether accounting's record of this run is final: the run is over (SacctJob.run_over), or a later run
+    of the job exists (24.11 reports a requeued run ``PENDING,REQUEUED``, without an end at first)."""
+    return sj.run_over or (bool(runs) and sj is not runs[-1])
+
+
+def match_run(job: Job, runs: list[SacctJob]) -> SacctJob | None:
+    """The sacct run of a job row: the same run index; for a run the Epilog could not settle (``run`` < 0),
+    the run with the same SLUID (26.05+), else the one whose time span overlaps the row's the most."""
+    if job.run >= 0:
+        return next((sj for sj in runs if sj.run == job.run), None)
+    if job.sluid and any(sj.sluid for sj in runs):
+        return next((sj for sj in runs if sj.sluid == job.sluid), None)
+    end = job.end_time.replace(tzinfo=UTC).timestamp() if job.end_time else None
+    start = job.start_time.replace(tzinfo=UTC).timestamp() if job.start_time else end
+    if end is None or start is None:
+        return None
+
+    def overlap(sj: SacctJob) -> float:
+        s0, s1 = sj.start or 0.0, sj.end if sj.end is not None else float("inf")
+        return min(end, s1) - max(start, s0) if start < end else -max(s0 - end, end - s1, 0.0)
+
+    best = max(runs, key=overlap, default=None)
+    return best if best is not None and overlap(best) >= -RUN_SLACK_S else None
+
+
+def settle_run(session: Session, job: Job, sj: SacctJob) -> Job:
+    """Give a row with a provisional run its run from accounting; where another row (another node's record)
+    already holds that run, move this row's GPUs there and drop it. Returns the row that holds the run."""
+    run = sj.run if sj.run is not None else job.run
+    if job.run == run:
+        return job
+    other = session.exec(select(Job).where(Job.cluster == job.cluster, Job.job_id == job.job_id,
+                                           Job.run == run)).first()
+    if other is None:
+        job.run = run
+        session.add(job)
+        session.flush()
+        return job
+    taken = {(g.node, g.gpu_index) for g in session.exec(select(JobGpu).where(JobGpu.job_pk == other.id))}
+    for g in session.exec(select(JobGpu).where(JobGpu.job_pk == job.id)).all():
+        if (g.node, g.gpu_index) in taken:
+            session.delete(g)
+        else:
+            taken.add((g.node, g.gpu_index))
+            g.job_pk = other.id or 0
+            session.add(g)
+    nodes = set(filter(None, f"{other.nodelist or ''},{job.nodelist or ''}".split(","))) | {n for n, _i in taken}
+    other.nodelist = cut(",".join(sorted(nodes)), 1024)
+    other.gpu_count = len(taken)
+    other.analyzed_at = None
+    session.delete(job)
+    session.flush()
+    return other
 
 
 def backfill_jobs(engine: Engine, sacct_jobs: Iterable[SacctJob], *, default_cluster: str,
@@ -186,7 +268,10 @@ def backfill_jobs(engine: Engine, sacct_jobs: Iterable[SacctJob], *, default_clu
 def _backfill_one(engine: Engine, sj: SacctJob, default_cluster: str, res: BackfillResult) -> None:
     cluster = (sj.cluster or default_cluster)[:64]
     with Session(engine) as session:
-        job = session.exec(select(Job).where(Job.cluster == cluster, Job.job_id == sj.job_id)).first()
+        same = select(Job).where(Job.cluster == cluster, Job.job_id == sj.job_id)
+        # this run's row; without a restart count (22.05), the job's latest (sacct without -D: its last run)
+        job = session.exec(same.where(Job.run == sj.restart_count) if sj.restart_count is not None
+                           else same.order_by(col(Job.run).desc())).first()
         if job is not None:
             res.had_record += 1
             if not job.enriched:
@@ -220,6 +305,7 @@ def backfill_records(sj: SacctJob, cluster: str) -> list[dict[str, Any]]:
         "user": sj.user, "uid": sj.uid, "account": sj.account, "partition": sj.partition,
         "start_time": sj.start, "end_time": sj.end if sj.end is not None else sj.start,
         "exit_code": sj.exit_code, "signal": sj.signal, "backend": "none", "reason": why,
+        "run": sj.restart_count or 0, "sluid": sj.sluid,
         "gpus": [recmod.empty_gpu(i, "none", why) for i in range(per)],
         "written_at": time.time(), "writer": BACKFILL_WRITER,
     } for node in nodes]

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 Cond = tuple[str, int]  # (job column, value): column == value
-ORDER = ("cluster", "array_task_id", "het_job_offset", "job_id")
+ORDER = ("cluster", "array_task_id", "het_job_offset", "job_id", "run")  # a requeued job's runs together
 # run(any_of, all_of): the rows (job columns as attributes) where at least one ``any_of`` and every
 # ``all_of`` equality holds, in ORDER; storage/queries.py and storage/sqlite_read.py each supply one.
 Run = Callable[[Sequence[Cond], Sequence[Cond]], list[Any]]

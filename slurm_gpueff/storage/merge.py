@@ -21,7 +21,7 @@ from .. import record as recmod
 from ..models import Job
 
 Row = dict[str, Any]
-Key = tuple[str, int]  # (cluster, job id): the job's natural key
+Key = tuple[str, int, int]  # (cluster, job id, run): a job run's natural key
 Spot = tuple[str, int]  # (node, GPU index): a GPU row's key within its job
 
 # Which backend label a multi-node job gets: the most capable one that measured any of its GPUs.
@@ -31,7 +31,7 @@ _JOB, _GPU = Job.metadata.tables["job"], Job.metadata.tables["job_gpu"]
 _GPU_FIELDS = ("minor", "memory_total_bytes", *recmod.FRACTIONS, "energy_j", "power_mean_w",
                *(f for f in recmod.OPTIONAL_GPU if f in _GPU.c))
 _IDENTITY = (("array_job_id", None), ("array_task_id", None), ("het_job_id", None), ("het_job_offset", None),
-             ("user", 128), ("uid", None), ("account", 128), ("partition", 128))
+             ("user", 128), ("uid", None), ("account", 128), ("partition", 128), ("sluid", 32))
 _JOB_COLS = tuple(c.name for c in _JOB.columns)
 _GPU_COLS = tuple(c.name for c in _GPU.columns)
 
@@ -76,7 +76,17 @@ class Plan:
 
 
 def job_key(rec: Row) -> Key:
-    return (cut(rec["cluster"], 64), rec["job_id"])
+    return (cut(rec["cluster"], 64), rec["job_id"], run_key(rec))
+
+
+def run_key(rec: Row) -> int:
+    """The record's ``job.run``: its run, or for a run the Epilog could not settle (``run_provisional``) a
+    negative stand-in that enrichment replaces (docs/DESIGN.md, "Runs"): minus the run's start time, which
+    every node of the run shares (SLURM_JOB_START_TIME), else minus its end time (a row per node until
+    enrichment puts them together)."""
+    if not rec.get("run_provisional"):
+        return int(rec.get("run") or 0)
+    return -int(rec.get("start_time") or rec["end_time"])
 
 
 def merge(recs: list[Row], stored_jobs: dict[Key, Row], stored_gpus: dict[Key, dict[Spot, Row]],
@@ -91,7 +101,8 @@ def merge(recs: list[Row], stored_jobs: dict[Key, Row], stored_gpus: dict[Key, d
         job = jobs.get(key)
         if job is None:  # not stored yet
             job = jobs[key] = dict.fromkeys(_JOB_COLS)
-            job.update(cluster=key[0], job_id=key[1], record_source="hook", gpu_count=0, backend="none", enriched=False)
+            job.update(cluster=key[0], job_id=key[1], run=key[2], record_source="hook", gpu_count=0, backend="none",
+                       enriched=False)
         node = cut(rec["node"], 128)
         _fold(job, gpus[key], rec, node, now)
         timelines[(key, node)] = {g["index"]: g.get("timeline") or [] for g in rec["gpus"]}

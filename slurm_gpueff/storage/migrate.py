@@ -56,11 +56,23 @@ def upgrade(engine: Engine, revision: str = "head") -> tuple[str | None, str | N
     """Migrate to ``revision``; returns (before, after). Adopts a matching pre-Alembic schema first."""
     from alembic import command
 
-    with engine.begin() as conn:
-        before = current(conn)
-        if before is None and "job" in inspect(conn).get_table_names():  # made by create_all
-            _adopt(conn)
-        command.upgrade(alembic_config(conn), revision)
+    with engine.connect() as conn:
+        # SQLite migrations copy a table to alter it; dropping the old copy must not cascade into the rows
+        # that reference it (the pragma is a no-op inside a transaction, hence before it, and restored after).
+        sqlite = conn.dialect.name == "sqlite"
+        if sqlite:
+            conn.exec_driver_sql("PRAGMA foreign_keys=OFF")
+            conn.commit()
+        try:
+            with conn.begin():
+                before = current(conn)
+                if before is None and "job" in inspect(conn).get_table_names():  # made by create_all
+                    _adopt(conn)
+                command.upgrade(alembic_config(conn), revision)
+        finally:
+            if sqlite:
+                conn.exec_driver_sql("PRAGMA foreign_keys=ON")
+                conn.commit()
     with engine.connect() as conn:
         return before, current(conn)
 

@@ -23,7 +23,7 @@ from sqlalchemy import Date, String, and_, case, cast, delete, func, insert, lit
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
-from ..models import Job, utcnow
+from ..models import Job, last_run_count, utcnow
 
 MEASURES = ("gpu_hours", "idle_gpu_hours", "underfilled_gpu_hours", "sm_active_gpu_hours",
             "tensor_active_gpu_hours", "energy_j", "kernel_measured_gpu_hours", "sm_measured_gpu_hours",
@@ -74,7 +74,9 @@ def refresh_month(conn: Connection, month: date, now: datetime) -> int:
     cols = ["period", "period_start", *KEYS, "jobs", *MEASURES, "refreshed_at"]
     sums = [func.sum(case((j.c[_MEASURED[m]].is_not(None), j.c.gpu_hours))) if m in _MEASURED
             else func.sum(j.c[m]) for m in MEASURES]
-    sel = (select(literal("day", String), day, *jkeys, func.count(), *sums, literal(now, r.c.refreshed_at.type))
+    # A requeued job counts once (its last run), the GPU-hours of every run (docs/DESIGN.md, "Runs").
+    sel = (select(literal("day", String), day, *jkeys, func.sum(last_run_count()), *sums,
+                  literal(now, r.c.refreshed_at.type))
            .where(j.c.end_time >= datetime(m0.year, m0.month, 1), j.c.end_time < datetime(m1.year, m1.month, 1),
                   j.c.analyzed_at.is_not(None))
            .group_by(day, *jkeys))

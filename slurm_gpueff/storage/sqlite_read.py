@@ -24,6 +24,8 @@ from .jobmatch import ORDER, Cond, find
 
 # Declared column type of job and job_gpu -> the value SQLAlchemy gives for a stored one (NULL stays None).
 _CONVERT: dict[str, Callable[[Any], Any]] = {"DATETIME": datetime.fromisoformat, "BOOLEAN": bool, "JSON": _json_loads}
+# Columns a database not yet upgraded lacks (seff-gpu never migrates): the values its rows mean.
+_DEFAULTS: dict[str, dict[str, Any]] = {"job": {"run": 0, "sluid": None}, "job_gpu": {}}
 
 
 def _q(name: str) -> str:
@@ -56,8 +58,8 @@ def lookup(path: str, spec: Any, cluster: str | None = None) -> list[tuple[Simpl
         def rows(table: str, where: str, params: Sequence[Any], order: Sequence[str]) -> list[SimpleNamespace]:
             cols = columns[table]  # in the order of SELECT *
             sql = f"SELECT * FROM {_q(table)} WHERE {where} ORDER BY {', '.join(_q(c) for c in order)}"
-            return [SimpleNamespace(**{c: f(v) if f and v is not None else v
-                                       for (c, f), v in zip(cols, row, strict=True)})
+            return [SimpleNamespace(**(_DEFAULTS[table] | {c: f(v) if f and v is not None else v
+                                                            for (c, f), v in zip(cols, row, strict=True)}))
                     for row in con.execute(sql, list(params))]
 
         def run(any_of: Sequence[Cond], all_of: Sequence[Cond]) -> list[SimpleNamespace]:

@@ -63,7 +63,8 @@ def write_records(conn: Connection, recs: list[Row]) -> None:
                       if moved_month(old["end_time"], plan.jobs[k]["end_time"])])
     with raw_errors(conn):
         db = _Sql(conn)
-        db.insert_ids(_JOB, [row for k, row in plan.jobs.items() if k not in plan.old_jobs], ("cluster", "job_id"))
+        db.insert_ids(_JOB, [row for k, row in plan.jobs.items() if k not in plan.old_jobs],
+                      ("cluster", "job_id", "run"))
         db.update(_JOB, [plan.jobs[k] for k in plan.old_jobs if plan.jobs[k] != plan.old_jobs[k]])
         inserts, updates, gone = plan.gpu_changes()
         db.delete_in("job_gpu_timeline", "job_gpu_id", gone + sorted(r["id"] for r in updates))
@@ -79,8 +80,9 @@ def read_stored(conn: Connection, keys: set[Key]) -> tuple[dict[Key, Row], dict[
     for part in _chunks(sorted({k[1] for k in keys})):
         stmt = select(_JOB).where(_JOB.c.job_id.in_(part)).order_by(_JOB.c.id).with_for_update()
         for row in conn.execute(stmt).mappings():
-            if (row["cluster"], row["job_id"]) in keys:
-                jobs[(row["cluster"], row["job_id"])] = dict(row)
+            key = (row["cluster"], row["job_id"], row["run"])
+            if key in keys:
+                jobs[key] = dict(row)
     gpus: dict[Key, dict[Spot, Row]] = {k: {} for k in jobs}
     by_pk = {v["id"]: k for k, v in jobs.items()}
     for part in _chunks(sorted(by_pk)):
@@ -94,8 +96,9 @@ def ingest_record(session: Session, rec: Row) -> Job:
     recmod.validate(rec)
     write_records(session.connection(), [rec])
     session.expire_all()  # rows changed underneath the ORM
-    cluster, job_id = job_key(rec)
-    return session.scalars(select(Job).where(_JOB.c.cluster == cluster, _JOB.c.job_id == job_id)).one()
+    cluster, job_id, run = job_key(rec)
+    return session.scalars(select(Job).where(_JOB.c.cluster == cluster, _JOB.c.job_id == job_id,
+                                             _JOB.c.run == run)).one()
 
 
 @contextlib.contextmanager

@@ -272,3 +272,80 @@ def test_backfill_records_gpu_jobs_the_hooks_missed(slurm, jobs):
     r = c.job_row(lost)
     assert r["record_source"] == "hook" and r["reason"] is None and r["backend"] == "simulated"
     assert c.gpu_indexes(lost) == c.job_gpus_seen(lost) and r["enriched"]
+
+
+def test_seff_gpu_finds_an_array_task_right_after_it_ends(slurm, jobs):
+    """Right after a task ends, before enrichment, its record has only the raw id (slurmd's hooks see no
+    array ids): ``seff-gpu <array>_<task>`` asks sacct for the raw id and answers within seconds, saying
+    the final state is pending accounting. After enrichment the card has Slurm's state.
+
+    Last in this module: it leaves its tasks for its own enrich run, not for the enrich counts above."""
+    c = slurm
+    array = c.sbatch("--array=0-1", "--gres=gpu:1", "-J", "arr-now", "-o", f"{c.out}/%j.out", "--wrap", ECHO,
+                     user=USER)
+    tasks = array_tasks(c, array, 2)
+    ended = time.monotonic()
+    assert "ingested 2," in c.gpueff("ingest").stdout
+    answers = {}
+    for task, raw in tasks.items():
+        assert c.job_row(raw)["array_job_id"] is None and not c.job_row(raw)["enriched"]
+        while True:  # slurmdbd may take a moment to have the task at all (it lags the controller)
+            t0 = time.monotonic()
+            p = c.seff(f"{array}_{task}", user=USER)
+            took = time.monotonic() - t0
+            if p.returncode == 0 or time.monotonic() - ended > 30:
+                break
+            time.sleep(0.5)
+        answers[task] = time.monotonic() - ended
+        out = _card(p)
+        assert took < 10, f"seff-gpu {array}_{task} took {took:.1f} s"
+        assert f"Job ID: {array}_{task}" in out and (raw == array or f"(raw id {raw})" in out), out
+        assert "final state pending accounting" in out and "COMPLETED" not in out, out
+        assert not c.job_row(raw)["enriched"]  # seff-gpu only reads
+    sys.stderr.write(f"\n[slurm] seff-gpu {array}_<task> answered {answers} s after the tasks ended\n")
+    assert max(answers.values()) < 30
+    c.wait_accounted(list(tasks.values()))
+    c.settle()
+    c.gpueff("enrich", "--since", "now-1d")
+    for task in tasks:
+        assert "State: COMPLETED (exit code 0)" in _card(c.seff(f"{array}_{task}", user=USER))
+
+
+def test_a_requeued_gpu_job_keeps_both_runs(slurm, jobs):
+    """``scontrol requeue`` of a running GPU job: a record and a row per run, enriched from each run's own
+    accounting (sacct -D), both runs' GPU-hours in the month's rollup, the job counted once, and the card's
+    Runs line (docs/DESIGN.md, "Runs")."""
+    c = slurm
+    script = ('echo GPUS=$SLURM_JOB_GPUS RUN=${SLURM_RESTART_COUNT:-0}; '
+              'if [ "${SLURM_RESTART_COUNT:-0}" -ge 1 ]; then sleep 2; else sleep 300; fi')
+    jid = c.sbatch("--requeue", "--gres=gpu:1", "-J", "requeued", "--open-mode=append", "--wrap", script, user=USER)
+    c.wait_state([jid], {"RUNNING"})
+    c.wait_output(jid, "RUN=0")
+    time.sleep(2)  # some GPU time on the first run
+    c.run(["scontrol", "requeue", str(jid)], check=True)
+    c.wait_output(jid, "RUN=1", timeout=120)
+    assert c.wait_state([jid], timeout=120)[jid] == "COMPLETED"
+    c.wait_node_idle()
+    assert sorted(n for n in c.spool_files() if n.startswith(f"job-{jid}-")) == \
+        [f"job-{jid}-{c.node}.json", f"job-{jid}-r1-{c.node}.json"]
+    c.gpueff("ingest")
+    runs = c.rows("SELECT * FROM job WHERE cluster = ? AND job_id = ? ORDER BY run", (CLUSTER, jid))
+    assert [(r["run"], r["gpu_count"], r["backend"]) for r in runs] == [(0, 1, "simulated"), (1, 1, "simulated")]
+    c.wait_accounted([jid])
+    c.settle()
+    c.gpueff("enrich", "--since", "now-1d")
+    c.gpueff("ingest")  # analyses the enriched rows again
+    c.gpueff("rollup")
+    runs = c.rows("SELECT * FROM job WHERE cluster = ? AND job_id = ? ORDER BY run", (CLUSTER, jid))
+    assert [(r["run"], r["state"], bool(r["enriched"])) for r in runs] == [(0, "REQUEUED", True),
+                                                                           (1, "COMPLETED", True)]
+    assert all(r["gpu_hours"] and r["analyzed_at"] for r in runs), [dict(r) for r in runs]
+    assert runs[0]["end_time"] <= runs[1]["start_time"]
+    month = runs[1]["end_time"][:7]
+    (rollup,) = c.rows("SELECT sum(gpu_hours) AS h, sum(jobs) AS n FROM usage_rollup WHERE period = 'month' "
+                       "AND substr(period_start, 1, 7) = ?", (month,))
+    (table,) = c.rows("SELECT sum(gpu_hours) AS h, count(DISTINCT cluster || ':' || job_id) AS n FROM job "
+                      "WHERE analyzed_at IS NOT NULL AND substr(end_time, 1, 7) = ?", (month,))
+    assert rollup["h"] == pytest.approx(table["h"]) and rollup["n"] == table["n"]  # every run; each job once
+    out = _card(c.seff(jid, user=USER))
+    assert "Runs: requeued once: 2 runs, " in out and "State: COMPLETED" in out, out

@@ -1,0 +1,150 @@
+"""``seff-gpu 2_0`` / ``6+1`` right after the job ended, before enrichment, and the state such a card shows.
+
+The hooks on the nodes see only the raw job id (Slurm 22.05 to 26.05 give slurmd's Prolog/Epilog no
+SLURM_ARRAY_* and no het offset), so until ``gpueff enrich`` ran the record of task 2_0 is "job 9". seff-gpu
+then asks sacct for the raw id. ``sacct`` here is tests/fake_slurm_cmd.py, a real process on PATH standing
+in for Slurm (no slurmdbd runs for the unit tests): it answers from sacct output captured on a real Slurm
+24.11 cluster (tests/data/slurmcmds/), where 2_0 is raw id 9, 6+1 raw id 7 and job 14 hit its time limit.
+The records go through the real spool and ingest; the GPU figures come from the simulated collector.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from sqlmodel import Session, select
+
+from slurm_gpueff import spool
+from slurm_gpueff.collectors.base import JobContext
+from slurm_gpueff.collectors.simulated import SimulatedCollector
+from slurm_gpueff.config import Config
+from slurm_gpueff.models import Job
+from slurm_gpueff.sacct import parse_parsable
+from slurm_gpueff.storage.db import make_engine
+from slurm_gpueff.storage.enrich import apply_sacct
+from slurm_gpueff.storage.ingest import ingest_spool
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FAKE = os.path.join(ROOT, "tests", "fake_slurm_cmd.py")
+CAPTURE = os.path.join(ROOT, "tests", "data", "slurmcmds", "sacct-product-P-24.11.5.psv")
+PENDING = "State: n/a (final state pending accounting; the Epilog saw exit code 0)"
+
+
+def install_fake(bin_dir, *names: str) -> None:
+    """Copies of the stand-in, run by this Python; a ``squeue`` that reports nothing running."""
+    os.makedirs(bin_dir, exist_ok=True)
+    with open(FAKE) as fh:
+        body = fh.read().split("\n", 1)[1]
+    for name in names:
+        path = os.path.join(bin_dir, name)
+        with open(path, "w") as fh:
+            fh.write(f"#!{sys.executable}\n{body}")
+        os.chmod(path, 0o755)
+    squeue = os.path.join(bin_dir, "squeue")
+    with open(squeue, "w") as fh:
+        fh.write("#!/bin/sh\nexit 0\n")
+    os.chmod(squeue, 0o755)
+
+
+def hook_record(job_id: int, start: float, end: float, profile: str = "idle") -> dict:
+    """What the Epilog writes for raw job ``job_id`` (no array or het ids: the node does not see them)."""
+    col = SimulatedCollector(Config())
+    ctx = JobContext(job_id, "vm", "testcluster", [0], start, end, {"GPUEFF_SIM_PROFILE": profile})
+    m = col.stop(ctx, col.start(ctx))
+    return {"schema": 1, "cluster": "testcluster", "node": "vm", "job_id": job_id, "start_time": start,
+            "end_time": end, "backend": m.backend, "reason": m.reason, "gpus": m.gpus, "user": "alice",
+            "account": "research", "partition": "debug", "exit_code": 0, "signal": 0}
+
+
+@pytest.fixture
+def site(tmp_path):
+    # times from the capture: 2_0 ran 1795452978-79, 6+1 1795453005-06, 14 (TIMEOUT) 1795453011-95
+    for job_id, start, end in ((9, 1795452978.0, 1795452979.0), (7, 1795453005.0, 1795453006.0),
+                               (14, 1795453011.0, 1795453095.0)):
+        spool.write_record(str(tmp_path / "spool"), hook_record(job_id, start, end))
+    engine = make_engine(str(tmp_path / "jobs.db"))
+    assert ingest_spool(engine, str(tmp_path / "spool")).ingested == 3
+    engine.dispose()
+    install_fake(tmp_path / "bin", "sacct")
+    (tmp_path / "run").mkdir()
+    cfg = tmp_path / "gpueff.toml"
+    cfg.write_text(f'[site]\ncluster = "testcluster"\n[paths]\ndatabase = "sqlite:///{tmp_path}/jobs.db"\n'
+                   f'state_dir = "{tmp_path}/run"\nspool_dir = "{tmp_path}/spool"\n[privacy]\nenabled = false\n'
+                   '[sacct]\ntimeout_s = 2\n')
+    return tmp_path, cfg
+
+
+def seff(site, *args, mode: str = ""):
+    root, cfg = site
+    env = dict(os.environ, PYTHONPATH=ROOT, PATH=f"{root}/bin:/usr/bin:/bin", FAKE_SLURM_LOG=str(root / "calls"),
+               FAKE_SLURM_MODE=mode, FAKE_SLURM_DATA=os.path.dirname(CAPTURE))
+    env.pop("GPUEFF_CONFIG", None)
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "slurm_gpueff.cli.seff", *args, "--config", str(cfg)],
+                       capture_output=True, text=True, timeout=60, env=env, cwd=root)
+    return p, time.monotonic() - t0
+
+
+def calls(site) -> list[list[str]]:
+    path = site[0] / "calls"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_array_task_is_found_through_its_raw_id(site):
+    p, took = seff(site, "2_0")
+    assert p.returncode == 0, p.stderr
+    assert "Job ID: 2_0 (raw id 9)" in p.stdout
+    assert PENDING in p.stdout and "COMPLETED" not in p.stdout
+    assert calls(site) == [["sacct", "-X", "-n", "-P", "-o", "JobIDRaw,JobID", "-j", "2_0"]]  # one call
+    assert took < 10, f"seff-gpu 2_0 took {took:.1f} s"
+
+
+def test_het_component_is_found_through_its_raw_id(site):
+    p, _ = seff(site, "6+1", "--json")
+    assert p.returncode == 0, p.stderr
+    (doc,) = json.loads(p.stdout)["jobs"]
+    job = doc["job"]
+    assert (job["id"], job["job_id"], job["het_job_id"], job["het_job_offset"]) == ("6+1", 7, 6, 1)
+    assert job["state"] is None and job["state_pending"] is True
+    assert job["state_text"] == "n/a (final state pending accounting; the Epilog saw exit code 0)"
+
+
+def test_a_pending_arrays_own_record_is_not_taken_for_the_task(site):
+    """sacct -j 2_0 of a task not started yet answers with the array's record (2_[0-2], raw id 2)."""
+    p, _ = seff(site, "2_0", mode="pending")
+    assert p.returncode == 3 and "not in the GPU job database" in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize("mode", ["fail", "slow"])
+def test_sacct_trouble_leaves_the_usual_answer(site, mode):
+    """A failing or hung sacct: seff-gpu still answers (job unknown), bounded by [sacct] timeout_s = 2."""
+    p, took = seff(site, "2_0", mode=mode)
+    assert p.returncode == 3 and "not in the GPU job database" in p.stderr and "Traceback" not in p.stderr
+    assert took < 15, f"took {took:.1f} s"
+
+
+def test_timeout_job_reads_pending_then_timeout_once_enriched(site):
+    """The Epilog of job 14 saw exit 0 (a TIMEOUT looks like success there): the card must not say
+    COMPLETED. Enrichment writes accounting's record (the captured sacct line) and the card says TIMEOUT."""
+    before, _ = seff(site, "14")
+    assert before.returncode == 0 and PENDING in before.stdout and "COMPLETED" not in before.stdout
+    with open(CAPTURE) as fh:
+        (sj,) = [j for j in parse_parsable(fh.read()) if j.job_id == 14]
+    engine = make_engine(f"sqlite:///{site[0]}/jobs.db", create=False)
+    with Session(engine) as s:
+        job = s.exec(select(Job).where(Job.job_id == 14)).one()
+        assert job.state == "COMPLETED" and not job.enriched  # the hook's provisional guess, stored
+        apply_sacct(job, sj)
+        s.commit()
+    engine.dispose()
+    after, _ = seff(site, "14")
+    assert "State: TIMEOUT (exit code 0)" in after.stdout
+    doc = json.loads(seff(site, "14", "--json")[0].stdout)["jobs"][0]["job"]
+    assert (doc["state"], doc["state_pending"], doc["state_text"]) == ("TIMEOUT", False, "TIMEOUT (exit code 0)")
+    assert calls(site) == []  # a plain raw id never asks sacct
