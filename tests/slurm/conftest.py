@@ -27,6 +27,7 @@ and its dependencies copied into a world-readable folder, run by a same-version 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -221,6 +222,10 @@ class SlurmCluster:
     def spool_files(self) -> list[str]:
         d = os.path.join(self.spool, "incoming")
         return sorted(os.listdir(d)) if os.path.isdir(d) else []
+
+    def spool_record(self, name: str) -> dict[str, Any]:
+        with open(os.path.join(self.spool, "incoming", name)) as fh:
+            return json.load(fh)
 
     def wait_output(self, job_id: int, text: str, timeout: float = 60) -> None:
         """Wait until the job's script has really run and printed ``text``.

@@ -323,11 +323,23 @@ def test_a_requeued_gpu_job_keeps_both_runs(slurm, jobs):
     c.wait_output(jid, "RUN=0")
     time.sleep(2)  # some GPU time on the first run
     c.run(["scontrol", "requeue", str(jid)], check=True)
-    c.wait_output(jid, "RUN=1", timeout=120)
+    # every version here holds a requeued job until BeginTime = requeue + 120 s: start it sooner, but only once
+    # the first run's Epilog is done (node idle), as Slurm's own delay ensures, and a few seconds on (22.05
+    # kills a run started within the second of the requeue: "Job credential revoked"). A second run whose
+    # Prolog overlaps that Epilog loses its Prolog state (22.05, 26.05) or drains the node (24.11: "Waiting
+    # for JobId=N REQUEST_LAUNCH_PROLOG notification failed").
+    deadline = time.monotonic() + 60
+    while not (c.job_info(jid).get("JobState") == "PENDING" and c.node_state() == "idle"
+               and c.run(["scontrol", "update", f"jobid={jid}", "StartTime=now+3"]).returncode == 0):
+        assert time.monotonic() < deadline, c.job_info(jid)
+        time.sleep(0.3)
+    c.wait_output(jid, "RUN=1", timeout=60)
     assert c.wait_state([jid], timeout=120)[jid] == "COMPLETED"
     c.wait_node_idle()
-    assert sorted(n for n in c.spool_files() if n.startswith(f"job-{jid}-")) == \
-        [f"job-{jid}-{c.node}.json", f"job-{jid}-r1-{c.node}.json"]
+    mine = sorted(n for n in c.spool_files() if n.startswith(f"job-{jid}-"))
+    assert mine == sorted([f"job-{jid}-{c.node}.json", f"job-{jid}-r1-{c.node}.json"]), [
+        {k: v for k, v in c.spool_record(n).items()
+         if k in ("run", "run_provisional", "start_time", "end_time", "sluid", "reason")} for n in mine]
     c.gpueff("ingest")
     runs = c.rows("SELECT * FROM job WHERE cluster = ? AND job_id = ? ORDER BY run", (CLUSTER, jid))
     assert [(r["run"], r["gpu_count"], r["backend"]) for r in runs] == [(0, 1, "simulated"), (1, 1, "simulated")]
