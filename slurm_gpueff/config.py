@@ -110,7 +110,7 @@ class Section:
 
     def __init_subclass__(cls) -> None:
         cls.KEYS = {}
-        for name, tp in cls.__dict__.get("__annotations__", {}).items():
+        for name, tp in cls.__annotations__.items():
             spec = cls.__dict__.get(name)
             spec = spec if isinstance(spec, _Key) else _Key(spec)
             cls.KEYS[name] = (tp, spec)

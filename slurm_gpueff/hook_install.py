@@ -30,11 +30,14 @@ except BaseException as exc:  # a broken install must not drain the node
 '''
 
 
-def install_hooks(dest_dir: str, config_path: str | None = None) -> list[str]:
+def install_hooks(dest_dir: str, config_path: str | None = None, python: str | None = None) -> list[str]:
     """Write ``prolog`` and ``epilog`` into ``dest_dir`` with an absolute shebang to this Python; with
-    ``config_path`` they read that config file, not the default one (slurmd passes no GPUEFF_CONFIG)."""
+    ``config_path`` they read that config file, not the default one (slurmd passes no GPUEFF_CONFIG).
+
+    ``python``: another interpreter for the shebang, for a slurmd that cannot run this one (a slurmd in a
+    chroot has its own python3); it is given this package's directory, as the hook path is stdlib-only."""
     pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    installed = os.path.basename(pkg_parent) in ("site-packages", "dist-packages")
+    installed = os.path.basename(pkg_parent) in ("site-packages", "dist-packages") and python is None
     path_line = "" if installed else f"    sys.path.insert(0, {pkg_parent!r})\n"
     os.makedirs(dest_dir, mode=0o755, exist_ok=True)
     out = []
@@ -42,7 +45,7 @@ def install_hooks(dest_dir: str, config_path: str | None = None) -> list[str]:
         path = os.path.join(os.path.abspath(dest_dir), kind)
         call = (f"hook.{kind}_main()" if config_path is None else
                 f"hook.main({kind!r}, {os.path.abspath(config_path)!r})")
-        text = _TEMPLATE.format(python=sys.executable, kind=kind, Kind=kind.capitalize(), path=path,
+        text = _TEMPLATE.format(python=python or sys.executable, kind=kind, Kind=kind.capitalize(), path=path,
                                 path_line=path_line, call=call)
         spool.atomic_write(path, text.encode(), mode=0o755)
         out.append(path)

@@ -55,4 +55,13 @@ if [ -n "$slurm_pkgs" ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $slurm_pkgs >/dev/null
   if [ $policy_tmp = 1 ]; then rm -f /usr/sbin/policy-rc.d; fi
 fi
+# Slurm 24.11 and 26.05 run in Debian trixie and sid chroots built from Debian's packages with mmdebstrap
+# (tests/slurm/chroot/README.md; /srv/slurm-SUITE, ~620 MB each; kept when present). The harness builds a
+# missing one itself; building here keeps the build out of the test timing.
+echo "== slurm: chroots for 24.11 (trixie) and 26.05 (sid)"
+if ! command -v mmdebstrap >/dev/null; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends mmdebstrap >/dev/null
+fi
+for suite in trixie sid; do bash "$(dirname "$0")/slurm/chroot/build-chroot.sh" "$suite"; done
 # --- end slurm

@@ -150,6 +150,24 @@ def test_install_hooks_writes_absolute_shebang_scripts(site, tmp_path):
     assert site.record(32)["backend"] == "simulated"
 
 
+def test_install_hooks_for_another_python(site, tmp_path):
+    """A slurmd that cannot run this interpreter (one in a chroot) gets hooks for its own python3: they name it
+    and find the package through the path they carry, the hook path being stdlib-only."""
+    other = "/usr/bin/python3"
+    if not os.access(other, os.X_OK):
+        pytest.skip(f"no {other} on this machine")
+    paths = hook_install.install_hooks(str(tmp_path / "bin"), python=other)
+    for p in paths:
+        with open(p) as fh:
+            text = fh.read()
+        assert text.startswith(f"#!{other}\n") and f"sys.path.insert(0, {ROOT!r})" in text
+    env = site.env(34)
+    for p in paths:
+        r = subprocess.run([p], env=env, cwd=site.logdir, capture_output=True, text=True, timeout=60)
+        assert (r.returncode, r.stderr) == (0, "")
+    assert site.record(34)["backend"] == "simulated"
+
+
 def test_hook_imports_stay_light(site):
     """The Epilog's import graph has no SQLAlchemy/SQLModel/pydantic/argparse/pynvml/dataclasses."""
     env = site.env(33)

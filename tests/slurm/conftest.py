@@ -1,21 +1,33 @@
-"""A real Slurm 22.05 cluster for the ``slurm`` tests: munged, a private MariaDB, slurmdbd, slurmctld and
-slurmd on this machine, four fake GPUs (gres/gpu on mknod'ed /dev/nvidiaN), and the project's own hooks
-(``install_hooks`` with this Python's absolute path) as Prolog and Epilog.
+"""Real Slurm clusters for the ``slurm`` tests, one generation at a time: 22.05 (Debian 12, the host's own
+packages, ``start-slurm.sh``), 24.11 (Debian trixie) and 26.05 (Debian sid), the newer two in chroots built
+from Debian's packages (``chroot/``, README.md there). Each runs munged, a private MariaDB, slurmdbd,
+slurmctld and slurmd, four fake GPUs (gres/gpu on mknod'ed /dev/nvidiaN), and the project's own hooks
+(``install_hooks``) as Prolog and Epilog. Every test runs once per version, its id naming it
+(``test_x[slurm-24.11]``); ``GPUEFF_SLURM_VERSIONS=24.11,26.05`` picks some.
 
 Only the GPUs are fake: the collector is the ``simulated`` backend, selected by the test config. The
 daemons, accounting, the hooks under slurmd, the spool, ingest, sacct, enrich and seff-gpu are real.
 
-The cluster is started once for the package (``tests/slurm/start-slurm.sh``) and stopped at its end by
-PID (``stop-slurm.sh``), which also removes the device nodes it created, so the rest of the suite sees
-the machine as before. Needs root (CI runs as root); a failure to start is a test error, never a skip.
+In a chroot the hooks run under its slurmd with its python3 (the hook path is stdlib-only), importing this
+checkout, which is bind-mounted read-only at the same path; the cluster directory (config, spool, state,
+job output) is bind-mounted at the same path too, so the host's ``gpueff`` and ``seff-gpu`` read what they
+wrote. The host's 22.05 clients cannot talk to 24.11+ daemons: ``$BASE/bin`` holds wrappers that run the
+chroot's own ``sbatch``/``sacct``/..., first on the tests' PATH and named in ``[sacct] command``.
 
-``alice`` runs ``seff-gpu`` through ``runuser``. The test interpreter may live where alice cannot go
-(``/root/.pyenv``, 0700), so she gets this checkout's package and its dependencies copied into a
-world-readable folder, run by a same-version Python she can execute (``/usr/bin/python3.X``).
+A cluster is started once per version (the package-scoped, parametrized ``slurm`` fixture) and stopped by
+PID before the next one starts (the stop scripts also remove the device nodes and mounts they made), so the
+rest of the suite sees the machine as before. Needs root (CI runs as root); a failure to start is a test
+error, never a skip. ``docs/SLURM-VERSIONS.md`` lists what differs between the versions.
+
+``alice`` runs ``seff-gpu`` on the host through ``runuser``, with the same uid in every chroot. The test
+interpreter may live where alice cannot go (``/root/.pyenv``, 0700), so she gets this checkout's package
+and its dependencies copied into a world-readable folder, run by a same-version Python she can execute
+(``/usr/bin/python3.X``).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -38,6 +50,10 @@ USER = "alice"
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "DEADLINE",
          "BOOT_FAIL"}
 SYS_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# Slurm release -> the Debian suite whose chroot runs it (None: the host's own Debian 12 packages)
+SUITES: dict[str, str | None] = {"22.05": None, "24.11": "trixie", "26.05": "sid"}
+VERSIONS = [v.strip() for v in os.environ.get("GPUEFF_SLURM_VERSIONS", ",".join(SUITES)).split(",") if v.strip()]
+STARTED: dict[str, str] = {}  # version -> how its cluster came up, for the summary at the end
 
 # [sacct] settle_s of the test cluster: slurmdbd fills in array ids 1-4 s after a task's final state
 # (storage/enrich.py); the product's default is 120 s, the tests wait this much instead (settle()).
@@ -57,6 +73,7 @@ backend = "{backend}"
 hook_timeout_s = 10.0
 
 [sacct]
+command = "{sacct}"
 timeout_s = {sacct_timeout}
 batch_size = {batch_size}
 settle_s = {settle_s}
@@ -70,8 +87,13 @@ admins = {admins}
 class SlurmCluster:
     """Handle on the running test cluster: submit, wait, inspect, and run the project's commands."""
 
-    def __init__(self, base: str):
+    def __init__(self, base: str, version: str = "22.05"):
         self.base = base
+        self.version = version
+        self.suite = SUITES[version]
+        self.chroot = f"/srv/slurm-{self.suite}" if self.suite else None
+        self.bin = os.path.join(base, "bin")  # the chroot's Slurm clients (start-slurm-chroot.sh)
+        self.sacct = os.path.join(self.bin, "sacct") if self.chroot else "sacct"
         self.config_path = os.path.join(base, "gpueff.toml")
         self.admin_config_path = os.path.join(base, "gpueff-admins.toml")
         self.hooks_dir = os.path.join(base, "hooks")
@@ -82,14 +104,16 @@ class SlurmCluster:
         self.node = os.uname().nodename.split(".")[0]
         self.user_python = sys.executable
         self.user_pythonpath = ROOT
-        self.env = dict(os.environ, PATH=SYS_PATH + ":" + os.environ.get("PATH", ""))
+        path = (self.bin + ":" if self.chroot else "") + SYS_PATH
+        self.env = dict(os.environ, PATH=path + ":" + os.environ.get("PATH", ""))
         self.env.pop("GPUEFF_CONFIG", None)
         self.env.pop("SLURM_TIME_FORMAT", None)
 
     # -- config
     def write_config(self, *, backend: str = "simulated", admins: Sequence[str] = (), sacct_timeout: float = 30.0,
-                     batch_size: int = 500, path: str | None = None) -> str:
-        text = CONFIG.format(cluster=CLUSTER, base=self.base, backend=backend, sacct_timeout=sacct_timeout,
+                     batch_size: int = 500, path: str | None = None, sacct: str | None = None) -> str:
+        text = CONFIG.format(cluster=CLUSTER, base=self.base, backend=backend, sacct=sacct or self.sacct,
+                             sacct_timeout=sacct_timeout,
                              batch_size=batch_size, settle_s=SETTLE_S,
                              admins="[" + ", ".join(f'"{a}"' for a in admins) + "]")
         path = path or self.config_path
@@ -199,6 +223,10 @@ class SlurmCluster:
         d = os.path.join(self.spool, "incoming")
         return sorted(os.listdir(d)) if os.path.isdir(d) else []
 
+    def spool_record(self, name: str) -> dict[str, Any]:
+        with open(os.path.join(self.spool, "incoming", name)) as fh:
+            return json.load(fh)
+
     def wait_output(self, job_id: int, text: str, timeout: float = 60) -> None:
         """Wait until the job's script has really run and printed ``text``.
 
@@ -226,9 +254,10 @@ class SlurmCluster:
 
     def log_tail(self, n: int = 40) -> str:
         out = []
-        for name in ("slurmctld.log", "slurmd.log"):
-            path = os.path.join(self.base, "log", name)
-            if os.path.exists(path):
+        logs = os.path.join(self.base, "log")
+        for name in sorted(f for f in os.listdir(logs) if f.startswith("slurm")) if os.path.isdir(logs) else ():
+            path = os.path.join(logs, name)
+            if os.path.isfile(path):
                 with open(path, errors="replace") as fh:
                     out.append(f"--- {name}\n" + "".join(fh.readlines()[-n:]))
         return "\n".join(out)
@@ -279,8 +308,12 @@ def _user_runtime(c: SlurmCluster) -> None:
         raise RuntimeError(f"alice cannot import the package from {lib}: {p.stderr[-2000:]}")
 
 
-@pytest.fixture(scope="package")
-def slurm() -> Iterator[SlurmCluster]:
+@pytest.fixture(scope="package", params=VERSIONS, ids=lambda v: f"slurm-{v}")
+def slurm(request: pytest.FixtureRequest) -> Iterator[SlurmCluster]:
+    """One real cluster per Slurm version; pytest finishes one version's tests (and this fixture) first."""
+    version = request.param
+    if version not in SUITES:
+        pytest.fail(f"GPUEFF_SLURM_VERSIONS names {version!r}; known: {', '.join(SUITES)}")
     if os.geteuid() != 0:
         pytest.fail("the slurm tests start slurmd and create /dev/nvidiaN: run them as root (CI does)")
     from slurm_gpueff.hook_install import install_hooks
@@ -288,7 +321,7 @@ def slurm() -> Iterator[SlurmCluster]:
     t0 = time.monotonic()
     base = tempfile.mkdtemp(prefix="gpueff-slurm-")
     os.chmod(base, 0o755)  # alice reads the config and the database below it
-    c = SlurmCluster(base)
+    c = SlurmCluster(base, version)
     os.makedirs(c.out)
     os.chmod(c.out, 0o1777)  # job output of every user
     for d in ("gpueff", os.path.join("gpueff", "db")):
@@ -296,21 +329,46 @@ def slurm() -> Iterator[SlurmCluster]:
         os.chmod(os.path.join(base, d), 0o755)
     c.write_config()
     c.write_config(admins=[USER], path=c.admin_config_path)
-    prolog, epilog = install_hooks(c.hooks_dir, config_path=c.config_path)
+    # in a chroot the hooks run under its own python3, importing this checkout (bind-mounted read-only)
+    prolog, epilog = install_hooks(c.hooks_dir, config_path=c.config_path,
+                                   python="/usr/bin/python3" if c.chroot else None)
     env = dict(c.env, BASE=base, PROLOG=prolog, EPILOG=epilog, CLUSTER=CLUSTER, GPU_TYPE=GPU_TYPE,
-               ACCOUNT=ACCOUNT, TEST_USERS=USER)
-    started = subprocess.run([os.path.join(HERE, "start-slurm.sh")], env=env, capture_output=True, text=True,
-                             timeout=900)
+               ACCOUNT=ACCOUNT, TEST_USERS=USER, RO_MOUNTS=ROOT)
+    if c.suite:
+        start = [os.path.join(HERE, "chroot", "start-slurm-chroot.sh"), c.suite]
+        stop = [os.path.join(HERE, "chroot", "stop-slurm-chroot.sh"), c.suite, "--purge"]
+    else:
+        start, stop = [os.path.join(HERE, "start-slurm.sh")], [os.path.join(HERE, "stop-slurm.sh"), "--purge"]
+    started = subprocess.run(start, env=env, capture_output=True, text=True, timeout=900)
     try:
         if started.returncode != 0:
-            pytest.fail(f"start-slurm.sh failed ({started.returncode}):\n{started.stdout}\n{started.stderr}\n"
+            pytest.fail(f"{start} failed ({started.returncode}):\n{started.stdout}\n{started.stderr}\n"
                         f"{c.log_tail()}")
+        # the id names the version: a suite that moved on to another Slurm release must not pass as this one
+        got = c.run(["sinfo", "--version"], check=True).stdout.split()[-1]
+        if not got.startswith(version + "."):
+            pytest.fail(f"slurm-{version}: the cluster runs Slurm {got} (Debian {c.suite or 'host'})")
         _user_runtime(c)
         c.startup_s = time.monotonic() - t0  # type: ignore[attr-defined]
-        sys.stderr.write(f"\n[slurm] cluster up in {c.startup_s:.1f} s\n{started.stdout}")
+        STARTED[version] = f"Slurm {got}{' in ' + c.chroot if c.chroot else ''}, cluster up in {c.startup_s:.1f} s"
+        sys.stderr.write(f"\n[slurm] {got} cluster up in {c.startup_s:.1f} s\n{started.stdout}")
         yield c
     finally:
-        stop = subprocess.run([os.path.join(HERE, "stop-slurm.sh"), "--purge"], env=env, capture_output=True,
-                              text=True, timeout=300)
-        sys.stderr.write(f"\n[slurm] {stop.stdout}{stop.stderr}")
+        stopped = subprocess.run(stop, env=env, capture_output=True, text=True, timeout=300)
+        sys.stderr.write(f"\n[slurm] {version} {stopped.stdout}{stopped.stderr}")
+        if version in STARTED:
+            STARTED[version] += f", {time.monotonic() - t0:.0f} s from start to stop"
         shutil.rmtree(base, ignore_errors=True)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Per version: its cluster's cold start and the outcome of its tests (the figures docs/ quotes)."""
+    if not STARTED:
+        return
+    terminalreporter.section("slurm versions")
+    for version, line in STARTED.items():
+        tag = f"[slurm-{version}]"
+        counts = {kind: len({r.nodeid for r in terminalreporter.stats.get(kind, ()) if tag in getattr(r, "nodeid", "")})
+                  for kind in ("passed", "failed", "error", "skipped", "xfailed")}
+        terminalreporter.write_line(f"slurm-{version}: {line}; " +
+                                    ", ".join(f"{n} {kind}" for kind, n in counts.items() if n))
