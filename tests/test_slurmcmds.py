@@ -39,6 +39,14 @@ def test_real_sacctmgr_output_without_coordinators(version):
     assert parse_coordinators(text) == {}
 
 
+@pytest.mark.parametrize("version", ["24.11.5", "26.05.5"])
+def test_real_sacctmgr_output_with_a_coordinator(version):
+    """Captured after ``sacctmgr -i add coordinator account=research names=alice`` on the real cluster."""
+    assert parse_coordinators(read(f"sacctmgr-user-withcoord-{version}.psv")) == {"research": ["alice"]}
+    assert parse_coordinators(read(f"sacctmgr-user-withassoc-withcoord-coordinator-{version}.psv")) == {
+        "research": ["alice"]}
+
+
 def test_coordinators_per_account():
     assert parse_coordinators(WITH_COORDS) == {"physics": ["bob"], "vision": ["bob", "carol"]}
     assert parse_coordinators("") == {}
