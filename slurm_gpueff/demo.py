@@ -116,6 +116,20 @@ def run_jobs(config_path: str, root: str) -> list[tuple[int, str]]:
     return ran
 
 
+class SimulatedAccounting:
+    """The simulated cluster's ``sacct``: each demo job's final state as Slurm would report it (COMPLETED,
+    or FAILED with the simulated exit code), read by the real enrichment, as a real cluster's would be."""
+
+    batch_size = 500
+
+    def jobs(self, ids: list[int], cluster: str | None = None, runs: bool = False) -> list[Any]:
+        from .sacct import SacctJob
+
+        codes = {FIRST_JOB_ID + n: job[5] for n, job in enumerate(JOBS)}
+        return [SacctJob(job_id=i, job_id_text=str(i), cluster=cluster, state="FAILED" if codes[i] else "COMPLETED",
+                         exit_code=codes[i], signal=0, run=0, source="simulated") for i in ids if i in codes]
+
+
 def summary(config: Config, job_ids: list[int]) -> str:
     """One line per demo job with its primary verdict and the site's total waste (the demo's punchline)."""
     from .analysis.diagnose import assess
@@ -140,6 +154,7 @@ def summary(config: Config, job_ids: list[int]) -> str:
 def run(args: Any) -> int:
     from .cli import seff
     from .cli.common import database
+    from .storage.enrich import enrich_jobs
     from .storage.ingest import ingest_spool
     from .summarize import summarize_pending
 
@@ -151,6 +166,7 @@ def run(args: Any) -> int:
     config = load(config_path)
     with database(config) as engine:
         result = ingest_spool(engine, config.paths.spool_dir)
+        enrich_jobs(engine, SimulatedAccounting())
         summarize_pending(engine, config.analysis)
     print(f"  ingested {result.ingested} spool records into {config.paths.database}"
           f" (quarantined {result.quarantined}, failed {result.failed})")

@@ -65,7 +65,7 @@ class SacctJob:
     exit_code: int | None = None
     signal: int | None = None
     alloc_tres: str | None = None
-    source: str = "json"             # "json" or "parsable": which sacct output it came from
+    source: str = "json"             # "json", "parsable" (which sacct output), or the demo's "simulated"
     notes: list[str] = field(default_factory=list)
     plugin: str | None = None        # the --json plugin that wrote it ("data_parser/v0.0.42"); None for -P
     restart_count: int | None = None  # sacct's restart_cnt / Restarts (None where this Slurm has neither)
