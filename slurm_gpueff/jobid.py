@@ -11,6 +11,9 @@ from typing import NamedTuple
 
 from .errors import JobIdError
 
+# Slurm's job ids, array task ids and het offsets are 32-bit unsigned (NO_VAL = 0xfffffffe and up are
+# markers): a larger number is no job, and would not fit the database's integers.
+MAX_ID = 0xFFFFFFFD
 _RE = re.compile(r"^(?P<job>\d+)(?:_(?P<task>\d+)|\+(?P<het>\d+))?(?:\.(?:batch|extern|interactive|\d+))?$")
 
 
@@ -36,4 +39,7 @@ def parse(text: str) -> JobSpec:
         raise JobIdError(f"invalid job id {text!r}: expected a number like 123, an array task like 123_4, "
                          "or a heterogeneous component like 123+1")
     task, het = m.group("task", "het")
-    return JobSpec(int(m.group("job")), int(task) if task else None, int(het) if het else None)
+    spec = JobSpec(int(m.group("job")), int(task) if task else None, int(het) if het else None)
+    if max(n for n in spec if n is not None) > MAX_ID:
+        raise JobIdError(f"invalid job id {text!r}: Slurm's job ids, array tasks and het offsets are at most {MAX_ID}")
+    return spec
