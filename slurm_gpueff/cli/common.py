@@ -77,8 +77,11 @@ def safe_url(url: str) -> str:
 
 @contextmanager
 def database(config: Config, create: bool = True) -> Iterator[Engine]:
-    """The job database for a ``with`` block (disposed of at its end), or a one-line error (exit 1) naming it."""
-    from ..storage.db import make_engine
+    """The job database for a ``with`` block (disposed of at its end), or a one-line error (exit 1) naming it:
+    also for a database error the block itself does not handle (the server down, a damaged file)."""
+    from sqlalchemy import exc as sa_exc
+
+    from ..storage.db import first_line, make_engine
 
     try:
         engine = make_engine(config.paths.database, create=create)
@@ -86,6 +89,8 @@ def database(config: Config, create: bool = True) -> Iterator[Engine]:
         raise GpueffError(f"cannot open the job database {safe_url(config.paths.database)}: {exc}") from None
     try:
         yield engine
+    except sa_exc.DBAPIError as exc:
+        raise GpueffError(f"job database {safe_url(config.paths.database)}: {first_line(exc)}") from None
     finally:
         engine.dispose()
 
