@@ -40,7 +40,7 @@ from .sacct_rows import (
 __all__ = ["ACTIVE_STATES", "EXIT_CODES_WRONG", "FINAL_STATE_CODES", "PARSABLE_FIELDS", "RESTARTS_FIELDS",
            "SacctError", "SacctJob", "SacctReader", "exit_codes_wrong", "expand_hostlist", "no_gpus_note",
            "number", "parse_exit_codes", "parse_json", "parse_parsable", "parse_tres", "plugin_name",
-           "raw_id_of", "resolve_job_id", "slurm_time", "state_word"]
+           "raw_id_of", "slurm_time", "state_word"]
 
 FINAL_STATE_CODES = "BF,CA,CD,DL,F,NF,OOM,PR,TO"  # sacct -s codes of every final state
 
@@ -181,19 +181,6 @@ def _quick_reader(config: Config, timeout_s: float) -> SacctReader:
     reader = SacctReader(command=s.command, timeout_s=min(timeout_s, s.timeout_s), fmt="parsable")
     reader.restarts_field = False  # one call, no run numbers needed: works on 22.05 too
     return reader
-
-
-def resolve_job_id(spec: str, config: Config, timeout_s: float = 5.0) -> int | None:
-    """The raw job id of a user-typed ``4_0`` (array task) or ``15+1`` (het component), from one bounded
-    ``sacct -X -j`` call, so seff-gpu finds a record the hooks stored under its raw id before enrichment.
-    None on any sacct problem or when sacct does not know the id (a task still pending in its array)."""
-    reader = _quick_reader(config, timeout_s)
-    try:
-        text = reader._run(["-X", "-P", "-n", f"--delimiter={reader.DELIM}", "-o", "JobIDRaw,JobID",
-                            "-j", str(spec).strip()])
-    except SacctError:
-        return None
-    return raw_id_of(text, str(spec), reader.DELIM)
 
 
 def no_gpus_note(spec: str, config: Config, timeout_s: float = 5.0) -> str | None:

@@ -14,6 +14,7 @@ import subprocess
 from collections.abc import Sequence
 
 from .errors import GpueffError
+from .sacct_rows import raw_id_of
 
 RESOLVE_TIMEOUT_S = 5.0  # seff-gpu waits at most this long for sacct: a user is at the terminal
 
@@ -48,23 +49,18 @@ def run(exe: str | None, name: str, args: Sequence[str], timeout_s: float) -> st
     return p.stdout
 
 
-def raw_ids(spec: str, sacct_command: str, cluster: str | None = None,
-            timeout_s: float = RESOLVE_TIMEOUT_S) -> list[int]:
-    """The raw job ids (JobIDRaw) of ``spec`` (``4_0``, ``15+1``) as accounting knows them, in one call.
+def raw_id(spec: str, sacct_command: str, cluster: str | None = None,
+           timeout_s: float = RESOLVE_TIMEOUT_S) -> int | None:
+    """The raw job id (JobIDRaw) of ``spec`` (``4_0``, ``15+1``) as accounting knows it, in one call; None
+    when accounting does not know it.
 
     The hooks on the nodes see only the raw id (no SLURM_ARRAY_* nor het offset there), so right after
     a task ends its record has no array id until enrichment. JobID is asked too and must equal ``spec``:
     for a task still pending, sacct answers with the array's own record (``4_[0-2]``, raw id 4, which is
-    another task once it runs), and that must not be taken for this one.
+    another task once it runs), and that must not be taken for this one (:func:`sacct_rows.raw_id_of`).
     """
     args = ["-X", "-n", "-P", "-o", "JobIDRaw,JobID", "-j", spec] + (["-M", cluster] if cluster else [])
-    out = run(command_path(sacct_command, "sacct"), "sacct", args, timeout_s)
-    ids = []
-    for line in out.splitlines():
-        raw, _, shown = line.strip().partition("|")
-        if raw.isdigit() and shown == spec and int(raw) not in ids:
-            ids.append(int(raw))
-    return ids
+    return raw_id_of(run(command_path(sacct_command, "sacct"), "sacct", args, timeout_s), spec)
 
 
 def parse_coordinators(text: str) -> dict[str, list[str]]:

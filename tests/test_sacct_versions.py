@@ -14,7 +14,6 @@ import sys
 
 import pytest
 
-from slurm_gpueff.config import Config
 from slurm_gpueff.sacct import (
     PARSABLE_FIELDS,
     SacctReader,
@@ -24,9 +23,9 @@ from slurm_gpueff.sacct import (
     parse_parsable,
     plugin_name,
     raw_id_of,
-    resolve_job_id,
 )
 from slurm_gpueff.sacct_rows import last_runs, number_runs
+from slurm_gpueff.slurmcmds import SlurmCommandError, raw_id
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "sacct")
 VERSIONS = ("22.05.8", "24.11.5", "26.05.5")
@@ -119,7 +118,7 @@ fields = args[args.index("-o") + 1].split(",")
 if "Restarts" in fields:
     sys.stderr.write('sacct: fatal: Invalid field requested: "Restarts"\n')
     sys.exit(1)
-delim = next(a.split("=", 1)[1] for a in args if a.startswith("--delimiter="))
+delim = next((a.split("=", 1)[1] for a in args if a.startswith("--delimiter=")), "|")
 product = os.environ["REPLAY_FIELDS"].split(",")
 text = open(os.path.join(data, "sacct-product-P-D.psv" if runs else "sacct-product-P.psv")).read()
 spec = args[args.index("-j") + 1]
@@ -170,12 +169,14 @@ def test_parsable_reader_on_22_05_drops_restarts_and_numbers_runs_by_start(repla
     assert [(r.run, r.state, r.restart_count) for r in runs] == [(0, "REQUEUED", None), (1, "COMPLETED", None)]
 
 
-def test_typed_ids_resolve_to_raw_ids(replay):
+def test_typed_ids_resolve_to_raw_ids(replay, monkeypatch):
     text = read("24.11.5", "sacct-product-P.psv")
     assert [raw_id_of(text, s) for s in ("2_0", "3_3", "6+1", "6+0", "14", "99_1")] == [9, 3, 7, 6, 14, None]
-    config = Config({"sacct": {"command": replay("26.05.5")}})
-    assert (resolve_job_id("2_1", config), resolve_job_id("6+1", config)) == (10, 7)
-    assert resolve_job_id("2_1", Config({"sacct": {"command": "/nonexistent/sacct"}})) is None
+    sacct = replay("26.05.5")
+    assert (raw_id("2_1", sacct), raw_id("6+1", sacct), raw_id("99_1", sacct)) == (10, 7, None)
+    monkeypatch.setenv("PATH", "")  # no sacct beside the configured path nor on PATH
+    with pytest.raises(SlurmCommandError, match="sacct not found"):
+        raw_id("2_1", "/nonexistent/sacct")
 
 
 def test_number_unwraps_every_form():

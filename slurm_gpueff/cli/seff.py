@@ -295,13 +295,13 @@ def _by_raw_id(spec: JobSpec, config: Config, cluster: str | None) -> list[tuple
     rows found lack the array/het ids sacct just gave: they are filled in for this display only (the
     enrichment writes them). Any sacct problem just finds nothing (the caller then says why)."""
     from ..jobid import JobSpec
-    from ..slurmcmds import RESOLVE_TIMEOUT_S, SlurmCommandError, raw_ids
+    from ..slurmcmds import RESOLVE_TIMEOUT_S, SlurmCommandError, raw_id
 
     try:
-        ids = raw_ids(str(spec), config.sacct.command, cluster, min(RESOLVE_TIMEOUT_S, config.sacct.timeout_s))
+        raw = raw_id(str(spec), config.sacct.command, cluster, min(RESOLVE_TIMEOUT_S, config.sacct.timeout_s))
     except SlurmCommandError:
         return []
-    found = [hit for raw in ids for hit in lookup(config.paths.database, JobSpec(raw), cluster)]
+    found = lookup(config.paths.database, JobSpec(raw), cluster) if raw is not None else []
     for job, _gpus in found:
         if spec.task is not None and job.array_task_id is None:
             job.array_job_id, job.array_task_id = spec.job, spec.task
