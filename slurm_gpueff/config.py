@@ -69,11 +69,33 @@ def _user_pattern(v: object, unit: str) -> str | None:
 
 
 def _database(v: object, unit: str) -> str | None:
-    scheme, sep, _ = str(v).partition("://")
+    scheme, sep, rest = str(v).partition("://")
+    userinfo = rest.split("/", 1)[0].rpartition("@")[0]
+    if sep and ":" in userinfo:  # users read this file: a password here is everyone's
+        return (" must not hold a password (every user reads this file): put the password in a file "
+                "named by paths.database_password_file, readable only by the service account")
     if not sep or scheme in DB_SCHEMES:  # a plain path, or a URL storage.db can open
         return _not_empty(v, unit)
     return (f" = {v!r}: unsupported database {scheme!r}; use a file path, sqlite:////PATH or "
             "postgresql+psycopg://USER@HOST/DB")
+
+
+def _listen(v: object, unit: str) -> str | None:
+    """"" (off), ``unix:/ABSOLUTE/PATH`` or ``HOST:PORT``."""
+    text = str(v)
+    if text == "" or (text.startswith("unix:/") and len(text) > 6):
+        return None
+    host, sep, port = text.rpartition(":")
+    if sep and host and port.isdigit() and 0 < int(port) <= 65535:
+        return None
+    return f" = {text!r}: expected HOST:PORT, unix:/ABSOLUTE/PATH or \"\" (off)"
+
+
+def _api_url(v: object, unit: str) -> str | None:
+    text = str(v)
+    if text == "" or (text.startswith("unix:/") and len(text) > 6) or text.startswith(("http://", "https://")):
+        return None
+    return f" = {text!r}: expected http://HOST:PORT, unix:/ABSOLUTE/PATH or \"\" (from service.api_listen)"
 
 
 _PCT = _range(0, 100, text=" = {v} is not a percentage (0-100)")
@@ -145,6 +167,14 @@ class PathsConfig(Section):
     spool_dir: str = _key("/var/spool/slurm-gpueff", _not_empty)
     state_dir: str = _key("/run/slurm-gpueff", _not_empty)
     database: str = _key("sqlite:////var/lib/slurm-gpueff/gpueff.db", _database)
+    database_password_file: str = ""
+
+
+class SpoolConfig(Section):
+    """[spool]: which files in the spool ingest and forward trust."""
+    owner: str = ""
+    max_file_mb: float = _key(64.0, _range(0, 4096, above=True))
+    stuck_h: float = _key(1.0, _range(0, YEAR / 3600, above=True))
 
 
 class CollectorConfig(Section):
@@ -252,6 +282,8 @@ class PrivacyConfig(Section):
     """[privacy]: seff-gpu shows users only their own jobs, like sacct with PrivateData=jobs."""
     enabled: bool = True
     admins: list[str] = _key([], _not_empty, "a list of user names")
+    leads: dict[str, list[str]] = _key({}, _not_empty, "a list of user names")
+    coordinators: bool = True
 
 
 class ServiceConfig(Section):
@@ -273,6 +305,10 @@ class ServiceConfig(Section):
     metrics_top_accounts: int = _key(200, _range(0, 100000))
     forward_interval_s: float = _key(30.0, _range(0, 3600, above=True))
     forward_max_backoff_s: float = _key(600.0, _range(0, DAY))
+    api_listen: str = _key("", _listen)
+    api_url: str = _key("", _api_url)
+    api_timeout_s: float = _key(10.0, _range(0, 600, above=True))
+    munge_socket: str = ""
 
 
 class Config:
@@ -280,6 +316,7 @@ class Config:
 
     site: SiteConfig
     paths: PathsConfig
+    spool: SpoolConfig
     collector: CollectorConfig
     agent: AgentConfig
     dcgm: DcgmConfig

@@ -103,6 +103,12 @@ def test_config_is_frozen_and_typed():
         # database URLs of dialects that storage cannot open
         ("[paths]\ndatabase = 'mysql://u@h/db'", "paths.database = 'mysql://u@h/db': unsupported database 'mysql'"),
         ("[paths]\ndatabase = 'postgresql+psycopg2://u@h/db'", "unsupported database 'postgresql+psycopg2'"),
+        # a password in the config every user reads: refused, and not echoed
+        ("[paths]\ndatabase = 'postgresql+psycopg://u:pw9@h/db'", "paths.database must not hold a password"),
+        ("[service]\napi_listen = 'localhost'", "service.api_listen = 'localhost': expected HOST:PORT"),
+        ("[service]\napi_url = 'ftp://h'", "service.api_url = 'ftp://h': expected http://HOST:PORT"),
+        ("[privacy]\nleads = { physics = 'bob' }", "privacy.leads.physics must be a list of user names"),
+        ("[spool]\nmax_file_mb = 0", "spool.max_file_mb must be > 0"),
         # empty paths
         ("[paths]\nspool_dir = ''", "paths.spool_dir must not be empty"),
         ("[paths]\nstate_dir = ''", "paths.state_dir must not be empty"),
@@ -133,7 +139,9 @@ def test_bad_config_is_a_clear_error(tmp_path, text, message):
         {"paths": {"database": "/var/lib/gpueff.db"}},  # a plain path is a SQLite file
         {"paths": {"database": "sqlite:///relative.db"}},
         {"paths": {"database": "postgresql://gpueff@db/gpueff"}},
-        {"paths": {"database": "postgresql+psycopg://gpueff:secret@db:5432/gpueff"}},
+        {"paths": {"database": "postgresql+psycopg://gpueff@db:5432/gpueff", "database_password_file": "/etc/pw"}},
+        {"service": {"api_listen": "unix:/run/slurm-gpueff/api.sock", "api_url": "http://svc:9818"}},
+        {"service": {"api_listen": "0.0.0.0:9818"}, "privacy": {"leads": {"physics": ["bob"]}}},
         {"mail": {"password_file": ""}, "reports": {"optout_file": ""}, "dcgm": {"bindings_path": ""}},
         {"service": {"ingest_interval_s": 0, "enrich_interval_s": 0, "cards_interval_s": 0}},  # 0 = off
         {"service": {"cards_interval_s": 0}, "reports": {"card_lookback_h": 0.01}},  # no cards task, no limit
@@ -255,3 +263,10 @@ def test_unreadable_file_is_refused():
             assert str(err.value) == expected
     finally:
         shutil.rmtree(d)
+
+
+def test_a_database_password_in_the_config_is_refused_without_echoing_it(tmp_path):
+    path = write(tmp_path, "[paths]\ndatabase = 'postgresql+psycopg://gpueff:Hunter2-xyz@db/gpueff'")
+    with pytest.raises(ConfigError) as err:
+        config.load(path)
+    assert "database_password_file" in str(err.value) and "Hunter2-xyz" not in str(err.value)
