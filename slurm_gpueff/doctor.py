@@ -262,7 +262,7 @@ def check_dirs(rep: Report, cfg: Config) -> None:
 def check_db(rep: Report, cfg: Config) -> None:
     from sqlalchemy import text
 
-    from .storage.db import make_engine
+    from .storage.db import engine_for
     from .storage.dburl import database_url, sqlite_file
 
     path = sqlite_file(database_url(cfg.paths.database))
@@ -270,7 +270,7 @@ def check_db(rep: Report, cfg: Config) -> None:
         rep.add(WARN, "database", f"{path} does not exist (yet): `gpueff ingest` creates it on the ingest host")
         return
     try:
-        engine = make_engine(cfg.paths.database, create=False)
+        engine = engine_for(cfg.paths, create=False, read_only=True)
         with engine.connect() as conn:
             conn.execute(text("SELECT 1"))
         rep.add(PASS, "database", f"{engine.url.render_as_string(hide_password=True)} reachable")

@@ -76,15 +76,15 @@ def safe_url(url: str) -> str:
 
 
 @contextmanager
-def database(config: Config, create: bool = True) -> Iterator[Engine]:
+def database(config: Config, create: bool = True, read_only: bool = False) -> Iterator[Engine]:
     """The job database for a ``with`` block (disposed of at its end), or a one-line error (exit 1) naming it:
     also for a database error the block itself does not handle (the server down, a damaged file)."""
     from sqlalchemy import exc as sa_exc
 
-    from ..storage.db import first_line, make_engine
+    from ..storage.db import engine_for, first_line
 
     try:
-        engine = make_engine(config.paths.database, create=create)
+        engine = engine_for(config.paths, create=create, read_only=read_only)
     except Exception as exc:
         raise GpueffError(f"cannot open the job database {safe_url(config.paths.database)}: {exc}") from None
     try:

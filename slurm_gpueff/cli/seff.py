@@ -239,7 +239,7 @@ def _write_html(config: Config, found: Sequence[tuple[Any, list[Any]]], items: S
 
     gpus_of = {id(job): gpus for job, gpus in found}
     cards, runs = by_job(list(items))  # a requeued job: one file, its last run's card with the Runs line
-    with database(config, create=False) as engine, Session(engine) as session:
+    with database(config, create=False, read_only=True) as engine, Session(engine) as session:
         timelines = [gpu_timelines(session, gpus_of[id(job)]) for job, _f, _d in cards]
     written = []
     stem, ext = os.path.splitext(path)
@@ -328,7 +328,7 @@ def _table(args: argparse.Namespace, config: Config) -> int:
     from ..fmt import iso, utc
     from ..models import utcnow
     from ..render.jobs_table import as_json, render
-    from ..storage.db import first_line, make_engine
+    from ..storage.db import engine_for, first_line
     from ..storage.queries import list_jobs
 
     end = parse_time(args.end) if args.end else utcnow()
@@ -346,7 +346,7 @@ def _table(args: argparse.Namespace, config: Config) -> int:
             raise CommandError(f"you may only list your own jobs (user {name}); [privacy] in the config",
                                EXIT_DENIED)
     try:
-        engine = make_engine(config.paths.database, create=False)
+        engine = engine_for(config.paths, create=False, read_only=True)
         with Session(engine) as session:
             jobs = list_jobs(session, user=user, account=args.account, start=start, end=end, cluster=args.cluster)
         engine.dispose()

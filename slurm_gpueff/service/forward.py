@@ -24,7 +24,7 @@ log = logging.getLogger("gpueff.forward")
 
 def run_forwarder(config: Config, stop: threading.Event, *, once: bool = False, batch: int | None = None) -> int:
     """Until ``stop`` is set: forward, sleep ``service.forward_interval_s`` (longer after failures). Exit status."""
-    from ..storage.db import make_engine
+    from ..storage.db import engine_for
     from ..storage.dburl import database_url
     from ..storage.ingest import BATCH, ingest_spool
 
@@ -37,7 +37,7 @@ def run_forwarder(config: Config, stop: threading.Event, *, once: bool = False, 
     try:
         while True:
             try:
-                engine = engine or make_engine(url, create=False)
+                engine = engine or engine_for(config.paths, create=False)
                 res = ingest_spool(engine, config.paths.spool_dir, batch=batch or BATCH)
             except Exception as exc:  # noqa: BLE001 - bad URL, driver missing: report and retry
                 log.error("cannot reach the database: %s", exc)

@@ -47,9 +47,9 @@ def build_scheduler(ctx: Context, tasks: list[Task]) -> Any:
 
 def serve(config: Config) -> int:
     """Run until SIGTERM/SIGINT (in the main thread: it installs their handlers). Returns the exit status."""
-    from ..storage.db import make_engine
+    from ..storage.db import engine_for
 
-    engine = make_engine(config.paths.database)  # SQLite: migrated; server: checked
+    engine = engine_for(config.paths)  # SQLite: migrated; server: checked
     ctx = Context(config, engine)
     for problem in load_plugins(config):
         log.error(problem)

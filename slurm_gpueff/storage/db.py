@@ -10,7 +10,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from typing import Any
+import sqlite3
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from sqlalchemy import event
@@ -20,13 +21,30 @@ from sqlmodel import create_engine
 from .. import models  # noqa: F401  (registers the tables on SQLModel.metadata)
 from .dburl import database_url, sqlite_file
 
+if TYPE_CHECKING:
+    from ..config import PathsConfig
 
-def make_engine(value: str, create: bool = True) -> Engine:
+
+def engine_for(paths: PathsConfig, create: bool = True, read_only: bool = False) -> Engine:
+    """The engine of ``[paths] database`` with its password file: what every command opens."""
+    return make_engine(paths.database, create=create, password_file=paths.database_password_file,
+                       read_only=read_only)
+
+
+def make_engine(value: str, create: bool = True, *, password_file: str = "", read_only: bool = False) -> Engine:
     """The engine; with ``create``, SQLite's directory is created and the schema made current, and a server
-    database raises ``migrate.SchemaError`` until ``gpueff db upgrade`` has run (storage/migrate.py)."""
+    database raises ``migrate.SchemaError`` until ``gpueff db upgrade`` has run (storage/migrate.py).
+    ``read_only``: for readers that never write; on SQLite also for a user who may read the file but not
+    write it or its directory (``sqlite_read.read_uri``)."""
     url = database_url(value)
     sqlite = url.startswith("sqlite")
     path = sqlite_file(url)
+    if read_only and path:
+        from .sqlite_read import read_uri
+
+        uri = read_uri(path)
+        return create_engine("sqlite://", json_serializer=json_dumps, json_deserializer=orjson.loads,
+                             creator=lambda: sqlite3.connect(uri, uri=True, timeout=30, check_same_thread=False))
     if create and path:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     engine = create_engine(url, json_serializer=json_dumps, json_deserializer=orjson.loads,
