@@ -47,6 +47,11 @@ CLUSTER = "gpueffci"
 GPU_TYPE = "simh100"
 ACCOUNT = "research"
 USER = "alice"
+LEAD = "bob"  # [privacy] leads: sees the jobs of ACCOUNT
+COORDINATOR = "carol"  # Slurm's coordinator of ACCOUNT (sacctmgr add coordinator): sees its jobs too
+ADMIN = "dave"  # [privacy] admins: sees every job
+USERS = (USER, LEAD, COORDINATOR, ADMIN)
+OTHER_ACCOUNT = "physics"  # root's jobs in it: no lead of ACCOUNT sees them
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "DEADLINE",
          "BOOT_FAIL"}
 SYS_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -81,6 +86,20 @@ settle_s = {settle_s}
 [privacy]
 enabled = true
 admins = {admins}
+leads = {{ {account} = ["{lead}"] }}
+coordinators = true
+
+[service]
+# `gpueff serve` runs only the API through which the users read their jobs; the tests run each task themselves
+ingest_interval_s = 0
+enrich_interval_s = 0
+rollup_interval_s = 0
+rollup_full_interval_s = 0
+retention_interval_s = 0
+cards_interval_s = 0
+metrics_port = 0
+api_listen = "unix:{base}/gpueff/api.sock"
+munge_socket = "{munge_socket}"
 """
 
 
@@ -95,7 +114,6 @@ class SlurmCluster:
         self.bin = os.path.join(base, "bin")  # the chroot's Slurm clients (start-slurm-chroot.sh)
         self.sacct = os.path.join(self.bin, "sacct") if self.chroot else "sacct"
         self.config_path = os.path.join(base, "gpueff.toml")
-        self.admin_config_path = os.path.join(base, "gpueff-admins.toml")
         self.hooks_dir = os.path.join(base, "hooks")
         self.out = os.path.join(base, "out")
         self.spool = os.path.join(base, "gpueff", "spool")
@@ -110,12 +128,13 @@ class SlurmCluster:
         self.env.pop("SLURM_TIME_FORMAT", None)
 
     # -- config
-    def write_config(self, *, backend: str = "simulated", admins: Sequence[str] = (), sacct_timeout: float = 30.0,
+    def write_config(self, *, backend: str = "simulated", admins: Sequence[str] = (ADMIN,), sacct_timeout: float = 30.0,
                      batch_size: int = 500, path: str | None = None, sacct: str | None = None) -> str:
         text = CONFIG.format(cluster=CLUSTER, base=self.base, backend=backend, sacct=sacct or self.sacct,
                              sacct_timeout=sacct_timeout,
-                             batch_size=batch_size, settle_s=SETTLE_S,
-                             admins="[" + ", ".join(f'"{a}"' for a in admins) + "]")
+                             batch_size=batch_size, settle_s=SETTLE_S, account=ACCOUNT, lead=LEAD,
+                             admins="[" + ", ".join(f'"{a}"' for a in admins) + "]",
+                             munge_socket=f"{self.chroot}/run/munge/munge.socket.2" if self.chroot else "")
         path = path or self.config_path
         with open(path + ".tmp", "w") as fh:
             fh.write(text)
@@ -193,11 +212,12 @@ class SlurmCluster:
         env = dict(self.env, PYTHONPATH=ROOT)
         return self.run(argv, check=check, env=env, timeout=timeout)
 
-    def seff(self, jobid: str | int, *extra: str, user: str | None = None,
+    def seff(self, jobid: str | int | None, *extra: str, user: str | None = None,
              config: str | None = None) -> subprocess.CompletedProcess:
         """``seff-gpu`` as root, or as ``user`` through runuser with a Python that user can run."""
         python = self.user_python if user else sys.executable
-        argv = [python, "-m", "slurm_gpueff.cli.seff", "--config", config or self.config_path, str(jobid), *extra]
+        argv = [python, "-m", "slurm_gpueff.cli.seff", "--config", config or self.config_path,
+                *([] if jobid is None else [str(jobid)]), *extra]
         env = dict(self.env, PYTHONPATH=self.user_pythonpath if user else ROOT, HOME=self.out)
         return self.run(argv, user=user, env=env)
 
@@ -308,6 +328,34 @@ def _user_runtime(c: SlurmCluster) -> None:
         raise RuntimeError(f"alice cannot import the package from {lib}: {p.stderr[-2000:]}")
 
 
+def _accounts(c: SlurmCluster) -> None:
+    """``carol`` coordinates ACCOUNT; root may also charge OTHER_ACCOUNT (a job no lead of ACCOUNT may see)."""
+    for argv in (["sacctmgr", "-i", "add", "coordinator", f"account={ACCOUNT}", f"names={COORDINATOR}"],
+                 ["sacctmgr", "-i", "add", "account", OTHER_ACCOUNT, "Description=test", "Organization=test"],
+                 ["sacctmgr", "-i", "add", "user", "root", f"Account={OTHER_ACCOUNT}"]):
+        p = c.run(argv)
+        if p.returncode != 0 and "Nothing new added" not in p.stdout + p.stderr and "already" not in p.stderr:
+            raise RuntimeError(f"{argv}: {p.returncode} {p.stdout} {p.stderr}")
+
+
+def _start_serve(c: SlurmCluster) -> subprocess.Popen[str]:
+    """``gpueff serve`` as root with the test config: the API on a unix socket, every scheduled task off.
+    Its start creates the job database (private to root); returns once the socket answers."""
+    log = open(os.path.join(c.base, "gpueff", "serve.log"), "w")  # noqa: SIM115 - the process keeps it
+    proc = subprocess.Popen([sys.executable, "-m", "slurm_gpueff.cli.gpueff", "--config", c.config_path, "serve"],
+                            env=dict(c.env, PYTHONPATH=ROOT), stdout=log, stderr=subprocess.STDOUT, text=True,
+                            cwd=c.out)
+    sock = os.path.join(c.base, "gpueff", "api.sock")
+    deadline = time.monotonic() + 30
+    while not os.path.exists(sock):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            with open(log.name) as fh:
+                raise RuntimeError(f"gpueff serve did not open {sock}: {fh.read()[-3000:]}")
+        time.sleep(0.1)
+    return proc
+
+
 @pytest.fixture(scope="package", params=VERSIONS, ids=lambda v: f"slurm-{v}")
 def slurm(request: pytest.FixtureRequest) -> Iterator[SlurmCluster]:
     """One real cluster per Slurm version; pytest finishes one version's tests (and this fixture) first."""
@@ -324,16 +372,14 @@ def slurm(request: pytest.FixtureRequest) -> Iterator[SlurmCluster]:
     c = SlurmCluster(base, version)
     os.makedirs(c.out)
     os.chmod(c.out, 0o1777)  # job output of every user
-    for d in ("gpueff", os.path.join("gpueff", "db")):
-        os.makedirs(os.path.join(base, d), exist_ok=True)
-        os.chmod(os.path.join(base, d), 0o755)
+    os.makedirs(os.path.join(base, "gpueff"))
+    os.chmod(os.path.join(base, "gpueff"), 0o755)  # the users reach the API's socket; gpueff/db is made private
     c.write_config()
-    c.write_config(admins=[USER], path=c.admin_config_path)
     # in a chroot the hooks run under its own python3, importing this checkout (bind-mounted read-only)
     prolog, epilog = install_hooks(c.hooks_dir, config_path=c.config_path,
                                    python="/usr/bin/python3" if c.chroot else None)
     env = dict(c.env, BASE=base, PROLOG=prolog, EPILOG=epilog, CLUSTER=CLUSTER, GPU_TYPE=GPU_TYPE,
-               ACCOUNT=ACCOUNT, TEST_USERS=USER, RO_MOUNTS=ROOT)
+               ACCOUNT=ACCOUNT, TEST_USERS=" ".join(USERS), RO_MOUNTS=ROOT)
     if c.suite:
         start = [os.path.join(HERE, "chroot", "start-slurm-chroot.sh"), c.suite]
         stop = [os.path.join(HERE, "chroot", "stop-slurm-chroot.sh"), c.suite, "--purge"]
@@ -349,11 +395,19 @@ def slurm(request: pytest.FixtureRequest) -> Iterator[SlurmCluster]:
         if not got.startswith(version + "."):
             pytest.fail(f"slurm-{version}: the cluster runs Slurm {got} (Debian {c.suite or 'host'})")
         _user_runtime(c)
+        _accounts(c)
+        serve = _start_serve(c)
         c.startup_s = time.monotonic() - t0  # type: ignore[attr-defined]
         STARTED[version] = f"Slurm {got}{' in ' + c.chroot if c.chroot else ''}, cluster up in {c.startup_s:.1f} s"
         sys.stderr.write(f"\n[slurm] {got} cluster up in {c.startup_s:.1f} s\n{started.stdout}")
         yield c
     finally:
+        if "serve" in locals():
+            serve.terminate()
+            try:
+                serve.wait(15)
+            except subprocess.TimeoutExpired:
+                serve.kill()
         stopped = subprocess.run(stop, env=env, capture_output=True, text=True, timeout=300)
         sys.stderr.write(f"\n[slurm] {version} {stopped.stdout}{stopped.stderr}")
         if version in STARTED:

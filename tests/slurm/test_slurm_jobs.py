@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from .conftest import ACCOUNT, CLUSTER, GPU_TYPE, ROOT, USER, SlurmCluster
+from .conftest import ACCOUNT, ADMIN, CLUSTER, GPU_TYPE, ROOT, USER, SlurmCluster
 
 pytestmark = pytest.mark.slurm
 
@@ -161,9 +161,8 @@ def test_seff_gpu_as_alice_sees_only_her_jobs(slurm, jobs):
     assert p.stdout == ""
     p = slurm.seff(ids["cpu"], user=USER)
     assert p.returncode == 5, (p.stdout, p.stderr)
-    # an admin named in the config sees every job, like sacct's operators
-    assert "User/Account: root/research" in _card(slurm.seff(ids["two"], user=USER,
-                                                            config=slurm.admin_config_path))
+    # an admin named in the service's config sees every job, like sacct's operators
+    assert "User/Account: root/research" in _card(slurm.seff(ids["two"], user=ADMIN))
 
 
 def test_sacct_json_and_parsable_agree_and_batch(slurm, jobs):
