@@ -421,8 +421,9 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         return
     terminalreporter.section("slurm versions")
     for version, line in STARTED.items():
-        tag = f"[slurm-{version}]"
-        counts = {kind: len({r.nodeid for r in terminalreporter.stats.get(kind, ()) if tag in getattr(r, "nodeid", "")})
+        tags = (f"[slurm-{version}]", f"[slurm-{version}-")  # the second: a test with parameters of its own
+        counts = {kind: len({r.nodeid for r in terminalreporter.stats.get(kind, ())
+                             if any(t in getattr(r, "nodeid", "") for t in tags)})
                   for kind in ("passed", "failed", "error", "skipped", "xfailed")}
         terminalreporter.write_line(f"slurm-{version}: {line}; " +
                                     ", ".join(f"{n} {kind}" for kind, n in counts.items() if n))
