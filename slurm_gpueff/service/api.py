@@ -158,6 +158,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.wfile.write(data)
         log.info("api %s %s -> %d in %.0f ms", self.command, what, status, (time.monotonic() - t0) * 1000)
 
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        """Each request is logged once, by :meth:`_send`."""
+
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (http.server's name)
         """http.server's own lines (errors of malformed requests) go to the service log."""
         log.info("api: " + format, *args)
