@@ -308,6 +308,34 @@ def test_munged_down_is_one_line(site):
     assert "cannot reach the seff-gpu service at unix:" in err and "munged" in err
 
 
+def test_munged_down_on_the_service_host_is_one_line(site):
+    """The service cannot check credentials (its munged is gone): 503, which seff-gpu prints in one line."""
+    base = site["base"]
+    uds = f"{base}/run/api-nomunge.sock"
+    common = f'[paths]\ndatabase = "{site["db"]}"\nstate_dir = "{base}/state"\nspool_dir = "{base}/spool"\n'
+    with open(f"{base}/server-nomunge.toml", "w") as fh:
+        fh.write(common + f'[service]\nmetrics_port = 0\napi_listen = "unix:{uds}"\nmunge_socket = "{base}/gone.sock"\n'
+                 + "".join(f"{k} = 0\n" for k in ("ingest_interval_s", "enrich_interval_s", "rollup_interval_s",
+                                                  "rollup_full_interval_s", "retention_interval_s",
+                                                  "cards_interval_s")))
+    with open(f"{base}/client-nomunge.toml", "w") as fh:
+        fh.write(common + f'[service]\napi_url = "unix:{uds}"\nmunge_socket = "{site["munge_socket"]}"\n')
+    os.chmod(f"{base}/client-nomunge.toml", 0o644)
+    site["cfg"]["client-nomunge"] = f"{base}/client-nomunge.toml"
+    log = f"{base}/serve-nomunge.log"
+    with open(log, "w") as fh:
+        p = subprocess.Popen([sys.executable, "-m", "slurm_gpueff.cli.gpueff", "--config",
+                              f"{base}/server-nomunge.toml", "serve"], env=site["env"], stdout=fh,
+                             stderr=subprocess.STDOUT)
+    try:
+        wait_health(lambda: UnixConn(uds), p, log)
+        err = one_line_error(seff(site, "100", cfg="client-nomunge"), 1)
+        assert "HTTP 503" in err and "cannot check credentials" in err
+    finally:
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(30) == 0
+
+
 def test_credentials_are_checked(site):
     body = json.dumps({"jobid": "200", "json": True}).encode()
     digest = hashlib.sha256(body).hexdigest()

@@ -64,7 +64,11 @@ examples:
 exit status:
   0 ok, 1 error (e.g. database unreachable), 2 bad usage or job id,
   3 job unknown, 4 job still running or pending, 5 job had no GPUs,
-  6 another user's job (non-admins see only their own; [privacy] in the config)
+  6 another user's job (you see your own, your accounts' as their lead or
+    coordinator, every job as an admin; [privacy] in the config)
+
+Where the job database is private to the service account, seff-gpu asks
+`gpueff serve` for the answer, proving who you are with MUNGE.
 
 """ + CONFIG_NOTE
 

@@ -119,6 +119,7 @@ class Api:
 class _Handler(http.server.BaseHTTPRequestHandler):
     server_version = "gpueff"
     protocol_version = "HTTP/1.1"
+    timeout = 30  # a client that stops sending mid-request does not hold its thread for ever
     server: ApiServer
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
