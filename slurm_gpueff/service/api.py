@@ -140,6 +140,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             except ValueError:
                 raise HttpError(411, "Content-Length required") from None
             if length < 0 or length > MAX_BODY:
+                if 0 < length <= 64 * MAX_BODY:  # read it, so the client gets the answer, not a broken pipe
+                    self.rfile.read(length)
                 raise HttpError(413, f"the body must be at most {MAX_BODY} bytes")
             body = self.rfile.read(length)
             status, data, what = self.server.api.seff(self.headers.get("Authorization"), body)
