@@ -8,8 +8,8 @@ for on the service's API. The same pure rules decide on both paths:
   who see everything: root, the account the service runs as, ``[privacy] admins``, everyone when
   ``[privacy] enabled = false``;
 - a table (``-u``/``-A``) lists one's own jobs; another user's only for those who see everything, or
-  within an account the viewer leads (``-u USER -A ACCOUNT``); all of an account's jobs only for its leads
-  and those who see everything (anyone else's ``-A ACCOUNT`` lists their own jobs in it).
+  within an account the viewer leads (``-u USER -A ACCOUNT``); an account's jobs (``-A ACCOUNT``) only
+  for its leads and those who see everything.
 
 Enforcing this in ``seff-gpu`` alone would be a courtesy: the database itself is private to the service
 account, and users read it through the service, which applies these rules where the data is.
@@ -117,13 +117,15 @@ def visible(found: Sequence[tuple[_Job, _Gpus]], privacy: PrivacyConfig, uid: in
 def table_scope(v: Viewer, user: str | None, account: str | None) -> tuple[str | None, str | None]:
     """The (user, account) a ``-u``/``-A`` table may list for ``v``; :class:`Denied` when it asks for more.
 
-    No ``-u``: one's own jobs (in the ``-A`` account if given), unless ``-A`` names an account ``v`` leads:
-    then all of its jobs."""
+    No ``-u`` nor ``-A``: one's own jobs. ``-A`` alone: all of the account's jobs, for its leads only."""
     if v.all:
         return user, account
     leads = account is not None and account in v.accounts
     if user is None:
-        return (None, account) if leads else (v.name, account)
+        if account is None or leads:
+            return (None if leads else v.name), account
+        raise Denied(f"only the leads and coordinators of account {account} may list its jobs; your own jobs in "
+                     f"it: -u {v.name or v.uid} -A {account} ([privacy] in the config)")
     if user == v.name or leads:
         return user, account
     raise Denied(f"you may only list your own jobs (user {v.name or f'uid {v.uid}'}), or those of an account you "

@@ -276,6 +276,9 @@ def test_a_lead_sees_the_accounts_jobs_and_not_others(site):
     p = seff(site, "-u", "root", "-A", "physics", "-S", "2020-01-01", "-E", "2030-01-01", cfg="tcp")
     assert p.returncode == 0 and ids(p.stdout) == {201}
     one_line_error(seff(site, "-u", "root", "-A", "vision", "-S", "2020-01-01", "-E", "2030-01-01", cfg="tcp"), 6)
+    one_line_error(seff(site, "-A", "vision", "-S", "2020-01-01", "-E", "2030-01-01", cfg="tcp"), 6)  # not led
+    p = seff(site, "-u", USER, "-A", "vision", "-S", "2020-01-01", "-E", "2030-01-01", cfg="tcp")
+    assert p.returncode == 0 and ids(p.stdout) == {100, 300}  # one's own jobs in any account
 
 
 def test_no_gpus_names_the_reason(site):
