@@ -1,18 +1,37 @@
-"""Who may see which job's card: like ``sacct`` with ``PrivateData=jobs``.
+"""Who may see which jobs: like ``sacct`` with ``PrivateData=jobs``, plus account leads.
 
-A user other than root sees only their own jobs (matched by uid, else by user name) unless
-``[privacy] admins`` names them or ``[privacy] enabled = false``. Only the commands enforce this; against
-direct reads, restrict the database itself (file mode, PostgreSQL roles).
+A :class:`Viewer` is the person asking: ``seff-gpu``'s own user on its direct path, the uid MUNGE vouches
+for on the service's API. The same pure rules decide on both paths:
+
+- a job's card is shown to its owner (by uid, else by user name), to those who lead its account
+  (``[privacy] leads``, and Slurm's account coordinators when ``[privacy] coordinators``), and to those
+  who see everything: root, the account the service runs as, ``[privacy] admins``, everyone when
+  ``[privacy] enabled = false``;
+- a table (``-u``/``-A``) lists one's own jobs; another user's only for those who see everything, or
+  within an account the viewer leads (``-u USER -A ACCOUNT``); an account's jobs (``-A ACCOUNT``) only
+  for its leads and those who see everything.
+
+Enforcing this in ``seff-gpu`` alone would be a courtesy: the database itself is private to the service
+account, and users read it through the service, which applies these rules where the data is.
 """
 
 from __future__ import annotations
 
 import os
 import pwd
-from collections.abc import Sequence
-from typing import Protocol, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import NamedTuple, Protocol, TypeVar
 
 from .config import PrivacyConfig
+from .errors import GpueffError
+
+EXIT_DENIED = 6
+
+
+class Denied(GpueffError):
+    """The viewer may not see what they asked for (seff-gpu's exit status 6)."""
+
+    exit_code = EXIT_DENIED
 
 
 class Owned(Protocol):
@@ -24,22 +43,50 @@ class Owned(Protocol):
     @property
     def user(self) -> str | None: ...
 
+    @property
+    def account(self) -> str | None: ...
+
 
 _Job = TypeVar("_Job", bound=Owned)
 _Gpus = TypeVar("_Gpus")
 
 
+class Viewer(NamedTuple):
+    """Who is asking: uid, user name (None if the uid has none), whether they see every job, and the
+    accounts whose jobs they see as a lead or coordinator."""
+
+    uid: int
+    name: str | None
+    all: bool = False
+    accounts: frozenset[str] = frozenset()
+
+
 def current_user() -> tuple[int, str | None]:
     """(uid, user name) of the person running the command."""
-    uid = os.getuid()
+    return os.getuid(), user_name(os.getuid())
+
+
+def user_name(uid: int) -> str | None:
     try:
-        return uid, pwd.getpwuid(uid).pw_name
+        return pwd.getpwuid(uid).pw_name
     except KeyError:
-        return uid, None
+        return None
 
 
-def sees_everything(privacy: PrivacyConfig, uid: int, name: str | None) -> bool:
-    return uid == 0 or not privacy.enabled or (name is not None and name in privacy.admins)
+def viewer(privacy: PrivacyConfig, uid: int, name: str | None, service_uid: int | None = None,
+           coordinators: Callable[[], Mapping[str, Sequence[str]]] | None = None) -> Viewer:
+    """The Viewer for ``uid``/``name``. ``service_uid``: the account the service runs as (it reads the whole
+    database anyway). ``coordinators``: Slurm's {account: [coordinator, ...]}, asked only when it matters
+    (privacy on, a user who does not see everything, ``[privacy] coordinators``)."""
+    if uid == 0 or uid == service_uid or not privacy.enabled or (name is not None and name in privacy.admins):
+        return Viewer(uid, name, all=True)
+    if name is None:
+        return Viewer(uid, name)
+    leads: dict[str, Sequence[str]] = dict(privacy.leads)
+    if privacy.coordinators and coordinators is not None:
+        for account, users in coordinators().items():
+            leads[account] = [*leads.get(account, ()), *users]
+    return Viewer(uid, name, accounts=frozenset(a for a, users in leads.items() if name in users))
 
 
 def owns(job: Owned, uid: int, name: str | None) -> bool:
@@ -48,18 +95,45 @@ def owns(job: Owned, uid: int, name: str | None) -> bool:
     return name is not None and job.user == name
 
 
+def may_see(v: Viewer, job: Owned) -> bool:
+    """Whether ``v`` may see this job's card."""
+    return v.all or owns(job, v.uid, v.name) or bool(v.accounts and job.account in v.accounts)
+
+
+def shown(found: Sequence[tuple[_Job, _Gpus]], v: Viewer) -> tuple[list[tuple[_Job, _Gpus]], int]:
+    """(the (job, gpus) pairs ``v`` may see, how many were hidden)."""
+    seen = [(j, g) for j, g in found if may_see(v, j)]
+    return seen, len(found) - len(seen)
+
+
 def visible(found: Sequence[tuple[_Job, _Gpus]], privacy: PrivacyConfig, uid: int | None = None,
             name: str | None = None) -> tuple[list[tuple[_Job, _Gpus]], int]:
-    """(the (job, gpus) pairs this user may see, how many were hidden)."""
+    """:func:`shown` for ``uid``/``name`` (default: who runs this) with the configured leads, no coordinators."""
     if uid is None:
         uid, name = current_user()
-    if sees_everything(privacy, uid, name):
-        return list(found), 0
-    shown = [(j, g) for j, g in found if owns(j, uid, name)]
-    return shown, len(found) - len(shown)
+    return shown(found, viewer(privacy, uid, name))
 
 
-def denied_message(spec: str, name: str | None) -> str:
-    who = name or f"uid {os.getuid()}"
-    return (f"job {spec} belongs to another user: seff-gpu shows {who} only their own jobs (like sacct with "
-            "PrivateData=jobs). Ask the job's owner, or an administrator to add you to [privacy] admins.")
+def table_scope(v: Viewer, user: str | None, account: str | None) -> tuple[str | None, str | None]:
+    """The (user, account) a ``-u``/``-A`` table may list for ``v``; :class:`Denied` when it asks for more.
+
+    No ``-u`` nor ``-A``: one's own jobs. ``-A`` alone: all of the account's jobs, for its leads only."""
+    if v.all:
+        return user, account
+    leads = account is not None and account in v.accounts
+    if user is None:
+        if account is None or leads:
+            return (None if leads else v.name), account
+        raise Denied(f"only the leads and coordinators of account {account} may list its jobs; your own jobs in "
+                     f"it: -u {v.name or v.uid} -A {account} ([privacy] in the config)")
+    if user == v.name or leads:
+        return user, account
+    raise Denied(f"you may only list your own jobs (user {v.name or f'uid {v.uid}'}), or those of an account you "
+                 "lead with -A ACCOUNT; [privacy] in the config")
+
+
+def denied_message(spec: str, v: Viewer) -> str:
+    who = v.name or f"uid {v.uid}"
+    return (f"job {spec} belongs to another user: seff-gpu shows {who} only their own jobs and those of accounts "
+            "they lead (like sacct with PrivateData=jobs). Ask the job's owner, or an administrator to add you to "
+            "[privacy] admins or leads.")

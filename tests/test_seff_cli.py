@@ -290,3 +290,22 @@ def test_console_script_points_at_main():
         scripts = tomllib.load(fh)["project"]["scripts"]
     assert scripts["seff-gpu"] == "slurm_gpueff.cli.seff:main"
     assert scripts["gpueff"] == "slurm_gpueff.cli.gpueff:main"
+
+
+def test_service_address_from_api_listen():
+    def url(**service):
+        return seff.api_url(Config({"service": service}).service)
+
+    assert url() == ""
+    assert url(api_listen="unix:/run/gpueff/api.sock") == "unix:/run/gpueff/api.sock"
+    assert url(api_listen="0.0.0.0:9818") == "http://127.0.0.1:9818"
+    assert url(api_listen="[::]:9818") == "http://[::1]:9818"
+    assert url(api_listen="gpueff-host:9818") == "http://gpueff-host:9818"
+    assert url(api_listen="0.0.0.0:9818", api_url="http://svc.example:80") == "http://svc.example:80"
+
+
+def test_no_service_for_a_private_database_is_one_line(site):
+    """GPUEFF_SEFF_VIA=service stands for a user who cannot read the database (the test runs as root)."""
+    p = run(site, "4201", env_extra={"GPUEFF_SEFF_VIA": "service"})
+    assert p.returncode == 1 and p.stdout == "" and p.stderr.count("\n") == 1
+    assert "private to the service account" in p.stderr and "[service] api_listen" in p.stderr

@@ -9,6 +9,9 @@ Scheduling rules, the same for every task:
 - every task also runs once right after start (staggered by a few seconds): what was missed while the
   service was down is caught up once (the monthly report too; its sent-log keeps it from repeating).
 
+With ``[service] api_listen`` set, the read-only API through which users read their jobs (service/api.py)
+runs in a thread beside the tasks; it stops with them.
+
 SIGTERM / SIGINT: no new runs start; running ones finish (``shutdown(wait=True)``); exit status 0.
 """
 
@@ -21,6 +24,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ..config import Config
+from ..errors import GpueffError
 from .tasks import REGISTRY, Context, Task, builtin_tasks, load_plugins, run_task
 
 log = logging.getLogger("gpueff.serve")
@@ -67,6 +71,19 @@ def serve(config: Config) -> int:
                                             registry=registry_for(engine, config, ctx))
         log.info("metrics on http://%s:%d/metrics", s.metrics_address, s.metrics_port)
 
+    api = None
+    if s.api_listen:
+        from . import api as api_mod
+
+        try:
+            api = api_mod.start(config)
+        except OSError as exc:
+            if server is not None:
+                server.shutdown()
+            engine.dispose()
+            why = exc.strerror or exc
+            raise GpueffError(f"cannot listen on [service] api_listen = {s.api_listen}: {why}") from None
+
     def _on_signal(signum: int, _frame: Any) -> None:
         log.info("%s: finishing running tasks, then exiting", signal.Signals(signum).name)
         stop.set()
@@ -80,6 +97,8 @@ def serve(config: Config) -> int:
         while not stop.wait(1.0):
             pass
     finally:
+        if api is not None:
+            api_mod.stop(api)
         sched.shutdown(wait=True)
         if server is not None:
             server.shutdown()

@@ -1,0 +1,356 @@
+"""What ``seff-gpu`` answers, in one straight flow: a :class:`SeffQuery` and who asks (a privacy Viewer)
+-> :func:`answer` -> an :class:`Answer` (exit status, stdout, stderr, HTML pages).
+
+Both of seff-gpu's paths run this same function: its direct path in the user's own process (root, the
+service account, the demo: whoever may read the database), and ``gpueff serve``'s API for everyone else
+(service/api.py), where the Viewer is the uid MUNGE vouched for. The caller prints the Answer, writes the
+HTML pages as files (on the client, as the calling user) and exits with its status, so both paths give
+the same bytes. Nothing here prints, exits or writes a file.
+
+Cards: every job the id names (an array: its tasks), each assessed by the analysis; more than
+``MAX_CARDS`` give a one-line-per-job table; ``json`` always carries every job. Tables (``-u``/``-A``):
+the per-job summary columns of the jobs that ended in [start, end).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from ..errors import GpueffError
+from ..privacy import Denied, Viewer, denied_message, shown, table_scope
+from ..sacct import ACTIVE_STATES
+
+if TYPE_CHECKING:
+    from ..config import Config
+    from ..jobid import JobSpec
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_UNKNOWN = 3
+EXIT_RUNNING = 4
+EXIT_NO_GPUS = 5
+EXIT_DENIED = 6  # another user's job, and privacy is on (slurm_gpueff.privacy)
+
+MAX_CARDS = 10
+SQUEUE_TIMEOUT_S = 5.0
+PROG = "seff-gpu"
+
+
+class Refused(GpueffError):
+    """No answer but a one-line reason, with seff-gpu's exit status for it (3 to 6, 1)."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class SeffQuery(NamedTuple):
+    """One seff-gpu question. ``jobid`` (text as typed) asks for cards; else a table of the jobs of
+    ``user``/``account`` that ended in [``start``, ``end``) (ISO, naive UTC: the client turned local times
+    into UTC). ``html``: also the HTML card pages."""
+
+    jobid: str | None = None
+    user: str | None = None
+    account: str | None = None
+    start: str | None = None
+    end: str | None = None
+    cluster: str | None = None
+    json: bool = False
+    html: bool = False
+
+    def kind(self) -> str:
+        """For log lines: what was asked, never which job or whose."""
+        return ("card" if self.jobid is not None else "table") + ("+json" if self.json else "") + (
+            "+html" if self.html else "")
+
+
+class Answer(NamedTuple):
+    """What seff-gpu prints (``stdout``, ``stderr`` as given), its exit status, and the HTML card pages
+    to write as files: (job label, page); the label names the file when there are several."""
+
+    exit_code: int
+    stdout: str = ""
+    stderr: str = ""
+    html: list[tuple[str, str]] = []
+
+    def to_json(self) -> dict[str, Any]:
+        return {"exit_code": self.exit_code, "stdout": self.stdout, "stderr": self.stderr,
+                "html": [list(p) for p in self.html]}
+
+    @classmethod
+    def from_json(cls, d: Any) -> Answer:
+        """The Answer from the service's JSON; ValueError if it is not one."""
+        try:
+            html = [(str(label), str(page)) for label, page in d["html"]]
+            if not isinstance(d["exit_code"], int) or not isinstance(d["stdout"], str) or not isinstance(
+                    d["stderr"], str):
+                raise TypeError
+            return cls(d["exit_code"], d["stdout"], d["stderr"], html)
+        except (KeyError, TypeError, ValueError):
+            raise ValueError("not a seff-gpu answer") from None
+
+
+def failure(message: str, exit_code: int) -> Answer:
+    return Answer(exit_code, stderr=f"{PROG}: {message}\n")
+
+
+def answer(query: SeffQuery, config: Config, viewer: Viewer) -> Answer:
+    """seff-gpu's answer to ``query`` for ``viewer``; an error is an Answer too (its line and status)."""
+    from ..jobid import parse
+
+    try:
+        if query.jobid is None:
+            return _table(query, config, viewer)
+        return _cards(query, parse(query.jobid), config, viewer)
+    except GpueffError as exc:
+        return failure(str(exc), exc.exit_code)
+
+
+# -- cards ------------------------------------------------------------------------------------------------
+
+def _cards(query: SeffQuery, spec: JobSpec, config: Config, viewer: Viewer) -> Answer:
+    """Assess each job with GPUs that ``spec`` names; their cards, a table or JSON."""
+    found, skipped = _inquire(spec, config, query.cluster, viewer)
+    from ..analysis import assess, job_figures
+
+    items = []
+    for job, gpus in found:
+        fig = job_figures(job, gpus)
+        items.append((job, fig, assess(fig, config.analysis)))
+    pages = _html(config, found, items) if query.html else []
+    from ..render import dumps, render_card, render_table
+
+    items, runs = by_job(items)
+    if query.json:
+        return Answer(EXIT_OK, dumps(items, runs) + "\n", html=pages)
+    out: list[str] = []
+    if len(items) > 1:
+        out += [f"{len(items)} jobs match {spec}" + (f" ({skipped} without GPUs not shown)" if skipped else ""), ""]
+    if len(items) > MAX_CARDS:
+        out += [render_table(items), "", f"For one job's card: seff-gpu {spec.job}_<task> (array) or the raw job id."]
+        return Answer(EXIT_OK, "\n".join(out) + "\n", html=pages)
+    for n, ((job, fig, diag), job_runs) in enumerate(zip(items, runs, strict=True)):
+        if n:
+            out += ["", "-" * 80]
+        out.append(render_card(job, fig, diag, job_runs))
+    return Answer(EXIT_OK, "\n".join(out) + "\n", html=pages)
+
+
+def by_job(items: list[tuple[Any, Any, Any]]) -> tuple[list[tuple[Any, Any, Any]], list[list[tuple[Any, Any]]]]:
+    """A requeued job's runs (a row each) as one item, its last run's, and each item's runs by end time."""
+    from ..storage.jobmatch import run_order
+
+    groups: dict[tuple[str, int], list[tuple[Any, Any, Any]]] = {}
+    for item in items:
+        groups.setdefault((item[0].cluster, item[0].job_id), []).append(item)
+    for group in groups.values():
+        group.sort(key=lambda it: run_order(it[0]))
+    return [g[-1] for g in groups.values()], [[(j, f) for j, f, _d in g] for g in groups.values()]
+
+
+def _html(config: Config, found: Sequence[tuple[Any, list[Any]]],
+          items: Sequence[tuple[Any, Any, Any]]) -> list[tuple[str, str]]:
+    """``--html``: the mailed card, its chart a ``data:`` URI, so a page opens with nothing next to it; a
+    requeued job gives one page (its last run's card with the Runs line). ``found`` = (job, GPU rows),
+    ``items`` = (job, figures, diagnosis), in the same order."""
+    from sqlalchemy.exc import SQLAlchemyError
+    from sqlmodel import Session
+
+    from ..fmt import job_label
+    from ..storage.queries import gpu_timelines
+    from .card import build_card
+
+    gpus_of = {id(job): gpus for job, gpus in found}
+    cards, runs = by_job(list(items))
+    engine = _engine(config)
+    try:
+        with Session(engine) as session:
+            timelines = [gpu_timelines(session, gpus_of[id(job)]) for job, _f, _d in cards]
+    except SQLAlchemyError as exc:
+        raise Refused(_db_error(config, exc), EXIT_ERROR) from None
+    finally:
+        engine.dispose()
+    pages = []
+    for (job, fig, diag), job_runs, tl in zip(cards, runs, timelines, strict=True):
+        card = build_card(job, fig, diag, [tl[g.id] for g in gpus_of[id(job)] if g.id in tl], config,
+                          optout_hint=False, runs=job_runs if len(job_runs) > 1 else ())
+        pages.append((job_label(job), card.html()))
+    return pages
+
+
+def still_running(spec: JobSpec, state_dir: str, timeout: float = SQUEUE_TIMEOUT_S) -> str | None:
+    """Why we think the job has not finished (None if it has or we cannot tell).
+
+    Two signs, cheapest first: the Prolog's state file for the job on this node, then ``squeue``
+    (when installed), bounded by ``timeout`` so a slow controller cannot hang the command.
+    """
+    plain = spec.task is None and spec.het_offset is None
+    if plain and os.path.exists(os.path.join(state_dir, "jobs", f"{spec.job}.json")):
+        return "it is still running on this node (its Prolog state file exists)"
+    squeue = shutil.which("squeue")
+    if not squeue:
+        return None
+    try:
+        out = subprocess.run([squeue, "-h", "-j", str(spec), "-o", "%T"], capture_output=True, text=True,
+                             timeout=timeout, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    active = [s for s in out.stdout.upper().split() if s in ACTIVE_STATES]
+    return f"squeue reports it {active[0]}" if out.returncode == 0 and active else None
+
+
+def lookup(config: Config, spec: JobSpec, cluster: str | None) -> list[tuple[Any, list[Any]]]:
+    """(job, its GPU rows) for every match. Raises RuntimeError with a clear message on DB problems.
+
+    SQLite is read with the standard library (storage/sqlite_read.py: the same rows without importing
+    SQLAlchemy, which was most of seff-gpu's run time); database servers through SQLAlchemy.
+    """
+    from ..storage.dburl import database_url, sqlite_file
+
+    url = database_url(config.paths.database)
+    path = sqlite_file(url)
+    if path is not None:
+        if not os.path.exists(path):
+            raise RuntimeError(f"the job database {path} does not exist yet (paths.database in the config; "
+                               "`gpueff ingest` creates it)")
+        import sqlite3
+
+        from ..storage.sqlite_read import lookup as read_sqlite
+
+        try:
+            return read_sqlite(path, spec, cluster)
+        except sqlite3.Error as exc:
+            raise RuntimeError(f"cannot read the job database {path}: {exc}") from None
+    from sqlalchemy.exc import SQLAlchemyError
+    from sqlmodel import Session
+
+    from ..storage.queries import find_jobs, job_gpus
+
+    engine = _engine(config)
+    try:
+        with Session(engine) as session:
+            jobs = find_jobs(session, spec, cluster)
+            return [(j, job_gpus(session, j)) for j in jobs]
+    except SQLAlchemyError as exc:
+        raise RuntimeError(_db_error(config, exc)) from None
+    finally:
+        engine.dispose()
+
+
+def _engine(config: Config) -> Any:
+    """A read-only engine of the configured database (with its password file); Refused if it cannot open."""
+    from ..storage.db import engine_for
+    from ..storage.dburl import database_url
+
+    try:
+        return engine_for(config.paths, create=False, read_only=True)
+    except Exception as exc:  # bad URL, missing driver, unreadable password file
+        raise Refused(f"cannot open the job database {database_url(config.paths.database)}: {exc}",
+                      EXIT_ERROR) from None
+
+
+def _db_error(config: Config, exc: BaseException) -> str:
+    from ..storage.db import first_line
+    from ..storage.dburl import database_url
+
+    return f"cannot read the job database {database_url(config.paths.database)}: {first_line(exc)}"
+
+
+def _inquire(spec: JobSpec, config: Config, cluster: str | None,
+             viewer: Viewer) -> tuple[list[tuple[Any, list[Any]]], int]:
+    """The jobs with GPUs ``viewer`` may see, and how many without GPUs were left out; else why there are none."""
+    error = None
+    found: list[tuple[Any, list[Any]]] = []
+    try:
+        found = lookup(config, spec, cluster)
+        if not found and (spec.task is not None or spec.het_offset is not None):
+            found = _by_raw_id(spec, config, cluster)
+    except RuntimeError as exc:
+        error = str(exc)
+    found, hidden = shown(found, viewer)  # like sacct's PrivateData=jobs, plus account leads
+    if hidden and not found:
+        raise Denied(denied_message(str(spec), viewer))
+    if not found:
+        running = still_running(spec, config.paths.state_dir)
+        if running:
+            raise Refused(f"job {spec} has not finished: {running}. Its GPU card is available after it ends.",
+                          EXIT_RUNNING)
+        if error:
+            raise Refused(error, EXIT_ERROR)
+        from ..sacct import no_gpus_note  # CPU-only jobs have no record by design: ask accounting
+
+        note = no_gpus_note(str(spec), config)
+        if note:
+            raise Refused(note, EXIT_NO_GPUS)
+        where = f" on cluster {cluster}" if cluster else ""
+        raise Refused(f"job {spec} is not in the GPU job database{where} (it had no GPUs, has not been ingested "
+                      "yet, or the id is wrong)", EXIT_UNKNOWN)
+    with_gpus = [(j, g) for j, g in found if g or j.gpu_count]
+    if not with_gpus:
+        reasons = sorted({r for j, _g in found if (r := getattr(j, "reason", None))})
+        why = f" ({'; '.join(reasons)})" if reasons else ""
+        raise Refused(f"job {spec} had no GPUs allocated{why}: nothing to report", EXIT_NO_GPUS)
+    return with_gpus, len(found) - len(with_gpus)
+
+
+def _by_raw_id(spec: JobSpec, config: Config, cluster: str | None) -> list[tuple[Any, list[Any]]]:
+    """``123_4`` / ``123+1`` right after the job ended, before enrichment: the hooks recorded only the raw
+    id (the nodes see no array or het ids), so ask sacct for it (one call, bounded) and look that up. The
+    rows found lack the array/het ids sacct just gave: they are filled in for this display only (the
+    enrichment writes them). Any sacct problem just finds nothing (the caller then says why)."""
+    from ..jobid import JobSpec
+    from ..slurmcmds import RESOLVE_TIMEOUT_S, SlurmCommandError, raw_id
+
+    try:
+        raw = raw_id(str(spec), config.sacct.command, cluster, min(RESOLVE_TIMEOUT_S, config.sacct.timeout_s))
+    except SlurmCommandError:
+        return []
+    found = lookup(config, JobSpec(raw), cluster) if raw is not None else []
+    for job, _gpus in found:
+        if spec.task is not None and job.array_task_id is None:
+            job.array_job_id, job.array_task_id = spec.job, spec.task
+        if spec.het_offset is not None and job.het_job_offset is None:
+            job.het_job_id, job.het_job_offset = spec.job, spec.het_offset
+    return found
+
+
+# -- tables -----------------------------------------------------------------------------------------------
+
+def _table(query: SeffQuery, config: Config, viewer: Viewer) -> Answer:
+    """One line per job that ended in [start, end) of the user/account the viewer may list, with totals."""
+    from sqlalchemy.exc import SQLAlchemyError
+    from sqlmodel import Session
+
+    from ..fmt import iso, utc
+    from ..render.jobs_table import as_json, render
+    from ..storage.queries import list_jobs
+
+    try:
+        start, end = datetime.fromisoformat(query.start or ""), datetime.fromisoformat(query.end or "")
+    except ValueError:
+        raise Refused("a table needs its start and end times (ISO, UTC)", EXIT_USAGE) from None
+    if start >= end:
+        raise Refused("-S/--starttime must be before -E/--endtime", EXIT_USAGE)
+    user, account = table_scope(viewer, query.user, query.account)
+    engine = _engine(config)
+    try:
+        with Session(engine) as session:
+            jobs = list_jobs(session, user=user, account=account, start=start, end=end, cluster=query.cluster)
+    except SQLAlchemyError as exc:
+        raise Refused(_db_error(config, exc), EXIT_ERROR) from None
+    finally:
+        engine.dispose()
+    if query.json:
+        asked = {"user": user, "account": account, "cluster": query.cluster, "start_utc": iso(start),
+                 "end_utc": iso(end)}
+        return Answer(EXIT_OK, json.dumps(as_json(jobs, asked), indent=2) + "\n")
+    who = " ".join(f"{k} {v}" for k, v in (("user", user), ("account", account)) if v) or "all users"
+    head = f"GPU jobs of {who} that ended {utc(start)} to {utc(end)}\n"
+    return Answer(EXIT_OK, head + (render(jobs) if jobs else "(none)") + "\n")

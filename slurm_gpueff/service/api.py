@@ -1,0 +1,241 @@
+"""``gpueff serve``'s read-only API: how users read their jobs from a database private to the service.
+
+``POST /v1/seff``: the body is seff-gpu's query (reports.jobview.SeffQuery as JSON), the header
+``Authorization: MUNGE <credential>``; the answer is the reports.jobview.Answer as JSON, the same bytes
+seff-gpu's direct path prints. ``GET /v1/health``: 200 ``ok``. Anything else: 404.
+
+Who asks is what munged vouches for, never what the request says: the service decodes the credential
+with ``unmunge`` and takes its uid. The credential's payload must be the SHA-256 of the body (recomputed
+here), so a credential cannot carry another query, and munged refuses one decoded twice. Then the
+privacy rules (slurm_gpueff.privacy) decide what the uid may see, as on the direct path. A missing or
+refused credential is 401, a bad body 400 (413 beyond ``MAX_BODY``), munged not answering 503; each
+with a one-line reason. One log line per request: uid, what kind of query, status, time; never a job's
+contents.
+
+Listens on ``[service] api_listen``: ``HOST:PORT`` (TCP) or ``unix:/PATH`` (a socket file made 0666 so
+every local user can connect; the uid still comes from MUNGE). stdlib ``http.server``, a thread per
+request; each request opens and closes its own database reads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import json
+import logging
+import os
+import socket
+import stat
+import threading
+import time
+from typing import Any
+
+from ..config import Config
+from ..munge import CredentialRefused, MungeError, body_digest, decode
+from ..privacy import Viewer, user_name, viewer
+from ..reports.jobview import SeffQuery, answer
+
+log = logging.getLogger("gpueff.api")
+
+PATH = "/v1/seff"
+HEALTH = "/v1/health"
+MAX_BODY = 16 * 1024  # a query is a few hundred bytes
+COORDINATORS_TTL_S = 300.0  # sacctmgr is asked at most this often
+_TEXT = ("jobid", "user", "account", "start", "end", "cluster")
+_FLAGS = ("json", "html")
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, reason: str):
+        super().__init__(reason)
+        self.status = status
+
+
+def parse_query(body: bytes) -> SeffQuery:
+    """The SeffQuery in a request body; HttpError 400 if it is not one."""
+    try:
+        d = json.loads(body)
+    except ValueError:
+        raise HttpError(400, "the body is not JSON") from None
+    if not isinstance(d, dict) or not set(d) <= {*_TEXT, *_FLAGS}:
+        raise HttpError(400, f"the body must be an object with keys among {', '.join((*_TEXT, *_FLAGS))}")
+    for key in _TEXT:
+        if not (d.get(key) is None or (isinstance(d[key], str) and len(d[key]) <= 256)):
+            raise HttpError(400, f"{key} must be a string or null")
+    for key in _FLAGS:
+        if not isinstance(d.get(key, False), bool):
+            raise HttpError(400, f"{key} must be true or false")
+    if d.get("jobid") is None and d.get("user") is None and d.get("account") is None:
+        raise HttpError(400, "give a jobid, or a user or account for a table")
+    return SeffQuery(**d)
+
+
+class Api:
+    """The request logic, apart from HTTP: credential -> viewer -> answer."""
+
+    def __init__(self, config: Config):
+        self.config = config
+        self._coordinators: tuple[float, dict[str, list[str]]] = (-COORDINATORS_TTL_S, {})
+        self._lock = threading.Lock()
+
+    def coordinators(self) -> dict[str, list[str]]:
+        """Slurm's account coordinators, cached a few minutes; a failure is logged and gives none."""
+        from ..slurmcmds import RESOLVE_TIMEOUT_S, SlurmCommandError
+        from ..slurmcmds import coordinators as ask
+
+        with self._lock:
+            at, known = self._coordinators
+            if time.monotonic() - at < COORDINATORS_TTL_S:
+                return known
+            try:
+                known = ask(self.config.sacct.command, min(RESOLVE_TIMEOUT_S, self.config.sacct.timeout_s))
+            except SlurmCommandError as exc:
+                log.warning("account coordinators unknown (none assumed): %s", exc)
+                known = {}
+            self._coordinators = (time.monotonic(), known)
+            return known
+
+    def viewer(self, uid: int) -> Viewer:
+        return viewer(self.config.privacy, uid, user_name(uid), os.getuid(), self.coordinators)
+
+    def seff(self, authorization: str | None, body: bytes) -> tuple[int, bytes, str]:
+        """(HTTP status, JSON answer, what to log) for one ``POST /v1/seff``. HttpError on refusal."""
+        scheme, _, credential = (authorization or "").partition(" ")
+        if scheme != "MUNGE" or not credential.strip():
+            raise HttpError(401, "missing credential: send Authorization: MUNGE <credential> (seff-gpu does)")
+        try:
+            who = decode(credential.strip(), self.config.service.munge_socket, self.config.service.api_timeout_s)
+        except CredentialRefused as exc:
+            raise HttpError(401, str(exc)) from None
+        except MungeError as exc:
+            raise HttpError(503, f"the service cannot check credentials: {exc}") from None
+        if who.payload != body_digest(body):
+            raise HttpError(401, f"uid {who.uid}: the credential was made for another request")
+        query = parse_query(body)
+        result = answer(query, self.config, self.viewer(who.uid))
+        return 200, json.dumps(result.to_json()).encode(), f"uid {who.uid} {query.kind()} exit {result.exit_code}"
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    server_version = "gpueff"
+    protocol_version = "HTTP/1.1"
+    timeout = 30  # a client that stops sending mid-request does not hold its thread for ever
+    server: ApiServer
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        t0 = time.monotonic()
+        if self.path == HEALTH:
+            self._send(200, b"ok\n", "text/plain", "health", t0)
+        else:
+            self._send(404, b"not found\n", "text/plain", "GET ?", t0)
+
+    def do_POST(self) -> None:  # noqa: N802
+        t0 = time.monotonic()
+        what = "seff"
+        try:
+            if self.path != PATH:
+                raise HttpError(404, "not found")
+            try:
+                length = int(self.headers.get("Content-Length", ""))
+            except ValueError:
+                raise HttpError(411, "Content-Length required") from None
+            if length < 0 or length > MAX_BODY:
+                if 0 < length <= 64 * MAX_BODY:  # read it, so the client gets the answer, not a broken pipe
+                    self.rfile.read(length)
+                raise HttpError(413, f"the body must be at most {MAX_BODY} bytes")
+            body = self.rfile.read(length)
+            status, data, what = self.server.api.seff(self.headers.get("Authorization"), body)
+            self._send(status, data, "application/json", what, t0)
+        except HttpError as exc:
+            self.close_connection = True
+            self._send(exc.status, f"{exc}\n".encode(), "text/plain", f"{what}: {exc}", t0)
+        except Exception:  # a bug: the caller gets one line, the log the traceback (no job contents in it)
+            log.exception("api: request failed")
+            self._send(500, b"internal error (see the service log)\n", "text/plain", what, t0)
+
+    def _send(self, status: int, data: bytes, ctype: str, what: str, t0: float) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+        log.info("api %s %s -> %d in %.0f ms", self.command, what, status, (time.monotonic() - t0) * 1000)
+
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        """Each request is logged once, by :meth:`_send`."""
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (http.server's name)
+        """http.server's own lines (errors of malformed requests) go to the service log."""
+        log.info("api: " + format, *args)
+
+
+class ApiServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    api: Api
+
+
+class UnixApiServer(ApiServer):
+    """The API on a Unix socket: everything on one host."""
+
+    address_family = socket.AF_UNIX
+
+    def server_bind(self) -> None:
+        path = str(self.server_address)
+        _clear_stale(path)
+        old = os.umask(0o111)  # 0666: every local user may connect; who they are comes from MUNGE
+        try:
+            self.socket.bind(path)
+        finally:
+            os.umask(old)
+        os.chmod(path, 0o666)
+        self.server_name, self.server_port = "localhost", 0
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        conn, _addr = self.socket.accept()
+        return conn, ("unix", 0)
+
+
+def _clear_stale(path: str) -> None:
+    """Remove a socket file left by a service that is gone; refuse a live one or another kind of file."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise OSError(f"{path} exists and is not a socket")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except OSError:
+        os.unlink(path)  # nobody listens: stale
+        return
+    finally:
+        probe.close()
+    raise OSError(f"{path}: another service already listens there")
+
+
+def start(config: Config) -> ApiServer:
+    """Listen on ``[service] api_listen`` and serve in a daemon thread; OSError if it cannot listen."""
+    listen = config.service.api_listen
+    server: ApiServer
+    if listen.startswith("unix:"):
+        server = UnixApiServer(listen[len("unix:"):], _Handler)  # type: ignore[arg-type]
+    else:
+        host, _, port = listen.rpartition(":")
+        host = host.strip("[]")
+        cls = type("ApiServer6", (ApiServer,), {"address_family": socket.AF_INET6}) if ":" in host else ApiServer
+        server = cls((host, int(port)), _Handler)
+    server.api = Api(config)
+    threading.Thread(target=server.serve_forever, name="gpueff-api", daemon=True).start()
+    log.info("seff-gpu API on %s", listen)
+    return server
+
+
+def stop(server: ApiServer) -> None:
+    """Stop accepting, let running requests end (they are short), close and remove the socket file."""
+    server.shutdown()
+    server.server_close()
+    if isinstance(server, UnixApiServer):
+        with contextlib.suppress(OSError):
+            os.unlink(str(server.server_address))

@@ -1,0 +1,404 @@
+"""``seff-gpu`` through ``gpueff serve``'s API, with everything real: a private ``munged`` (its own key and
+socket), two ``gpueff serve`` processes (the API on a Unix socket, and on a TCP port with an account lead
+configured), a database made by ``gpueff ingest`` of simulated records and readable by root only, and
+``seff-gpu`` run as the ordinary user ``gpuser`` through ``runuser``, with Debian's python3 and a copy of
+the package alone: the service path needs nothing beyond the standard library.
+
+Only Slurm is absent: no controller runs here, so the services find no ``sacctmgr``/``squeue`` (PATH
+without them), which leaves the coordinators empty (logged) exactly as a failing sacctmgr does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+import os
+import pathlib
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+from slurm_gpueff import spool
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+START = 1_740_000_000.0
+USER = "gpuser"
+SYS_PYTHON = "/usr/bin/python3"
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("munged") or not os.path.exists(SYS_PYTHON)
+    or subprocess.run(["id", USER], capture_output=True).returncode != 0,
+    reason="needs root, MUNGE, /usr/bin/python3 and the user gpuser")
+
+
+def record(job_id: int, user: str, uid: int, account: str, gpus: int = 1, **extra):
+    from slurm_gpueff.collectors.base import JobContext
+    from slurm_gpueff.collectors.simulated import SimulatedCollector
+    from slurm_gpueff.config import Config
+
+    job = JobContext(job_id, "gpu-node01", "demo", list(range(gpus)), start_time=START, end_time=START + 3600,
+                     env={"GPUEFF_SIM_PROFILE": "bf16-healthy"})
+    col = SimulatedCollector(Config())
+    meas = col.stop(job, col.start(job))
+    rec = {"schema": 1, "cluster": "demo", "node": "gpu-node01", "job_id": job_id, "start_time": START,
+           "end_time": START + 3600, "backend": meas.backend, "reason": meas.reason, "gpus": meas.gpus,
+           "user": user, "uid": uid, "account": account, "partition": "gpu", "exit_code": 0, "signal": 0}
+    rec.update(extra)
+    return rec
+
+
+GPUSER_UID = int(subprocess.run(["id", "-u", USER], capture_output=True, text=True).stdout.strip() or -1)
+# job id -> (user, uid, account)
+JOBS = {100: (USER, GPUSER_UID, "vision"), 101: (USER, GPUSER_UID, "physics"),
+        200: ("root", 0, "vision"), 201: ("root", 0, "physics")}
+NO_GPU_REASON = "SLURM_JOB_GPUS='gpu:weird' cannot be parsed"
+
+
+def start_munged(base: str, name: str) -> tuple[subprocess.Popen, str]:
+    d = os.path.join(base, name)
+    os.makedirs(d, mode=0o755)
+    key = os.path.join(d, "munge.key")
+    subprocess.run(["mungekey", "--create", f"--keyfile={key}"], check=True, capture_output=True)
+    sock = os.path.join(d, "munge.sock")
+    proc = subprocess.Popen(["munged", "--foreground", "--force", f"--socket={sock}", f"--key-file={key}",
+                             f"--pid-file={d}/munged.pid", f"--log-file={d}/munged.log", f"--seed-file={d}/seed"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(100):
+        if os.path.exists(sock):
+            return proc, sock
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("munged did not start")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_health(conn_factory, proc: subprocess.Popen, log: str) -> None:
+    for _ in range(300):
+        if proc.poll() is not None:
+            raise RuntimeError(f"gpueff serve exited {proc.returncode}: {pathlib.Path(log).read_text()[-2000:]}")
+        try:
+            c = conn_factory()
+            c.request("GET", "/v1/health")
+            if c.getresponse().status == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError("the API did not come up")
+
+
+class UnixConn(http.client.HTTPConnection):
+    def __init__(self, path: str):
+        super().__init__("localhost", timeout=10)
+        self.path_ = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(self.path_)
+
+
+@pytest.fixture(scope="module")
+def site():
+    base = tempfile.mkdtemp(prefix="gpueff-api-", dir="/tmp")  # not under pytest's 0700 tmp: gpuser reads here
+    os.chmod(base, 0o755)
+    procs: list[subprocess.Popen] = []
+    try:
+        munged, sock = start_munged(base, "munge")
+        other_munged, other_sock = start_munged(base, "munge-other-key")
+        procs += [munged, other_munged]
+        # gpuser's Python: Debian's python3 and this package, nothing else
+        lib = os.path.join(base, "pylib")
+        shutil.copytree(os.path.join(ROOT, "slurm_gpueff"), os.path.join(lib, "slurm_gpueff"),
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        subprocess.run(["chmod", "-R", "a+rX", lib], check=True)
+        os.makedirs(os.path.join(base, "bin"))  # PATH of the services: no Slurm commands
+        db_dir = os.path.join(base, "db")
+        os.makedirs(db_dir, mode=0o755)
+        db = os.path.join(db_dir, "gpueff.db")
+        uds = os.path.join(base, "run", "api.sock")
+        port = free_port()
+        common = (f'[site]\ncluster = "demo"\n[paths]\ndatabase = "sqlite:///{db}"\nstate_dir = "{base}/state"\n'
+                  f'spool_dir = "{base}/spool"\n[sacct]\ncommand = "sacct"\n')
+        intervals = "".join(f"{k} = 0\n" for k in ("ingest_interval_s", "enrich_interval_s", "rollup_interval_s",
+                                                   "rollup_full_interval_s", "retention_interval_s",
+                                                   "cards_interval_s"))
+        cfgs = {
+            "unix": common + f'[service]\nmetrics_port = 0\n{intervals}api_listen = "unix:{uds}"\n'
+                             f'munge_socket = "{sock}"\n',
+            "tcp": common + '[privacy]\nleads = {physics = ["' + USER + '"]}\ncoordinators = false\n'
+                            f'[service]\nmetrics_port = 0\n{intervals}api_listen = "0.0.0.0:{port}"\n'
+                            f'munge_socket = "{sock}"\n',
+            "munged-down": common + f'[service]\napi_listen = "unix:{uds}"\nmunge_socket = "{base}/nope.sock"\n',
+            "none": common + "[service]\napi_listen = \"\"\n",
+        }
+        paths = {}
+        for name, text in cfgs.items():
+            paths[name] = os.path.join(base, f"{name}.toml")
+            with open(paths[name], "w") as fh:
+                fh.write(text)
+            os.chmod(paths[name], 0o644)
+        env = dict(os.environ, PYTHONPATH=ROOT, PATH=f"{base}/bin")
+        env.pop("GPUEFF_CONFIG", None)
+        env.pop("GPUEFF_SEFF_VIA", None)
+        # the database: gpueff ingest of simulated records, then private to root
+        spool.ensure_dirs(f"{base}/spool")
+        for job_id, (user, uid, account) in JOBS.items():
+            spool.write_record(f"{base}/spool", record(job_id, user, uid, account))
+        spool.write_record(f"{base}/spool", record(300, USER, GPUSER_UID, "vision", gpus=0, reason=NO_GPU_REASON))
+        subprocess.run([sys.executable, "-m", "slurm_gpueff.cli.gpueff", "--config", paths["unix"], "ingest"],
+                       env=env, check=True, capture_output=True, timeout=120)
+        os.chmod(db, 0o600)
+        servers = {}
+        for name, conn in (("unix", lambda: UnixConn(uds)),
+                           ("tcp", lambda: http.client.HTTPConnection("127.0.0.1", port, timeout=10))):
+            log = os.path.join(base, f"serve-{name}.log")
+            with open(log, "w") as fh:
+                p = subprocess.Popen([sys.executable, "-m", "slurm_gpueff.cli.gpueff", "--config", paths[name],
+                                      "serve"], env=env, stdout=fh, stderr=subprocess.STDOUT)
+            procs.append(p)
+            wait_health(conn, p, log)
+            servers[name] = (p, conn, log)
+        yield {"base": base, "cfg": paths, "db": db, "lib": lib, "uds": uds, "port": port, "servers": servers,
+               "munge_socket": sock, "other_munge_socket": other_sock, "env": env}
+    finally:
+        for p in reversed(procs):
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(20)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def seff(site, *args: str, cfg: str = "unix", as_user: str | None = USER, via: str | None = None,
+         cwd: str | None = None) -> subprocess.CompletedProcess:
+    """seff-gpu as gpuser (Debian's python3, the package copy), or as root with the test interpreter."""
+    env = {"PATH": "/usr/bin:/bin", "HOME": site["base"], "LANG": "C.UTF-8"}
+    if via:
+        env["GPUEFF_SEFF_VIA"] = via
+    if as_user:
+        env["PYTHONPATH"] = site["lib"]
+        argv = ["runuser", "-u", as_user, "--", "env", *(f"{k}={v}" for k, v in env.items()), SYS_PYTHON]
+    else:
+        env["PYTHONPATH"] = ROOT
+        argv = ["env", "-i", *(f"{k}={v}" for k, v in env.items()), sys.executable]
+    argv += ["-m", "slurm_gpueff.cli.seff", "--config", site["cfg"][cfg], *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=cwd or site["base"])
+
+
+def post(site, body: bytes, authorization: str | None) -> tuple[int, str]:
+    c = UnixConn(site["uds"])
+    headers = {"Content-Type": "application/json"}
+    if authorization is not None:
+        headers["Authorization"] = authorization
+    c.request("POST", "/v1/seff", body, headers)
+    r = c.getresponse()
+    return r.status, r.read().decode()
+
+
+def credential(payload: str, sock: str) -> str:
+    return subprocess.run(["munge", "--socket", sock, "--no-input", "--string", payload], capture_output=True,
+                          text=True, check=True).stdout.strip()
+
+
+def ids(table: str) -> set[int]:
+    """The job ids a -u/-A table lists."""
+    return {int(line.split()[0]) for line in table.splitlines() if line[:1].isdigit()}
+
+
+def one_line_error(p: subprocess.CompletedProcess, code: int) -> str:
+    assert p.returncode == code, (p.returncode, p.stdout, p.stderr)
+    assert p.stdout == ""
+    assert p.stderr.count("\n") == 1 and p.stderr.startswith("seff-gpu: ") and "Traceback" not in p.stderr
+    return p.stderr
+
+
+def test_the_user_cannot_read_the_database_file(site):
+    p = subprocess.run(["runuser", "-u", USER, "--", SYS_PYTHON, "-c", f"open({site['db']!r}, 'rb')"],
+                       capture_output=True, text=True)
+    assert p.returncode == 1 and "PermissionError" in p.stderr and "Permission denied" in p.stderr
+
+
+def test_own_job_card_through_the_service(site):
+    p = seff(site, "100")
+    assert p.returncode == 0, p.stderr
+    assert "Job ID: 100" in p.stdout and f"User/Account: {USER}/vision" in p.stdout and p.stderr == ""
+    with open(site["servers"]["unix"][2]) as fh:
+        log = fh.read()
+    assert f"uid {GPUSER_UID} card exit 0 -> 200" in log
+    assert "Healthy" not in log.split("api POST")[-1]  # log lines carry no job contents
+
+
+def test_another_users_job_is_refused(site):
+    err = one_line_error(seff(site, "200"), 6)
+    assert "belongs to another user" in err and USER in err
+
+
+def test_own_table_json_and_html(site, tmp_path):
+    p = seff(site, "-u", USER, "-S", "2020-01-01", "-E", "2030-01-01")
+    assert p.returncode == 0, p.stderr
+    assert ids(p.stdout) == {100, 101, 300} and "Total (3 jobs)" in p.stdout
+    p = seff(site, "--json", "101")
+    assert p.returncode == 0, p.stderr
+    assert [j["job"]["job_id"] for j in json.loads(p.stdout)["jobs"]] == [101]
+    out = os.path.join(site["base"], "cards")
+    os.makedirs(out, exist_ok=True)
+    shutil.chown(out, USER)
+    p = seff(site, "100", "--html", f"{out}/card.html")
+    assert p.returncode == 0, p.stderr
+    assert p.stderr == f"wrote {out}/card.html\n"
+    assert os.stat(f"{out}/card.html").st_uid == GPUSER_UID  # written by the client, as the user
+    with open(f"{out}/card.html") as fh:
+        assert fh.read().lstrip().lower().startswith("<!doctype html")
+    one_line_error(seff(site, "-u", "root", "-S", "2020-01-01", "-E", "2030-01-01"), 6)
+
+
+def test_a_lead_sees_the_accounts_jobs_and_not_others(site):
+    assert seff(site, "201", cfg="tcp").returncode == 0  # root's job in physics, which gpuser leads there
+    one_line_error(seff(site, "200", cfg="tcp"), 6)  # root's job in vision
+    one_line_error(seff(site, "201", cfg="unix"), 6)  # the other service has no leads
+    p = seff(site, "-A", "physics", "-S", "2020-01-01", "-E", "2030-01-01", cfg="tcp")
+    assert p.returncode == 0, p.stderr
+    assert ids(p.stdout) == {101, 201}
+    p = seff(site, "-u", "root", "-A", "physics", "-S", "2020-01-01", "-E", "2030-01-01", cfg="tcp")
+    assert p.returncode == 0 and ids(p.stdout) == {201}
+    one_line_error(seff(site, "-u", "root", "-A", "vision", "-S", "2020-01-01", "-E", "2030-01-01", cfg="tcp"), 6)
+    one_line_error(seff(site, "-A", "vision", "-S", "2020-01-01", "-E", "2030-01-01", cfg="tcp"), 6)  # not led
+    p = seff(site, "-u", USER, "-A", "vision", "-S", "2020-01-01", "-E", "2030-01-01", cfg="tcp")
+    assert p.returncode == 0 and ids(p.stdout) == {100, 300}  # one's own jobs in any account
+
+
+def test_no_gpus_names_the_reason(site):
+    err = one_line_error(seff(site, "300"), 5)
+    assert "had no GPUs allocated" in err and NO_GPU_REASON in err
+
+
+def test_service_path_gives_the_direct_paths_bytes(site):
+    out = os.path.join(site["base"], "root-cards")
+    os.makedirs(out, exist_ok=True)
+    for args in (["100"], ["--json", "201"], ["-u", USER, "-S", "2020-01-01", "-E", "2030-01-01"],
+                 ["-A", "vision", "--json", "-S", "2020-01-01", "-E", "2030-01-01"], ["300"], ["100", "--html"]):
+        runs = []
+        for via in (None, "service"):
+            a = [*args, f"{out}/{via}.html"] if args[-1] == "--html" else args
+            p = seff(site, *a, as_user=None, via=via)
+            html = pathlib.Path(f"{out}/{via}.html").read_text() if args[-1] == "--html" else None
+            runs.append((p.returncode, p.stdout, p.stderr.replace(f"{out}/{via}.html", "FILE"), html))
+        assert runs[0] == runs[1], args
+        assert runs[0][0] in (0, 5)
+
+
+def test_no_service_configured_is_one_line(site):
+    err = one_line_error(seff(site, "100", cfg="none"), 1)
+    assert "private to the service account" in err and "api_listen" in err
+
+
+def test_munged_down_is_one_line(site):
+    err = one_line_error(seff(site, "100", cfg="munged-down"), 1)
+    assert "cannot reach the seff-gpu service at unix:" in err and "munged" in err
+
+
+def test_munged_down_on_the_service_host_is_one_line(site):
+    """The service cannot check credentials (its munged is gone): 503, which seff-gpu prints in one line."""
+    base = site["base"]
+    uds = f"{base}/run/api-nomunge.sock"
+    common = f'[paths]\ndatabase = "{site["db"]}"\nstate_dir = "{base}/state"\nspool_dir = "{base}/spool"\n'
+    with open(f"{base}/server-nomunge.toml", "w") as fh:
+        fh.write(common + f'[service]\nmetrics_port = 0\napi_listen = "unix:{uds}"\nmunge_socket = "{base}/gone.sock"\n'
+                 + "".join(f"{k} = 0\n" for k in ("ingest_interval_s", "enrich_interval_s", "rollup_interval_s",
+                                                  "rollup_full_interval_s", "retention_interval_s",
+                                                  "cards_interval_s")))
+    with open(f"{base}/client-nomunge.toml", "w") as fh:
+        fh.write(common + f'[service]\napi_url = "unix:{uds}"\nmunge_socket = "{site["munge_socket"]}"\n')
+    os.chmod(f"{base}/client-nomunge.toml", 0o644)
+    site["cfg"]["client-nomunge"] = f"{base}/client-nomunge.toml"
+    log = f"{base}/serve-nomunge.log"
+    with open(log, "w") as fh:
+        p = subprocess.Popen([sys.executable, "-m", "slurm_gpueff.cli.gpueff", "--config",
+                              f"{base}/server-nomunge.toml", "serve"], env=site["env"], stdout=fh,
+                             stderr=subprocess.STDOUT)
+    try:
+        wait_health(lambda: UnixConn(uds), p, log)
+        err = one_line_error(seff(site, "100", cfg="client-nomunge"), 1)
+        assert "HTTP 503" in err and "cannot check credentials" in err
+    finally:
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(30) == 0
+
+
+def test_credentials_are_checked(site):
+    body = json.dumps({"jobid": "200", "json": True}).encode()
+    digest = hashlib.sha256(body).hexdigest()
+    assert post(site, body, None)[0] == 401
+    assert post(site, body, "Bearer x")[0] == 401
+    status, text = post(site, body, "MUNGE MUNGE:AAAAforged:")
+    assert status == 401 and "credential refused" in text
+    # a real credential of another MUNGE key: a forgery as far as this site is concerned
+    status, text = post(site, body, "MUNGE " + credential(digest, site["other_munge_socket"]))
+    assert status == 401 and "credential refused" in text
+    # a valid credential made for another query cannot carry this one
+    other = credential(hashlib.sha256(b'{"jobid": "100"}').hexdigest(), site["munge_socket"])
+    status, text = post(site, body, f"MUNGE {other}")
+    assert status == 401 and "another request" in text
+    # good once (root sees job 200), then replayed
+    cred = credential(digest, site["munge_socket"])
+    status, text = post(site, body, f"MUNGE {cred}")
+    assert status == 200 and json.loads(text)["exit_code"] == 0
+    status, text = post(site, body, f"MUNGE {cred}")
+    assert status == 401 and "replayed" in text
+
+
+def test_bad_requests(site):
+    def signed(body: bytes) -> str:
+        return "MUNGE " + credential(hashlib.sha256(body).hexdigest(), site["munge_socket"])
+
+    for body in (b"not json", b"[1]", b'{"jobid": 5}', b'{"jobid": "1", "json": "yes"}', b'{"evil": 1}', b"{}"):
+        status, text = post(site, body, signed(body))
+        assert status == 400 and text.count("\n") == 1, (body, status, text)
+    big = b'{"jobid": "' + b"1" * 20000 + b'"}'
+    assert post(site, big, signed(big))[0] == 413
+    c = UnixConn(site["uds"])
+    c.request("GET", "/v1/other")
+    assert c.getresponse().status == 404
+    c = http.client.HTTPConnection("127.0.0.1", site["port"], timeout=10)
+    c.request("GET", "/v1/health")
+    assert c.getresponse().status == 200
+
+
+def test_serve_stops_cleanly_and_a_stale_socket_is_replaced(site):
+    """Last: stops the Unix-socket service with SIGTERM (exit 0, socket removed); a new one takes over a
+    stale socket file."""
+    proc, conn, log = site["servers"]["unix"]
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+    assert not os.path.exists(site["uds"])
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(site["uds"])
+    stale.close()  # a socket file nobody listens on
+    with open(log, "a") as fh:
+        p = subprocess.Popen([sys.executable, "-m", "slurm_gpueff.cli.gpueff", "--config", site["cfg"]["unix"],
+                              "serve"], env=site["env"], stdout=fh, stderr=subprocess.STDOUT)
+    try:
+        wait_health(conn, p, log)
+        assert seff(site, "100").returncode == 0
+        # a second service on the same live socket refuses to start, in one line
+        q = subprocess.run([sys.executable, "-m", "slurm_gpueff.cli.gpueff", "--config", site["cfg"]["unix"],
+                            "serve"], env=site["env"], capture_output=True, text=True, timeout=60)
+        assert q.returncode == 1 and "another service already listens there" in q.stderr
+        assert "Traceback" not in q.stderr
+    finally:
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(30) == 0
