@@ -33,6 +33,7 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]  # the package, and the synth
 import synthetic  # noqa: E402
 from sqlalchemy import text  # noqa: E402
 
+from slurm_gpueff.models import utcnow  # noqa: E402
 from slurm_gpueff.storage import rollups  # noqa: E402
 from slurm_gpueff.storage.db import make_engine  # noqa: E402
 
@@ -110,7 +111,7 @@ def main() -> int:
             best_bare = min(best_bare, time.perf_counter() - t)
         t = time.perf_counter()
         with engine.begin() as conn:
-            rows = rollups.refresh_month(conn, MONTH)
+            rows = rollups.refresh_month(conn, MONTH, utcnow())
         best_roll = min(best_roll, time.perf_counter() - t)
     with engine.connect() as conn:
         t = time.perf_counter()

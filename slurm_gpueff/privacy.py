@@ -106,14 +106,6 @@ def shown(found: Sequence[tuple[_Job, _Gpus]], v: Viewer) -> tuple[list[tuple[_J
     return seen, len(found) - len(seen)
 
 
-def visible(found: Sequence[tuple[_Job, _Gpus]], privacy: PrivacyConfig, uid: int | None = None,
-            name: str | None = None) -> tuple[list[tuple[_Job, _Gpus]], int]:
-    """:func:`shown` for ``uid``/``name`` (default: who runs this) with the configured leads, no coordinators."""
-    if uid is None:
-        uid, name = current_user()
-    return shown(found, viewer(privacy, uid, name))
-
-
 def table_scope(v: Viewer, user: str | None, account: str | None) -> tuple[str | None, str | None]:
     """The (user, account) a ``-u``/``-A`` table may list for ``v``; :class:`Denied` when it asks for more.
 

@@ -13,10 +13,8 @@ import pytest
 from sqlmodel import Session, select
 
 from slurm_gpueff import record as recmod
-from slurm_gpueff.config import Config
 from slurm_gpueff.jobid import parse as parse_id
 from slurm_gpueff.models import Job, JobGpu
-from slurm_gpueff.privacy import visible
 from slurm_gpueff.sacct import SacctError, parse_json, parse_parsable
 from slurm_gpueff.storage.db import make_engine
 from slurm_gpueff.storage.enrich import backfill_jobs, enrich_jobs
@@ -145,19 +143,6 @@ def test_backfill_creates_allocation_only_records_and_the_hook_record_replaces_t
 class J:
     def __init__(self, user, uid):
         self.user, self.uid = user, uid
-
-
-def test_privacy_like_sacct():
-    found = [(J("alice", 1001), []), (J("bob", 1002), []), (J("carol", None), [])]
-    on = Config().privacy
-    assert [j.user for j, _ in visible(found, on, uid=1001, name="alice")[0]] == ["alice"]
-    assert visible(found, on, uid=1003, name="carol")[0][0][0].user == "carol"  # no uid recorded: by name
-    assert len(visible(found, on, uid=0, name="root")[0]) == 3
-    assert visible(found, on, uid=1002, name="bob")[1] == 2
-    admins = Config({"privacy": {"admins": ["bob"]}}).privacy
-    assert len(visible(found, admins, uid=1002, name="bob")[0]) == 3
-    off = Config({"privacy": {"enabled": False}}).privacy
-    assert len(visible(found, off, uid=1005, name="eve")[0]) == 3
 
 
 def test_a_just_finished_job_waits_for_accounting_to_settle(engine):
