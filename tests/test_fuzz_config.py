@@ -20,7 +20,7 @@ import os
 import re
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from slurm_gpueff import config
@@ -341,7 +341,7 @@ def test_config_with_known_bugs_fixed(tmp_path):
     path = scratch_file(tmp_path)
     counts = {"n": 0, "valid": 0, "refused": 0}
     try:
-        @settings(max_examples=3000, deadline=None, database=None,
+        @settings(max_examples=3000, deadline=None, database=None, phases=[Phase.generate],  # no shrinking
                   suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
         @given(config_data(known_bugs=True), toml_files(known_bugs=True))
         def check(data: dict[str, object], content: bytes) -> None:

@@ -161,6 +161,8 @@ def test_hooks_as_processes_exit_0_and_every_record_is_ingested(tmp_path):
         fuzzed = {**fuzzed, "SLURM_JOB_ID": str(job_id), "SLURM_JOB_GPUS": fuzzed.get("SLURM_JOB_GPUS") or "0"}
         env = {k.encode(): as_bytes(v) for k, v in fuzzed.items()}
         env[b"GPUEFF_CONFIG"] = site.config_path.encode()
+        if slurmenv.parse({os.fsdecode(k): os.fsdecode(v) for k, v in env.items()}).gpu_raw is None:
+            env[b"SLURM_JOB_GPUS"] = b"0"  # "NoDevFiles", blanks: a CPU-only job, which writes nothing
         for kind in ("prolog", "epilog"):
             p, _ = site.run(kind, job_id, env=env)
             assert p.returncode == 0, (kind, p.stderr)
