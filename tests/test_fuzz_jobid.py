@@ -166,9 +166,16 @@ def test_seff_gpu_answers_any_job_id_with_a_documented_status_and_one_line(site,
     ran: dict[str, int] = {"n": 0}
     codes: dict[int, int] = {}
 
+    known = {"42": 0, "4201": 0, "0042.batch": 0, " 4201 ": 0, "\uff14\uff12\uff10\uff11": 0, "4300+0": 0, "5000": 0,
+             "5000_1": 0, "6000": 4, "7000": 5, "9999": 3, "4201_4294967294": 2}
+    for text, expected in known.items():  # each documented answer, from the database's jobs
+        code = seff.main(seff_argv(text, cfg))
+        out, err = capsys.readouterr()
+        assert code == expected, (text, code, err)
+        assert (bool(out), len(err.splitlines())) == ((True, 0) if code == 0 else (False, 1)), (text, out, err)
+
     @FUZZ
-    @given(st.one_of(JOB_IDS, st.sampled_from(["42", "4201", "4300+0", "5000", "5000_1", "7000", "6000",
-                                                "0042.batch", " 4201 "])))
+    @given(JOB_IDS)
     def check(text: str) -> None:
         assume(text != "--")  # argparse's own separator: not an id
         ran["n"] += 1
@@ -188,7 +195,7 @@ def test_seff_gpu_answers_any_job_id_with_a_documented_status_and_one_line(site,
     with capsys.disabled():
         print(f"\nseff-gpu JOBID: {ran['n']} cases, exit statuses {dict(sorted(codes.items()))}")
     assert ran["n"] >= CASES, ran
-    assert {0, 2, 3, 4, 5} <= codes.keys(), codes  # every kind of answer was reached
+    assert codes.get(2, 0) >= CASES // 10 and codes.get(3, 0) >= CASES // 20, codes  # bad ids and valid ones
 
 
 @pytest.mark.xfail(strict=True, reason="seff-gpu's parser prints its usage before the error (seff.py: lead merges "
