@@ -7,6 +7,7 @@ into a SQLite file, and the real ``seff-gpu`` card. The figures are simulated an
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -15,7 +16,9 @@ import sys
 import time
 from typing import Any
 
+from .cli.common import UsageError
 from .config import Config, load
+from .errors import GpueffError
 
 MARKER = ".gpueff-demo"
 
@@ -39,9 +42,9 @@ CONFIG = """# Written by `gpueff demo`: a simulated cluster in one folder.
 cluster = "demo"
 
 [paths]
-spool_dir = "{root}/spool"
-state_dir = "{root}/run"
-database = "sqlite:///{root}/gpueff.db"
+spool_dir = {spool}
+state_dir = {state}
+database = {database}
 
 [collector]
 backend = "simulated"   # fake GPUs: every figure is labelled "simulated"
@@ -66,18 +69,38 @@ def hook_command(kind: str) -> list[str]:
     raise FileNotFoundError(f"cannot find the {kind} hook (hooks/{kind} or gpueff-{kind})")
 
 
+def toml_string(text: str) -> str:
+    """``text`` as a TOML basic string: JSON's escapes are TOML's, plus DEL, which TOML also forbids raw."""
+    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
+
+
 def prepare(root: str) -> str:
-    """Create (or recreate) the demo folder; refuse to wipe a folder the demo did not make."""
-    if os.path.exists(os.path.join(root, MARKER)):
-        shutil.rmtree(root)
-    elif os.path.exists(root) and os.listdir(root):
-        raise SystemExit(f"gpueff demo: {root} exists and was not made by the demo; use --dir")
-    os.makedirs(root, exist_ok=True)
-    with open(os.path.join(root, MARKER), "w") as fh:
-        fh.write("made by gpueff demo; safe to delete\n")
-    path = os.path.join(root, "gpueff.toml")
-    with open(path, "w") as fh:
-        fh.write(CONFIG.format(root=root))
+    """Create (or recreate) the demo folder; refuse to wipe a folder the demo did not make. Any problem with
+    the folder is a UsageError naming it (exit 2): a file in the way, no permission, a path the database URL
+    cannot hold."""
+    if any(c in root for c in "?#%") or "://" in root:
+        raise UsageError(f"demo folder {root!r}: its path may not contain ?, #, % or :// (the database URL names "
+                         "a file in it); choose another --dir")
+    if os.path.lexists(root) and not os.path.isdir(root):
+        raise UsageError(f"demo folder {root} exists and is not a directory; choose another --dir")
+    try:
+        if os.path.exists(os.path.join(root, MARKER)):
+            shutil.rmtree(root)
+        elif os.path.exists(root) and os.listdir(root):
+            raise UsageError(f"{root} exists and was not made by the demo; choose another --dir")
+        os.makedirs(root, exist_ok=True)
+        with open(os.path.join(root, MARKER), "w") as fh:
+            fh.write("made by gpueff demo; safe to delete\n")
+        path = os.path.join(root, "gpueff.toml")
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(CONFIG.format(spool=toml_string(f"{root}/spool"), state=toml_string(f"{root}/run"),
+                                   database=toml_string(f"sqlite:///{root}/gpueff.db")))
+    except OSError as exc:  # a file where a folder must be, no permission, a read-only file system ...
+        where = f" ({exc.filename})" if exc.filename and exc.filename != root else ""
+        raise UsageError(f"cannot make the demo folder {root}{where}: {exc.strerror or exc}; choose another "
+                         "--dir") from None
+    except UnicodeEncodeError:
+        raise UsageError(f"demo folder {root!r}: its name is not valid UTF-8; choose another --dir") from None
     return path
 
 
@@ -107,10 +130,14 @@ def run_jobs(config_path: str, root: str) -> list[tuple[int, str]]:
         start = end - hours * 3600.0
         for kind, clock, exit_code in (("prolog", start, None), ("epilog", end, code)):
             env = slurm_env(config_path, job_id, user, account, gpus, clock, profile, exit_code)
-            proc = subprocess.run(hook_command(kind), env=env, cwd=root, capture_output=True, text=True,
-                                  timeout=60)
+            try:
+                proc = subprocess.run(hook_command(kind), env=env, cwd=root, capture_output=True, text=True,
+                                      timeout=60)
+            except (OSError, subprocess.SubprocessError) as exc:
+                raise GpueffError(f"demo: cannot run the {kind} for job {job_id}: {exc}") from None
             if proc.returncode != 0:  # hooks always exit 0; anything else is a bug worth showing
-                raise RuntimeError(f"{kind} for job {job_id} exited {proc.returncode}: {proc.stderr}")
+                last = (proc.stderr.strip().splitlines() or ["no message"])[-1]
+                raise GpueffError(f"demo: the {kind} for job {job_id} exited {proc.returncode}: {last}")
         ran.append((job_id, profile))
         end -= 1800.0 * (n % 3 + 1)
     return ran

@@ -14,6 +14,8 @@ from .errors import JobIdError
 # Slurm's job ids, array task ids and het offsets are 32-bit unsigned (NO_VAL = 0xfffffffe and up are
 # markers): a larger number is no job, and would not fit the database's integers.
 MAX_ID = 0xFFFFFFFD
+_MAX_DIGITS = len(str(MAX_ID))  # longer numbers are refused before int(), which refuses 4300+ digits itself
+_SHOWN = 64  # characters of a bad id echoed in the message: a pasted megabyte stays one short line
 _RE = re.compile(r"^(?P<job>\d+)(?:_(?P<task>\d+)|\+(?P<het>\d+))?(?:\.(?:batch|extern|interactive|\d+))?$")
 
 
@@ -32,14 +34,22 @@ class JobSpec(NamedTuple):
         return str(self.job)
 
 
+def _shown(text: str) -> str:
+    """The id as the message echoes it: repr (control characters and line breaks escaped: one line), cut short."""
+    return repr(text) if len(text) <= _SHOWN else f"{text[:_SHOWN]!r}... ({len(text)} characters)"
+
+
 def parse(text: str) -> JobSpec:
-    """Parse one job id or raise JobIdError saying what a valid id looks like."""
-    m = _RE.match(text.strip())
+    """Parse one job id or raise JobIdError saying what a valid id looks like.
+
+    Digits are any Unicode decimal digits (``int()`` reads them; a pasted full-width id works), leading zeros
+    are allowed; each number must fit Slurm's 32 bits."""
+    m = _RE.fullmatch(text.strip())
     if not m:
-        raise JobIdError(f"invalid job id {text!r}: expected a number like 123, an array task like 123_4, "
+        raise JobIdError(f"invalid job id {_shown(text)}: expected a number like 123, an array task like 123_4, "
                          "or a heterogeneous component like 123+1")
-    task, het = m.group("task", "het")
-    spec = JobSpec(int(m.group("job")), int(task) if task else None, int(het) if het else None)
-    if max(n for n in spec if n is not None) > MAX_ID:
-        raise JobIdError(f"invalid job id {text!r}: Slurm's job ids, array tasks and het offsets are at most {MAX_ID}")
-    return spec
+    job, task, het = (None if n is None else n.lstrip("0") or "0" for n in m.group("job", "task", "het"))
+    if any(n is not None and (len(n) > _MAX_DIGITS or int(n) > MAX_ID) for n in (job, task, het)):
+        raise JobIdError(f"invalid job id {_shown(text)}: Slurm's job ids, array tasks and het offsets are at "
+                         f"most {MAX_ID}")
+    return JobSpec(int(job or 0), None if task is None else int(task), None if het is None else int(het))

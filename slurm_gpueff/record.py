@@ -49,6 +49,13 @@ OPTIONAL_STRS = ("mig_uuid", "mig_profile")
 OPTIONAL_GPU = OPTIONAL_INTS + OPTIONAL_STRS + ("throttle_s", "processes")
 
 _NUMBER = frozenset((int, float))  # exact classes: bool (an int subclass) is refused
+# What the database's columns hold (a record beyond them would fail its whole batch, again at every ingest,
+# instead of going to quarantine): 64-bit ids and byte counts, 32-bit counts and codes, dates before 10000.
+INT64 = 2**63 - 1
+INT32 = 2**31 - 1
+MAX_TIME = 253402300799.0  # 9999-12-31T23:59:59Z
+_INT32_JOB = ("het_job_offset", "exit_code", "signal", "run")
+_INT32_GPU = ("index", "minor", "samples", "xid_errors", "mig_gi_id", "mig_ci_id")
 _QUANTITIES = (*QUANTITIES, "memory_total_bytes")
 _JOB_INTS = ("job_id", "array_job_id", "array_task_id", "het_job_id", "het_job_offset", "uid", "exit_code",
              "signal", "run")
@@ -79,6 +86,8 @@ def validate(rec: object) -> dict[str, Any]:
         v = rec.get(key)
         if v is not None and (not isinstance(v, int) or isinstance(v, bool)):
             raise RecordError(f"{key} must be an integer or null, got {v!r}")
+        if v is not None and abs(v) > (INT32 if key in _INT32_JOB else INT64):
+            raise RecordError(f"{key} = {v} is beyond what the database holds")
     if rec["job_id"] is None or rec["job_id"] <= 0:
         raise RecordError(f"job_id must be a positive integer, got {rec['job_id']!r}")
     for key in _JOB_STRS:
@@ -94,8 +103,8 @@ def validate(rec: object) -> dict[str, Any]:
         v = rec[key]
         if v is None and key == "start_time":
             continue  # unknown: the Prolog's state was lost (the reason says so); never guessed
-        if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
-            raise RecordError(f"{key} must be a positive epoch time, got {v!r}")
+        if not isinstance(v, int | float) or isinstance(v, bool) or not 0 < v <= MAX_TIME:  # NaN fails too
+            raise RecordError(f"{key} must be a positive epoch time before the year 10000, got {v!r}")
     if rec["start_time"] is not None and rec["end_time"] < rec["start_time"]:
         raise RecordError("end_time is before start_time")
     if rec["backend"] not in BACKENDS:
@@ -125,8 +134,13 @@ def _validate_gpu(i: int, gpu: object) -> None:
             raise RecordError(f"{where}.{m} must be a fraction in [0, 1] or null, got {v!r}")
     for m in _QUANTITIES:
         v = gpu.get(m)
-        if v is not None and (not _is_number(v) or not 0 <= v < math.inf):
+        top = INT64 if m.endswith("_bytes") else math.inf
+        if v is not None and (not _is_number(v) or not 0 <= v < math.inf or v > top):
             raise RecordError(f"{where}.{m} must be a non-negative number or null, got {v!r}")
+    for k in _INT32_GPU:
+        v = gpu.get(k)
+        if v.__class__ is int and v > INT32:
+            raise RecordError(f"{where}.{k} = {v} is beyond what the database holds")
     _validate_optional(where, gpu)
     samples = gpu.get("samples", 0)
     if not isinstance(samples, int) or samples < 0:

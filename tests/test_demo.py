@@ -66,3 +66,22 @@ def test_demo_can_run_twice(tmp_path):
     p = run("slurm_gpueff.cli.gpueff", "demo", "--dir", "d", cwd=str(tmp_path))
     assert p.returncode == 0, p.stderr
     assert "ingested 9 spool records" in p.stdout
+
+
+def test_demo_dir_that_cannot_be_a_folder_is_one_line_exit_2(tmp_path):
+    """A regular file (or a file on the way) as --dir, or a path the database URL cannot name: one line, exit 2."""
+    (tmp_path / "afile").write_text("keep me")
+    for target in ("afile", "afile/sub", "a?b"):
+        p = run("slurm_gpueff.cli.gpueff", "demo", "--dir", target, cwd=str(tmp_path))
+        assert p.returncode == 2 and p.stdout == "", (target, p.stdout, p.stderr)
+        assert len(p.stderr.splitlines()) == 1 and p.stderr.startswith("gpueff: "), p.stderr
+        assert "Traceback" not in p.stderr
+    assert (tmp_path / "afile").read_text() == "keep me"
+
+
+def test_demo_folder_with_quotes_and_backslashes_in_its_name(tmp_path):
+    """The demo writes its folder's path into its TOML config: a quote or a backslash must not break it."""
+    p = run("slurm_gpueff.cli.gpueff", "demo", "--dir", 'my "demo" \\ dir', cwd=str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    assert "ingested 9 spool records" in p.stdout and "quarantined 0, failed 0" in p.stdout
+    assert (tmp_path / 'my "demo" \\ dir' / "gpueff.db").is_file()

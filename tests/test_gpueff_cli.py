@@ -200,3 +200,16 @@ def test_db_current_on_an_unreachable_database_is_one_line(tmp_path):
     named = "gpueff: job database postgresql+psycopg://u:***@127.0.0.1:1/x?connect_timeout=2: "
     assert p.stderr.startswith(named) and p.stderr.count("\n") == 1, p.stderr
     assert "s3cret" not in p.stderr + p.stdout and "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize("argv", [[], ["frobnicate"], ["config"], ["config", "chk"], ["ingest", "--bogus"],
+                                  ["demo", "--dir"], ["x\ny"], ["ingest", "--limit", "a\nb"]])
+def test_usage_errors_are_one_line(argv, capsys):
+    """argparse's errors, like every other error of gpueff: one line naming the command, exit 2, no usage block."""
+    from slurm_gpueff.cli.gpueff import main
+
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    out, err = capsys.readouterr()
+    assert info.value.code == 2 and out == ""
+    assert len(err.splitlines()) == 1 and err.startswith("gpueff") and ": error: " in err, err

@@ -60,3 +60,20 @@ def test_bad_records_are_rejected_with_the_reason(mutate, message):
 def test_non_object_rejected():
     with pytest.raises(RecordError, match="expected a JSON object"):
         validate([1, 2])
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda r: r.update(end_time=1e15), "before the year 10000"),
+    (lambda r: r.update(run=2**31), "run = 2147483648 is beyond what the database holds"),
+    (lambda r: r.update(exit_code=2**40), "exit_code = 1099511627776 is beyond"),
+    (lambda r: r.update(job_id=2**63), "job_id = 9223372036854775808 is beyond"),
+    (lambda r: r["gpus"][0].update(index=2**31), r"gpus\[0\].index = 2147483648 is beyond"),
+    (lambda r: r["gpus"][0].update(samples=2**40), r"gpus\[0\].samples = 1099511627776 is beyond"),
+    (lambda r: r["gpus"][0].update(memory_total_bytes=2**63), r"gpus\[0\].memory_total_bytes must be"),
+])
+def test_values_beyond_the_database_columns_are_rejected(mutate, message):
+    """A record the database cannot hold would fail its whole batch at every ingest: it is refused (quarantined)."""
+    rec = copy.deepcopy(good())
+    mutate(rec)
+    with pytest.raises(RecordError, match=message):
+        validate(rec)

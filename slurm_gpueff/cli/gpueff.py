@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NoReturn, Protocol
 
 from . import node_cmds, report_cmds, service_cmds, setup_cmds, slurm_cmds
 from .common import CONFIG_HELP, CONFIG_NOTE, run_command
@@ -45,14 +45,23 @@ examples:
 """ + CONFIG_NOTE
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A usage error is one line, ``gpueff COMMAND: error: ...`` and exit 2, like every other error of the
+    command (cli/common.py), not argparse's usage block first; subcommands' parsers are of this class too
+    (argparse makes them of their parent's). Line breaks typed into an argument are escaped."""
+
+    def error(self, message: str) -> NoReturn:
+        line = message.replace("\r", "\\r").replace("\n", "\\n")
+        self.exit(2, f"{self.prog}: error: {line} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     # Accepted before or after the subcommand; SUPPRESS keeps a later default from hiding an earlier value.
     common.add_argument("--config", metavar="PATH", default=argparse.SUPPRESS, help=CONFIG_HELP)
-    p = argparse.ArgumentParser(prog="gpueff", parents=[common],
-                                description="slurm-gpueff administration: node agent, Slurm hooks, ingest, "
-                                            "demo and config check.",
-                                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p: argparse.ArgumentParser = OneLineParser(
+        prog="gpueff", parents=[common], description="slurm-gpueff administration: node agent, Slurm hooks, "
+        "ingest, demo and config check.", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for group in GROUPS:
         known = set(sub.choices)
