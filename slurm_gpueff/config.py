@@ -86,7 +86,7 @@ def _listen(v: object, unit: str) -> str | None:
     if text == "" or (text.startswith("unix:/") and len(text) > 6):
         return None
     host, sep, port = text.rpartition(":")
-    if sep and host and port.isdigit() and 0 < int(port) <= 65535:
+    if sep and host and port.isascii() and port.isdigit() and 0 < int(port) <= 65535:
         return None
     return f" = {text!r}: expected HOST:PORT, unix:/ABSOLUTE/PATH or \"\" (off)"
 
@@ -333,7 +333,7 @@ class Config:
         data = data or {}
         for name in data:
             if name not in SECTIONS:
-                raise ConfigError(f"{source}: unknown section [{name}]{_hint(name, SECTIONS)}")
+                raise ConfigError(f"{source}: unknown section [{_name(name)}]{_hint(name, SECTIONS)}")
         for name, cls in SECTIONS.items():
             object.__setattr__(self, name, _section(cls, name, data.get(name, {}), source))
         object.__setattr__(self, "source", source)
@@ -357,6 +357,12 @@ SECTIONS: dict[str, type[Section]] = {
     name: tp for name, tp in Config.__annotations__.items() if isinstance(tp, type) and issubclass(tp, Section)}
 
 
+def _name(key: object) -> str:
+    """A table key as a message shows it: as written if it is plain, else quoted and escaped, so that a key
+    with a line break (or only spaces) keeps the message one readable line."""
+    return key if isinstance(key, str) and key and key.isprintable() and key.strip() == key else repr(key)
+
+
 class _Bad(Exception):
     """A value's problem, as text after its key's name; Config's constructor adds the file."""
 
@@ -367,7 +373,7 @@ def _section(cls: type[Section], name: str, given: object, where: str) -> Sectio
     values: dict[str, object] = {}
     for key, value in given.items():
         if key not in cls.KEYS:
-            raise ConfigError(f"{where}: unknown key {name}.{key}{_hint(key, cls.KEYS)}")
+            raise ConfigError(f"{where}: unknown key {name}.{_name(key)}{_hint(key, cls.KEYS)}")
         tp, spec = cls.KEYS[key]
         unit = next((u for s, u in (("_s", " s"), ("_h", " h"), ("_days", " days")) if key.endswith(s)), "")
         try:
@@ -385,7 +391,7 @@ def _typed(v: object, tp: object, name: str, unit: str, check: Check | None, wha
     if origin is list and isinstance(v, list):
         return [_typed(x, args[0], name, unit, check, what) for x in v]
     if origin is dict and isinstance(v, dict):
-        return {k: _typed(x, args[1], f"{name}.{k}", unit, check, what) for k, x in v.items()}
+        return {k: _typed(x, args[1], f"{name}.{_name(k)}", unit, check, what) for k, x in v.items()}
     if isinstance(tp, types.UnionType):
         for alternative in args:
             try:
@@ -393,7 +399,10 @@ def _typed(v: object, tp: object, name: str, unit: str, check: Check | None, wha
             except _Bad:
                 continue
     elif tp is float and isinstance(v, int | float) and not isinstance(v, bool):
-        v = float(v)
+        try:
+            v = float(v)
+        except OverflowError:  # an integer beyond the float range
+            raise _Bad(f"{name} must be a finite number, got an integer of {int(v).bit_length()} bits") from None
         if not math.isfinite(v):
             raise _Bad(f"{name} must be a finite number, got {v}")
         return _checked(v, name, unit, check, what)
@@ -476,6 +485,10 @@ def read(path: str) -> dict[str, object]:
         raise ConfigError(f"config file {path} is not UTF-8 text (byte {exc.start})") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    except ValueError:  # int()'s limit: an integer of more than 4300 digits
+        raise ConfigError(f"{path}: not valid TOML: an integer has more than 4300 digits") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not valid TOML: arrays or tables nested too deeply") from None
 
 
 def load(explicit: str | None = None) -> Config:

@@ -6,9 +6,9 @@ The strategies are built from ``config.SECTIONS`` and each section's ``KEYS``: f
 own type (bounds, NaN, infinities, huge numbers, empty and Unicode text, line breaks), of every other type,
 and nested tables. Each test counts the cases it ran and asserts at least 10,000.
 
-The tests marked xfail are config bugs these fuzzers found (config.py belongs to the lead; the fix is
-in the xfail reasons); the passing fuzz tests leave out exactly those inputs (``KNOWN_BUGS`` below), and
-``test_config_with_known_bugs_fixed`` runs the full strategies.
+The inputs that once broke config (a non-ASCII digit as a port, integers beyond the float range or of
+4,300+ digits, deep nesting, key names with line breaks) are in the strategies and, one by one, in
+``test_config_bug`` and ``test_config_file_bug``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import os
 import re
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from slurm_gpueff import config
@@ -37,8 +37,6 @@ INTERESTING_TEXT = ["", " ", "{user}", "{user}@example.org", "unix:/run/x.sock",
                     ":80", "h:65536", "h:\u00b2", "h:\uff18\uff10", "http://h:1", "https://x", "sqlite:////tmp/x.db",
                     "postgresql+psycopg://u@h/db", "postgresql://u:secret@h/db", "mysql://h/db", "a\nb", "a\rb",
                     "\u2028", "auto", "nvml", "simulated", "none", "starttls", "json", "\0", "x" * 300]
-# Inputs that hit the config bugs of the xfail tests below; the passing fuzz tests leave them out.
-KNOWN_BUGS = True
 
 
 def text(known_bugs: bool) -> st.SearchStrategy[str]:
@@ -154,7 +152,7 @@ def test_config_values_give_a_config_or_a_one_line_error_naming_the_key():
     counts = {"n": 0, "valid": 0, "refused": 0}
 
     @FUZZ
-    @given(config_data(known_bugs=False))
+    @given(config_data(known_bugs=True))
     def check(data: dict[str, object]) -> None:
         check_config(data, counts)
 
@@ -263,7 +261,7 @@ def test_config_files_give_a_config_or_a_one_line_error(tmp_path):
     counts = {"n": 0, "valid": 0, "refused": 0}
     try:
         @FUZZ
-        @given(toml_files(known_bugs=False))
+        @given(toml_files(known_bugs=True))
         def check(content: bytes) -> None:
             check_file(path, content, counts)
 
@@ -282,7 +280,7 @@ def test_gpueff_config_check_exits_0_or_2_with_one_line(tmp_path, capsys):
     try:
         @settings(max_examples=500, deadline=None, database=None,
                   suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-        @given(toml_files(known_bugs=False))
+        @given(toml_files(known_bugs=True))
         def check(content: bytes) -> None:
             with open(path, "wb") as fh:
                 fh.write(content)
@@ -300,14 +298,8 @@ def test_gpueff_config_check_exits_0_or_2_with_one_line(tmp_path, capsys):
     assert {0, 2} <= codes.keys(), codes
 
 
-# ---- The bugs found, for the lead to flip once config.py has the fix -----------------------------------------
+# ---- The inputs that once broke config, one by one ------------------------------------------------------------
 
-FIX = ("config.py: _listen must test port.isascii(); _typed must turn OverflowError of float(v) into "
-       "'must be a finite number'; key names in messages must be shown with repr() unless printable; read() must "
-       "turn tomllib's ValueError (4300+ digit integers) and RecursionError (deep nesting) into ConfigError")
-
-
-@pytest.mark.xfail(strict=True, reason=FIX)
 @pytest.mark.parametrize("data", [
     {"service": {"api_listen": "host:\u00b2"}},  # ValueError: int('²')
     {"service": {"api_listen": "host:\uff18\uff10"}},  # accepted as port 80 by int(); not a port a socket takes
@@ -323,7 +315,6 @@ def test_config_bug(data):
     assert_one_line_naming_the_key(info.value, data)
 
 
-@pytest.mark.xfail(strict=True, reason=FIX)
 @pytest.mark.parametrize("text", ["[agent]\ninterval_s = " + "1" * 4301, "a = " + "[" * 5000 + "]" * 5000,
                                   "[agent]\ninterval_s = 1" + "0" * 400],
                          ids=["4301-digits", "deep-array", "huge-float"])
@@ -333,21 +324,3 @@ def test_config_file_bug(tmp_path, text):
     with pytest.raises(ConfigError) as info:
         config.load(str(path))
     assert len(str(info.value).splitlines()) == 1
-
-
-@pytest.mark.xfail(strict=True, reason=FIX)
-def test_config_with_known_bugs_fixed(tmp_path):
-    """The full strategies, the known-bug inputs included (fewer cases: it fails at once until fixed)."""
-    path = scratch_file(tmp_path)
-    counts = {"n": 0, "valid": 0, "refused": 0}
-    try:
-        @settings(max_examples=3000, deadline=None, database=None, phases=[Phase.generate],  # no shrinking
-                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-        @given(config_data(known_bugs=True), toml_files(known_bugs=True))
-        def check(data: dict[str, object], content: bytes) -> None:
-            check_config(data, counts)
-            check_file(path, content, counts)
-
-        check()
-    finally:
-        os.unlink(path)

@@ -198,8 +198,6 @@ def test_seff_gpu_answers_any_job_id_with_a_documented_status_and_one_line(site,
     assert codes.get(2, 0) >= CASES // 10 and codes.get(3, 0) >= CASES // 20, codes  # bad ids and valid ones
 
 
-@pytest.mark.xfail(strict=True, reason="seff-gpu's parser prints its usage before the error (seff.py: lead merges "
-                                       "a one-line ArgumentParser.error)")
 def test_option_like_id_is_one_line(site, capsys):
     _root, cfg = site
     with pytest.raises(SystemExit) as info:

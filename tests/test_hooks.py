@@ -237,7 +237,6 @@ def test_unreadable_gpu_list_reason_reaches_the_database(site, tmp_path, var):
     assert job.gpu_count == 0 and why in job.reason and "the GPUs were not measured" in job.reason
 
 
-@pytest.mark.xfail(strict=True, reason="needs seff-gpu to show job.reason: lead merges")
 def test_seff_gpu_shows_why_an_unreadable_gpu_list_has_no_gpus(site, tmp_path):
     env = site.env(59, gpus="gpu:x")
     for kind in ("prolog", "epilog"):

@@ -208,7 +208,8 @@ def test_flags_of_the_other_mode_are_refused(site, args, message, tmp_path):
     """A JOBID shows its card, -u/-A list jobs: a flag that only the other mode reads is refused, not ignored."""
     p = run(site, *args)
     assert p.returncode == 2 and message in p.stderr, p.stderr
-    assert p.stderr.startswith("usage: seff-gpu") and "Traceback" not in p.stderr and p.stdout == ""
+    assert p.stderr.startswith("seff-gpu: error: ") and len(p.stderr.splitlines()) == 1
+    assert "Traceback" not in p.stderr and p.stdout == ""
     assert not (site[0] / "f.html").exists()
 
 

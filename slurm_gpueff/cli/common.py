@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from ..errors import GpueffError
 
@@ -25,6 +25,16 @@ if TYPE_CHECKING:
 
 CONFIG_HELP = "config file (default: $GPUEFF_CONFIG or /etc/slurm-gpueff/gpueff.toml)"
 CONFIG_NOTE = "The config file is --config, else $GPUEFF_CONFIG, else /etc/slurm-gpueff/gpueff.toml."
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """A usage error is one line, ``PROG: error: ...`` and exit 2, like every other error of the
+    commands (cli/common.py), not argparse's usage block first; subcommands' parsers are of this class too
+    (argparse makes them of their parent's). Line breaks typed into an argument are escaped."""
+
+    def error(self, message: str) -> NoReturn:
+        line = message.replace("\r", "\\r").replace("\n", "\\n")
+        self.exit(2, f"{self.prog}: error: {line} (see {self.prog} --help)\n")
 
 
 class UsageError(GpueffError):

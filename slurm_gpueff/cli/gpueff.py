@@ -13,10 +13,10 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, NoReturn, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from . import node_cmds, report_cmds, service_cmds, setup_cmds, slurm_cmds
-from .common import CONFIG_HELP, CONFIG_NOTE, run_command
+from .common import CONFIG_HELP, CONFIG_NOTE, OneLineParser, run_command
 
 if TYPE_CHECKING:
     from .common import Subparsers
@@ -43,16 +43,6 @@ examples:
   gpueff hook epilog              # what slurmd runs as Epilog (usually via hooks/epilog)
 
 """ + CONFIG_NOTE
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """A usage error is one line, ``gpueff COMMAND: error: ...`` and exit 2, like every other error of the
-    command (cli/common.py), not argparse's usage block first; subcommands' parsers are of this class too
-    (argparse makes them of their parent's). Line breaks typed into an argument are escaped."""
-
-    def error(self, message: str) -> NoReturn:
-        line = message.replace("\r", "\\r").replace("\n", "\\n")
-        self.exit(2, f"{self.prog}: error: {line} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:

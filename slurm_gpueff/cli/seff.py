@@ -28,7 +28,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from ..reports.jobview import EXIT_ERROR, Answer, SeffQuery
-from .common import CONFIG_HELP, CONFIG_NOTE, CommandError, UsageError, run_command
+from .common import CONFIG_HELP, CONFIG_NOTE, CommandError, OneLineParser, UsageError, run_command
 
 if TYPE_CHECKING:
     from ..config import Config, ServiceConfig
@@ -74,7 +74,7 @@ Where the job database is private to the service account, seff-gpu asks
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="seff-gpu", description=DESCRIPTION, epilog=EPILOG,
+    p = OneLineParser(prog="seff-gpu", description=DESCRIPTION, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("jobid", nargs="?", help="Slurm job id: 123, 123_4 (array task) or 123+1 (het component)")
     # Many jobs: a reportseff-style table from the stored summaries (_table).
