@@ -14,8 +14,17 @@ import time
 from pathlib import Path
 
 import pytest
-from dbfiles import (ROOT, add_records, copy, corrupt_pages, foreign_database, gpueff, one_line, real_database,
-                     write_config)
+from dbfiles import (
+    ROOT,
+    add_records,
+    copy,
+    corrupt_pages,
+    foreign_database,
+    gpueff,
+    one_line,
+    real_database,
+    write_config,
+)
 
 from slurm_gpueff import spool
 from slurm_gpueff.storage import migrate
