@@ -67,6 +67,8 @@ def make_engine(value: str, create: bool = True, *, password_file: str = "", rea
     if sqlite:
         event.listen(engine, "connect", _sqlite_pragmas)
         event.listen(engine, "handle_error", _sqlite_damage)
+    else:
+        event.listen(engine, "do_connect", _connect)
     if create:
         from .migrate import ensure_schema  # imports Alembic: only for writers, never for seff-gpu
 
@@ -137,6 +139,15 @@ def _sqlite_damage(ctx: ExceptionContext) -> BaseException | None:
     if damaged(ctx.original_exception) and not isinstance(ctx.sqlalchemy_exception, DatabaseDamaged):
         return DatabaseDamaged(ctx.statement, ctx.parameters, ctx.original_exception)
     return None
+
+
+def _connect(dialect: Any, _rec: Any, cargs: Any, cparams: Any) -> Any:
+    """Connect; an address the driver cannot even try (a host name IDNA cannot encode, a NUL byte) is the
+    driver's connection error too, so that it is reported as a database that cannot be reached."""
+    try:
+        return dialect.connect(*cargs, **cparams)
+    except (ValueError, OSError) as exc:  # UnicodeError is a ValueError
+        raise dialect.loaded_dbapi.OperationalError(f"cannot connect: {exc}") from exc
 
 
 def json_dumps(value: object) -> str:
