@@ -283,7 +283,7 @@ def check_db(rep: Report, cfg: Config) -> None:
 
 
 def _db_name(cfg: Config) -> str:
-    from .cli.common import safe_url
+    from .storage.dburl import safe_url
 
     return safe_url(cfg.paths.database)
 

@@ -71,12 +71,9 @@ def load_config(args: argparse.Namespace) -> Config:
 
 def safe_url(url: str) -> str:
     """A database URL as it may be printed: without its password."""
-    try:
-        from sqlalchemy.engine import make_url
+    from ..storage.dburl import safe_url as without_password
 
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # not a URL (a plain SQLite path): nothing to hide
-        return url
+    return without_password(url)
 
 
 @contextmanager
