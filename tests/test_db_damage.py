@@ -149,7 +149,7 @@ def test_ingests_starting_together_on_a_new_file_make_the_schema_once(processes,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                   env={**os.environ, "PYTHONPATH": ROOT}) for _ in range(processes)]
         outs = [p.communicate(timeout=120) for p in procs]
-        assert [p.returncode for p in procs] == [0] * processes, outs
+        assert [p.returncode for p in procs] == [0] * processes, [err for _out, err in outs]
         assert all(err == "" for _out, err in outs), outs
         with sqlite3.connect(db) as con:
             assert con.execute("SELECT version_num FROM alembic_version").fetchall() == [(migrate.head(),)]

@@ -132,6 +132,7 @@ def test_any_database_file_is_a_defined_exit_and_one_line(small_db, tmp_path, ca
     what is fuzzed) and ``gpueff ingest`` (an empty spool: the schema is checked and upgraded)."""
     monkeypatch.setattr(doctor, "CHECKS", (("database", doctor.check_db),))
     gc.collect()  # what earlier tests left (thousands of engines) would otherwise slow every collection here
+    gc.freeze()
     db = tmp_path / "db" / "gpueff.db"
     db.parent.mkdir(mode=0o700)
     cfg = tmp_path / "g.toml"
@@ -163,7 +164,10 @@ def test_any_database_file_is_a_defined_exit_and_one_line(small_db, tmp_path, ca
             outcome(capsys, code, "gpueff")
         seen[command, code] = seen.get((command, code), 0) + 1
 
-    case()
+    try:
+        case()
+    finally:
+        gc.unfreeze()
     assert count >= CASES
     # both outcomes were met: intact enough to read, and refused
     assert seen.get(("db", 0)) and seen.get(("db", 1)) and seen.get(("doctor", 1)), seen
