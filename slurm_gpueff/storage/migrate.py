@@ -132,7 +132,27 @@ def diffs(conn: Connection) -> list[Any]:
 
 
 def ensure_schema(engine: Engine) -> None:
-    """``make_engine(create=True)``: upgrade SQLite on open; on a server only check (see module doc)."""
+    """``make_engine(create=True)``: upgrade SQLite on open; on a server only check (see module doc).
+
+    On a new SQLite file SQLite can answer "database is locked" at once, without its busy wait, while
+    another process turns the empty file into a WAL database: retried for up to 30 s."""
+    import time
+
+    from sqlalchemy.exc import OperationalError
+
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            _ensure_schema(engine)
+            return
+        except OperationalError as exc:
+            locked = engine.dialect.name == "sqlite" and "database is locked" in str(exc.orig)
+            if not locked or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def _ensure_schema(engine: Engine) -> None:
     with engine.connect() as conn:
         rev = current(conn)
     if rev == head():
