@@ -75,29 +75,23 @@ def _database(v: object, unit: str) -> str | None:
         return (" must not hold a password (every user reads this file): put the password in a file "
                 "named by paths.database_password_file, readable only by the service account")
     if sep and scheme == "sqlite" and rest.strip("/") in ("", ":memory:"):
-        return f" = {v!r}: an in-memory database keeps nothing; name a file, e.g. sqlite:////var/lib/slurm-gpueff/gpueff.db"
+        return f" = {v!r}: an in-memory database keeps nothing; name a file (sqlite:////PATH)"
     if not sep or scheme in DB_SCHEMES:  # a plain path, or a URL storage.db can open
         return _not_empty(v, unit)
     return (f" = {v!r}: unsupported database {scheme!r}; use a file path, sqlite:////PATH or "
             "postgresql+psycopg://USER@HOST/DB")
 
 
-def _listen(v: object, unit: str) -> str | None:
-    """"" (off), ``unix:/ABSOLUTE/PATH`` or ``HOST:PORT``."""
-    text = str(v)
-    if text == "" or (text.startswith("unix:/") and len(text) > 6):
-        return None
-    host, sep, port = text.rpartition(":")
-    if sep and host and port.isascii() and port.isdigit() and 0 < int(port) <= 65535:
-        return None
-    return f" = {text!r}: expected HOST:PORT, unix:/ABSOLUTE/PATH or \"\" (off)"
-
-
-def _api_url(v: object, unit: str) -> str | None:
-    text = str(v)
-    if text == "" or (text.startswith("unix:/") and len(text) > 6) or text.startswith(("http://", "https://")):
-        return None
-    return f" = {text!r}: expected http://HOST:PORT, unix:/ABSOLUTE/PATH or \"\" (from service.api_listen)"
+def _address(url: bool) -> Check:
+    """"" (off, or derived), ``unix:/ABSOLUTE/PATH``, and ``HOST:PORT`` to listen on or ``http(s)://`` to reach."""
+    def check(v: object, unit: str) -> str | None:
+        text = str(v)
+        host, sep, port = text.rpartition(":")
+        if text == "" or (text.startswith("unix:/") and len(text) > 6) or (text.startswith(("http://", "https://"))
+                if url else bool(sep and host and port.isascii() and port.isdigit() and 0 < int(port) < 65536)):
+            return None
+        return f" = {text!r}: expected {'http://' if url else ''}HOST:PORT, unix:/ABSOLUTE/PATH or \"\""
+    return check
 
 
 _PCT = _range(0, 100, text=" = {v} is not a percentage (0-100)")
@@ -307,8 +301,8 @@ class ServiceConfig(Section):
     metrics_top_accounts: int = _key(200, _range(0, 100000))
     forward_interval_s: float = _key(30.0, _range(0, 3600, above=True))
     forward_max_backoff_s: float = _key(600.0, _range(0, DAY))
-    api_listen: str = _key("", _listen)
-    api_url: str = _key("", _api_url)
+    api_listen: str = _key("", _address(url=False))
+    api_url: str = _key("", _address(url=True))
     api_timeout_s: float = _key(10.0, _range(0, 600, above=True))
     munge_socket: str = ""
 
