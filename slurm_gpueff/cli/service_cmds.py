@@ -64,14 +64,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _ingest(config: Config, limit: int | None, quiet: bool) -> int:
-    from ..storage.ingest import ingest_spool
+    from ..storage.ingest import configured_trust, ingest_spool
     from ..summarize import summarize_pending
 
     analysed = 0
     with database(config) as engine:
         progress = ProgressBar("ingest", quiet)
         try:
-            result = ingest_spool(engine, config.paths.spool_dir, limit=limit, progress=progress)
+            result = ingest_spool(engine, config.paths.spool_dir, limit=limit, progress=progress,
+                                  trust=configured_trust(config))
             try:  # the stored per-job summaries that rollups and reports aggregate
                 analysed = summarize_pending(engine, config.analysis)
             except Exception as exc:  # the records are safely in the DB; the next run retries the summaries
