@@ -74,6 +74,8 @@ def _database(v: object, unit: str) -> str | None:
     if sep and ":" in userinfo:  # users read this file: a password here is everyone's
         return (" must not hold a password (every user reads this file): put the password in a file "
                 "named by paths.database_password_file, readable only by the service account")
+    if sep and scheme == "sqlite" and rest.strip("/") in ("", ":memory:"):
+        return f" = {v!r}: an in-memory database keeps nothing; name a file, e.g. sqlite:////var/lib/slurm-gpueff/gpueff.db"
     if not sep or scheme in DB_SCHEMES:  # a plain path, or a URL storage.db can open
         return _not_empty(v, unit)
     return (f" = {v!r}: unsupported database {scheme!r}; use a file path, sqlite:////PATH or "

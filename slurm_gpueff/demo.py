@@ -88,7 +88,8 @@ def prepare(root: str) -> str:
             shutil.rmtree(root)
         elif os.path.exists(root) and os.listdir(root):
             raise UsageError(f"{root} exists and was not made by the demo; choose another --dir")
-        os.makedirs(root, exist_ok=True)
+        os.makedirs(root, mode=0o700, exist_ok=True)
+        os.chmod(root, 0o700)  # its database holds (simulated) users' jobs: private, as doctor expects
         with open(os.path.join(root, MARKER), "w") as fh:
             fh.write("made by gpueff demo; safe to delete\n")
         path = os.path.join(root, "gpueff.toml")

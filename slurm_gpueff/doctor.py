@@ -260,8 +260,8 @@ def check_dirs(rep: Report, cfg: Config) -> None:
 
 
 def check_db(rep: Report, cfg: Config) -> None:
-    from sqlalchemy import text
-
+    """The database: its files private (SQLite), reachable, not damaged (a bounded ``quick_check``; on a
+    server a row read from each table), and at the schema revision this version needs."""
     from .storage.db import engine_for
     from .storage.dburl import database_url, sqlite_file
 
@@ -269,14 +269,105 @@ def check_db(rep: Report, cfg: Config) -> None:
     if path and not os.path.exists(path):
         rep.add(WARN, "database", f"{path} does not exist (yet): `gpueff ingest` creates it on the ingest host")
         return
+    if path:
+        check_db_files(rep, path)
     try:
         engine = engine_for(cfg.paths, create=False, read_only=True)
+    except Exception as exc:  # noqa: BLE001 - the password file refused or unreadable, a malformed URL
+        rep.add(FAIL, "database", f"{_db_name(cfg)}: {_line(exc)}")
+        return
+    try:
+        _check_db_content(rep, cfg, engine, bool(path))
+    finally:
+        engine.dispose()
+
+
+def _db_name(cfg: Config) -> str:
+    from .storage.dburl import safe_url
+
+    return safe_url(cfg.paths.database)
+
+
+def _line(exc: BaseException) -> str:
+    from .storage.db import first_line
+
+    return first_line(exc)[:300]
+
+
+def _check_db_content(rep: Report, cfg: Config, engine: Any, sqlite: bool) -> None:
+    from sqlalchemy import text
+
+    from .storage import migrate
+    from .storage.db import DatabaseDamaged, integrity
+
+    name = _db_name(cfg)
+    try:
         with engine.connect() as conn:
             conn.execute(text("SELECT 1"))
-        rep.add(PASS, "database", f"{engine.url.render_as_string(hide_password=True)} reachable")
+            rev, foreign = migrate.current(conn), migrate.foreign_tables(conn)
+            rep.add(PASS, "database", f"{name} reachable")
+            state, detail = integrity(conn, 20.0) if sqlite or rev == migrate.head() else ("", "")
+    except DatabaseDamaged as exc:
+        rep.add(FAIL, "database", f"{name}: {exc}; restore it from a backup")
+        return
     except Exception as exc:  # noqa: BLE001
-        rep.add(WARN, "database", f"{cfg.paths.database}: not reachable from here ({type(exc).__name__}: "
-                                  f"{str(exc).splitlines()[0][:200]}); only the ingest host needs it")
+        if sqlite:
+            rep.add(FAIL, "database", f"{name}: cannot read it ({_line(exc)})")
+        else:
+            rep.add(WARN, "database", f"{name}: not reachable from here ({type(exc).__name__}: {_line(exc)}); "
+                                      "only the ingest host needs it")
+        return
+    if state == "damaged":
+        rep.add(FAIL, "database integrity", f"{name} is damaged ({detail[:300]}): restore it from a backup")
+    elif state:
+        rep.add(PASS if state == "ok" else WARN, "database integrity", detail)
+    head = migrate.head()
+    if foreign:
+        rep.add(FAIL, "database schema", f"not a slurm-gpueff database: it holds other tables "
+                                         f"({', '.join(foreign[:5])}) and no schema revision")
+    elif rev == head:
+        rep.add(PASS, "database schema", f"at revision {rev}, the newest")
+    elif rev and not migrate.known(rev):
+        rep.add(FAIL, "database schema", f"at revision {rev}, unknown to this version (newest {head}): a newer "
+                                         "slurm-gpueff's database, or another program's")
+    else:
+        how = "the next `gpueff ingest` upgrades it" if sqlite else "run `gpueff db upgrade` on the service host"
+        rep.add(WARN, "database schema", f"at revision {rev or '(none)'}, this version needs {head}: {how}")
+
+
+def check_db_files(rep: Report, path: str) -> None:
+    """The SQLite file (and its ``-wal``/``-shm``) and its directory: not readable by every user. Only
+    reported, never changed: the fix is the administrator's (``chmod``)."""
+    path = os.path.abspath(path)
+    bad: list[str] = []
+    group: list[str] = []
+    for f in (path, path + "-wal", path + "-shm"):
+        try:
+            st = os.stat(f)
+        except OSError:
+            continue
+        mode = stat.S_IMODE(st.st_mode)
+        if mode & 0o004:
+            bad.append(f"{f} is readable by every user (mode {mode:04o}): chmod 600 {f}")
+        elif mode & 0o040:
+            group.append(f"{f} is readable by group {st.st_gid} (mode {mode:04o})")
+    folder = os.path.dirname(path)
+    try:
+        st = os.stat(folder)
+        mode = stat.S_IMODE(st.st_mode)
+        if mode & stat.S_ISVTX:
+            group.append(f"{folder} is a shared directory (mode {mode:04o}): give the database a directory "
+                         "of its own, mode 0700")
+        elif mode & 0o004:
+            bad.append(f"{folder} is readable by every user (mode {mode:04o}): chmod 700 {folder}")
+    except OSError as exc:
+        bad.append(f"{folder}: {exc}")
+    if bad:
+        rep.add(FAIL, "database files", "; ".join(bad) + " (the database holds every user's jobs)")
+    elif group:
+        rep.add(WARN, "database files", "; ".join(group) + ": fine only if that group is the service's")
+    else:
+        rep.add(PASS, "database files", f"{path} and its directory private to their owner")
 
 
 CHECKS: tuple[tuple[str, Callable[[Report, Config], None]], ...] = (

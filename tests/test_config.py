@@ -109,6 +109,7 @@ def test_config_is_frozen_and_typed():
         ("[service]\napi_url = 'ftp://h'", "service.api_url = 'ftp://h': expected http://HOST:PORT"),
         ("[privacy]\nleads = { physics = 'bob' }", "privacy.leads.physics must be a list of user names"),
         ("[spool]\nmax_file_mb = 0", "spool.max_file_mb must be > 0"),
+        ("[paths]\ndatabase = 'sqlite:///:memory:'", "an in-memory database keeps nothing"),
         # empty paths
         ("[paths]\nspool_dir = ''", "paths.spool_dir must not be empty"),
         ("[paths]\nstate_dir = ''", "paths.state_dir must not be empty"),

@@ -92,3 +92,45 @@ def test_a_database_at_the_first_revision_upgrades_keeping_its_rows(tmp_path):
     with engine.connect() as conn:
         assert migrate.current(conn) == migrate.head() and migrate.diffs(conn) == []
     engine.dispose()
+
+
+def test_another_programs_database_is_refused_not_filled_with_ours(tmp_path):
+    """A SQLite file with other tables and no revision: opening it for writing creates nothing in it."""
+    import sqlite3
+
+    db = tmp_path / "other.db"
+    with sqlite3.connect(db) as con:
+        con.execute("CREATE TABLE invoices (id INTEGER PRIMARY KEY)")
+    con.close()
+    with pytest.raises(migrate.SchemaError, match=r"not a slurm-gpueff database: it holds other tables \(invoices\)"):
+        make_engine(str(db))
+    with sqlite3.connect(db) as con:
+        assert [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")] == ["invoices"]
+    con.close()
+
+
+@pytest.mark.postgres
+def test_postgres_upgrades_started_together_are_serialised(pg_url):  # noqa: F811
+    """Several `gpueff db upgrade` processes at the same instant on an empty database (an advisory lock
+    serialises them): all exit 0 and the schema is made once, at head."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from dbfiles import ROOT, write_config
+    from test_db_damage import START_TOGETHER
+
+    cfg_dir = __import__("pathlib").Path(__import__("tempfile").mkdtemp())
+    cfg = str(write_config(cfg_dir, pg_url))
+    start = time.time() + 4.0
+    procs = [subprocess.Popen([sys.executable, "-c", START_TOGETHER, str(start), "--config", cfg, "db", "upgrade"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": ROOT}) for _ in range(4)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, outs
+    assert sum("-> " in out for out, _err in outs) == 1 and sum("already at" in out for out, _ in outs) == 3, outs
+    engine = make_engine(pg_url, create=False)
+    with engine.connect() as conn:
+        assert migrate.current(conn) == migrate.head() and migrate.diffs(conn) == []
+    engine.dispose()

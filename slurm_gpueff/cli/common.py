@@ -24,6 +24,9 @@ if TYPE_CHECKING:
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
 
 CONFIG_HELP = "config file (default: $GPUEFF_CONFIG or /etc/slurm-gpueff/gpueff.toml)"
+# How storage.ingest and storage.enrich word the error that stopped their run: the database unavailable,
+# damaged or foreign (storage.writer.UNAVAILABLE). The commands make it their one line and exit 1.
+STOPPED = "database unavailable ("
 CONFIG_NOTE = "The config file is --config, else $GPUEFF_CONFIG, else /etc/slurm-gpueff/gpueff.toml."
 
 
@@ -52,7 +55,8 @@ class CommandError(GpueffError):
 
 
 def err(msg: str, prog: str = "gpueff") -> None:
-    print(f"{prog}: {msg}", file=sys.stderr)
+    """One line on stderr, whatever the message holds (a path or a driver's text may hold a newline)."""
+    print(f"{prog}: {msg.strip()}".replace("\r", "\\r").replace("\n", "\\n"), file=sys.stderr)
 
 
 def run_command(prog: str, command: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
@@ -77,32 +81,45 @@ def load_config(args: argparse.Namespace) -> Config:
 
 def safe_url(url: str) -> str:
     """A database URL as it may be printed: without its password."""
-    try:
-        from sqlalchemy.engine import make_url
+    from ..storage.dburl import safe_url as without_password
 
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # not a URL (a plain SQLite path): nothing to hide
-        return url
+    return without_password(url)
 
 
 @contextmanager
 def database(config: Config, create: bool = True, read_only: bool = False) -> Iterator[Engine]:
-    """The job database for a ``with`` block (disposed of at its end), or a one-line error (exit 1) naming it:
-    also for a database error the block itself does not handle (the server down, a damaged file)."""
+    """The job database for a ``with`` block (disposed of at its end), or a one-line error (exit 1) naming it
+    without its password: also for a database error the block itself does not handle (the server down, a
+    damaged or foreign file, a schema Alembic cannot migrate)."""
+    import sqlite3
+
     from sqlalchemy import exc as sa_exc
 
     from ..storage.db import engine_for, first_line
 
+    name = safe_url(config.paths.database)
     try:
         engine = engine_for(config.paths, create=create, read_only=read_only)
-    except Exception as exc:
-        raise GpueffError(f"cannot open the job database {safe_url(config.paths.database)}: {exc}") from None
+    except GpueffError as exc:
+        raise GpueffError(f"cannot open the job database {name}: {exc}") from None
+    except (sa_exc.SQLAlchemyError, OSError, ValueError) as exc:
+        raise GpueffError(f"cannot open the job database {name}: {_one_line(exc)}") from None
     try:
         yield engine
-    except sa_exc.DBAPIError as exc:
-        raise GpueffError(f"job database {safe_url(config.paths.database)}: {first_line(exc)}") from None
+    except (sa_exc.SQLAlchemyError, sqlite3.Error) as exc:
+        raise GpueffError(f"job database {name}: {first_line(exc)}") from None
+    except Exception as exc:
+        if type(exc).__module__.startswith("alembic"):  # alembic.util.CommandError and kin
+            raise GpueffError(f"job database {name}: {_one_line(exc)}") from None
+        raise
     finally:
         engine.dispose()
+
+
+def _one_line(exc: BaseException) -> str:
+    from ..storage.db import first_line
+
+    return first_line(exc) if hasattr(exc, "orig") else (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def at_least_one(flag: str, value: int | None) -> None:

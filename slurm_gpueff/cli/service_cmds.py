@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from .common import ProgressBar, UsageError, at_least_one, database, err, load_config, log_to_stderr
+from ..errors import GpueffError
+from .common import STOPPED, ProgressBar, UsageError, at_least_one, database, err, load_config, log_to_stderr, safe_url
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -64,23 +65,33 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _ingest(config: Config, limit: int | None, quiet: bool) -> int:
+    import logging
+
+    from ..storage.db import first_line
     from ..storage.ingest import configured_trust, ingest_spool
     from ..summarize import summarize_pending
 
+    if not logging.getLogger().handlers:  # its log lines are for `gpueff serve`'s journal; here the result
+        logging.getLogger("slurm_gpueff.storage").addHandler(logging.NullHandler())  # says it, once
     analysed = 0
     with database(config) as engine:
         progress = ProgressBar("ingest", quiet)
         try:
             result = ingest_spool(engine, config.paths.spool_dir, limit=limit, progress=progress,
                                   trust=configured_trust(config))
-            try:  # the stored per-job summaries that rollups and reports aggregate
-                analysed = summarize_pending(engine, config.analysis)
-            except Exception as exc:  # the records are safely in the DB; the next run retries the summaries
-                err(f"ingested, but could not update job summaries (next run retries): {exc}")
+            stopped = [e for e in result.errors if e.startswith(STOPPED)]
+            if not stopped:
+                try:  # the stored per-job summaries that rollups and reports aggregate
+                    analysed = summarize_pending(engine, config.analysis)
+                except Exception as exc:  # the records are safely in the DB; the next run retries the summaries
+                    err(f"ingested, but could not update job summaries (next run retries): {first_line(exc)}")
         finally:
             progress.close()
     for e in result.errors:
-        err(e)
+        if e not in stopped:
+            err(e)
+    if stopped:  # the database is down, damaged or foreign: one line, nothing else was tried
+        raise GpueffError(f"job database {safe_url(config.paths.database)}: {stopped[0]}")
     if not quiet or result.quarantined or result.failed:
         print(f"ingested {result.ingested}, quarantined {result.quarantined}, failed {result.failed}, "
               f"analysed {analysed} (spool {config.paths.spool_dir})")
@@ -110,17 +121,42 @@ def _rollup(config: Config, full: bool) -> int:
 
 
 def _db(config: Config, action: str, revision: str) -> int:
-    from ..storage import migrate
+    """Show or upgrade the schema; a SQLite file is checked first (``PRAGMA quick_check``): neither says
+    "up to date" of, nor migrates, a damaged file, and another program's database is refused."""
+    import os
 
+    from ..storage import migrate
+    from ..storage.db import create_private, integrity
+    from ..storage.dburl import database_url, sqlite_file
+
+    if action == "upgrade" and not migrate.known(revision):
+        raise UsageError(f"db upgrade: unknown revision {revision!r} (the newest is {migrate.head()})")
+    path = sqlite_file(database_url(config.paths.database))
+    if path and not os.path.exists(path):
+        if action == "current":
+            raise GpueffError(f"job database {path} does not exist (yet): `gpueff ingest` or `gpueff db upgrade` "
+                              "creates it")
+        create_private(path)
     with database(config, create=False) as engine:
         url = engine.url.render_as_string(hide_password=True)
-        if action == "upgrade":
-            before, after = migrate.upgrade(engine, revision)
-            print(f"{url}: {before or '(empty)'} -> {after}" if before != after else f"{url}: already at {after}")
-            return 0
-        with engine.connect() as conn:
-            rev = migrate.current(conn)
+        try:
+            with engine.connect() as conn:
+                if path:
+                    state, detail = integrity(conn, 120.0)
+                    if state == "damaged":
+                        raise GpueffError(f"job database {url} is damaged ({detail}): restore it from a backup "
+                                          "(or move it away and re-ingest)")
+                migrate.refuse_foreign(conn)
+                rev = migrate.current(conn)
+            if action == "upgrade":
+                before, after = migrate.upgrade(engine, revision)
+                print(f"{url}: {before or '(empty)'} -> {after}" if before != after else f"{url}: already at {after}")
+                return 0
+        except migrate.SchemaError as exc:
+            raise GpueffError(f"job database {url}: {exc}") from None
     head = migrate.head()
     state = "up to date" if rev == head else f"needs `gpueff db upgrade` (newest is {head})"
+    if rev and rev != head and not migrate.known(rev):
+        state = f"unknown to this version of slurm-gpueff (newest is {head}): a newer version's, or not ours"
     print(f"{url}: {rev or '(no schema)'} ({state})")
     return 0 if rev == head else 1

@@ -11,7 +11,8 @@ import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from .common import ProgressBar, UsageError, at_least_one, database, err, load_config
+from ..errors import GpueffError
+from .common import STOPPED, ProgressBar, UsageError, at_least_one, database, err, load_config, safe_url
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -74,8 +75,12 @@ def run(args: argparse.Namespace) -> int:
                 errors, summary = _backfill(engine, reader, config, since or 0.0, until, args.cluster, bar)
         finally:
             bar.close()
+    stopped = [e for e in errors if e.startswith(STOPPED)]
     for e in errors:
-        err(e)
+        if e not in stopped:
+            err(e)
+    if stopped:  # the database is down, damaged or foreign: one line, not a summary of nothing done
+        raise GpueffError(f"job database {safe_url(config.paths.database)}: {stopped[0]}")
     if not args.quiet or errors:
         print(summary)
     return 1 if errors else 0

@@ -51,9 +51,16 @@ def build_scheduler(ctx: Context, tasks: list[Task]) -> Any:
 
 def serve(config: Config) -> int:
     """Run until SIGTERM/SIGINT (in the main thread: it installs their handlers). Returns the exit status."""
-    from ..storage.db import engine_for
+    from ..storage.db import engine_for, first_line
+    from ..storage.dburl import safe_url
 
-    engine = engine_for(config.paths)  # SQLite: migrated; server: checked
+    try:
+        engine = engine_for(config.paths)  # SQLite: migrated; server: checked
+    except GpueffError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - server down, damaged file: one line, not a traceback
+        raise GpueffError(f"cannot open the job database {safe_url(config.paths.database)}: "
+                          f"{first_line(exc)}") from None
     ctx = Context(config, engine)
     for problem in load_plugins(config):
         log.error(problem)

@@ -3,6 +3,13 @@
 SQLite runs in WAL mode with a busy timeout, so that ingest and readers do not block each other, and
 with ``synchronous=FULL``: a commit is on disk when it returns, so ingest may remove a record's spool
 file right after (a power cut cannot lose both). The schema comes from storage/migrate.py.
+
+The database holds every user's jobs, so it is private to whoever writes it: a new SQLite file is made
+0600 (in a directory made 0700) before SQLite opens it, and SQLite gives its ``-wal``/``-shm`` files the
+same mode. A server's password is never in the URL of the config (every user reads that file) but in
+``paths.database_password_file``, which must not be readable by every user. A damaged SQLite file raises
+:class:`DatabaseDamaged`, an ``OperationalError``: like a server that is down it is the database's
+fault, not a record's, so ingest stops and keeps its spool files (storage/writer.py).
 """
 
 from __future__ import annotations
@@ -11,14 +18,17 @@ import contextlib
 import json
 import os
 import sqlite3
+import time
 from typing import TYPE_CHECKING, Any
 
 import orjson
 from sqlalchemy import event
-from sqlalchemy.engine import Engine
-from sqlmodel import create_engine
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import URL, Connection, Engine, ExceptionContext, make_url
+from sqlmodel import SQLModel, create_engine
 
 from .. import models  # noqa: F401  (registers the tables on SQLModel.metadata)
+from ..errors import GpueffError
 from .dburl import database_url, sqlite_file
 
 if TYPE_CHECKING:
@@ -43,19 +53,101 @@ def make_engine(value: str, create: bool = True, *, password_file: str = "", rea
         from .sqlite_read import read_uri
 
         uri = read_uri(path)
-        return create_engine("sqlite://", json_serializer=json_dumps, json_deserializer=orjson.loads,
-                             creator=lambda: sqlite3.connect(uri, uri=True, timeout=30, check_same_thread=False))
+        ro = create_engine("sqlite://", json_serializer=json_dumps, json_deserializer=orjson.loads,
+                           creator=lambda: sqlite3.connect(uri, uri=True, timeout=30, check_same_thread=False))
+        event.listen(ro, "handle_error", _sqlite_damage)
+        return ro
     if create and path:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    engine = create_engine(url, json_serializer=json_dumps, json_deserializer=orjson.loads,
+        create_private(path)
+    target: str | URL = url
+    if password_file and not sqlite:
+        target = make_url(url).set(password=read_password(password_file))
+    engine = create_engine(target, json_serializer=json_dumps, json_deserializer=orjson.loads,
                            connect_args={"timeout": 30} if sqlite else {})
     if sqlite:
         event.listen(engine, "connect", _sqlite_pragmas)
+        event.listen(engine, "handle_error", _sqlite_damage)
+    else:
+        event.listen(engine, "do_connect", _connect)
     if create:
         from .migrate import ensure_schema  # imports Alembic: only for writers, never for seff-gpu
 
         ensure_schema(engine)
     return engine
+
+
+def create_private(path: str) -> None:
+    """Make the SQLite file ``path`` (empty: SQLite takes an empty file for a new database) readable by its
+    owner only, and any directory on the way 0700, before SQLite creates it with the umask's mode. An
+    existing file or directory is left as it is (``gpueff doctor`` reports one that others may read)."""
+    path = os.path.abspath(path)
+    missing: list[str] = []
+    parent = os.path.dirname(path)
+    while not os.path.isdir(parent) and parent != os.path.dirname(parent):
+        missing.append(parent)
+        parent = os.path.dirname(parent)
+    for d in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # a concurrent first run made it
+            os.mkdir(d, 0o700)
+            os.chmod(d, 0o700)  # whatever the umask
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    except FileExistsError:
+        return
+    try:
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+
+
+def read_password(path: str) -> str:
+    """The database password: the first line of ``paths.database_password_file`` (its newline stripped).
+    A file every user may read is refused: the password would be no more private than in the config."""
+    key = "paths.database_password_file"
+    try:
+        with open(path, "rb") as fh:
+            mode = os.fstat(fh.fileno()).st_mode
+            if mode & 0o004:
+                raise GpueffError(f"{key} {path} is readable by every user (mode {mode & 0o7777:04o}): "
+                                  f"chmod 600 {path} (or 640 with the service's group)")
+            line = fh.readline(65536)
+    except OSError as exc:
+        raise GpueffError(f"cannot read {key} {path}: {exc.strerror or exc}") from None
+    password = line.rstrip(b"\r\n").decode("utf-8", "replace")
+    if not password:
+        raise GpueffError(f"{key} {path}: the first line is empty (it holds the database password)")
+    return password
+
+
+class DatabaseDamaged(sa_exc.OperationalError):
+    """A SQLite file that is damaged or not a database at all (SQLITE_CORRUPT, SQLITE_NOTADB). In one line:
+    the statement and its parameters belong to no message a user sees."""
+
+    def __str__(self) -> str:
+        text = (str(self.orig).strip().splitlines() or ["unreadable"])[0]
+        return f"the database file is damaged or not a database ({text})"
+
+
+def damaged(exc: BaseException) -> bool:
+    """Whether a DBAPI error (or SQLAlchemy's wrapper of one) says the SQLite file is damaged: sqlite3
+    raises its base ``DatabaseError`` for exactly these (every other failure has a subclass)."""
+    orig = getattr(exc, "orig", None) or exc
+    return type(orig) is sqlite3.DatabaseError
+
+
+def _sqlite_damage(ctx: ExceptionContext) -> BaseException | None:
+    if damaged(ctx.original_exception) and not isinstance(ctx.sqlalchemy_exception, DatabaseDamaged):
+        return DatabaseDamaged(ctx.statement, ctx.parameters, ctx.original_exception)
+    return None
+
+
+def _connect(dialect: Any, _rec: Any, cargs: Any, cparams: Any) -> Any:
+    """Connect; an address the driver cannot even try (a host name IDNA cannot encode, a NUL byte) is the
+    driver's connection error too, so that it is reported as a database that cannot be reached."""
+    try:
+        return dialect.connect(*cargs, **cparams)
+    except (ValueError, OSError) as exc:  # UnicodeError is a ValueError
+        raise dialect.loaded_dbapi.OperationalError(f"cannot connect: {exc}") from exc
 
 
 def json_dumps(value: object) -> str:
@@ -68,8 +160,38 @@ def json_dumps(value: object) -> str:
 
 def first_line(exc: BaseException) -> str:
     """A database error in one line: the driver's own message where SQLAlchemy wraps one."""
-    text = str(getattr(exc, "orig", None) or exc)
+    if isinstance(exc, DatabaseDamaged):
+        return str(exc)
+    text = str(getattr(exc, "orig", None) or exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def integrity(conn: Connection, limit_s: float) -> tuple[str, str]:
+    """A quick integrity check: (``"ok"``, what was checked), (``"damaged"``, the first problems) or
+    (``"unfinished"``, why). SQLite: ``PRAGMA quick_check`` (every page and record, not the indexes'
+    contents), stopped after ``limit_s`` seconds; a server: one row read from each table."""
+    from sqlalchemy import text
+
+    if conn.dialect.name != "sqlite":
+        for table in sorted(SQLModel.metadata.tables):
+            conn.execute(text(f'SELECT 1 FROM "{table}" LIMIT 1')).all()
+        return "ok", f"one row read from each of {len(SQLModel.metadata.tables)} tables"
+    raw: Any = conn.connection.dbapi_connection
+    deadline = time.monotonic() + limit_s
+    raw.set_progress_handler(lambda: int(time.monotonic() > deadline), 10_000)
+    try:
+        rows = [str(r[0]) for r in raw.execute("PRAGMA quick_check(5)").fetchall()]
+    except sqlite3.OperationalError as exc:
+        if "interrupt" in str(exc):
+            return "unfinished", f"quick_check stopped after {limit_s:g} s (a large database: run it by hand)"
+        raise
+    except sqlite3.DatabaseError as exc:
+        return "damaged", str(exc)
+    finally:
+        raw.set_progress_handler(None, 0)
+    if rows == ["ok"]:
+        return "ok", "quick_check ok"
+    return "damaged", "; ".join(r.replace("\n", " ") for r in rows[:5])
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:

@@ -15,3 +15,15 @@ def sqlite_file(url: str) -> str | None:
     if not url.startswith("sqlite:///") or url.endswith(":memory:"):
         return None
     return url[len("sqlite:///"):].split("?", 1)[0]
+
+
+def safe_url(url: str) -> str:
+    """A database URL as it may be printed: without its password (SQLAlchemy loaded only for a URL)."""
+    if "://" not in url:
+        return url
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not a URL SQLAlchemy parses: shown as written (the config refuses a password in it)
+        return url

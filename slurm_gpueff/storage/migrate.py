@@ -5,6 +5,12 @@ SQLite (the zero-setup default) is upgraded when ``make_engine(create=True)`` op
 PostgreSQL nothing changes the schema behind the administrator's back: until ``gpueff db upgrade`` has
 run, ``make_engine(create=True)`` raises :class:`SchemaError`, so no node or service writes into an old
 schema. Alembic is imported only here, lazily: ``seff-gpu`` (``create=False``) never pays for it.
+
+Upgrades are serialised: two first runs on a new SQLite file (two ingests started together), or two
+``gpueff db upgrade`` on one server, would otherwise both see no schema and both create it. The upgrade
+holds SQLite's write lock (``BEGIN EXCLUSIVE``) or a PostgreSQL transaction-level advisory lock from its
+first read of the revision to its commit; the second then finds the schema made. A database that holds
+other tables and no revision is another program's: it is refused, never filled with ours.
 """
 
 from __future__ import annotations
@@ -14,13 +20,15 @@ import os
 import sys
 from typing import Any
 
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
 from sqlalchemy.engine import Connection, Engine
 from sqlmodel import SQLModel
 
 from .. import models  # noqa: F401  (registers the tables on SQLModel.metadata)
 from ..errors import GpueffError
 
+# pg_advisory_xact_lock key of schema upgrades ("gpueff" in ASCII): any constant that other programs do not use.
+PG_LOCK = 0x677075656666
 MIGRATIONS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "migrations")
 
 
@@ -52,9 +60,38 @@ def current(conn: Connection) -> str | None:
     return MigrationContext.configure(conn).get_current_revision()
 
 
+def known(revision: str) -> bool:
+    """Whether ``revision`` names a revision of the packaged migrations (or ``head``)."""
+    from alembic.script import ScriptDirectory
+    from alembic.util import CommandError
+
+    try:
+        return ScriptDirectory.from_config(alembic_config()).get_revision(revision) is not None
+    except (CommandError, ValueError, KeyError):
+        return False
+
+
+def foreign_tables(conn: Connection) -> list[str]:
+    """Tables that are not slurm-gpueff's in a database without a revision: another program's database."""
+    if current(conn) is not None:
+        return []
+    ours = {*SQLModel.metadata.tables, "alembic_version"}
+    return sorted(t for t in inspect(conn).get_table_names() if t not in ours)
+
+
+def refuse_foreign(conn: Connection) -> None:
+    others = foreign_tables(conn)
+    if others:
+        shown = ", ".join(others[:5]) + (", ..." if len(others) > 5 else "")
+        raise SchemaError(f"not a slurm-gpueff database: it holds other tables ({shown}) and no slurm-gpueff "
+                          "schema revision; give paths.database a database of its own")
+
+
 def upgrade(engine: Engine, revision: str = "head") -> tuple[str | None, str | None]:
-    """Migrate to ``revision``; returns (before, after). Adopts a matching pre-Alembic schema first."""
+    """Migrate to ``revision``; returns (before, after). Adopts a matching pre-Alembic schema first. Holds
+    the database's write lock (see module doc) from reading the revision to the commit."""
     from alembic import command
+    from alembic.util import CommandError
 
     with engine.connect() as conn:
         # SQLite migrations copy a table to alter it; dropping the old copy must not cascade into the rows
@@ -65,10 +102,18 @@ def upgrade(engine: Engine, revision: str = "head") -> tuple[str | None, str | N
             conn.commit()
         try:
             with conn.begin():
+                if sqlite:  # pysqlite would begin only at the first write, after the read of the revision
+                    conn.connection.cursor().execute("BEGIN EXCLUSIVE")
+                elif conn.dialect.name == "postgresql":
+                    conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": PG_LOCK})
                 before = current(conn)
+                refuse_foreign(conn)
                 if before is None and "job" in inspect(conn).get_table_names():  # made by create_all
                     _adopt(conn)
-                command.upgrade(alembic_config(conn), revision)
+                try:
+                    command.upgrade(alembic_config(conn), revision)
+                except CommandError as exc:  # an unknown revision in the database, or a target behind it
+                    raise SchemaError(f"cannot upgrade from revision {before} to {revision}: {exc}") from None
         finally:
             if sqlite:
                 conn.exec_driver_sql("PRAGMA foreign_keys=ON")
@@ -87,7 +132,27 @@ def diffs(conn: Connection) -> list[Any]:
 
 
 def ensure_schema(engine: Engine) -> None:
-    """``make_engine(create=True)``: upgrade SQLite on open; on a server only check (see module doc)."""
+    """``make_engine(create=True)``: upgrade SQLite on open; on a server only check (see module doc).
+
+    On a new SQLite file SQLite can answer "database is locked" at once, without its busy wait, while
+    another process turns the empty file into a WAL database: retried for up to 30 s."""
+    import time
+
+    from sqlalchemy.exc import OperationalError
+
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            _ensure_schema(engine)
+            return
+        except OperationalError as exc:
+            locked = engine.dialect.name == "sqlite" and "database is locked" in str(exc.orig)
+            if not locked or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def _ensure_schema(engine: Engine) -> None:
     with engine.connect() as conn:
         rev = current(conn)
     if rev == head():

@@ -25,11 +25,15 @@ from sqlmodel import Session
 
 from .. import record as recmod
 from ..models import Job, utcnow
+from .db import DatabaseDamaged, damaged
 from .merge import Key, Row, Spot, job_key, merge
 from .rollups import moved_month, note_moved
 
-# The database is unavailable (not the record's fault): stop, keep the files, try again next run.
-UNAVAILABLE = (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.DisconnectionError, sa_exc.TimeoutError)
+# The database is unavailable (not the record's fault): stop, keep the files, try again next run. A damaged
+# or foreign SQLite file is one too (DatabaseDamaged, raised for sqlite's base DatabaseError by storage.db):
+# quarantining every record that meets a corrupt page would empty the spool into quarantine.
+UNAVAILABLE = (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.DisconnectionError, sa_exc.TimeoutError,
+               DatabaseDamaged)
 IN_CHUNK = 500  # bound parameters per IN (...) query: well under SQLite's and PostgreSQL's limits
 _JOB, _GPU, _TIMELINE = (Job.metadata.tables[t] for t in ("job", "job_gpu", "job_gpu_timeline"))
 
@@ -109,6 +113,8 @@ def raw_errors(conn: Connection) -> Iterator[None]:
     try:
         yield
     except dbapi_error as exc:
+        if damaged(exc):
+            raise DatabaseDamaged(None, None, exc) from exc
         raise sa_exc.DBAPIError.instance(None, None, exc, dbapi_error, dialect=conn.dialect,
                                          connection_invalidated=conn.dialect.is_disconnect(exc, None, None),
                                          ) from exc

@@ -1,0 +1,160 @@
+"""A damaged, foreign or non-database file stops every command with one line and exit 1; doctor FAILs it; the
+first run's schema is made once however many ingests start together.
+
+Real databases made by ``gpueff ingest``, damaged on disk; every command a real process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from dbfiles import (
+    ROOT,
+    add_records,
+    copy,
+    corrupt_pages,
+    foreign_database,
+    gpueff,
+    one_line,
+    real_database,
+    write_config,
+)
+
+from slurm_gpueff import spool
+from slurm_gpueff.storage import migrate
+
+COMMANDS = (("ingest",), ("rollup", "--full"), ("db", "current"), ("db", "upgrade"), ("enrich",),
+            ("report", "status"), ("report", "optout", "--list"))
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory) -> Path:
+    return real_database(tmp_path_factory.mktemp("made"), n=300)
+
+
+def damage(kind: str, made: Path, d: Path) -> Path:
+    db = copy(made, d / "db")
+    if kind == "corrupt pages":
+        corrupt_pages(db)
+    elif kind == "text":
+        db.write_text("id,user\n1,alice\n")
+    elif kind == "random bytes":
+        db.write_bytes(os.urandom(64 * 1024))
+    elif kind == "foreign":
+        db.unlink()
+        foreign_database(db)
+    elif kind == "truncated":
+        with open(db, "r+b") as fh:
+            fh.truncate(db.stat().st_size // 3)
+    return db
+
+
+@pytest.mark.parametrize("kind", ["corrupt pages", "text", "random bytes", "foreign", "truncated"])
+def test_every_database_command_fails_with_one_line_on_a_bad_file(kind, made, tmp_path):
+    db = damage(kind, made, tmp_path)
+    cfg = str(write_config(tmp_path, str(db)))
+    add_records(tmp_path, 5000, 3)
+    before = sorted(spool.pending(str(tmp_path / "spool")))
+    for args in COMMANDS:
+        p = gpueff("--config", cfg, *args)
+        line = one_line(p)
+        assert p.returncode == 1, (args, p.stderr)
+        assert ("damaged or not a database" in line or "not a slurm-gpueff database" in line
+                or "is damaged" in line), (args, line)
+    # ingest stopped as for an unavailable database: the records wait in the spool, none quarantined
+    assert sorted(spool.pending(str(tmp_path / "spool"))) == before
+    assert not os.listdir(tmp_path / "spool" / spool.QUARANTINE)
+
+
+@pytest.mark.parametrize("kind", ["corrupt pages", "text", "foreign"])
+def test_doctor_fails_a_bad_file(kind, made, tmp_path):
+    db = damage(kind, made, tmp_path)
+    os.chmod(db, 0o600)
+    os.chmod(db.parent, 0o700)
+    p = gpueff("--config", str(write_config(tmp_path, str(db))), "doctor", "--json")
+    checks = [c for c in json.loads(p.stdout)["checks"] if c["check"].startswith("database")]
+    assert p.returncode == 1 and any(c["status"] == "FAIL" for c in checks if c["check"] != "database files"), checks
+
+
+@pytest.mark.parametrize("first", [2, 4])
+def test_ingest_on_a_corrupt_file_used_to_exit_0_with_a_sql_dump(first, made, tmp_path):
+    """The issue's case: one line naming the file and the damage, exit 1, the records kept. From the third
+    page on the damage is met when the schema is read; from the fifth, only when the records are merged."""
+    db = copy(made, tmp_path / "db")
+    corrupt_pages(db, first=first)
+    add_records(tmp_path, 7000, 20)
+    p = gpueff("--config", str(write_config(tmp_path, str(db))), "ingest")
+    line = one_line(p)
+    assert p.returncode == 1 and p.stdout == ""
+    assert f"job database {db}: " in line and "the database file is damaged or not a database (database disk " \
+                                                "image is malformed)" in line, line
+    assert len(list(spool.pending(str(tmp_path / "spool")))) == 20
+
+
+def test_db_upgrade_to_an_unknown_revision_is_a_usage_error(made, tmp_path):
+    db = copy(made, tmp_path / "db")
+    p = gpueff("--config", str(write_config(tmp_path, str(db))), "db", "upgrade", "--revision", "bogus")
+    assert p.returncode == 2 and "unknown revision 'bogus'" in one_line(p)
+
+
+def test_db_current_on_a_missing_file_does_not_create_it(tmp_path):
+    db = tmp_path / "db" / "none.db"
+    p = gpueff("--config", str(write_config(tmp_path, str(db))), "db", "current")
+    assert p.returncode == 1 and "does not exist" in one_line(p) and not db.exists()
+
+
+def test_db_current_names_a_revision_from_elsewhere(made, tmp_path):
+    db = copy(made, tmp_path / "db")
+    with sqlite3.connect(db) as con:
+        con.execute("UPDATE alembic_version SET version_num = 'ffff9999'")
+    con.close()
+    cfg = str(write_config(tmp_path, str(db)))
+    p = gpueff("--config", cfg, "db", "current")
+    assert p.returncode == 1 and "ffff9999 (unknown to this version" in p.stdout, p.stdout + p.stderr
+    p = gpueff("--config", cfg, "db", "upgrade")
+    assert p.returncode == 1 and "cannot upgrade from revision ffff9999" in one_line(p)
+
+
+START_TOGETHER = """
+import sys, time
+from slurm_gpueff.cli import gpueff
+from slurm_gpueff.storage import ingest, migrate
+import alembic.command, alembic.autogenerate  # noqa: F401 - loaded before the start, as the others are
+migrate.head()
+time.sleep(max(0.0, float(sys.argv[1]) - time.time()))
+sys.exit(gpueff.main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.parametrize("processes", [2, 4])
+def test_ingests_starting_together_on_a_new_file_make_the_schema_once(processes, tmp_path):
+    """Several rounds: the processes load everything, then start at the same instant on a new file (before,
+    one failed with "table ... already exists"). All exit 0, the schema is at head, every record stored once."""
+    import subprocess
+
+    for rnd in range(4):
+        d = tmp_path / f"r{rnd}"
+        d.mkdir()
+        db = d / "db" / "gpueff.db"
+        cfg = str(write_config(d, str(db)))
+        add_records(d, 1, 60)
+        start = time.time() + 4.0
+        procs = [subprocess.Popen([sys.executable, "-c", START_TOGETHER, str(start), "--config", cfg, "ingest"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env={**os.environ, "PYTHONPATH": ROOT}) for _ in range(processes)]
+        outs = [p.communicate(timeout=120) for p in procs]
+        assert [p.returncode for p in procs] == [0] * processes, [err for _out, err in outs]
+        assert all(err == "" for _out, err in outs), outs
+        with sqlite3.connect(db) as con:
+            assert con.execute("SELECT version_num FROM alembic_version").fetchall() == [(migrate.head(),)]
+            assert con.execute("SELECT count(*), count(DISTINCT job_id) FROM job").fetchone() == (60, 60)
+            assert con.execute("SELECT count(*) FROM job_gpu").fetchone() == (120,)
+        con.close()
+        assert list(spool.pending(str(d / "spool"))) == []
+        assert not os.listdir(d / "spool" / spool.QUARANTINE)
