@@ -36,6 +36,7 @@ from .. import record as recmod
 from .. import spool
 from ..config import Config
 from ..errors import ConfigError, RecordError
+from .db import first_line
 from .writer import UNAVAILABLE, transaction, write_records
 
 log = logging.getLogger(__name__)
@@ -208,7 +209,7 @@ class _Run:
         except UNAVAILABLE as exc:
             left = len(good) + left_after
             self.res.failed += left
-            msg = f"database unavailable ({exc}); {left} record(s) left in the spool for the next run"
+            msg = f"database unavailable ({first_line(exc)}); {left} record(s) left in the spool for the next run"
             self.res.errors.append(msg)
             log.error(msg)
             return False
