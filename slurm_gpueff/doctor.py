@@ -8,6 +8,7 @@ to diagnose is no use.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -259,6 +260,31 @@ def check_dirs(rep: Report, cfg: Config) -> None:
             rep.add(PASS, check, f"{path} writable, mode {mode:04o}, owner uid {st.st_uid}")
 
 
+def check_spool(rep: Report, cfg: Config) -> None:
+    """Records waiting longer than ``[spool] stuck_h`` (ingest not running, or failing on them) and what ingest
+    quarantined: each needs a person; the ``.error`` beside a quarantined entry says why."""
+    now = time.time()
+    ages: list[float] = []
+    quarantined: list[str] = []
+    incoming, qdir = (os.path.join(cfg.paths.spool_dir, d) for d in ("incoming", "quarantine"))
+    with contextlib.suppress(FileNotFoundError), os.scandir(incoming) as it:
+        ages = [now - e.stat(follow_symlinks=False).st_mtime for e in it if not e.name.startswith(".")]
+    stuck = [a for a in ages if a > cfg.spool.stuck_h * 3600]
+    with contextlib.suppress(FileNotFoundError), os.scandir(qdir) as it:
+        quarantined = [e.name for e in it if not e.name.endswith(".error") and not e.name.startswith(".")]
+    found = []
+    if stuck:
+        found.append(f"{len(stuck)} record(s) in {incoming} waiting longer than {cfg.spool.stuck_h:g} h (the oldest "
+                     f"{max(stuck) / 3600:.1f} h): is ingest (or gpueff forward) running? `gpueff ingest` says why")
+    if quarantined:
+        found.append(f"{len(quarantined)} in quarantine ({qdir}; each NAME.error says why; move a record back "
+                     "into incoming/ once fixed, or delete it)")
+    if found:
+        rep.add(WARN, "spool", "; ".join(found))
+    else:
+        rep.add(PASS, "spool", f"{len(ages)} record(s) waiting in {incoming}, none stuck; quarantine empty")
+
+
 def check_db(rep: Report, cfg: Config) -> None:
     """The database: its files private (SQLite), reachable, not damaged (a bounded ``quick_check``; on a
     server a row read from each table), and at the schema revision this version needs."""
@@ -372,7 +398,8 @@ def check_db_files(rep: Report, path: str) -> None:
 
 CHECKS: tuple[tuple[str, Callable[[Report, Config], None]], ...] = (
     ("nvml", check_nvml), ("driver ids", check_proc), ("dcgm", check_dcgm), ("backend", check_backend),
-    ("agent", check_agent), ("slurm", check_slurm), ("dirs", check_dirs), ("database", check_db),
+    ("agent", check_agent), ("slurm", check_slurm), ("dirs", check_dirs), ("spool", check_spool),
+    ("database", check_db),
 )
 
 

@@ -4,7 +4,8 @@ Layout under ``paths.spool_dir``::
 
     incoming/    job-<job_id>-<node>.json   one per job and node; written atomically; a requeued job's
                  job-<job_id>-r<run>[p<time>]-<node>.json  later runs (p: run not settled, docs/DESIGN.md "Runs")
-    quarantine/  <name> + <name>.error      records ingest could not read, with the reason
+    quarantine/  <name> + <name>.error      what ingest would not take, with the reason: records it could not
+                                            read, and entries it does not trust (storage/ingest.py)
     .tmp-*       half-written files (never read; cleaned up by ingest when old)
 
 Writes are temp file + fsync + rename + directory fsync, mode 0600 in 0700 directories (records name
@@ -142,7 +143,8 @@ def pending_by_job(spool_dir: str, stale_tmp_s: float | None = None) -> list[lis
 
 
 def _listing(d: str, stale_tmp_s: float | None) -> list[str]:
-    """Names of the record files in ``d``; stale temp files removed on the way."""
+    """Names of the entries in ``d`` but hidden ones (whatever their kind: ingest decides what it trusts and
+    quarantines the rest, so nothing sits there unseen); stale temp files removed on the way."""
     names: list[str] = []
     try:
         with os.scandir(d) as it:
@@ -151,7 +153,7 @@ def _listing(d: str, stale_tmp_s: float | None) -> list[str]:
                 if name.startswith("."):
                     if stale_tmp_s is not None and name.startswith(".tmp-"):
                         _remove_if_stale(e.path, stale_tmp_s)
-                elif name.endswith(".json") and e.is_file():
+                else:
                     names.append(name)
     except FileNotFoundError:
         pass
@@ -164,7 +166,7 @@ def _by_arrival(d: str, names: list[str]) -> list[str]:
     prefix = d + os.sep
     for name in names:
         try:
-            keyed.append((os.stat(prefix + name).st_mtime, name))
+            keyed.append((os.lstat(prefix + name).st_mtime, name))
         except FileNotFoundError:  # taken by a concurrent ingest/forwarder since the listing
             continue
     keyed.sort()
@@ -173,19 +175,20 @@ def _by_arrival(d: str, names: list[str]) -> list[str]:
 
 def _remove_if_stale(path: str, older_than_s: float) -> None:
     try:
-        if time.time() - os.stat(path).st_mtime > older_than_s:
+        if time.time() - os.lstat(path).st_mtime > older_than_s:
             os.unlink(path)
     except FileNotFoundError:
         pass
 
 
 def quarantine(spool_dir: str, path: str, error: str) -> str:
-    """Move a bad record aside with a ``.error`` file beside it; never delete it."""
+    """Move a bad record aside with a ``.error`` file beside it; never delete it. The entry itself is renamed
+    (a symbolic link stays a link, a FIFO a FIFO): nothing is followed, opened or copied."""
     ensure_dirs(spool_dir)
     qdir = os.path.join(spool_dir, QUARANTINE)
     base = os.path.basename(path)
     dest = os.path.join(qdir, base)
-    if os.path.exists(dest):
+    if os.path.lexists(dest) or os.path.lexists(dest + ".error"):
         dest = os.path.join(qdir, f"{int(time.time())}-{base}")
     os.replace(path, dest)
     atomic_write(dest + ".error", (error.rstrip() + "\n").encode())

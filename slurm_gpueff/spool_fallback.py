@@ -91,7 +91,11 @@ def drain(cfg: Config, env: Mapping[str, str], log: Log) -> int:
             for src in _files(os.path.join(d, sub)):
                 name = os.path.basename(src)
                 try:
-                    with open(src, "rb") as fh:
+                    # never through a link, never a FIFO's wait: a regular file of the fallback's own
+                    fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+                    with os.fdopen(fd, "rb") as fh:
+                        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                            continue
                         data = fh.read()
                     dest = os.path.join(primary, sub, name)
                     if sub == spool.INCOMING and os.path.exists(dest):
@@ -111,6 +115,6 @@ def drain(cfg: Config, env: Mapping[str, str], log: Log) -> int:
 
 def _files(d: str) -> list[str]:
     try:
-        return sorted(e.path for e in os.scandir(d) if e.is_file() and not e.name.startswith("."))
+        return sorted(e.path for e in os.scandir(d) if e.is_file(follow_symlinks=False) and not e.name.startswith("."))
     except OSError:
         return []

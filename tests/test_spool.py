@@ -43,16 +43,20 @@ def test_node_names_never_become_paths(tmp_path):
     assert os.path.dirname(path) == os.path.join(str(tmp_path), "incoming")
 
 
-def test_pending_is_oldest_first_and_skips_temp_files(tmp_path):
+def test_pending_is_oldest_first_skips_temp_files_and_shows_everything_else(tmp_path):
+    """Hidden temp files are a writer's; any other entry is listed, so that ingest quarantines what it does not
+    take (a stray file is never left unseen)."""
     d = str(tmp_path)
     a = spool.write_record(d, make_record(1))
     b = spool.write_record(d, make_record(2))
     os.utime(a, (time.time(), time.time() + 10))  # a is now the newest
     with open(os.path.join(d, "incoming", ".tmp-123-abc"), "w") as fh:
         fh.write("{")
-    with open(os.path.join(d, "incoming", "notes.txt"), "w") as fh:
+    notes = os.path.join(d, "incoming", "notes.txt")
+    with open(notes, "w") as fh:
         fh.write("x")
-    assert list(spool.pending(d)) == [b, a]
+    os.utime(notes, (time.time(), time.time() + 20))
+    assert list(spool.pending(d)) == [b, a, notes]
     assert list(spool.pending(str(tmp_path / "absent"))) == []
 
 
@@ -100,13 +104,13 @@ def test_pending_by_job_keeps_a_jobs_records_together_in_arrival_order(tmp_path,
             fh.write("{")
     os.utime(stale, (now - 7200, now - 7200))
     stats: list[str] = []
-    real_stat = os.stat
+    real_stat = os.lstat  # entries are never followed: a link is quarantined as what it is
 
     def counted(path, *a, **k):  # noqa: ANN001, ANN202
         stats.append(os.path.basename(path))
         return real_stat(path, *a, **k)
 
-    monkeypatch.setattr(os, "stat", counted)
+    monkeypatch.setattr(os, "lstat", counted)
     groups = spool.pending_by_job(d, stale_tmp_s=3600)
     monkeypatch.undo()
     # jobs in job id order (10 after 9: numeric), the hand-named file last

@@ -68,7 +68,7 @@ def _ingest(config: Config, limit: int | None, quiet: bool) -> int:
     import logging
 
     from ..storage.db import first_line
-    from ..storage.ingest import ingest_spool
+    from ..storage.ingest import configured_trust, ingest_spool
     from ..summarize import summarize_pending
 
     if not logging.getLogger().handlers:  # its log lines are for `gpueff serve`'s journal; here the result
@@ -77,7 +77,8 @@ def _ingest(config: Config, limit: int | None, quiet: bool) -> int:
     with database(config) as engine:
         progress = ProgressBar("ingest", quiet)
         try:
-            result = ingest_spool(engine, config.paths.spool_dir, limit=limit, progress=progress)
+            result = ingest_spool(engine, config.paths.spool_dir, limit=limit, progress=progress,
+                                  trust=configured_trust(config))
             stopped = [e for e in result.errors if e.startswith(STOPPED)]
             if not stopped:
                 try:  # the stored per-job summaries that rollups and reports aggregate

@@ -24,9 +24,9 @@ log = logging.getLogger("gpueff.forward")
 
 def run_forwarder(config: Config, stop: threading.Event, *, once: bool = False, batch: int | None = None) -> int:
     """Until ``stop`` is set: forward, sleep ``service.forward_interval_s`` (longer after failures). Exit status."""
-    from ..storage.db import engine_for
+    from ..storage.db import engine_for, first_line
     from ..storage.dburl import database_url
-    from ..storage.ingest import BATCH, ingest_spool
+    from ..storage.ingest import BATCH, configured_trust, ingest_spool
 
     url = database_url(config.paths.database)
     if url.startswith("sqlite"):
@@ -38,9 +38,10 @@ def run_forwarder(config: Config, stop: threading.Event, *, once: bool = False, 
         while True:
             try:
                 engine = engine or engine_for(config.paths, create=False)
-                res = ingest_spool(engine, config.paths.spool_dir, batch=batch or BATCH)
+                res = ingest_spool(engine, config.paths.spool_dir, batch=batch or BATCH,
+                                   trust=configured_trust(config))
             except Exception as exc:  # noqa: BLE001 - bad URL, driver missing: report and retry
-                log.error("cannot reach the database: %s", exc)
+                log.error("cannot reach the database: %s", first_line(exc))
                 ok = False
             else:
                 for e in res.errors:

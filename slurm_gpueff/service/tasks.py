@@ -55,10 +55,10 @@ def register_task(name: str, func: Callable[[Context], str | None], *, interval_
 
 # ------------------------------------------------------------------------------------------ built-ins
 def ingest(ctx: Context) -> str:
-    from ..storage.ingest import ingest_spool
+    from ..storage.ingest import configured_trust, ingest_spool
     from ..summarize import summarize_pending
 
-    res = ingest_spool(ctx.engine, ctx.config.paths.spool_dir)
+    res = ingest_spool(ctx.engine, ctx.config.paths.spool_dir, trust=configured_trust(ctx.config))
     for e in res.errors:
         log.warning("ingest: %s", e)
     analysed = summarize_pending(ctx.engine, ctx.config.analysis)  # also records forwarded by nodes

@@ -7,13 +7,22 @@ after it at worst leaves files whose records are ingested again, which changes n
 An unavailable database (locked, down, disk full) stops the run and leaves the files for the next run;
 any other error retries the batch one record per transaction, so that only a record the database
 rejects is quarantined.
+
+The spool trusts only what the nodes wrote (:class:`SpoolTrust`): a regular file, named like a record,
+owned by root or the spool's owner, writable by its owner only, and not larger than the limit. It is opened
+without following links and without waiting (a FIFO), and checked and read through that one descriptor,
+so it cannot be swapped in between. Anything else is quarantined with the reason, never read or followed.
 """
 
 from __future__ import annotations
 
+import errno
 import gc
 import logging
 import os
+import pwd
+import re
+import stat
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -25,13 +34,76 @@ from sqlalchemy.engine import Engine
 
 from .. import record as recmod
 from .. import spool
-from ..errors import RecordError
+from ..config import Config
+from ..errors import ConfigError, RecordError
+from .db import first_line
 from .writer import UNAVAILABLE, transaction, write_records
 
 log = logging.getLogger(__name__)
 
 BATCH = 1000  # records per transaction: fewer round trips and commits, bounded memory
 UNLINK_THREADS = 8
+MAX_FILE_MB = 64.0
+_RECORD_NAME = re.compile(r"job-[0-9]+-[^/]+\.json")
+_KINDS = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFCHR:
+          "a character device", stat.S_IFBLK: "a block device", stat.S_IFLNK: "a symbolic link"}
+
+
+@dataclass(frozen=True)
+class SpoolTrust:
+    """Whose spool files ingest takes (root's always) and how large; built by :func:`spool_trust`."""
+
+    owners: frozenset[int]
+    max_bytes: int
+
+    def problem(self, st: os.stat_result) -> str | None:
+        """Why an entry with this ``lstat``/``fstat`` is not a record the nodes wrote; None if it may be."""
+        kind = stat.S_IFMT(st.st_mode)
+        if kind != stat.S_IFREG:
+            return f"{_KINDS.get(kind, 'a special file')}, not a regular file: the spool takes records only"
+        if st.st_uid not in self.owners:
+            return (f"owned by {_user(st.st_uid)}; the spool takes records written by "
+                    f"{' or '.join(_user(u) for u in sorted(self.owners))} only")
+        if st.st_mode & 0o022:
+            return (f"group- or world-writable (mode {stat.S_IMODE(st.st_mode):04o}): anyone might have written "
+                    "it; records are written 0600")
+        if st.st_size > self.max_bytes:
+            return f"{st.st_size} bytes, over the limit of {self.max_bytes} ([spool] max_file_mb)"
+        return None
+
+
+def spool_trust(spool_dir: str, owner: str = "", max_file_mb: float = MAX_FILE_MB) -> SpoolTrust:
+    """The trust of ``[spool]``: root and ``owner`` (a user name or uid; "" = the owner of ``incoming/``)."""
+    owners = {0}
+    if owner:
+        if owner.isascii() and owner.isdigit():
+            owners.add(int(owner))
+        else:
+            try:
+                owners.add(pwd.getpwnam(owner).pw_uid)
+            except KeyError:
+                raise ConfigError(f"spool.owner = {owner!r}: no such user") from None
+    else:
+        for d in (os.path.join(spool_dir, spool.INCOMING), spool_dir):
+            try:
+                owners.add(os.stat(d).st_uid)
+                break
+            except OSError:
+                continue
+        else:
+            owners.add(os.getuid())
+    return SpoolTrust(frozenset(owners), int(max_file_mb * 1024 * 1024))
+
+
+def configured_trust(config: Config) -> SpoolTrust:
+    return spool_trust(config.paths.spool_dir, config.spool.owner, config.spool.max_file_mb)
+
+
+def _user(uid: int) -> str:
+    try:
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except KeyError:
+        return f"uid {uid}"
 
 
 @dataclass
@@ -44,9 +116,27 @@ class IngestResult:
     errors: list[str] = field(default_factory=list)
 
 
-def read_record(path: str) -> dict[str, Any]:
-    """Parse and validate one spool file; RecordError says what is wrong with it."""
-    with open(path, "rb") as fh:
+def read_record(path: str, trust: SpoolTrust | None = None) -> dict[str, Any]:
+    """Parse and validate one spool file; RecordError says what is wrong with it, or why it is not trusted
+    (with ``trust``: see the module docstring). FileNotFoundError if it is gone; other OSErrors pass."""
+    if trust is not None:
+        name = os.path.basename(path)
+        if not _RECORD_NAME.fullmatch(name):
+            raise RecordError("not named like a record (job-<id>-...json): the spool takes records only")
+        problem = trust.problem(os.lstat(path))  # before any open: a device or FIFO is never opened
+        if problem:
+            raise RecordError(problem)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO):  # swapped for a link or a socket since the lstat
+            raise RecordError(f"not a regular file ({exc.strerror}): the spool takes records only") from None
+        raise
+    with open(fd, "rb") as fh:
+        if trust is not None:
+            problem = trust.problem(os.fstat(fd))  # the file read is the file checked
+            if problem:
+                raise RecordError(problem)
         data = fh.read()
     if not data.strip():
         raise RecordError("empty file")
@@ -58,9 +148,12 @@ def read_record(path: str) -> dict[str, Any]:
 
 
 def ingest_spool(engine: Engine, spool_dir: str, *, limit: int | None = None,
-                 progress: Callable[[int, int], None] | None = None, batch: int = BATCH) -> IngestResult:
+                 progress: Callable[[int, int], None] | None = None, batch: int = BATCH,
+                 trust: SpoolTrust | None = None) -> IngestResult:
     """Drain ``spool_dir``'s incoming records into the database (at most ``limit`` files, oldest first),
-    calling ``progress(done, total)`` after each batch. Never raises for a bad record or an unavailable database."""
+    calling ``progress(done, total)`` after each batch; ``trust`` defaults to :func:`spool_trust`'s default.
+    Never raises for a bad record or an unavailable database."""
+    trust = trust or spool_trust(spool_dir)
     if limit is None:  # every record: only a job's own records need ordering (spool.pending_by_job)
         paths = [p for group in spool.pending_by_job(spool_dir, stale_tmp_s=spool.STALE_TMP_S) for p in group]
     else:  # the oldest ``limit`` records, a job's records together as above
@@ -75,7 +168,7 @@ def ingest_spool(engine: Engine, spool_dir: str, *, limit: int | None = None,
     # milliseconds on the file system's journal, and concurrent unlinks share that wait (docs/bench/).
     try:
         with ThreadPoolExecutor(UNLINK_THREADS) as pool:  # leaving it waits for every removal
-            run = _Run(engine, spool_dir, pool, res)
+            run = _Run(engine, spool_dir, pool, res, trust)
             for start in range(0, total, step):
                 chunk = paths[start:start + step]
                 if not run.batch(chunk, left_after=total - start - len(chunk)):
@@ -96,13 +189,14 @@ class _Run:
     spool_dir: str
     pool: ThreadPoolExecutor
     res: IngestResult
+    trust: SpoolTrust
 
     def batch(self, chunk: list[str], left_after: int) -> bool:
         """Read, validate and store one batch; False when the database is unavailable (stop the run)."""
         good: list[tuple[str, dict[str, Any]]] = []
         for path in chunk:
             try:
-                good.append((path, read_record(path)))
+                good.append((path, read_record(path, self.trust)))
             except FileNotFoundError:
                 continue  # taken by a concurrent ingest
             except RecordError as exc:
@@ -115,7 +209,7 @@ class _Run:
         except UNAVAILABLE as exc:
             left = len(good) + left_after
             self.res.failed += left
-            msg = f"database unavailable ({exc}); {left} record(s) left in the spool for the next run"
+            msg = f"database unavailable ({first_line(exc)}); {left} record(s) left in the spool for the next run"
             self.res.errors.append(msg)
             log.error(msg)
             return False
