@@ -16,7 +16,7 @@ import sys
 
 import pytest
 from hooksite import make_record
-from pgutil import pg_url  # noqa: F401 - a fixture
+from pgutil import pg_url  # noqa: F401  (fixture)
 
 from slurm_gpueff import spool
 from slurm_gpueff.errors import ConfigError
@@ -145,7 +145,7 @@ def test_by_default_the_owner_of_incoming_is_trusted(tmp_path):
 
 @needs_root
 @pytest.mark.postgres
-def test_forward_quarantines_the_same_and_forwards_the_rest_once(tmp_path, pg_url):
+def test_forward_quarantines_the_same_and_forwards_the_rest_once(tmp_path, pg_url):  # noqa: F811
     config = write_config(tmp_path, pg_url, max_file_mb=1)
     up = gpueff(config, "db", "upgrade")
     assert up.returncode == 0, up.stderr
