@@ -57,7 +57,7 @@ def _one_of(choices: tuple[str, ...]) -> Check:
 
 
 def _not_empty(v: object, unit: str) -> str | None:
-    return " must not be empty" if v == "" else None
+    return " must not be empty" if v == "" else " must not hold a NUL byte" if "\0" in str(v) else None
 
 
 def _one_line(v: object, unit: str) -> str | None:
