@@ -33,7 +33,7 @@ sys.path.insert(0, ROOT)
 
 from gpu_kernels import SPIN_SRC, clock_khz  # noqa: E402  (bench/, this script's own directory)
 
-WORKLOADS = ("idle", "spin", "tiny", "fp32", "copy", "bf16")
+WORKLOADS = ("idle", "spin", "tiny", "fp32", "copy", "bf16")  # the default set; also: fp64, int8
 # Expected on an H100 (GPU-APIS.md, 5 s windows): kernel, SM, tensor, DRAM, FP32 in %.
 EXPECTED = {
     "idle": "util 0",
@@ -42,6 +42,8 @@ EXPECTED = {
     "fp32": "SM 79 / tensor 0 / FP32 63",
     "copy": "SM 80 / DRAM 44",
     "bf16": "util 87 / SM 82 / tensor 80 / DRAM 20",
+    "fp64": "tensor 86 = DFMA (FP64 DGEMM)",
+    "int8": "tensor 12 = IMMA (torch._int_mm)",
 }
 
 # ------------------------------------------------------------------------------------------------
@@ -94,6 +96,22 @@ def child(workload: str, gpu: int) -> None:
         def step() -> None:
             for _ in range(10):
                 torch.matmul(x, y, out=out)
+            torch.cuda.synchronize()
+    elif workload == "fp64":
+        a64 = torch.randn(8192, 8192, device=dev, dtype=torch.float64)
+        b64 = torch.randn(8192, 8192, device=dev, dtype=torch.float64)
+
+        def step() -> None:
+            for _ in range(2):
+                torch.matmul(a64, b64)
+            torch.cuda.synchronize()
+    elif workload == "int8":
+        a8 = torch.randint(-64, 64, (8192, 8192), device=dev, dtype=torch.int8)
+        b8 = torch.randint(-64, 64, (8192, 8192), device=dev, dtype=torch.int8)
+
+        def step() -> None:
+            for _ in range(10):
+                torch._int_mm(a8, b8)
             torch.cuda.synchronize()
     elif workload == "copy":
         n = (1 << 30) // 4
@@ -292,6 +310,9 @@ def pipeline_failures(cards: dict[str, Any], job_ids: dict[str, int]) -> list[st
         jobs = (cards.get(w) or {}).get("jobs") or []
         if not jobs:
             bad.append(f"seff-gpu gave no card for {w}: {cards.get(w)}")
+        elif w == "spin" and (jobs[0]["job"].get("measured_s") or 0) < 60:  # analysis.short_job_s
+            if not any("too short to judge" in n["reason"] for n in jobs[0]["not_assessed"]):
+                bad.append(f"spin: a window under 60 s without 'too short to judge': {jobs[0]['not_assessed']}")
         elif w == "spin" and [v["name"] for v in jobs[0]["verdicts"]][:1] != ["busy_not_working"]:
             bad.append(f"spin: primary verdict {jobs[0]['verdicts'][:1]} is not busy_not_working")
     return bad
@@ -302,8 +323,8 @@ def pct(v: Any, nd: int = 1) -> str:
 
 
 def print_table(results: list[dict[str, Any]]) -> None:
-    hdr = (f"{'workload':8} {'kernel%':>8} {'SM%':>7} {'occ%':>6} {'tensor%':>8} {'DRAM%':>6} {'FP32%':>6} "
-           f"{'FP16%':>6} {'W':>6} {'J':>8} {'peakGiB':>8} {'n':>4}  expected")
+    hdr = (f"{'workload':8} {'kernel%':>8} {'SM%':>7} {'occ%':>6} {'tensor%':>8} {'HMMA%':>6} {'IMMA%':>6} "
+           f"{'DFMA%':>6} {'DRAM%':>6} {'FP32%':>6} {'FP16%':>6} {'W':>6} {'J':>8} {'peakGiB':>8} {'n':>4}  expected")
     print(hdr)
     print("-" * len(hdr))
     for r in results:
@@ -313,7 +334,8 @@ def print_table(results: list[dict[str, Any]]) -> None:
         joules = "n/a" if g["energy_j"] is None else f"{g['energy_j']:.0f}"
         gib = "n/a" if mem is None else f"{mem / 2**30:.2f}"
         print(f"{r['workload']:8} {pct(g['kernel_active']):>8} {pct(g['sm_active'], 2):>7} "
-              f"{pct(g['sm_occupancy'], 2):>6} {pct(g['tensor_active']):>8} {pct(g['dram_active']):>6} "
+              f"{pct(g['sm_occupancy'], 2):>6} {pct(g['tensor_active']):>8} {pct(g.get('hmma_active')):>6} "
+              f"{pct(g.get('imma_active')):>6} {pct(g.get('dfma_active')):>6} {pct(g['dram_active']):>6} "
               f"{pct(g['fp32_active']):>6} {pct(g['fp16_active']):>6} {watts:>6} {joules:>8} {gib:>8} "
               f"{g['samples']:>4}  {EXPECTED[r['workload']]}")
 
@@ -340,6 +362,17 @@ def checks(results: list[dict[str, Any]]) -> list[str]:
         need(g["tensor_active"] is not None and g["tensor_active"] < 0.02,
              f"fp32 (TF32 off): tensor-active < 2 % ({pct(g['tensor_active'])})")
         need((g["fp32_active"] or 0) >= 0.3, f"fp32: FP32-active >= 30 % ({pct(g['fp32_active'])})")
+    if "fp64" in by:
+        g = by["fp64"]
+        need((g.get("dfma_active") or 0) >= 0.5 and (g.get("hmma_active") or 0) < 0.02,
+             f"fp64: DFMA >= 50 %, HMMA < 2 % ({pct(g.get('dfma_active'))} / {pct(g.get('hmma_active'))})")
+    if "int8" in by:
+        g = by["int8"]
+        need((g.get("imma_active") or 0) >= 0.05 and (g.get("hmma_active") or 0) < 0.02,
+             f"int8: IMMA >= 5 %, HMMA < 2 % ({pct(g.get('imma_active'))} / {pct(g.get('hmma_active'))})")
+    if "bf16" in by and "hmma_active" in by["bf16"]:
+        g = by["bf16"]
+        need((g.get("hmma_active") or 0) >= 0.5, f"bf16: HMMA >= 50 % ({pct(g.get('hmma_active'))})")
     if "copy" in by:
         g = by["copy"]
         need((g["dram_active"] or 0) >= 0.3, f"copy: DRAM-active >= 30 % ({pct(g['dram_active'])})")
@@ -362,8 +395,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--gpu", type=int, default=0, help="NVML index of the GPU to load (default 0)")
-    ap.add_argument("--mode", choices=("collector", "pipeline"), default="collector")
-    ap.add_argument("--interval", type=float, default=1.0, help="agent.interval_s (default 1; product default 5)")
+    ap.add_argument("--mode", choices=("collector", "pipeline", "exact"), default="collector",
+                    help="exact: short, long, agent-restart and back-to-back jobs against direct reads "
+                         "(bench/gpu_exact.py)")
+    ap.add_argument("--interval", type=float, default=None,
+                    help="agent.interval_s (default 1; with --mode exact the product default, 5)")
     ap.add_argument("--seconds", type=float, default=20.0, help="measured window per workload")
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--out", default=os.environ.get("OUT", ""), help="directory for JSON results (default $OUT)")
@@ -372,6 +408,11 @@ def main() -> int:
     if args.child:
         child(args.child, args.gpu)
         return 0
+    if args.mode == "exact":
+        from gpu_exact import main as exact
+
+        return exact(args.gpu, args.interval or 5.0, args.out)
+    args.interval = args.interval or 1.0
     from slurm_gpueff.config import load
 
     tmp = tempfile.mkdtemp(prefix="gpueff-val-")

@@ -60,12 +60,8 @@ def _not_empty(v: object, unit: str) -> str | None:
     return " must not be empty" if v == "" else " must not hold a NUL byte" if "\0" in str(v) else None
 
 
-def _one_line(v: object, unit: str) -> str | None:
-    return " must be one line" if isinstance(v, str) and ("\n" in v or "\r" in v) else None
-
-
-def _user_pattern(v: object, unit: str) -> str | None:
-    return None if "{user}" in str(v) else ' must contain {user}, e.g. "{user}@example.org"'
+def _must(needles: tuple[str, ...], what: str, present: bool = True) -> Check:
+    return lambda v, unit: None if not isinstance(v, str) or any(n in v for n in needles) is present else what
 
 
 def _database(v: object, unit: str) -> str | None:
@@ -178,6 +174,7 @@ class CollectorConfig(Section):
     backend: str = _key("auto", _one_of(("auto", "nvml", "dcgm", "simulated", "none")))
     hook_timeout_s: float = _key(10.0, _range(0, 300, above=True))
     agent_stale_s: float = _key(30.0, _range(0, 3600, above=True))
+    tick_wait_s: float = _key(1.5, _range(0, 10))
 
 
 class AgentConfig(Section):
@@ -224,6 +221,9 @@ class AnalysisConfig(Section):
     oversized_memory_pct: float = _key(25.0, _PCT)
     oversized_sm_pct: float = _key(40.0, _PCT)
     min_gpu_hours: float = _key(0.0, _range(0, None))
+    short_job_s: float = _key(60.0, _range(0, DAY))
+    starved_cpu_busy_pct: float = _key(80.0, _PCT)
+    starved_cpu_idle_pct: float = _key(50.0, _PCT)
 
 
 class MailConfig(Section):
@@ -247,8 +247,8 @@ class ReportsConfig(Section):
     """[reports]: who gets which per-job card and monthly summary."""
     dir: str = _key("/var/lib/slurm-gpueff/reports", _not_empty)
     cards: bool = False
-    address_pattern: str = _key("{user}", _user_pattern)
-    addresses: dict[str, str] = _key({}, _one_line, "one address (a string)")
+    address_pattern: str = _key("{user}", _must(("{user}",), ' must contain {user}, e.g. "{user}@example.org"'))
+    addresses: dict[str, str] = _key({}, _must(("\n", "\r"), " must be one line", False), "one address (a string)")
     card_min_gpu_hours: float = _key(1.0, _range(0, None))
     card_only_unhealthy: bool = True
     card_max_per_user_per_day: int = _key(3, _range(0, 1000))

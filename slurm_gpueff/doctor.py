@@ -163,12 +163,18 @@ def check_agent(rep: Report, cfg: Config) -> None:
     """The agent's state as the nvml collector reads it at job start: the hooks' verdict, word for word."""
     from .collectors.agent_files import state_path
     from .collectors.nvml import NvmlCollector
+    from .collectors.tickwire import request_reading
 
     bad = FAIL if cfg.collector.backend == "nvml" else WARN
     st, why = NvmlCollector(cfg).read_state()
     if why is None and st is not None:
         age = time.time() - float(st["updated"])
         rep.add(PASS, "agent", f"pid {st.get('pid')}, {len(st['gpus'])} GPU(s), updated {age:.1f} s ago")
+        t0 = time.monotonic()
+        answer, late = request_reading(cfg.paths.state_dir, float(cfg.collector.tick_wait_s))
+        rep.add(PASS if answer else WARN, "agent readings", f"a reading on request in {time.monotonic() - t0:.2f} s"
+                if answer else f"{late}: jobs' windows fall back to the agent's last reading (up to "
+                "agent.interval_s off at each end)")
     elif st is None and not os.path.exists(state_path(cfg.paths.state_dir)):
         rep.add(bad, "agent", f"{why}; start etc/gpueff-agent.service")
     else:  # unreadable, hung or dead; only a stopped agent is a mere warning where nvml is not the backend

@@ -111,6 +111,11 @@ def utc(dt: datetime | None) -> str:
     return NA if dt is None else _aware_utc(dt).strftime("%Y-%m-%d %H:%M UTC")
 
 
+def clock(epoch: float) -> str:
+    """A moment within a job, as on the card's other times (UTC): "13:20:05"."""
+    return datetime.fromtimestamp(epoch, UTC).strftime("%H:%M:%S")
+
+
 def iso(dt: datetime | None) -> str | None:
     """A time for machines: ISO 8601 UTC with ``Z``, whole seconds ("2026-11-23T15:17:00Z")."""
     return None if dt is None else _aware_utc(dt).replace(microsecond=0, tzinfo=None).isoformat() + "Z"

@@ -62,6 +62,11 @@ class Job(SQLModel, table=True):
     start_time: datetime | None = Field(default=None, sa_type=UTC_NAIVE, index=True)
     end_time: datetime | None = Field(default=None, sa_type=UTC_NAIVE, index=True)
     elapsed_s: float | None = None
+    # The CPU side, from Slurm accounting (NULL: not reported): allocated CPUs, TotalCPU (user + system
+    # seconds of all steps) and the largest MaxRSS of any step.
+    alloc_cpus: int | None = None
+    total_cpu_s: float | None = None
+    max_rss_bytes: int | None = Field(default=None, sa_type=BigInteger)
     state: str | None = Field(default=None, max_length=32)
     exit_code: int | None = None
     signal: int | None = None
@@ -120,6 +125,9 @@ class JobGpu(SQLModel, table=True):
     fp64_active: float | None = None
     fp32_active: float | None = None
     fp16_active: float | None = None
+    hmma_active: float | None = None  # tensor activity by precision: FP16/BF16/TF32, integer, FP64
+    imma_active: float | None = None
+    dfma_active: float | None = None
     memory_used_peak_bytes: int | None = Field(default=None, sa_type=BigInteger)
     energy_j: float | None = None
     power_mean_w: float | None = None
@@ -135,6 +143,10 @@ class JobGpu(SQLModel, table=True):
     mig_profile: str | None = Field(default=None, max_length=32)
     mig_gi_id: int | None = None
     mig_ci_id: int | None = None
+    # The window the figures cover (record.py: window_s, measured_s, window).
+    window_s: float | None = None
+    measured_s: float | None = None
+    window: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
 
 
 class JobGpuTimeline(SQLModel, table=True):

@@ -34,7 +34,7 @@ SCHEMA_VERSION = 1
 
 # Time-weighted mean fractions in [0, 1]; then other per-GPU measurements (non-negative numbers).
 FRACTIONS = ("kernel_active", "sm_active", "sm_occupancy", "tensor_active", "dram_active", "fp64_active",
-             "fp32_active", "fp16_active")
+             "fp32_active", "fp16_active", "hmma_active", "imma_active", "dfma_active")
 QUANTITIES = ("memory_used_peak_bytes", "energy_j", "power_mean_w")
 METRICS = FRACTIONS + QUANTITIES
 
@@ -44,9 +44,20 @@ BACKENDS = ("nvml-gpm", "nvml", "dcgm", "simulated", "none")
 # seconds the clocks were held back per cause (power, thermal, reliability, board_limit,
 # low_utilization, sync_boost), compute PIDs seen. MIG: the slice a job held; ``uuid`` is then the
 # parent GPU's UUID and ``memory_total_bytes`` the slice's memory.
+# Where the backend knows them: ``window_s``, the seconds from the reading at job start to the one at job
+# end; ``measured_s``, the part of it with readings (less when the agent was down); ``window``, how the
+# window was taken (WINDOW_KEYS; docs/FIGURES.md "The job's window").
 OPTIONAL_INTS = ("xid_errors", "mig_gi_id", "mig_ci_id")
 OPTIONAL_STRS = ("mig_uuid", "mig_profile")
-OPTIONAL_GPU = OPTIONAL_INTS + OPTIONAL_STRS + ("throttle_s", "processes")
+OPTIONAL_SECONDS = ("window_s", "measured_s")
+OPTIONAL_GPU = OPTIONAL_INTS + OPTIONAL_STRS + OPTIONAL_SECONDS + ("throttle_s", "processes", "window")
+# window = {"start": epoch, "end": epoch (the readings' times), "start_offset_s", "end_offset_s": seconds the
+# reading was taken before the Prolog / Epilog (0 for an immediate reading), "start_exact", "end_exact": bool
+# (a reading taken on the hook's request), "gaps": [[from, to, why], ...] (agent down), "break": str|null
+# (why continuity was lost: reboot, GPU reset)}; all optional.
+WINDOW_NUMBERS = ("start", "end", "start_offset_s", "end_offset_s")
+WINDOW_BOOLS = ("start_exact", "end_exact")
+MAX_GAPS = 64
 
 _NUMBER = frozenset((int, float))  # exact classes: bool (an int subclass) is refused
 # What the database's columns hold (a record beyond them would fail its whole batch, again at every ingest,
@@ -167,7 +178,34 @@ def _validate_optional(where: str, gpu: dict[str, Any]) -> None:
             not isinstance(k, str) or not isinstance(v, int | float) or isinstance(v, bool)
             or not math.isfinite(v) or v < 0 for k, v in th.items())):
         raise RecordError(f"{where}.throttle_s must map causes to non-negative seconds, got {th!r}")
+    for k in OPTIONAL_SECONDS:
+        v = gpu.get(k)
+        if v is not None and (not _is_number(v) or not 0 <= v <= MAX_TIME):
+            raise RecordError(f"{where}.{k} must be a non-negative number of seconds or null, got {v!r}")
+    _validate_window(where, gpu.get("window"))
     procs = gpu.get("processes")
     if procs is not None and (not isinstance(procs, list) or any(
             not isinstance(p, int) or isinstance(p, bool) or p <= 0 for p in procs)):
         raise RecordError(f"{where}.processes must be a list of process ids, got {procs!r}")
+
+
+def _validate_window(where: str, w: object) -> None:
+    if w is None:
+        return
+    if not isinstance(w, dict):
+        raise RecordError(f"{where}.window must be an object or null, got {w!r}")
+    for k in WINDOW_NUMBERS:
+        v = w.get(k)
+        if v is not None and (not _is_number(v) or not -MAX_TIME <= v <= MAX_TIME):
+            raise RecordError(f"{where}.window.{k} must be a number or null, got {v!r}")
+    for k in WINDOW_BOOLS:
+        if w.get(k) is not None and w[k].__class__ is not bool:
+            raise RecordError(f"{where}.window.{k} must be a boolean or null, got {w[k]!r}")
+    brk = w.get("break")
+    if brk is not None and (not isinstance(brk, str) or len(brk) > 512):
+        raise RecordError(f"{where}.window.break must be a string of at most 512 characters or null")
+    gaps = w.get("gaps", [])
+    if gaps.__class__ is not list or len(gaps) > MAX_GAPS or not all(
+            g.__class__ is list and len(g) == 3 and _is_number(g[0]) and _is_number(g[1])
+            and 0 <= g[0] <= g[1] <= MAX_TIME and isinstance(g[2], str) and len(g[2]) <= 256 for g in gaps):
+        raise RecordError(f"{where}.window.gaps must be a list of at most {MAX_GAPS} [from, to, why] triples")

@@ -36,6 +36,7 @@ from .sacct_rows import (
     raw_id_of,
     state_word,
 )
+from .sacct_steps import STEP_FIELDS, attach, parse_steps
 
 __all__ = ["ACTIVE_STATES", "EXIT_CODES_WRONG", "FINAL_STATE_CODES", "PARSABLE_FIELDS", "RESTARTS_FIELDS",
            "SacctError", "SacctJob", "SacctReader", "exit_codes_wrong", "expand_hostlist", "no_gpus_note",
@@ -99,7 +100,23 @@ class SacctReader:
         jobs = self._json(sel) if self.fmt in ("auto", "json") else None
         if jobs is None:
             jobs = self._parsable(sel)
-        return number_runs(jobs) if runs else last_runs(jobs)
+        jobs = number_runs(jobs) if runs else last_runs(jobs)
+        self._cpu(jobs, cluster)
+        return jobs
+
+    def _cpu(self, jobs: list[SacctJob], cluster: str | None) -> None:
+        """The CPU side of the finished ones (sacct_steps.py); a sacct that cannot say leaves it unknown."""
+        ids = sorted({j.job_id for j in jobs if j.run_over})
+        if not ids:
+            return
+        try:
+            text = self._run(["-P", "-n", f"--delimiter={self.DELIM}", "-o", ",".join(STEP_FIELDS),
+                              "-j", ",".join(map(str, ids)), *(["-M", cluster] if cluster else [])])
+        except SacctError as exc:
+            for j in jobs:
+                j.notes.append(f"CPU use unknown: {exc}")
+            return
+        attach(jobs, parse_steps(text, self.DELIM))
 
     def _json(self, sel: list[str]) -> list[SacctJob] | None:
         """Jobs from ``--json`` (exit codes from ``-P`` where the plugin's are wrong); None: no usable --json."""

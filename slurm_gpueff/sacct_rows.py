@@ -72,6 +72,9 @@ class SacctJob:
     run: int | None = None           # 0, 1, ...: which run of the job this record is (set when runs were asked)
     sluid: str | None = None         # Slurm 26.05+: new per run, so (job_id, sluid) names one run
     array_throttle: int | None = None  # ``%N`` of an array, on its meta record only (JSON only)
+    alloc_cpus: int | None = None    # the CPU side (sacct_steps.py): allocated CPUs, TotalCPU, largest MaxRSS
+    total_cpu_s: float | None = None
+    max_rss_bytes: int | None = None
 
     @property
     def final(self) -> bool:

@@ -29,10 +29,11 @@ def add_records(d: Path, first: int, n: int) -> None:
         spool.write_record(str(d / "spool"), make_record(job_id))
 
 
-def gpueff(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def gpueff(*args: str, env: dict[str, str] | None = None, timeout: float = 120,
+           cwd: str | None = None) -> subprocess.CompletedProcess[str]:
     full = {**os.environ, "PYTHONPATH": ROOT, **(env or {})}
     return subprocess.run([sys.executable, "-m", "slurm_gpueff.cli.gpueff", *args], capture_output=True, text=True,
-                          timeout=timeout, env=full)
+                          timeout=timeout, env=full, cwd=cwd)
 
 
 def one_line(p: subprocess.CompletedProcess[str], prog: str = "gpueff") -> str:

@@ -12,7 +12,7 @@ import math
 import os
 from typing import Any
 
-from slurm_gpueff.collectors.nvml_sampler import NO_GPM_REASON, GpuInfo, GpuSample
+from slurm_gpueff.collectors.nvml_sampler import GPM_METRICS, NO_GPM_REASON, GpuInfo, GpuSample
 from slurm_gpueff.config import Config
 
 GiB = 1024**3
@@ -61,6 +61,8 @@ class FakeSampler:
                      "errors": {}} for g in gpus}
         self.energy: dict[str, float] = {g.uuid: 5_000_000.0 for g in gpus}
         self.last_t: float | None = None
+        self.gpm_last_t: float | None = None  # GPM intervals run from GPM sample to GPM sample (sample_gpm too)
+        self.gpm_calls = 0
         self.energy_reads = 0
         self.calls = 0
         self.closed = False
@@ -87,15 +89,28 @@ class FakeSampler:
                           power_mw=v["power_mw"], errors=dict(v["errors"]))
             if read_energy:
                 s.energy_mj = int(round(self.energy[g.uuid]))
-            if g.gpm_supported and dt is not None:
-                s.gpm = {m: v["gpm"].get(m) for m in ("sm_active", "sm_occupancy", "tensor_active",
-                                                       "dram_active", "fp64_active", "fp32_active",
-                                                       "fp16_active")}
-                s.gpm_dt = dt
+            self._gpm(g, s)
             out.append(s)
         self.energy_reads += int(read_energy)
         self.calls += 1
-        self.last_t = t
+        self.last_t = self.gpm_last_t = t
+        return out
+
+    def _gpm(self, g: GpuInfo, s: GpuSample) -> None:
+        if g.gpm_supported and self.gpm_last_t is not None:
+            s.gpm = {m: self.values[g.uuid]["gpm"].get(m) for m in GPM_METRICS}
+            s.gpm_dt = s.t - self.gpm_last_t
+
+    def sample_gpm(self) -> list[GpuSample]:
+        """GPM only, between the agent's full readings (as NvmlSampler.sample_gpm)."""
+        t = self.clock.mono
+        out = []
+        for g in self.infos:
+            s = GpuSample(uuid=g.uuid, t=t)
+            self._gpm(g, s)
+            out.append(s)
+        self.gpm_calls += 1
+        self.gpm_last_t = t
         return out
 
     def close(self) -> None:

@@ -14,10 +14,9 @@ from typing import Any
 
 from fake_gpus import FakeClock, FakeSampler, GiB, hopper
 
-from slurm_gpueff.collectors.nvml_sampler import NO_GPM_REASON, GpuInfo, GpuSample, MigInfo, MigSample
+from slurm_gpueff.collectors.nvml_sampler import GPM_METRICS, NO_GPM_REASON, GpuInfo, GpuSample, MigInfo, MigSample
 
-GPM_NAMES = ("sm_active", "sm_occupancy", "tensor_active", "dram_active", "fp64_active", "fp32_active",
-             "fp16_active")
+GPM_NAMES = tuple(GPM_METRICS)
 
 
 def mig_parent(uuid: str, index: int = 0, gpm: bool = True) -> GpuInfo:

@@ -4,6 +4,8 @@
 set -euo pipefail
 # --- reports: Debian's headless Chromium for the `browser` tests, DejaVu fonts for it and for
 # the matplotlib charts. (The `smtp` tests need no system package: aiosmtpd is in the `test` extra.)
+echo "== users: gpuser (the ordinary user the privacy tests run seff-gpu as)"
+id gpuser >/dev/null 2>&1 || useradd -m gpuser
 echo "== reports: chromium"
 if ! command -v chromium >/dev/null; then
   apt-get update -qq

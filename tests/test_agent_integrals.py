@@ -6,6 +6,7 @@ the arithmetic, the atomic state file and the timeline files are the real code.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
@@ -20,7 +21,8 @@ import pytest
 from fake_gpus import FakeClock, FakeSampler, GiB, ampere, close, hopper, make_config
 
 from slurm_gpueff.collectors import integrals
-from slurm_gpueff.collectors.agent import Agent, line_time, run_agent, state_path, timeline_path
+from slurm_gpueff.collectors.agent import Agent, line_time, state_path, timeline_path
+from slurm_gpueff.collectors.agent_run import run_agent
 from slurm_gpueff.collectors.nvml_sampler import NO_GPM_REASON, NvmlSampler
 from slurm_gpueff.errors import CollectorError
 
@@ -107,7 +109,7 @@ def test_state_file_contents_and_pre_hopper(tmp_path):
         ag.tick()
         clock.advance(5)
     st = _state(ag)
-    assert st["version"] == 1 and st["pid"] == os.getpid() and st["host"] == "node1"
+    assert st["version"] == 2 and st["pid"] == os.getpid() and st["host"] == "node1"
     assert st["interval_s"] == 5.0 and st["stopped"] is False and st["updated"] == clock.wall() - 5
     assert set(st["gpus"]) == {U0, U1}
     h, a = st["gpus"][U0], st["gpus"][U1]
@@ -258,7 +260,7 @@ def test_sigterm_finishes_the_tick_and_exits_zero(tmp_path, repo_root):
         sys.path[:0] = [{repo_root!r}, {os.path.join(repo_root, 'tests')!r}]
         from fake_gpus import FakeClock, FakeSampler, hopper
         from slurm_gpueff.config import load
-        from slurm_gpueff.collectors.agent import run_agent
+        from slurm_gpueff.collectors.agent_run import run_agent
         class Clock(FakeClock):
             @property
             def mono(self): return time.monotonic()
@@ -284,3 +286,22 @@ def test_sigterm_finishes_the_tick_and_exits_zero(tmp_path, repo_root):
     gpu = st["gpus"][U0]
     assert gpu["count"]["kernel_active"] >= 1 and math.isclose(gpu["covered_s"]["kernel_active"],
                                                                   gpu["ticks"] * 1.0, rel_tol=0.5)
+
+
+def test_gpm_samples_between_readings_make_one_second_intervals(tmp_path):
+    """Between its full readings the agent takes GPM samples (GPM_STEP_S), so an interval that spans a job's
+    idle/busy edge is short: the counters add each 1 s interval's GPM mean weighted by wall time."""
+    ag, fake, clock = _agent(tmp_path, [hopper(U0)])
+    ag.tick()  # the window's first reading
+    before = copy.deepcopy(ag.gpus[U0].counters)
+    for sm in (0, 0, 90, 90):  # idle 2 s, then busy: four GPM samples 1 s apart
+        clock.advance(1.0)
+        fake.set(U0, gpm={"sm_active": sm})
+        ag.gpm_tick()
+    clock.advance(1.0)
+    fake.set(U0, gpm={"sm_active": 90})
+    ag.tick()  # the next full reading closes the last 1 s interval
+    after = ag.gpus[U0].counters
+    mean, covered, n = integrals.window(before, after, "sm_active")
+    assert (covered, n) == (5.0, 5) and close(mean, (0 + 0 + 0.9 * 3) / 5, 1e-9)
+    assert fake.gpm_calls == 4 and ag.ticks == 2

@@ -13,7 +13,8 @@ import pytest
 from fake_gpus import FakeClock, FakeSampler, GiB, ampere, hopper, make_config
 from prometheus_client.parser import text_string_to_metric_families
 
-from slurm_gpueff.collectors.agent import Agent, run_agent, serve_metrics
+from slurm_gpueff.collectors.agent import Agent
+from slurm_gpueff.collectors.agent_run import run_agent, serve_metrics
 from slurm_gpueff.config import Config
 from slurm_gpueff.errors import ConfigError
 

@@ -121,6 +121,16 @@ def test_db_current_names_a_revision_from_elsewhere(made, tmp_path):
     assert p.returncode == 1 and "cannot upgrade from revision ffff9999" in one_line(p)
 
 
+@pytest.mark.parametrize("value", [":memory:", "file::memory:"])
+def test_a_relative_path_named_like_memory_is_a_file_not_created_by_reading(value, tmp_path):
+    """Found by the database fuzzer: a bare path ending in ":memory:" was taken for an in-memory database,
+    so the read-only check was skipped and SQLite created the file."""
+    cfg = tmp_path / "g.toml"
+    cfg.write_text(f'[paths]\ndatabase = "{value}"\nspool_dir = "{tmp_path}/s"\nstate_dir = "{tmp_path}/r"\n')
+    p = gpueff("--config", str(cfg), "db", "current", cwd=str(tmp_path))
+    assert p.returncode == 1 and "does not exist" in one_line(p) and sorted(os.listdir(tmp_path)) == ["g.toml"]
+
+
 START_TOGETHER = """
 import sys, time
 from slurm_gpueff.cli import gpueff

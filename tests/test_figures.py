@@ -20,8 +20,8 @@ def job(hours: float = 2.0, **kw) -> Job:
 
 def gpu(index: int = 0, **kw) -> JobGpu:
     values = dict(kernel_active=0.9, sm_active=0.6, tensor_active=0.5, dram_active=0.2, sm_occupancy=0.3,
-                  fp32_active=0.1, fp16_active=0.0, fp64_active=0.0, memory_used_peak_bytes=40 * GiB,
-                  memory_total_bytes=80 * GiB,
+                  fp32_active=0.1, fp16_active=0.0, fp64_active=0.0, hmma_active=0.5, imma_active=0.0,
+                  dfma_active=0.0, memory_used_peak_bytes=40 * GiB, memory_total_bytes=80 * GiB,
                   energy_j=400.0 * 7200, power_mean_w=400.0, source="nvml-gpm", samples=1440, missing={})
     values.update(kw)
     return JobGpu(job_pk=0, node="n1", gpu_index=index, **values)
@@ -108,8 +108,9 @@ def test_memory_is_the_fullest_gpu():
 def test_allocation_only_job_has_no_invented_figures():
     reason = "no GPU collector running on this node"
     missing = {m: reason for m in ("kernel_active", "sm_active", "tensor_active", "dram_active",
-                                   "sm_occupancy", "fp32_active", "fp16_active", "fp64_active",
-                                   "memory_used_peak_bytes", "energy_j", "power_mean_w")}
+                                   "sm_occupancy", "fp32_active", "fp16_active", "fp64_active", "hmma_active",
+                                   "imma_active", "dfma_active", "memory_used_peak_bytes", "energy_j",
+                                   "power_mean_w")}
     g = gpu(kernel_active=None, sm_active=None, tensor_active=None, dram_active=None, sm_occupancy=None,
             fp32_active=None, memory_used_peak_bytes=None, memory_total_bytes=None, energy_j=None,
             power_mean_w=None, source="none", samples=0, missing=missing)

@@ -23,9 +23,9 @@ P = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 S1 = mig_dev(P, 1, profile="3g.40gb", mem_gib=40)
 S2 = mig_dev(P, 2, profile="2g.20gb", mem_gib=20)
 BUSY1 = {"sm_active": 40, "tensor_active": 30, "dram_active": 10, "sm_occupancy": 20, "fp16_active": 25,
-         "fp32_active": 5, "fp64_active": 0}
+         "fp32_active": 5, "fp64_active": 0, "hmma_active": 30, "imma_active": 0, "dfma_active": 0}
 BUSY2 = {"sm_active": 90, "tensor_active": 80, "dram_active": 60, "sm_occupancy": 70, "fp16_active": 75,
-         "fp32_active": 15, "fp64_active": 0}
+         "fp32_active": 15, "fp64_active": 0, "hmma_active": 75, "imma_active": 5, "dfma_active": 0}
 
 
 class MigNode:
@@ -144,7 +144,7 @@ def test_shared_gpu_instance_and_pre_hopper_mig(tmp_path):
     assert h["memory_used_peak_bytes"] == 3 * GiB and h["memory_total_bytes"] == 5 * GiB
 
 
-def test_agent_restart_or_missing_prolog_voids_slice_figures(tmp_path):
+def test_missing_prolog_voids_and_agent_restart_keeps_slice_figures(tmp_path):
     n = MigNode(tmp_path, [mig_parent(P)], {P: [S1]})
     n.fake.set_slice(P, 1, gpm=BUSY1)
     n.ticks(2)
@@ -155,13 +155,19 @@ def test_agent_restart_or_missing_prolog_voids_slice_figures(tmp_path):
     (g,) = m.gpus
     assert g["mig_gi_id"] == 1 and g["uuid"] == P and g["sm_active"] is None
     assert "Prolog did not run" in g["missing"]["sm_active"]
-    again = Agent(n.cfg, FakeMigSampler(n.clock, [mig_parent(P)], {P: [S1]}), wall_clock=n.clock.wall)
-    again.open()
+    fake = FakeMigSampler(n.clock, [mig_parent(P)], {P: [S1]})
+    fake.energy = dict(n.fake.energy)  # the same GPU: its energy counter went on
+    fake.set_slice(P, 1, gpm=BUSY1)
+    again = Agent(n.cfg, fake, wall_clock=n.clock.wall)
+    again.open()  # resumes the GPU instance's counters: same boot, same MIG devices
+    n.clock.advance(5)
+    again.tick()
     n.clock.advance(5)
     again.tick()
     m = n.coll.stop(j, st)
-    assert "restarted" in m.reason and m.gpus[0]["sm_active"] is None
-    assert "restarted" in m.gpus[0]["missing"]["tensor_active"]
+    (g,) = m.gpus
+    assert m.reason is None and g["sm_active"] is not None and g["measured_s"] < g["window_s"]
+    assert g["window"]["gaps"][0][2] == "agent not running (killed or crashed)"
 
 
 def test_real_sampler_mig_calls_against_a_fake_pynvml(monkeypatch):
@@ -171,8 +177,10 @@ def test_real_sampler_mig_calls_against_a_fake_pynvml(monkeypatch):
 
     import fake_pynvml_mig
 
+    from slurm_gpueff.collectors import nvml_sampler
     from slurm_gpueff.collectors.nvml_sampler import NvmlSampler
 
+    monkeypatch.setattr(nvml_sampler, "GPM_SKIP_S", 0.0)  # samples back to back (the real minimum is tested apart)
     gis = {1: {"uuid": "MIG-1", "ci": 0, "name": "NVIDIA H100 80GB HBM3 MIG 3g.40gb", "total": 40 << 30,
                "used": 5 << 30, "gpm": {2: 40.0, 5: 30.0}},
            2: {"uuid": "MIG-2", "ci": 0, "name": "NVIDIA H100 80GB HBM3 MIG 2g.20gb", "total": 20 << 30,

@@ -149,7 +149,7 @@ def test_json_document(site):
     doc = json.loads(p.stdout)
     assert doc["schema"] == "slurm-gpueff/seff-gpu" and doc["schema_version"] == 1
     (job,) = doc["jobs"]
-    assert set(job) == {"job", "figures", "waste", "verdicts", "not_assessed", "gpus"}
+    assert set(job) == {"job", "figures", "cpu", "waste", "verdicts", "not_assessed", "gpus"}
     assert job["job"]["job_id"] == 4209 and job["job"]["gpu_count"] == 4
     assert job["figures"]["gpu_hours"]["value"] == pytest.approx(16.0)
     assert job["figures"]["sm_active"]["source"] == "simulated"

@@ -45,6 +45,12 @@ def assess(figures: JobFigures, thresholds: ThresholdSource = None) -> Diagnosis
     if figures.hours is not None and figures.hours < min_h:
         return Diagnosis([], [Skipped("all", "All checks", f"job too short to judge ({gpu_hours(figures.hours)} "
                                       f"GPU-hours, under analysis.min_gpu_hours = {min_h:g})")])
+    short = th["short_job_s"]
+    if figures.measured_s is not None and figures.measured_s < short:
+        why = (f"job too short to judge: measured {figures.measured_s:.0f} s, under analysis.short_job_s = "
+               f"{short:g} s; in so short a window start-up (imports, CUDA initialisation, loading data) "
+               "outweighs the work")
+        return Diagnosis([], [Skipped("all", "All checks", why)])
     ctx = Context(figures=figures, used=list(figures.gpus), thresholds=th)
     for rule in RULES:
         try:

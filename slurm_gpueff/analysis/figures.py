@@ -12,16 +12,21 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from .coverage import describe
+from .cpu import CpuFigures, cpu_figures
+
 if TYPE_CHECKING:  # rows may be ORM objects or the plain rows of storage.sqlite_read (seff-gpu's fast path),
     from ..models import Job, JobGpu  # so the models (and SQLAlchemy, slow to import) load only when needed
 
 # Figures averaged over time (fractions in [0, 1]) and what we call them in reasons.
 MEANS = ("kernel_active", "sm_active", "tensor_active", "dram_active", "sm_occupancy",
-         "fp32_active", "fp16_active", "fp64_active")
+         "fp32_active", "fp16_active", "fp64_active", "hmma_active", "imma_active", "dfma_active")
 LABELS = {
     "kernel_active": "kernel activity", "sm_active": "SM activity", "tensor_active": "tensor activity",
     "dram_active": "DRAM activity", "sm_occupancy": "SM occupancy", "fp32_active": "FP32 activity",
     "fp16_active": "FP16 activity", "fp64_active": "FP64 activity", "memory_fraction": "peak memory share",
+    "hmma_active": "FP16/BF16 tensor (HMMA) activity", "imma_active": "integer tensor (IMMA) activity",
+    "dfma_active": "FP64 tensor (DFMA) activity",
 }
 QUANTITIES = ("memory_used_peak_bytes", "memory_total_bytes", "energy_j", "power_mean_w")  # per GPU, as measured
 NOT_MEASURED = "not measured"
@@ -57,6 +62,9 @@ class GpuFigures:
     power_mean_w: float | None
     waste: Waste
     missing: dict[str, str] = field(default_factory=dict)
+    window_s: float | None = None  # the seconds from the reading at job start to the one at job end
+    measured_s: float | None = None  # the part of it the figures cover, where the backend knows (else None)
+    coverage_note: str | None = None  # what of the window is not covered, and why (analysis/coverage.py)
 
     @property
     def label(self) -> str:
@@ -90,6 +98,9 @@ class JobFigures:
     power_mean_w: float | None
     sources: dict[str, str]
     missing: dict[str, str]
+    measured_s: float | None = None  # the shortest measured window of its GPUs (their allocated time if unknown)
+    coverage_note: str | None = None
+    cpu: CpuFigures = field(default_factory=CpuFigures)  # the CPU side, from Slurm accounting
 
     @property
     def gpu_count(self) -> int:
@@ -139,9 +150,12 @@ def gpu_figures(job: Job, gpu: JobGpu) -> GpuFigures:
             missing[name] = missing.get(name) or NOT_MEASURED
     means = {m: None if raw[m] is None else min(1.0, max(0.0, float(raw[m]))) for m in MEANS}
     k, s = means["kernel_active"], means["sm_active"]
+    window_s, measured = getattr(gpu, "window_s", None), getattr(gpu, "measured_s", None)
     return GpuFigures(node=gpu.node, index=gpu.gpu_index, model=gpu.model, uuid=gpu.uuid,
                       source=gpu.source or "none", samples=gpu.samples or 0, hours=hours, means=means,
                       efficiency=_efficiency(k, s, missing), waste=split(hours, k, s, missing), missing=missing,
+                      window_s=window_s, measured_s=measured,
+                      coverage_note=describe(getattr(gpu, "window", None), window_s, measured),
                       **{q: raw[q] for q in QUANTITIES})
 
 
@@ -205,7 +219,9 @@ def _source(gpus: Sequence[GpuFigures], ok: Sequence[bool]) -> str:
 def job_figures(job: Job, gpus: Sequence[JobGpu]) -> JobFigures:
     """All figures of a job from its (saved or unsaved) Job and JobGpu rows."""
     per = [gpu_figures(job, g) for g in sorted(gpus, key=lambda g: (g.node, g.gpu_index))]
-    return combine(per, job_elapsed_s(job))
+    fig = combine(per, job_elapsed_s(job))
+    fig.cpu = cpu_figures(job, fig.elapsed_s)
+    return fig
 
 
 def combine(per: list[GpuFigures], elapsed_s: float | None = None) -> JobFigures:
@@ -268,8 +284,14 @@ def combine(per: list[GpuFigures], elapsed_s: float | None = None) -> JobFigures
         mem_total = max((g.memory_total_bytes for g in per if g.memory_total_bytes), default=None)
         sources["memory"] = _source(per, [g.memory_used_peak_bytes is not None for g in per])
         missing["memory"] = _reasons(per, "memory_used_peak_bytes" if mem_used is None else "memory_total_bytes")
+    measured = [sec for g in per
+                if (sec := g.measured_s if g.measured_s is not None else g.hours * 3600.0 if g.hours else None)
+                is not None]
+    notes = list(dict.fromkeys(n for g in per if (n := g.coverage_note)))
     return JobFigures(gpus=per, hours=hours, elapsed_s=elapsed_s, means=means, coverage=coverage,
                       efficiency=efficiency, waste=waste, memory_used_peak_bytes=mem_used,
                       memory_total_bytes=mem_total, memory_fraction=mem_frac, energy_j=energy,
-                      power_mean_w=power, sources=sources, missing=missing)
+                      power_mean_w=power, sources=sources, missing=missing, measured_s=min(measured, default=None),
+                      coverage_note=(notes[0] if len(notes) == 1 else "; ".join(
+                          f"{g.label}: {g.coverage_note}" for g in per if g.coverage_note)) or None)
 

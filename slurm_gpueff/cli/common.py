@@ -108,6 +108,9 @@ def database(config: Config, create: bool = True, read_only: bool = False) -> It
         yield engine
     except (sa_exc.SQLAlchemyError, sqlite3.Error) as exc:
         raise GpueffError(f"job database {name}: {first_line(exc)}") from None
+    except UnicodeDecodeError as exc:  # a damaged file's text column: SQLite hands over bytes that are not UTF-8
+        raise GpueffError(f"job database {name} is damaged (text that is not UTF-8: {exc.reason}); "
+                          "restore it from a backup") from None
     except Exception as exc:
         if type(exc).__module__.startswith("alembic"):  # alembic.util.CommandError and kin
             raise GpueffError(f"job database {name}: {_one_line(exc)}") from None

@@ -45,7 +45,7 @@ def _agent(args: argparse.Namespace) -> int:
     if interval is not None and not (math.isfinite(interval) and interval > 0):
         raise UsageError("--energy-interval must be a positive number of seconds")
     config = load_config(args)
-    from ..collectors.agent import run_agent
+    from ..collectors.agent_run import run_agent
 
     log_to_stderr(args.verbose, "agent")
     return run_agent(config, once=args.once, energy_interval_s=interval)

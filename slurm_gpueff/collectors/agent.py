@@ -2,9 +2,11 @@
 
 A Prolog/Epilog pair runs only at a job's two ends, so the agent samples all through and publishes per
 GPU (and per MIG GPU instance) cumulative integrals in ``agent/state.json`` and timeline files, which the
-hooks difference (:mod:`.nvml`; docs/DESIGN.md "Data flow", docs/FIGURES.md). Of jobs it knows only their
-peak memory, tracked while a Prolog's ``jobs/<job_id>.json`` exists. The energy counter is NVML's
-slowest call: read every ``ENERGY_INTERVAL_S``, extended in between by the power integral.
+hooks difference (:mod:`.nvml`; docs/DESIGN.md "Data flow", docs/FIGURES.md). A hook can ask for a reading
+at once (:mod:`.tickwire`), so a job's window runs from its Prolog to its Epilog; a restarted agent resumes
+its counters (:mod:`.agent_resume`). Of jobs it knows only their peak memory, tracked while a Prolog's
+``jobs/<job_id>.json`` exists. The energy counter is NVML's slowest call: read every
+``ENERGY_INTERVAL_S`` and at every requested reading, extended in between by the power integral.
 """
 
 from __future__ import annotations
@@ -13,24 +15,28 @@ import json
 import logging
 import math
 import os
-import signal
 import socket
-import threading
 import time
 import uuid as uuidlib
 from collections.abc import Callable, Iterator
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from .. import spool
-from ..errors import CollectorError
+from . import agent_resume as resume
 from . import integrals
 from .agent_files import job_file_uuids, line_time, mig_key, state_path, timeline_path
 from .gpu_ids import parse_legacy_mig
-from .nvml_sampler import GPM_METRICS, NO_GPM_REASON, GpuInfo, GpuSample, MigInfo, MigSample, NvmlSampler, Sampler
+from .nvml_sampler import (
+    GPM_METRICS,
+    NO_GPM_REASON,
+    GpuInfo,
+    GpuSample,
+    MigInfo,
+    MigSample,
+    Sampler,
+)
 
 if TYPE_CHECKING:
-    from wsgiref.simple_server import WSGIServer
 
     from prometheus_client.metrics_core import Metric
 
@@ -39,7 +45,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("slurm_gpueff.agent")
 
-STATE_VERSION = 1
+STATE_VERSION = 2
 ENERGY_INTERVAL_S = 30.0
 # A kernel/power reading stands for the interval before it; across a gap longer than this many
 # intervals (agent stalled, host suspended) we do not pretend to know what happened.
@@ -86,9 +92,11 @@ class _Slice(_Series):
 
 
 class _Gpu(_Series):
-    def __init__(self, info: GpuInfo):
+    def __init__(self, info: GpuInfo, why: str, since: float):
         super().__init__()
         self.info = info
+        self.series, self.series_since, self.series_why = resume.new_series(), since, why
+        self.mig_prev: dict[str, Any] = {}  # an earlier agent's slices (GPU instance id -> published), to resume
         self.last_t: float | None = None
         self.energy_mj: int | None = None
         self.energy_read_at: float | None = None
@@ -104,13 +112,36 @@ class _Gpu(_Series):
                "gpm_metrics": sorted(GPM_METRICS) if i.gpm_supported else [], **super().published(),
                "energy_mj": self.energy_mj, "energy_read_at": self.energy_read_at,
                "energy_est_mj": _r(self.energy_est_mj()), "energy_error": self.energy_error,
-               "mig_enabled": i.mig_enabled}
+               "mig_enabled": i.mig_enabled, "series": self.series, "series_since": self.series_since,
+               "series_why": self.series_why}
         if i.mig_enabled:
             out["mig"] = {str(gi): sl.published() for gi, sl in sorted(self.mig.items())}
         return out
 
     def energy_est_mj(self) -> float | None:
         return None if self.energy_mj is None else self.energy_mj + self.power_since_energy_mj
+
+    def resume(self, prev: dict[str, Any]) -> bool:
+        """Continue an earlier agent's series of this GPU (same boot); False when its counters are unusable."""
+        counters = resume.counters_of(prev, integrals.METRICS)
+        if counters is None or not isinstance(prev.get("series"), str):
+            return False
+        self.counters = counters  # type: ignore[assignment]  # the Counters shape, checked by counters_of
+        self.ticks = int(prev.get("ticks") or 0)
+        self.series, self.series_since = prev["series"], float(prev.get("series_since") or 0.0)
+        self.series_why = str(prev.get("series_why") or "")
+        energy = prev.get("energy_mj")
+        self.energy_mj = int(energy) if isinstance(energy, int | float) else None  # until the next read
+        mig = prev.get("mig")
+        self.mig_prev = mig if isinstance(mig, dict) else {}
+        return True
+
+    def restart_series(self, why: str, since: float) -> None:
+        """Continuity is lost (a GPU reset): counters from zero, in a new series that says why."""
+        self.counters, self.ticks = integrals.new_counters(), 0
+        self.series, self.series_since, self.series_why = resume.new_series(), since, why
+        self.power_since_energy_mj = 0.0
+        self.mig, self.mig_prev = {}, {}
 
 
 class Agent:
@@ -141,14 +172,35 @@ class Agent:
         self.ticks = 0
         self.tick_cpu_s: float | None = None  # cost of the previous tick (published for bench/ and ops)
         self.tick_wall_s: float | None = None
+        self.boot = resume.boot_id()
+        self.gaps: list[list[Any]] = []  # [from, to, why]: times without readings (agent down or stalled)
+        self.down_since: tuple[float, str] | None = None  # an earlier agent's last reading: a gap to close
+        self.last_sample_mono: float | None = None
 
     def open(self) -> None:
         infos = self.sampler.open()
-        self.gpus = {i.uuid: _Gpu(i) for i in infos}
+        prev, why = resume.previous(state_path(self.state_dir), STATE_VERSION, self.boot)
+        now = self.clock()
+        self.gpus = {i.uuid: _Gpu(i, why, now) for i in infos}
+        resumed = []
+        if prev is not None:
+            for u, g in self.gpus.items():
+                earlier = prev["gpus"].get(u)
+                if isinstance(earlier, dict) and g.resume(earlier):
+                    resumed.append(u)
+                else:
+                    g.series_why = resume.NEW_GPU
+            self.gaps = resume.gaps_since(prev, now - self.keep_s)
+            self.down_since = (float(prev["updated"]), resume.STOPPED if prev.get("stopped") else resume.DIED)
+            jobs = prev.get("jobs")
+            if isinstance(jobs, dict):
+                self.job_peaks = {str(j): {str(u): int(v) for u, v in p.items() if isinstance(v, int)}
+                                  for j, p in jobs.items() if isinstance(p, dict)}
         os.makedirs(os.path.join(self.state_dir, "agent", "timeline"), mode=0o755, exist_ok=True)
         desc = ", ".join(f"{i.uuid} ({i.model}, {'GPM' if i.gpm_supported else i.gpm_reason})" for i in infos)
         log.info("gpueff agent %s on %s: %d GPU(s), interval %.1f s: %s", self.instance[:8], self.host,
                  len(infos), self.interval_s, desc)
+        log.info("counters resumed for %d of %d GPU(s)%s", len(resumed), len(infos), f" ({why})" if why else "")
 
     def close(self) -> None:
         """Publish a final state marked ``stopped`` (so hooks can say why), then release NVML."""
@@ -161,12 +213,15 @@ class Agent:
         except Exception as exc:  # noqa: BLE001 - shutting down anyway
             log.warning("sampler close failed: %s", exc)
 
-    def tick(self) -> None:
+    def tick(self, requested: bool = False) -> None:
+        """One reading of every GPU; ``requested`` (a hook asked for it) reads the energy counter too."""
         cpu0, wall0 = time.process_time(), time.perf_counter()
         last = [g.last_t for g in self.gpus.values() if g.last_t is not None]
         now_mono = max(last) + self.interval_s if last else None
-        read_energy = (self.last_energy_t is None or now_mono is None
+        read_energy = (requested or self.last_energy_t is None or now_mono is None
                        or now_mono - self.last_energy_t >= self.energy_interval_s - self.interval_s / 2)
+        self.last_sample_mono = time.monotonic()
+        before = self.updated
         samples = self.sampler.sample(read_energy)
         for s in samples:
             g = self.gpus.get(s.uuid)
@@ -176,11 +231,24 @@ class Agent:
             self.last_energy_t = max(s.t for s in samples)
         self.ticks += 1
         self.updated = now = self.clock()
+        if self.down_since is not None:  # the first reading after a restart closes the time it was down
+            resume.add_gap(self.gaps, self.down_since[0], now, self.down_since[1])
+            self.down_since = None
+        elif before is not None and now - before > GAP_INTERVALS * self.interval_s:
+            resume.add_gap(self.gaps, before, now, f"agent stalled (no reading for {now - before:.0f} s)")
         self._track_jobs()
         self.write_state()  # publishes the previous tick's cost
         self._maybe_timeline(now)
         self.tick_cpu_s = time.process_time() - cpu0
         self.tick_wall_s = time.perf_counter() - wall0
+
+    def gpm_tick(self) -> None:
+        """GPM only, between full readings (GPM_STEP_S): added to the counters, published at the next reading."""
+        self.last_sample_mono = time.monotonic()
+        for s in self.sampler.sample_gpm():
+            g = self.gpus.get(s.uuid)
+            if g is not None and s.gpm is not None:
+                g.last.update(_add_gpm(g.counters, s.gpm, s.gpm_dt))
 
     def _integrate(self, g: _Gpu, s: GpuSample, read_energy: bool) -> None:
         dt = s.t - g.last_t if g.last_t is not None else None
@@ -193,6 +261,11 @@ class Agent:
         added = integrals.add(c, "power_w", power_w, held_dt)
         if added and g.energy_mj is not None and power_w is not None and held_dt is not None:
             g.power_since_energy_mj += power_w * held_dt * 1000.0
+        if s.energy_mj is not None and g.energy_mj is not None and s.energy_mj < g.energy_mj:
+            log.warning("GPU %s: energy counter went back from %d to %d mJ: %s; its counters restart",
+                        g.info.uuid, g.energy_mj, s.energy_mj, resume.GPU_RESET)
+            g.restart_series(resume.GPU_RESET, self.clock())
+            c = g.counters
         if s.energy_mj is not None:
             g.energy_mj = int(s.energy_mj)
             g.energy_read_at = self.clock()
@@ -225,6 +298,7 @@ class Agent:
                 if sl is not None:
                     log.info("GPU %s: MIG GPU instance %d was re-created; its counters restart", g.info.uuid, gi)
                 sl = g.mig[gi] = _Slice(gi, sorted(devs, key=lambda d: (d.ci_id or 0, d.uuid)), self.clock())
+                _resume_slice(sl, g.mig_prev.pop(str(gi), None))
             ms = readings.get(gi)
             if ms is None:
                 sl.errors = {"sample": "no reading of this GPU instance at this tick"}
@@ -295,6 +369,7 @@ class Agent:
                      for g in self.gpus.values() for sl in g.mig.values() for d in sl.devices}
         return {
             "version": STATE_VERSION, "pid": self.pid, "instance": self.instance, "host": self.host,
+            "boot_id": self.boot, "gaps": self.gaps,
             "started": self.started, "updated": self.updated if self.updated is not None else self.clock(),
             "interval_s": self.interval_s, "timeline_interval_s": self.timeline_interval_s,
             "energy_interval_s": self.energy_interval_s, "ticks": self.ticks, "stopped": stopped,
@@ -314,7 +389,7 @@ class Agent:
         self.last_timeline_wall = now
         series: list[tuple[str, Counters, dict[str, str]]] = []
         for u, g in self.gpus.items():
-            series.append((u, g.counters, {}))
+            series.append((u, g.counters, {"series": g.series}))
             series += [(mig_key(u, gi), sl.counters, {"gen": sl.gen}) for gi, sl in g.mig.items()]
         for u, c, extra in series:
             line = {"t": round(now, 3), "instance": self.instance, **extra,
@@ -386,6 +461,16 @@ class Agent:
             yield GaugeMetricFamily("gpueff_agent_tick_cpu_seconds", "CPU time of the last tick", value=self.tick_cpu_s)
 
 
+def _resume_slice(sl: _Slice, prev: object) -> None:
+    """Continue an earlier agent's counters of a GPU instance that still holds the same MIG devices."""
+    if not isinstance(prev, dict) or frozenset(prev.get("devices") or ()) != sl.key:
+        return
+    counters = resume.counters_of(prev, integrals.METRICS)
+    if counters is not None and isinstance(prev.get("gen"), str):
+        sl.counters, sl.gen = counters, prev["gen"]  # type: ignore[assignment]  # checked by counters_of
+        sl.ticks, sl.since = int(prev.get("ticks") or 0), float(prev.get("since") or sl.since)
+
+
 def _add_gpm(c: Counters, gpm: dict[str, float | None], dt: float | None) -> dict[str, float | None]:
     """Integrate GPM percentages (exact means over ``dt``); return them as fractions."""
     fractions = {m: (p / 100.0 if p is not None else None) for m, p in gpm.items()}
@@ -405,69 +490,3 @@ def _counters_state(c: Counters, metrics: tuple[str, ...]) -> dict[str, Any]:
 
 def _r(v: float | None) -> float | None:
     return round(v, 6) if v is not None and math.isfinite(v) else None
-
-
-def serve_metrics(agent: Agent, address: str, port: int) -> tuple[WSGIServer, threading.Thread]:
-    """Start the /metrics HTTP server in a daemon thread, with the agent as its only collector."""
-    from prometheus_client import start_http_server
-    from prometheus_client.registry import CollectorRegistry
-
-    reg = CollectorRegistry(auto_describe=False)
-    reg.register(agent)
-    return start_http_server(port, addr=address, registry=reg)
-
-
-def run_agent(config: Config, *, once: bool = False, sampler: Sampler | None = None,
-              energy_interval_s: float | None = None) -> int:
-    """The body of ``gpueff agent``: sample until SIGTERM/SIGINT (or one tick with ``once``). Returns 1
-    (after logging why) when the GPUs cannot be read at all, e.g. no NVIDIA driver."""
-    agent = Agent(config, sampler if sampler is not None else NvmlSampler(),
-                  energy_interval_s=energy_interval_s)
-    try:
-        agent.open()
-    except CollectorError as exc:
-        log.error("gpueff agent cannot start: %s", exc)
-        return 1
-    server = None
-    address, port = config.agent.metrics_address, config.agent.metrics_port
-    if port:
-        try:
-            server, _thread = serve_metrics(agent, address, port)
-            log.info("live GPU gauges on http://%s:%d/metrics", address, port)
-        except OSError as exc:  # port taken: sampling (what jobs' figures need) goes on without it
-            log.error("cannot serve /metrics on %s:%d: %s; sampling goes on without it", address, port, exc)
-    stop = threading.Event()
-    old: dict[signal.Signals, Callable[[int, FrameType | None], object] | int | None] = {}
-    if threading.current_thread() is threading.main_thread():
-        def _handler(signum: int, _frame: FrameType | None) -> None:
-            log.info("signal %d: finishing the current tick, then exiting", signum)
-            stop.set()
-
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            old[sig] = signal.signal(sig, _handler)
-    interval = agent.interval_s
-    next_t = time.monotonic()
-    try:
-        while True:
-            try:
-                agent.tick()
-            except OSError as exc:  # a full or read-only state dir must not kill sampling
-                log.warning("tick failed: %s", exc)
-            if once or stop.is_set():
-                break
-            next_t += interval
-            now = time.monotonic()
-            while next_t <= now:  # overran: skip the missed ticks rather than bunching them
-                next_t += interval
-            if stop.wait(next_t - now):
-                break
-    finally:
-        if server is not None:
-            server.shutdown()
-            server.server_close()
-        agent.close()
-        for sig, h in old.items():
-            signal.signal(sig, h)
-    log.info("gpueff agent stopped after %d ticks", agent.ticks)
-    return 0
-

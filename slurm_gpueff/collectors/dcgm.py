@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 # Profiling field id -> record metric (values are ratios 0-1).
 PROF_FIELDS: dict[int, str] = {1002: "sm_active", 1003: "sm_occupancy", 1004: "tensor_active",
                                1005: "dram_active", 1006: "fp64_active", 1007: "fp32_active",
-                               1008: "fp16_active"}
+                               1008: "fp16_active", 1013: "imma_active", 1014: "hmma_active", 1015: "dfma_active"}
 # What to retry with when a GPU cannot watch every field in one pass (PROFILING_MULTI_PASS, pre-Hopper);
 # the dropped fields are None with the reason.
 PROF_FALLBACKS: tuple[tuple[int, ...], ...] = (tuple(PROF_FIELDS), (1002, 1003, 1004, 1005), (1002,))

@@ -18,7 +18,8 @@ import logging
 import time
 
 from ..record import empty_gpu
-from . import gpu_ids, integrals
+from . import gpu_ids, integrals, tickwire
+from . import window as win
 from .agent_files import mig_key, read_job_timeline, state_path
 from .base import Collector, JobContext, Measurement, slurm_index_to_minor
 from .nvml_sampler import GPM_METRICS, NO_GPM_REASON
@@ -86,7 +87,18 @@ class NvmlCollector(Collector):
 
     @staticmethod
     def _snapshot(g: dict[str, Any]) -> dict[str, Any]:
-        return {k: g.get(k) for k in ("sum", "covered_s", "count", "ticks", "energy_est_mj", "energy_mj")}
+        return {k: g.get(k) for k in ("sum", "covered_s", "count", "ticks", "energy_est_mj", "energy_mj", "series")}
+
+    def _read_now(self) -> tuple[dict[str, Any] | None, str | None, dict[str, Any]]:
+        """Ask the agent for a reading now, then read its state: (state, why unusable, the reading's
+        description for :func:`.window.job_window`). A stale or stopped agent's state is still usable:
+        its counters up to its last reading are what a restarted agent resumes."""
+        t = self.now()
+        answer, why = tickwire.request_reading(self.state_dir, float(self.config.collector.tick_wait_s))
+        state, err = self.read_state()
+        down = err if state is not None and isinstance(state.get("updated"), int | float) and err else None
+        exact = answer is not None and isinstance(state, dict) and state.get("updated") == answer.get("updated")
+        return state, (None if down else err), win.reading(t, state, exact, why, down)
 
     def start(self, job: JobContext) -> dict[str, Any]:
         try:
@@ -97,8 +109,9 @@ class NvmlCollector(Collector):
                     "error": f"nvml collector failed at job start: {exc}"}
 
     def _start(self, job: JobContext) -> dict[str, Any]:
-        state, err = self.read_state()
-        out: dict[str, Any] = {"backend": self.name, "t": self.now(), "uuids": [], "gpus": {}, "error": err}
+        state, err, rd = self._read_now()
+        out: dict[str, Any] = {"backend": self.name, "t": rd["t"], "uuids": [], "gpus": {}, "error": err,
+                               "reading": {k: v for k, v in rd.items() if k != "gaps"}}
         if state is not None:
             out["agent"] = {"pid": state.get("pid"), "instance": state.get("instance"),
                             "started": state.get("started")}
@@ -133,12 +146,12 @@ class NvmlCollector(Collector):
             return Measurement(self.name, [empty_gpu(i, self.name, reason) for i in job.gpu_indexes], reason)
 
     def _stop(self, job: JobContext, start_state: dict[str, Any] | None) -> Measurement:
-        state, err = self.read_state()
+        state, err, end = self._read_now()
         reason = self._job_reason(start_state, state, err)
         if gpu_ids.job_slices(job.env):
             interval = float((state or {}).get("interval_s") or self.config.agent.interval_s)
             gpus = _mig_stop(job, start_state, state=state, reason=reason, interval_s=interval,
-                             state_dir=self.state_dir)
+                             state_dir=self.state_dir, end=end)
             return Measurement(_backend(gpus), gpus, reason)
         minors = slurm_index_to_minor(job.gpu_indexes, self.dev_dir)
         by_minor = self._by_minor(state) if state is not None else {}
@@ -166,6 +179,12 @@ class NvmlCollector(Collector):
                 continue
             # No reason: _job_reason found both states, and ag is this GPU's entry.
             assert start_state is not None and state is not None and ag is not None
+            w = win.job_window(_start_reading(start_state), end)
+            ident.update(window_s=round(w["end"] - w["start"], 3), measured_s=round(win.measured_s(w), 3), window=w)
+            why = _continuity(entry["snapshot"].get("series"), ag, w, ident["measured_s"])
+            if why is not None:
+                gpus.append(empty_gpu(idx, self.name, why, **ident))
+                continue
             gpus.append(self._gpu_figures(job, idx, ident, entry["snapshot"], ag, start_state, state))
         backend = _backend(gpus)
         if reason is None and backend == "nvml" and gpus:
@@ -180,12 +199,8 @@ class NvmlCollector(Collector):
             return "no start state: the Prolog did not run or its saved state was lost"
         if start_state.get("error"):
             return f"at job start: {start_state['error']}"
-        if err is not None or state is None:  # read_state gives no state only with a reason
-            return err if state is None or state.get("stopped") else f"at job end: {err}"
-        agent = start_state.get("agent") or {}
-        if agent.get("instance") != state.get("instance") or agent.get("pid") != state.get("pid"):
-            return (f"gpueff agent restarted during the job (pid {agent.get('pid')} -> {state.get('pid')}): "
-                    "its counters are not comparable")
+        if err is not None or state is None:  # _read_now gives no state only with a reason
+            return err if state is None else f"at job end: {err}"
         return None
 
     def _gpu_figures(self, job: JobContext, idx: int, ident: dict[str, Any], snap: dict[str, Any], ag: dict[str, Any],
@@ -229,9 +244,30 @@ class NvmlCollector(Collector):
             gpu["source"] = "nvml"
         gpu["missing"] = missing
         if samples > 0:
-            gpu["timeline"] = read_job_timeline(self.state_dir, ident["uuid"], {"instance": state.get("instance")},
+            gpu["timeline"] = read_job_timeline(self.state_dir, ident["uuid"], {"series": snap.get("series")},
                                                 job.start_time, start_state, snap, state, ag)
         return gpu
+
+
+def _start_reading(start_state: dict[str, Any]) -> dict[str, Any]:
+    """The Prolog's reading description (a Prolog state from before readings on request: its last one)."""
+    rd = start_state.get("reading")
+    if isinstance(rd, dict) and isinstance(rd.get("t"), int | float):
+        return rd
+    updated = start_state.get("updated")
+    live = isinstance(updated, int | float)
+    return {"t": start_state.get("t") if isinstance(start_state.get("t"), int | float) else updated,
+            "updated": updated, "live": live, "exact": False}
+
+
+def _continuity(series: object, ag: dict[str, Any], w: dict[str, Any], measured: float) -> str | None:
+    """Why the counters cannot be differenced over the window ``w`` (noted in it), or None."""
+    if series != ag.get("series"):
+        w["break"] = f"measurement continuity lost during the job: {ag.get('series_why') or 'counters restarted'}"
+        return str(w["break"])
+    if measured <= 0 and w["gaps"]:
+        return f"the gpueff agent was down for the whole job ({w['gaps'][0][2]})"
+    return None
 
 
 def _slice_entry(state: dict[str, Any] | None, desc: dict[str, Any]) -> dict[str, Any] | None:
@@ -280,7 +316,7 @@ def _mig_start(state_dir: str, job: JobContext, out: dict[str, Any], state: dict
 
 
 def _mig_stop(job: JobContext, start_state: dict[str, Any] | None, *, state: dict[str, Any] | None,
-              reason: str | None, interval_s: float, state_dir: str) -> list[dict[str, Any]]:
+              reason: str | None, interval_s: float, state_dir: str, end: dict[str, Any]) -> list[dict[str, Any]]:
     """One record entry per slice: identity from the Prolog's state (or the agent's inventory), figures
     from the difference of the slice's counters; ``reason`` (agent down, restarted, no Prolog state) voids them."""
     saved = (start_state or {}).get("mig") or {}
@@ -304,6 +340,8 @@ def _mig_stop(job: JobContext, start_state: dict[str, Any] | None, *, state: dic
             missing.update(dict.fromkeys((*GPM_MIG_METRICS, "memory_used_peak_bytes"), slice_reason))
         else:  # counters to difference: a Prolog snapshot (so a start state) and the slice at job end
             assert start_state is not None and state is not None
+            w = win.job_window(_start_reading(start_state), end)
+            gpu.update(window_s=round(w["end"] - w["start"], 3), measured_s=round(win.measured_s(w), 3), window=w)
             _slice_figures(job, gpu, missing, entry, mig_uuid, desc, start_state, state, interval_s, state_dir)
     return gpus
 

@@ -32,8 +32,23 @@ GPM_METRICS: dict[str, str] = {
     "fp64_active": "NVML_GPM_METRIC_FP64_UTIL",
     "fp32_active": "NVML_GPM_METRIC_FP32_UTIL",
     "fp16_active": "NVML_GPM_METRIC_FP16_UTIL",
+    # tensor activity by precision (they add up to ANY_TENSOR): FP16/BF16/TF32, integer, FP64
+    "hmma_active": "NVML_GPM_METRIC_HMMA_TENSOR_UTIL",
+    "imma_active": "NVML_GPM_METRIC_IMMA_TENSOR_UTIL",
+    "dfma_active": "NVML_GPM_METRIC_DFMA_TENSOR_UTIL",
 }
 NO_GPM_REASON = "GPU has no GPM metrics (pre-Hopper); kernel activity only"
+# GPM samples closer than about this give zeros and NaN (docs/gpu-validation): the agent spaces the readings
+# it takes on request at least GPM_MIN_S from the previous one. A reading closer than GPM_SKIP_S to the
+# previous GPM sample (only the first tick after start-up, right after the priming sample) takes none, and
+# the next one covers both intervals.
+GPM_MIN_S = 1.0
+GPM_SKIP_S = 0.5
+# A GPM mean between two samples weights time by GPU clock cycles, and an idle GPU clocks down: an interval
+# half idle, half busy reads well above half busy (docs/gpu-validation). The agent therefore takes a GPM
+# sample every GPM_STEP_S between its full readings, so that the few intervals spanning a job's idle/busy
+# edges are short; its time integral weights each interval by wall time.
+GPM_STEP_S = 1.0
 
 
 @dataclass
@@ -104,6 +119,9 @@ class Sampler(Protocol):
 
     def sample(self, read_energy: bool) -> list[GpuSample]:
         """Read every GPU once; ``energy_mj`` only when ``read_energy`` (it is the expensive call)."""
+
+    def sample_gpm(self) -> list[GpuSample]:
+        """GPM only (``t``, ``gpm``, ``gpm_dt``) of every GPU that has it, between full readings."""
 
     def close(self) -> None:
         ...
@@ -292,6 +310,8 @@ class NvmlSampler:
     def _gpm(self, dev: _GpmBuf, out: GpuSample | MigSample, take: Callable[[object], object]) -> None:
         """One GPM reading into ``out``: ``take(sample)`` fills the current buffer (a GPU's or a GPU instance's)."""
         nv = self._nvml
+        if dev.gpm_prev_t is not None and time.monotonic() - dev.gpm_prev_t < GPM_SKIP_S:
+            return
         try:
             take(dev.gpm_cur)
         except nv.NVMLError as exc:
@@ -427,6 +447,16 @@ class NvmlSampler:
             if dev.info.mig_enabled:
                 self._sample_mig(dev, s)
             out.append(s)
+        return out
+
+    def sample_gpm(self) -> list[GpuSample]:
+        nv = self._nvml
+        out = []
+        for dev in self._devs:
+            if dev.info.gpm_supported:
+                s = GpuSample(uuid=dev.info.uuid, t=time.monotonic())
+                self._gpm(dev, s, functools.partial(nv.nvmlGpmSampleGet, dev.handle))
+                out.append(s)
         return out
 
     def close(self) -> None:

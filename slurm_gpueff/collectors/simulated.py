@@ -23,12 +23,15 @@ if TYPE_CHECKING:
 GiB = 1024**3
 
 # A profile's figures per GPU, in this order: the record's fractions (kernel, SM, occupancy, tensor, DRAM,
-# FP64, FP32, FP16) in [0, 1], peak memory as a fraction of the total, power in W.
-_FIELDS = (*FRACTIONS, "mem", "power")
+# FP64, FP32, FP16) in [0, 1], peak memory as a fraction of the total, power in W. The tensor work is
+# FP16/BF16 (HMMA) unless ``tensor`` names another precision.
+_FIELDS = (*FRACTIONS[:8], "mem", "power")
+_TENSOR = ("hmma_active", "imma_active", "dfma_active")
 
 
-def _spec(*values: float) -> dict[str, float]:
-    return dict(zip(_FIELDS, values, strict=True))
+def _spec(*values: float, tensor: str = "hmma_active") -> dict[str, float]:
+    spec = dict(zip(_FIELDS, values, strict=True))
+    return spec | {m: spec["tensor_active"] if m == tensor else 0.0 for m in _TENSOR}
 
 
 _IDLE = _spec(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.005, 70.0)
@@ -50,6 +53,10 @@ PROFILES: dict[str, dict[str, Any]] = {
     "oversized": {"describe": "small model on a big GPU: little memory and few SMs used",
                   "first": _spec(0.70, 0.30, 0.1, 0.2, 0.05, 0.0, 0.03, 0.02, 0.06, 180.0)},
     "bf16-healthy": {"describe": "bf16 training with large matmuls: tensor cores busy", "first": _HEALTHY},
+    "fp64-dgemm": {"describe": "FP64 DGEMM (cuBLAS): the FP64 tensor pipe (DFMA) busy",
+                   "first": _spec(0.99, 0.92, 0.25, 0.86, 0.15, 0.0004, 0.02, 0.0, 0.5, 600.0, tensor="dfma_active")},
+    "int8-gemm": {"describe": "int8 GEMMs (quantised inference): SMs busy, the integer tensor pipe (IMMA) at 12 %",
+                  "first": _spec(0.98, 0.90, 0.3, 0.12, 0.3, 0.0, 0.03, 0.01, 0.4, 420.0, tensor="imma_active")},
     "one-of-n-gpus": {"describe": "job asked for several GPUs and used only the first",
                       "first": _HEALTHY, "rest": _IDLE},
 }

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..analysis.cpu import cpu_figures
 from ..fmt import gpu_hours, hms, iso, job_label, pct
 
 SCHEMA = "slurm-gpueff/seff-gpu-jobs"
@@ -20,6 +21,11 @@ def _waste(job: Any) -> float | None:
     if job.idle_gpu_hours is None or job.underfilled_gpu_hours is None:
         return None
     return float(job.idle_gpu_hours + job.underfilled_gpu_hours)
+
+
+def _cpu(job: Any) -> float | None:
+    """CPU efficiency (TotalCPU / (Elapsed x CPUs), analysis/cpu.py), None where accounting did not say."""
+    return cpu_figures(job, job.elapsed_s).efficiency
 
 
 def _label(job: Any) -> str:
@@ -38,6 +44,7 @@ def totals(jobs: Sequence[Any]) -> dict[str, Any]:
                 den += j.gpu_hours
         return num / den if den else None
 
+    cpu = [(j.total_cpu_s, j.elapsed_s * j.alloc_cpus) for j in jobs if _cpu(j) is not None]
     hours = [j.gpu_hours for j in jobs if j.gpu_hours is not None]
     wastes = [w for w in map(_waste, jobs) if w is not None]
     return {
@@ -46,25 +53,27 @@ def totals(jobs: Sequence[Any]) -> dict[str, Any]:
         "kernel_active": wmean(lambda j: None if j.idle_gpu_hours is None else j.gpu_hours - j.idle_gpu_hours),
         "sm_active": wmean(lambda j: j.sm_active_gpu_hours),
         "tensor_active": wmean(lambda j: j.tensor_active_gpu_hours),
+        "cpu_efficiency": min(1.0, sum(c for c, _ in cpu) / sum(a for _, a in cpu)) if cpu else None,
         "waste_gpu_hours": sum(wastes) if wastes else None,
         "energy_j": sum(e) if (e := [j.energy_j for j in jobs if j.energy_j is not None]) else None,
     }
 
 
 def render(jobs: Sequence[Any]) -> str:
-    head = ("JobID", "State", "Elapsed", "GPUs", "GPU-h", "Kernel%", "SM%", "Tensor%", "WasteGPU-h", "Verdict")
+    head = ("JobID", "State", "Elapsed", "GPUs", "GPU-h", "Kernel%", "SM%", "Tensor%", "CPU%", "WasteGPU-h",
+            "Verdict")
     rows = []
     for j in jobs:
         verdict = j.verdict_title or j.verdict or ("(pending analysis)" if j.analyzed_at is None else "-")
         rows.append((_label(j), j.state or "unknown", hms(j.elapsed_s), str(j.gpu_count),
                      gpu_hours(j.gpu_hours), pct(j.kernel_active), pct(j.sm_active), pct(j.tensor_active),
-                     gpu_hours(_waste(j)), verdict))
+                     pct(_cpu(j)), gpu_hours(_waste(j)), verdict))
     t = totals(jobs)
     foot = (f"Total ({t['jobs']} jobs)", "", "", str(sum(j.gpu_count for j in jobs)), gpu_hours(t["gpu_hours"]),
-            pct(t["kernel_active"]), pct(t["sm_active"]), pct(t["tensor_active"]),
+            pct(t["kernel_active"]), pct(t["sm_active"]), pct(t["tensor_active"]), pct(t["cpu_efficiency"]),
             gpu_hours(t["waste_gpu_hours"]), "")
     widths = [max(len(r[i]) for r in (head, *rows, foot)) for i in range(len(head))]
-    right = {3, 4, 5, 6, 7, 8}
+    right = {3, 4, 5, 6, 7, 8, 9}
 
     def line(r: Sequence[str]) -> str:
         cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))]
@@ -79,7 +88,9 @@ def as_json(jobs: Sequence[Any], query: dict[str, Any]) -> dict[str, Any]:
             "account": j.account, "state": j.state, "end_time": iso(j.end_time),
             "elapsed_s": j.elapsed_s, "gpus": j.gpu_count, "gpu_hours": j.gpu_hours,
             "kernel_active": j.kernel_active, "sm_active": j.sm_active, "tensor_active": j.tensor_active,
-            "idle_gpu_hours": j.idle_gpu_hours, "underfilled_gpu_hours": j.underfilled_gpu_hours,
+            "cpu_efficiency": _cpu(j), "alloc_cpus": j.alloc_cpus, "total_cpu_s": j.total_cpu_s,
+            "max_rss_bytes": j.max_rss_bytes, "idle_gpu_hours": j.idle_gpu_hours,
+            "underfilled_gpu_hours": j.underfilled_gpu_hours,
             "waste_gpu_hours": _waste(j), "energy_j": j.energy_j, "verdict": j.verdict,
             "verdict_title": j.verdict_title, "analyzed": j.analyzed_at is not None} for j in jobs]
     return {"schema": SCHEMA, "schema_version": VERSION, "query": query, "jobs": out, "totals": totals(jobs)}

@@ -53,6 +53,7 @@ def _gpu(g: GpuFigures) -> dict[str, Any]:
             "efficiency": _num(g.efficiency), "memory_used_peak_bytes": g.memory_used_peak_bytes,
             "memory_total_bytes": g.memory_total_bytes, "energy_j": _num(g.energy_j, 1),
             "power_mean_w": _num(g.power_mean_w, 1), "waste": _waste(g.waste, g.hours),
+            "window_s": _num(g.window_s, 3), "measured_s": _num(g.measured_s, 3), "coverage": g.coverage_note,
             "missing": dict(sorted(g.missing.items()))}
 
 
@@ -81,8 +82,12 @@ def job_document(job: Job, fig: JobFigures, diag: Diagnosis, runs: Runs = ()) ->
             "start_time": iso(job.start_time), "end_time": iso(job.end_time),
             "elapsed_s": _num(fig.elapsed_s, 3),
             "backend": job.backend, "reason": job.reason,
+            "measured_s": _num(fig.measured_s, 3), "coverage": fig.coverage_note,
         },
         "figures": _figures(fig),
+        "cpu": {"alloc_cpus": fig.cpu.alloc_cpus, "total_cpu_s": _num(fig.cpu.total_cpu_s, 3),
+                "efficiency": _num(fig.cpu.efficiency), "max_rss_bytes": fig.cpu.max_rss_bytes,
+                "missing": dict(sorted(fig.cpu.missing.items()))},
         "waste": _waste(fig.waste, fig.hours),
         "verdicts": [{"name": v.name, "title": v.title, "severity": v.severity, "why": v.why,
                       "advice": list(v.advice), "gpus": [{"node": n, "index": i} for n, i in v.gpus]}

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from ..analysis.diagnose import Diagnosis
 from ..analysis.figures import JobFigures
+from ..analysis.precision import split
 from ..fmt import energy, gib, gpu_hours, hms, job_label, pct, watts
 
 if TYPE_CHECKING:  # an ORM row or a plain row of storage.sqlite_read: only attributes are read
@@ -195,6 +196,9 @@ def measured_by(job: Job, fig: JobFigures) -> list[str]:
         if b == "none" and job.reason:
             text = f"none (allocation only: {job.reason})"
         samples = sum(g.samples for g in fig.gpus if g.source == b)
+        if b == "nvml" and not samples:  # not "without GPM": nothing at all was measured, say why
+            why = next((r for g in fig.gpus if g.source == b and (r := g.missing.get("kernel_active"))), None)
+            text = f"nvml (the gpueff node agent measured nothing: {why or job.reason or 'no reading'})"
         if samples and b != "none":
             text += f", {samples} samples"
         out.append(text)
@@ -247,8 +251,11 @@ def render_card(job: Job, fig: JobFigures, diag: Diagnosis, runs: Runs = ()) -> 
         ("GPU-hours allocated", gpu_hours(fig.hours) if fig.hours is not None else na(fig.missing.get("gpu_hours"))),
         *([("Runs", runs_line(runs))] if len(runs) > 1 else []),
         ("Kernel-active", kernel), ("SM-active", sm),
-        ("Tensor-active", _figure(fig, "tensor_active", na_)), ("DRAM-active", _figure(fig, "dram_active", na_)),
+        ("Tensor-active", _figure(fig, "tensor_active", na_) + _tensor_split(fig)),
+        ("DRAM-active", _figure(fig, "dram_active", na_)),
         ("Peak GPU memory", _memory(fig, na_)), ("Energy", _energy(fig, na_)),
+        ("CPU", cpu_line(fig)),
+        *([("Coverage", fig.coverage_note)] if fig.coverage_note else []),
     ]
     for key, value in fields:
         lines += _line(key, value)
@@ -259,6 +266,22 @@ def render_card(job: Job, fig: JobFigures, diag: Diagnosis, runs: Runs = ()) -> 
     for text in measured_by(job, fig):
         lines += _line("Measured by", text)
     return "\n".join(lines)
+
+
+def cpu_line(fig: JobFigures) -> str:
+    """``efficiency 93.0% of 8 CPUs (TotalCPU 02:10:05), peak host memory 12.3 GiB``, n/a parts with why."""
+    c = fig.cpu
+    eff = (f"efficiency {pct(c.efficiency)} of {c.alloc_cpus} CPUs (TotalCPU {hms(c.total_cpu_s)})"
+           if c.efficiency is not None else f"efficiency {na(c.missing.get('cpu_efficiency'))}")
+    rss = (f"peak host memory {gib(c.max_rss_bytes)} GiB" if c.max_rss_bytes is not None
+           else f"peak host memory {na(c.missing.get('max_rss_bytes'))}")
+    return f"{eff}, {rss}"
+
+
+def _tensor_split(fig: JobFigures) -> str:
+    """``  (FP64 DFMA 81.0%)``: which precision's tensor pipes worked, where measured."""
+    parts = split(fig.means) if fig.mean("tensor_active") else None
+    return f"  ({parts})" if parts else ""
 
 
 def render_table(items: Sequence[tuple[Job, JobFigures, Diagnosis]]) -> str:

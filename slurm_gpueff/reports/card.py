@@ -15,9 +15,10 @@ from typing import Any
 from .. import fmt
 from ..analysis.diagnose import Diagnosis
 from ..analysis.figures import JobFigures
+from ..analysis.precision import split
 from ..config import Config
 from ..models import Job
-from ..render.text import SIM_BANNER, Runs, gpus_line, measured_by, na, render_card, runs_line, state_text
+from ..render.text import SIM_BANNER, Runs, cpu_line, gpus_line, measured_by, na, render_card, runs_line, state_text
 from . import charts
 from .prices import Prices, bar_part, share
 from .templates import Page, render, sentence
@@ -114,8 +115,11 @@ def build_card(job: Job, fig: JobFigures, diag: Diagnosis, timelines: Sequence[S
             ("GPUs", f"{gpus_line(job, fig, TIMES)} on {clean(job.nodelist, 200) or 'n/a'}"),
             ("GPU-hours allocated", fmt.gpu_hours(fig.hours) + (f" ({total_cost})" if total_cost else "")),
             *([("Runs", runs_line(runs))] if len(runs) > 1 else []),
+            *([("Tensor by precision", tensor_split)] if (tensor_split := split(fig.means)) else []),
             ("Peak GPU memory", _memory(fig)),
+            ("CPU", cpu_line(fig)),
             ("Energy", fmt.energy(fig.energy_j) if fig.energy_j is not None else na(fig.missing.get("energy_j"))),
+            *([("Coverage", fig.coverage_note)] if fig.coverage_note else []),
         ],
         "not_assessed": [f"{s.title}: {s.reason}" for s in diag.not_assessed],
         "measured_by": measured_by(job, fig),

@@ -12,9 +12,10 @@ def database_url(value: str) -> str:
 
 def sqlite_file(url: str) -> str | None:
     """The database file of a ``sqlite:///`` URL (query string dropped); None for other URLs and memory."""
-    if not url.startswith("sqlite:///") or url.endswith(":memory:"):
+    if not url.startswith("sqlite:///"):
         return None
-    return url[len("sqlite:///"):].split("?", 1)[0]
+    path = url[len("sqlite:///"):].split("?", 1)[0]
+    return None if path in ("", ":memory:") else path  # "/dir/:memory:" is a file (the fuzzer found one)
 
 
 def safe_url(url: str) -> str:

@@ -95,6 +95,9 @@ def apply_sacct(job: Job, sj: SacctJob) -> datetime | None:
     job.sluid = cut(sj.sluid, 32) or job.sluid
     if sj.exit_code is not None:
         job.exit_code, job.signal = sj.exit_code, sj.signal
+    for attr in ("alloc_cpus", "total_cpu_s", "max_rss_bytes"):  # the CPU side: None stays unknown
+        if getattr(sj, attr) is not None:
+            setattr(job, attr, getattr(sj, attr))
     job.enriched = True
     job.analyzed_at = None  # the stored summary depends on state and times
     return old_end if moved_month(old_end, job.end_time) else None

@@ -23,6 +23,8 @@ EXPECTED = {
     "memory-bound": ("memory_bound", None),
     "oversized": ("oversized", None),
     "bf16-healthy": ("healthy", None),
+    "fp64-dgemm": ("healthy", None),
+    "int8-gemm": ("healthy", None),
     "one-of-n-gpus": ("never_used", "3 of 4 GPUs never used"),
 }
 

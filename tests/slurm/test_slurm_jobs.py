@@ -166,7 +166,9 @@ def test_seff_gpu_as_alice_sees_only_her_jobs(slurm, jobs):
 
 
 def test_sacct_json_and_parsable_agree_and_batch(slurm, jobs):
-    """The two sacct formats give the same jobs on this Slurm; batches of 2 ids make ceil(n/2) queries."""
+    """The two sacct formats give the same jobs on this Slurm; batches of 2 ids make ceil(n/2) queries each.
+
+    Every batch of finished jobs adds one ``sacct -P`` over their steps for the CPU side (sacct_steps.py)."""
     sys.path.insert(0, ROOT)
     from slurm_gpueff.sacct import SacctReader
 
@@ -183,7 +185,9 @@ def test_sacct_json_and_parsable_agree_and_batch(slurm, jobs):
     # a reader that asks -P for Restarts is refused once by 22.05's sacct, then asks without it
     retry = 0 if getattr(ps, "restarts_field", True) else 1
     assert retry == 0 or slurm.version == "22.05"
-    assert ps.calls == batches + retry and js.calls == per_batch * batches
+    assert ps.calls == 2 * batches + retry and js.calls == (per_batch + 1) * batches
+    assert all((a[i].alloc_cpus, a[i].total_cpu_s) == (b[i].alloc_cpus, b[i].total_cpu_s) for i in ids)
+    assert a[jobs["ids"]["one"]].total_cpu_s is not None
     keys = ("job_id_text", "array_job_id", "array_task_id", "user", "uid", "account", "partition", "qos", "job_name",
             "gpu_count", "gpu_type", "submit", "start", "end", "elapsed_s", "state", "exit_code", "nodelist")
     for i in ids:

@@ -13,6 +13,7 @@ from typing import Any
 from ...config import AnalysisConfig
 from ...fmt import gib, gpu_hours, pct
 from ..figures import LABELS, NOT_MEASURED, GpuFigures, JobFigures, combine
+from ..precision import split
 
 ThresholdSource = Mapping[str, float] | AnalysisConfig | None
 
@@ -95,9 +96,12 @@ def load_text(name: str) -> dict[str, Any]:
     for key in ("label", "title", "why"):
         if not isinstance(data.get(key), str) or not data[key].strip():
             raise ValueError(f"verdict text {name}.toml needs a string {key!r}")
-    advice = data.get("advice")
-    if not (isinstance(advice, list) and 2 <= len(advice) <= 3 and all(isinstance(a, str) for a in advice)):
-        raise ValueError(f"verdict text {name}.toml needs 'advice': a list of 2 or 3 strings")
+    for part in (data, *(v for v in data.values() if isinstance(v, dict))):
+        advice = part.get("advice")
+        if not (isinstance(advice, list) and 2 <= len(advice) <= 3 and all(isinstance(a, str) for a in advice)):
+            raise ValueError(f"verdict text {name}.toml needs 'advice': a list of 2 or 3 strings")
+        if not isinstance(part.get("why"), str) or not isinstance(part.get("title"), str):
+            raise ValueError(f"verdict text {name}.toml: every part needs a 'title' and a 'why'")
     return data
 
 
@@ -117,8 +121,11 @@ class Rule:
         """Plain name of the check (no placeholders), for "could not assess" lists."""
         return str(load_text(self.name)["label"])
 
-    def verdict(self, ctx: Context, gpus: Sequence[GpuFigures]) -> Verdict:
+    def verdict(self, ctx: Context, gpus: Sequence[GpuFigures], variant: str | None = None) -> Verdict:
+        """The verdict's text; a ``variant`` (a table of the text file) replaces what it names."""
         text = load_text(self.name)
+        if variant:
+            text = {**text, **text[variant]}
         values = _values(ctx, gpus)
         if self.threshold:
             values["thr"] = pct(ctx.thresholds.pct(self.threshold))
@@ -154,6 +161,14 @@ def _values(ctx: Context, involved: Sequence[GpuFigures]) -> dict[str, str]:
         "hours": gpu_hours(agg.hours), "mem_gib": gib(agg.memory_used_peak_bytes),
         "total_gib": gib(agg.memory_total_bytes or None),
     }
+    cpu = ctx.figures.cpu
+    vals["cpus"] = str(cpu.alloc_cpus) if cpu.alloc_cpus else "allocated"
+    vals["cpu_eff"] = pct(cpu.efficiency)
+    vals["cpu_note"] = (f"The job's CPUs were busy {pct(cpu.efficiency)} of the time, which does not tell which "
+                        "case it is." if cpu.efficiency is not None else
+                        f"Its CPU efficiency is not known ({cpu.missing.get('cpu_efficiency', 'not measured')}).")
+    tensor_split = split(agg.means)
+    vals["tensor_split"] = f" ({tensor_split})" if tensor_split else ""
     vals["Gpus"] = phrase[0].upper() + phrase[1:]
     vals["gpus_title"] = "GPU" if n_all == 1 else vals["Gpus"]
     vals["on_gpus"] = "" if len(involved) == n_all else f" on {phrase} ({vals['gpu_list']})"

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ..figures import GpuFigures
-from .base import Context, Rule
+from .base import Context, Rule, Verdict
 
 
 class Starved(Rule):
@@ -14,3 +16,12 @@ class Starved(Rule):
     def hits(self, ctx: Context) -> list[GpuFigures]:
         limit = ctx.thresholds.pct("starved_kernel_pct")
         return [g for g in self.need(ctx.used, "kernel_active") if (g.mean("kernel_active") or 0.0) < limit]
+
+    def verdict(self, ctx: Context, gpus: Sequence[GpuFigures], variant: str | None = None) -> Verdict:
+        """Which case, from the job's CPU efficiency (analysis/cpu.py): CPUs saturated, or idle too."""
+        eff, th = ctx.figures.cpu.efficiency, ctx.thresholds
+        if eff is not None and eff >= th.pct("starved_cpu_busy_pct"):
+            variant = "saturated"
+        elif eff is not None and eff < th.pct("starved_cpu_idle_pct"):
+            variant = "idle"
+        return super().verdict(ctx, gpus, variant)

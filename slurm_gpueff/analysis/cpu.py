@@ -1,0 +1,39 @@
+"""The CPU side of a job, from Slurm accounting: CPU efficiency and peak host memory (docs/FIGURES.md).
+
+CPU efficiency is TotalCPU (user + system seconds of all steps) over Elapsed x allocated CPUs, as ``seff``
+computes it. It tells apart the two cases of a starved GPU: CPUs saturated (the input pipeline needs more
+CPUs or workers) or CPUs idle too (the job waits on I/O, sleeps, something else). Unknown stays None with
+the reason: accounting not read yet, or not reported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class CpuFigures:
+    alloc_cpus: int | None = None
+    total_cpu_s: float | None = None
+    efficiency: float | None = None  # 0-1
+    max_rss_bytes: int | None = None
+    missing: dict[str, str] = field(default_factory=dict)
+
+
+def cpu_figures(job: Any, elapsed_s: float | None) -> CpuFigures:
+    """From a job row (ORM or plain): its CPUs, TotalCPU and MaxRSS as enrichment stored them."""
+    why = ("Slurm accounting not read yet" if not getattr(job, "enriched", True)
+           else "not reported by Slurm accounting")
+    cpus, total = getattr(job, "alloc_cpus", None), getattr(job, "total_cpu_s", None)
+    rss = getattr(job, "max_rss_bytes", None)
+    out = CpuFigures(alloc_cpus=cpus, total_cpu_s=total, max_rss_bytes=rss)
+    if total is None or not cpus:
+        out.missing["cpu_efficiency"] = f"TotalCPU or allocated CPUs {why}"
+    elif not elapsed_s:
+        out.missing["cpu_efficiency"] = "elapsed time unknown or zero"
+    else:
+        out.efficiency = min(1.0, max(0.0, float(total) / (float(elapsed_s) * int(cpus))))
+    if rss is None:
+        out.missing["max_rss_bytes"] = f"MaxRSS {why}"
+    return out

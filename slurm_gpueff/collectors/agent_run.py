@@ -1,0 +1,227 @@
+"""The body of ``gpueff agent``: the sampling loop, the hooks' readings on request and /metrics.
+
+Apart from :mod:`.agent` (the state it keeps and publishes) so that each stays readable: this module is
+the process around it: signals, the schedule, the servers. A hook's request for a reading (:mod:`.tickwire`)
+is served in a socket thread and taken by the main loop, between its regular ticks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import socketserver
+import threading
+import time
+from collections.abc import Callable
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from ..errors import CollectorError
+from . import tickwire
+from .agent import Agent
+from .nvml_sampler import GPM_MIN_S, GPM_SKIP_S, GPM_STEP_S, NvmlSampler, Sampler
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+    from ..config import Config
+
+log = logging.getLogger("slurm_gpueff.agent")
+
+
+def serve_metrics(agent: Agent, address: str, port: int) -> tuple[WSGIServer, threading.Thread]:
+    """Start the /metrics HTTP server in a daemon thread, with the agent as its only collector."""
+    from prometheus_client import start_http_server
+    from prometheus_client.registry import CollectorRegistry
+
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(agent)
+    return start_http_server(port, addr=address, registry=reg)
+
+
+def run_agent(config: Config, *, once: bool = False, sampler: Sampler | None = None,
+              energy_interval_s: float | None = None) -> int:
+    """The body of ``gpueff agent``: sample until SIGTERM/SIGINT (or one tick with ``once``). Returns 1
+    (after logging why) when the GPUs cannot be read at all, e.g. no NVIDIA driver."""
+    agent = Agent(config, sampler if sampler is not None else NvmlSampler(),
+                  energy_interval_s=energy_interval_s)
+    try:
+        agent.open()
+    except CollectorError as exc:
+        log.error("gpueff agent cannot start: %s", exc)
+        return 1
+    server = None
+    address, port = config.agent.metrics_address, config.agent.metrics_port
+    if port:
+        try:
+            server, _thread = serve_metrics(agent, address, port)
+            log.info("live GPU gauges on http://%s:%d/metrics", address, port)
+        except OSError as exc:  # port taken: sampling (what jobs' figures need) goes on without it
+            log.error("cannot serve /metrics on %s:%d: %s; sampling goes on without it", address, port, exc)
+    stop = threading.Event()
+    readings = Readings()
+    old: dict[signal.Signals, Callable[[int, FrameType | None], object] | int | None] = {}
+    if threading.current_thread() is threading.main_thread():
+        def _handler(signum: int, _frame: FrameType | None) -> None:
+            log.info("signal %d: finishing the current tick, then exiting", signum)
+            stop.set()
+            readings.wake.set()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            old[sig] = signal.signal(sig, _handler)
+    readings_server = None if once else serve_readings(
+        tickwire.socket_path(agent.state_dir), readings, float(config.collector.tick_wait_s) + 1.0, log.error)
+    try:
+        requested = False
+        next_t = time.monotonic()
+        while True:
+            readings.begin()
+            try:
+                agent.tick(requested)
+            except OSError as exc:  # a full or read-only state dir must not kill sampling
+                log.warning("tick failed: %s", exc)
+            readings.done({"updated": agent.updated, "ticks": agent.ticks})
+            if once or stop.is_set():
+                break
+            next_t = _next_regular(next_t, agent.interval_s, requested)
+            requested = _wait(agent, readings, stop, next_t)
+            if stop.is_set():
+                break
+    finally:
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        if readings_server is not None:
+            readings_server.shutdown()
+            readings_server.server_close()
+        agent.close()
+        for sig, h in old.items():
+            signal.signal(sig, h)
+    log.info("gpueff agent stopped after %d ticks", agent.ticks)
+    return 0
+
+
+
+def _next_regular(next_t: float, interval: float, after_requested: bool) -> float:
+    """The next scheduled tick: missed ones are skipped rather than bunched, and one due too soon after a
+    requested reading for GPM (``GPM_MIN_S``) is skipped too."""
+    now = time.monotonic()
+    while next_t <= now or (after_requested and next_t - now < GPM_MIN_S):
+        next_t += interval
+    return next_t
+
+
+def _wait(agent: Agent, readings: Readings, stop: threading.Event, next_t: float) -> bool:
+    """Sleep until the next regular tick (False) or a hook's request (True), whichever comes first, taking
+    GPM samples every GPM_STEP_S on the way; a request waits until GPM's minimum spacing since the last
+    sample has passed."""
+    while not stop.is_set():
+        now = time.monotonic()
+        last = agent.last_sample_mono or 0.0
+        if readings.pending():
+            wait = last + GPM_MIN_S - now
+            if wait <= 0:
+                return True
+            readings.wake.clear()
+            readings.wake.wait(wait)
+            continue
+        if now >= next_t:
+            return False
+        gpm_due = last + GPM_STEP_S
+        if now >= gpm_due and next_t - now >= GPM_SKIP_S:
+            try:
+                agent.gpm_tick()
+            except Exception as exc:  # noqa: BLE001 - a GPM hiccup must not stop the agent's readings
+                log.warning("GPM sample failed: %s", exc)
+                agent.last_sample_mono = now
+            continue
+        readings.wake.clear()
+        if not readings.pending():  # a request between the check and the clear set wake again
+            readings.wake.wait(min(next_t, gpm_due if next_t - gpm_due >= GPM_SKIP_S else next_t) - now)
+    return False
+
+
+class Readings:
+    """Requests waiting for a reading, shared by the socket threads and the agent's main loop.
+
+    A request is answered by the first reading that *starts* after it arrived, so that the reading covers
+    everything up to the request (a reading under way when it came may have sampled before it)."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.started = 0  # readings begun
+        self.finished = 0  # readings completed
+        self.waiting = 0
+        self.wake = threading.Event()  # set on a request (and by the agent's stop)
+        self.last: dict[str, Any] = {}
+
+    def ask(self, timeout_s: float) -> dict[str, Any]:
+        with self.cond:
+            target = self.started + 1
+            self.waiting += 1
+            self.wake.set()
+            try:
+                if not self.cond.wait_for(lambda: self.finished >= target, timeout_s):
+                    return {"error": f"no reading within {timeout_s:g} s"}
+                return dict(self.last)
+            finally:
+                self.waiting -= 1
+
+    def pending(self) -> bool:
+        with self.cond:
+            return self.waiting > 0
+
+    def begin(self) -> None:
+        with self.cond:
+            self.started += 1
+
+    def done(self, answer: dict[str, Any]) -> None:
+        with self.cond:
+            self.finished = self.started
+            self.last = answer
+            self.cond.notify_all()
+
+
+class _Handler(socketserver.StreamRequestHandler):
+    timeout = 5.0  # a client that connects and says nothing does not hold a thread
+
+    def handle(self) -> None:
+        try:
+            line = self.rfile.readline(tickwire.MAX_LINE)
+        except OSError:
+            return
+        server: ReadingServer = self.server  # type: ignore[assignment]
+        ok = line == tickwire.REQUEST
+        answer = server.readings.ask(server.answer_within_s) if ok else {"error": "unknown request"}
+        with contextlib.suppress(OSError):  # the hook gave up waiting: its fallback already applies
+            self.wfile.write(json.dumps(answer, separators=(",", ":")).encode() + b"\n")
+
+
+class ReadingServer(socketserver.ThreadingUnixStreamServer):
+    daemon_threads = True
+
+    def __init__(self, path: str, readings: Readings, answer_within_s: float) -> None:
+        self.readings = readings
+        self.answer_within_s = answer_within_s
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)  # a previous agent's socket
+        old = os.umask(0o177)  # root's hooks only: the socket is created 0600
+        try:
+            super().__init__(path, _Handler)
+        finally:
+            os.umask(old)
+
+
+def serve_readings(path: str, readings: Readings, answer_within_s: float,
+          log: Callable[[str], None]) -> ReadingServer | None:
+    """Start answering requests in a daemon thread; None (logged) when the socket cannot be made."""
+    try:
+        server = ReadingServer(path, readings, answer_within_s)
+    except OSError as exc:
+        log(f"cannot listen on {path} ({exc}): jobs' windows fall back to the last reading")
+        return None
+    threading.Thread(target=server.serve_forever, name="gpueff-readings", daemon=True).start()
+    return server
