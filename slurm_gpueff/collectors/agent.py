@@ -4,9 +4,10 @@ A Prolog/Epilog pair runs only at a job's two ends, so the agent samples all thr
 GPU (and per MIG GPU instance) cumulative integrals in ``agent/state.json`` and timeline files, which the
 hooks difference (:mod:`.nvml`; docs/DESIGN.md "Data flow", docs/FIGURES.md). A hook can ask for a reading
 at once (:mod:`.tickwire`), so a job's window runs from its Prolog to its Epilog; a restarted agent resumes
-its counters (:mod:`.agent_resume`). Of jobs it knows only their peak memory, tracked while a Prolog's
-``jobs/<job_id>.json`` exists. The energy counter is NVML's slowest call: read every
-``ENERGY_INTERVAL_S`` and at every requested reading, extended in between by the power integral.
+its counters (:mod:`.agent_resume`). Of jobs it knows only their peak memory and who runs them (for the
+per-job /metrics, :mod:`.agent_jobs`), while a Prolog's ``jobs/<job_id>.json`` exists. The energy counter
+is NVML's slowest call: read every ``ENERGY_INTERVAL_S`` and at every requested reading, extended in
+between by the power integral.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 from .. import spool
 from . import agent_resume as resume
 from . import integrals
-from .agent_files import job_file_uuids, line_time, mig_key, state_path, timeline_path
+from .agent_files import line_time, mig_key, state_path, timeline_path
+from .agent_jobs import GpuNow, JobFile, job_series, read_job_file
 from .gpu_ids import parse_legacy_mig
 from .nvml_sampler import (
     GPM_METRICS,
@@ -163,7 +165,7 @@ class Agent:
         self.pid = os.getpid()
         self.started = self.clock()
         self.gpus: dict[str, _Gpu] = {}
-        self.job_files: dict[str, tuple[int, int, list[str]]] = {}  # job id -> (mtime_ns, size, uuids)
+        self.job_files: dict[str, JobFile] = {}  # file name's job id -> that Prolog file as last read
         self.job_peaks: dict[str, dict[str, int]] = {}
         self.updated: float | None = None
         self.last_energy_t: float | None = None
@@ -343,16 +345,15 @@ class Agent:
                 continue
             seen.add(job_id)
             cached = self.job_files.get(job_id)
-            if cached is None or cached[0] != st.st_mtime_ns or cached[1] != st.st_size:
+            if cached is None or cached.mtime_ns != st.st_mtime_ns or cached.size != st.st_size:
                 try:
-                    with open(e.path, "rb") as fh:
-                        uuids = job_file_uuids(json.loads(fh.read()))
+                    cached = read_job_file(e.path, job_id, st.st_mtime_ns, st.st_size)
                 except (OSError, ValueError) as exc:
                     log.debug("job file %s unreadable for now: %s", e.path, exc)
-                    uuids = []
-                self.job_files[job_id] = (st.st_mtime_ns, st.st_size, uuids)
+                    cached = JobFile(st.st_mtime_ns, st.st_size, [], (job_id, "", ""))
+                self.job_files[job_id] = cached
             peaks = self.job_peaks.setdefault(job_id, {})
-            for u in self.job_files[job_id][2]:
+            for u in cached.uuids:
                 src = self.gpus.get(u) or (self._mig_slice(u) if u.startswith("MIG-") else None)
                 used = src.memory_used if src is not None else None
                 if used is not None:
@@ -428,8 +429,9 @@ class Agent:
 
     def collect(self) -> Iterator[Metric]:
         """Live per-GPU gauges for Prometheus (``[agent] metrics_port``; 0, the default, = off), labelled by
-        minor, UUID and model only (never a job id, so series stay bounded); a figure the agent could not read
-        has no sample, never an invented 0. prometheus_client is imported only when the exporter starts."""
+        minor, UUID and model, and per-job series for the jobs running now only (:mod:`.agent_jobs`), so series
+        stay bounded; a figure the agent could not read has no sample, never an invented 0. prometheus_client is
+        imported only when the exporter starts."""
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         act = {m: GaugeMetricFamily(f"gpueff_gpu_{m}_ratio", f"{m.replace('_', ' ')} at the agent's last tick "
@@ -453,6 +455,8 @@ class Agent:
                     fam.add_metric(labels, v)
         yield from act.values()
         yield from (power, used, total, energy)
+        gpus = {u: GpuNow(g.info, g.last, g.memory_used) for u, g in list(self.gpus.items())}
+        yield from job_series(list(self.job_files.values()), gpus)
         yield CounterMetricFamily("gpueff_agent_ticks", "Sampling ticks since the agent started", value=self.ticks)
         if self.updated is not None:
             yield GaugeMetricFamily("gpueff_agent_last_tick_timestamp_seconds", "When the last tick ended",

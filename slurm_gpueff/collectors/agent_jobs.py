@@ -1,0 +1,104 @@
+"""The node agent's per-job Prometheus series: who holds which GPU now, and what that GPU is doing.
+
+A job's series exist only while its Prolog's ``jobs/<job_id>.json`` does (the agent's per-tick scan of
+those files, which also tracks peak memory), so the label set is bounded by the jobs running on this node
+now: the finished jobs' history belongs to the service's rollups, never to job-id labels in Prometheus.
+Each series carries the GPU's own reading at the agent's last tick (a GPU is the job's alone while it
+holds it). Only whole GPUs the agent samples get series: a MIG device shares its parent's kernel activity
+and power with other jobs, so a per-job value of those would be another job's too; MIG jobs are skipped.
+
+Imports only the standard library at module level; prometheus_client is imported when series are built,
+as the agent's exporter does.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from .agent_files import job_file_uuids
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator, Mapping
+
+    from prometheus_client.metrics_core import Metric
+
+    from .nvml_sampler import GpuInfo
+
+LABELS = ("job_id", "user", "account", "gpu", "minor")
+# key in the GPU's last readings (and metric name part) -> help
+ACTIVITY = {
+    "kernel_active": "Kernel activity (nvidia-smi's GPU utilization)",
+    "sm_active": "SM activity (GPM, Hopper and newer)",
+    "tensor_active": "Tensor-core activity (GPM, Hopper and newer)",
+    "dram_active": "Memory-bandwidth activity (GPM, Hopper and newer)",
+}
+
+
+class JobFile(NamedTuple):
+    """One Prolog job file as last read: re-read only when its mtime or size changes."""
+
+    mtime_ns: int
+    size: int
+    uuids: list[str]
+    labels: tuple[str, str, str]  # job_id, user, account
+
+
+class GpuNow(NamedTuple):
+    """What the series need of one sampled GPU (a snapshot, so a scrape never sees half a tick)."""
+
+    info: GpuInfo
+    last: Mapping[str, float | None]
+    memory_used: int | None
+
+
+def read_job_file(path: str, name_job_id: str, mtime_ns: int, size: int) -> JobFile:
+    """The job's GPUs and labels; an unreadable file names no GPU (it may be complete at the next tick)."""
+    with open(path, "rb") as fh:
+        data = json.loads(fh.read())
+    return JobFile(mtime_ns, size, job_file_uuids(data), job_labels(name_job_id, data))
+
+
+def job_labels(name_job_id: str, data: object) -> tuple[str, str, str]:
+    """(job_id, user, account) from the saved ``job`` object; a Prolog that saved none leaves the file name's
+    job id and empty user and account (label values are strings, so unknown is "")."""
+    job = data.get("job") if isinstance(data, dict) else None
+    if not isinstance(job, dict):
+        return name_job_id, "", ""
+    job_id = job.get("job_id")
+    return (str(job_id) if isinstance(job_id, int) and not isinstance(job_id, bool) else name_job_id,
+            _text(job.get("user")), _text(job.get("account")))
+
+
+def _text(v: Any) -> str:
+    return v if isinstance(v, str) else ""
+
+
+def job_series(jobs: Iterable[JobFile], gpus: Mapping[str, GpuNow]) -> Iterator[Metric]:
+    """Per (running job, whole GPU it holds): ``gpueff_job_info`` = 1 and the GPU's last readings; a figure
+    the agent could not read has no sample, never a 0."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    def gauge(name: str, text: str) -> GaugeMetricFamily:
+        return GaugeMetricFamily(name, text, labels=LABELS)
+
+    info = gauge("gpueff_job_info", "1 per GPU held by a job running on this node now")
+    act = {m: gauge(f"gpueff_job_gpu_{m}_ratio", f"{text} of a job's GPU at the agent's last tick (0-1)")
+           for m, text in ACTIVITY.items()}
+    used = gauge("gpueff_job_gpu_memory_used_bytes", "Memory in use on a job's GPU at the agent's last tick")
+    power = gauge("gpueff_job_gpu_power_watts", "Power draw of a job's GPU at the agent's last tick")
+    for job in jobs:
+        for u in job.uuids:
+            g = gpus.get(u)  # a MIG UUID, or a GPU this agent does not sample, has no entry
+            if g is None:
+                continue
+            labels = [*job.labels, u, str(g.info.minor) if g.info.minor is not None else ""]
+            info.add_metric(labels, 1.0)
+            readings = [*((fam, g.last.get(m)) for m, fam in act.items()),
+                        (used, g.memory_used), (power, g.last.get("power_w"))]
+            for fam, v in readings:
+                if v is not None:
+                    fam.add_metric(labels, float(v))
+    yield info
+    yield from act.values()
+    yield from (used, power)
