@@ -10,6 +10,7 @@ adds the reason.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Protocol
 
@@ -143,3 +144,39 @@ def job_label(job: JobIds) -> str:
     if job.het_job_id is not None and job.het_job_offset is not None:
         return f"{job.het_job_id}+{job.het_job_offset}"
     return str(job.job_id)
+
+
+SPARKS = "\u2581\u2582\u2583\u2584\u2585\u2586\u2587\u2588"  # ▁▂▃▄▅▆▇█: 0 to 1 in eight steps
+NO_DATA = "\u00b7"  # a cell nothing measured: never a low bar, which would read as "idle"
+
+
+def sparkline(points: Sequence[tuple[float, float | None]], span_s: float, width: int = 40) -> str:
+    """A fraction over time as ``width`` cells of ``SPARKS``, so the card shows *when* a job was busy, not
+    only its mean. ``points`` are (seconds since the start, fraction or None), each the mean of a bucket
+    around its time, as the coarse timelines hold them.
+
+    Each point stands for half the usual spacing of the points on either side (a lone point: the whole
+    span), so a timeline coarser than the cells fills them instead of leaving every other one empty, while
+    a real hole (the collector was down) stays a hole. A cell is the overlap-weighted mean of the points
+    it meets; one that no measured point meets is ``NO_DATA``. Fractions are clipped to [0, 1]. No points
+    or no span: an empty string (the caller shows no line rather than a made-up one).
+    """
+    pts = sorted((min(max(float(t), 0.0), span_s), v) for t, v in points if t is not None)
+    if not pts or span_s <= 0 or width <= 0:
+        return ""
+    gaps = sorted(b[0] - a[0] for a, b in zip(pts, pts[1:], strict=False) if b[0] > a[0])
+    half = gaps[len(gaps) // 2] / 2 if gaps else span_s
+    cell = span_s / width
+    sums, weights = [0.0] * width, [0.0] * width
+    for t, v in pts:
+        if v is None:
+            continue
+        v = min(max(float(v), 0.0), 1.0)
+        lo, hi = max(t - half, 0.0), min(t + half, span_s)
+        for i in range(int(lo // cell), min(int(hi // cell), width - 1) + 1):
+            overlap = min(hi, (i + 1) * cell) - max(lo, i * cell)
+            if overlap > 0:
+                sums[i] += v * overlap
+                weights[i] += overlap
+    return "".join(SPARKS[min(int(s / w * len(SPARKS)), len(SPARKS) - 1)] if w > 0 else NO_DATA
+                   for s, w in zip(sums, weights, strict=True))

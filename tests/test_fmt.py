@@ -128,3 +128,42 @@ def test_monthly_summary_uses_the_same_rules(tmp_path):
     top = summary.text.split("lost the most GPU-hours:")[1]
     assert re.search(r"\n  1 .* 0\.600 +0\.600 \(100\.0%\)", top), top  # the 0.6 GPU-hour idle job
     assert not SCIENTIFIC.search(summary.text) and not SCIENTIFIC.search(summary.html(""))
+
+
+# -- sparkline: activity over time on the terminal card --------------------------------------------------
+
+def test_sparkline_bins_by_time():
+    # one point per 10 s bucket over 80 s, rising 0 to 1: one cell per point, every level once
+    assert fmt.sparkline([(5 + 10 * i, i / 7) for i in range(8)], 80, width=8) == fmt.SPARKS
+    # more points than cells: each cell is the mean of the points it covers
+    assert fmt.sparkline([(5, 0.0), (15, 1.0), (25, 1.0), (35, 1.0)], 40, width=2) == fmt.SPARKS[4] + fmt.SPARKS[7]
+
+
+def test_sparkline_coarse_timeline_fills_every_cell():
+    cells = fmt.sparkline([(150 + 300 * i, 0.5) for i in range(24)], 7200, width=40)
+    assert cells == fmt.SPARKS[4] * 40
+
+
+def test_sparkline_unknown_is_a_hole_not_a_low_bar():
+    pts = [(30 + 60 * i, None if 40 <= i < 80 else 0.9) for i in range(120)]
+    cells = fmt.sparkline(pts, 7200, width=12)
+    assert cells == fmt.SPARKS[7] * 4 + fmt.NO_DATA * 4 + fmt.SPARKS[7] * 4
+    # a real gap (the collector was down): no points at all there
+    gap = [(30 + 60 * i, 0.0) for i in range(120) if not 40 <= i < 80]
+    assert fmt.sparkline(gap, 7200, width=12) == fmt.SPARKS[0] * 4 + fmt.NO_DATA * 4 + fmt.SPARKS[0] * 4
+    assert fmt.sparkline([(5, None), (15, None)], 20, width=4) == fmt.NO_DATA * 4
+
+
+def test_sparkline_clamps_values_and_times():
+    assert fmt.sparkline([(5, 1.7), (15, -0.3)], 20, width=2) == fmt.SPARKS[7] + fmt.SPARKS[0]
+    # times outside the span count at its edges
+    assert fmt.sparkline([(-50, 1.0), (500, 0.0)], 20, width=2) == fmt.SPARKS[7] + fmt.SPARKS[0]
+
+
+@pytest.mark.parametrize("points, span", [([], 100.0), ([(5, 0.5)], 0.0), ([(5, 0.5)], -1.0)])
+def test_sparkline_empty_input_is_no_line(points, span):
+    assert fmt.sparkline(points, span) == ""
+
+
+def test_sparkline_lone_point_covers_the_span():
+    assert fmt.sparkline([(100, 0.5)], 7200, width=5) == fmt.SPARKS[4] * 5

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from ..analysis.diagnose import Diagnosis
 from ..analysis.figures import MEANS, GpuFigures, JobFigures, Waste
 from ..fmt import iso, job_label
-from .text import Runs, final_state, state_text
+from .text import Runs, Timelines, final_state, state_text
 
 if TYPE_CHECKING:  # an ORM row or a plain row of storage.sqlite_read: only attributes are read
     from ..models import Job
@@ -47,14 +47,29 @@ def _figures(fig: JobFigures) -> dict[str, Any]:
     return out
 
 
-def _gpu(g: GpuFigures) -> dict[str, Any]:
+def series(points: Sequence[Sequence[Any]] | None) -> dict[str, list[Any]] | None:
+    """A GPU's coarse timeline as columns (seconds since the job's start; kernel, SM, tensor activity, null
+    where unknown), for plotting without reshaping; None when there is none (not recorded, or deleted by
+    retention)."""
+    pts = [p for p in points or () if p and p[0] is not None]
+    if not pts:
+        return None
+
+    def column(i: int) -> list[float | None]:
+        return [_num(p[i]) if len(p) > i and p[i] is not None else None for p in pts]
+
+    return {"t_s": [_num(p[0], 1) for p in pts], "kernel_active": column(1), "sm_active": column(2),
+            "tensor_active": column(3)}
+
+
+def _gpu(g: GpuFigures, timelines: Timelines) -> dict[str, Any]:
     return {"node": g.node, "index": g.index, "uuid": g.uuid, "model": g.model, "source": g.source,
             "samples": g.samples, "gpu_hours": _num(g.hours), **{name: _num(g.mean(name)) for name in MEANS},
             "efficiency": _num(g.efficiency), "memory_used_peak_bytes": g.memory_used_peak_bytes,
             "memory_total_bytes": g.memory_total_bytes, "energy_j": _num(g.energy_j, 1),
             "power_mean_w": _num(g.power_mean_w, 1), "waste": _waste(g.waste, g.hours),
             "window_s": _num(g.window_s, 3), "measured_s": _num(g.measured_s, 3), "coverage": g.coverage_note,
-            "missing": dict(sorted(g.missing.items()))}
+            "missing": dict(sorted(g.missing.items())), "series": series(timelines.get((g.node, g.index)))}
 
 
 def _run(job: Job, fig: JobFigures) -> dict[str, Any]:
@@ -62,10 +77,12 @@ def _run(job: Job, fig: JobFigures) -> dict[str, Any]:
             "end_time": iso(job.end_time), "gpu_hours": _num(fig.hours), "missing": fig.missing.get("gpu_hours")}
 
 
-def job_document(job: Job, fig: JobFigures, diag: Diagnosis, runs: Runs = ()) -> dict[str, Any]:
+def job_document(job: Job, fig: JobFigures, diag: Diagnosis, runs: Runs = (),
+                 timelines: Timelines | None = None) -> dict[str, Any]:
     """One job's document (an element of ``jobs``). For a requeued job the figures are its last run's, and
     ``runs`` lists every run (``run`` < 0: not settled by accounting yet; docs/DESIGN.md, "Runs"); a job
-    never requeued has no ``runs``, its document is as before runs were told apart."""
+    never requeued has no ``runs``, its document is as before runs were told apart. ``timelines`` give each
+    GPU's ``series`` (null without one)."""
     nodes = list(dict.fromkeys(g.node for g in fig.gpus)) or ([job.nodelist] if job.nodelist else [])
     models = list(dict.fromkeys(g.model for g in fig.gpus if g.model))
     return {
@@ -93,14 +110,16 @@ def job_document(job: Job, fig: JobFigures, diag: Diagnosis, runs: Runs = ()) ->
                       "advice": list(v.advice), "gpus": [{"node": n, "index": i} for n, i in v.gpus]}
                      for v in diag.verdicts],
         "not_assessed": [{"name": s.name, "title": s.title, "reason": s.reason} for s in diag.skipped],
-        "gpus": [_gpu(g) for g in fig.gpus],
+        "gpus": [_gpu(g, timelines or {}) for g in fig.gpus],
     } | ({"runs": [_run(j, f) for j, f in runs]} if len(runs) > 1 else {})
 
 
-def dumps(items: Sequence[tuple[Job, JobFigures, Diagnosis]], runs: Sequence[Runs] = ()) -> str:
+def dumps(items: Sequence[tuple[Job, JobFigures, Diagnosis]], runs: Sequence[Runs] = (),
+          timelines: Sequence[Timelines] = ()) -> str:
     """The whole ``--json`` output: always a ``jobs`` list, even for one job, so the shape never varies;
-    ``runs``: each item's runs (as :func:`job_document`), when given."""
+    ``runs`` and ``timelines``: each item's (as :func:`job_document`), when given."""
     runs = runs or [()] * len(items)
+    tls: Sequence[Timelines] = timelines or [{}] * len(items)
     doc = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION,
-           "jobs": [job_document(j, f, d, r) for (j, f, d), r in zip(items, runs, strict=True)]}
+           "jobs": [job_document(j, f, d, r, t) for (j, f, d), r, t in zip(items, runs, tls, strict=True)]}
     return json.dumps(doc, indent=2, allow_nan=False)

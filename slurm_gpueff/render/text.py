@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import textwrap
 from collections import Counter
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ..analysis.diagnose import Diagnosis
 from ..analysis.figures import JobFigures
 from ..analysis.precision import split
-from ..fmt import energy, gib, gpu_hours, hms, job_label, pct, watts
+from ..fmt import energy, gib, gpu_hours, hms, job_label, pct, sparkline, watts
 
 if TYPE_CHECKING:  # an ORM row or a plain row of storage.sqlite_read: only attributes are read
     from ..models import Job
@@ -226,9 +226,39 @@ def runs_line(runs: Runs) -> str:
     return f"requeued {times}: {n} runs, {parts} GPU-h ({'; '.join(notes)})"
 
 
-def render_card(job: Job, fig: JobFigures, diag: Diagnosis, runs: Runs = ()) -> str:
+# A GPU's coarse timeline by (node, GPU index): [[t_s since the job's start, kernel, SM, tensor], ...], fractions
+# or None (job_gpu_timeline). A GPU without one (none recorded, or retention deleted it) is absent.
+Timelines = Mapping[tuple[str, int], Sequence[Sequence[Any]]]
+SPARK_WIDTH = 40
+SPARK_GPUS = 8  # more GPUs: the first ones and a count, so a big job's card stays readable
+
+
+def activity_lines(fig: JobFigures, timelines: Timelines) -> list[str]:
+    """``SM activity over 02:14:05: ▁▂▇██▇…  (GPU 0)`` per GPU with a timeline: when the job worked, which
+    the means cannot say (a slow start, a stall, a GPU that stopped). Kernel activity where no GPU measured
+    SM activity (NVML without GPM). No timeline, no line: never one made up from the means."""
+    have = [(g, tl) for g in fig.gpus if (tl := timelines.get((g.node, g.index)))]
+    col, name = next(((c, n) for c, n in ((2, "SM"), (1, "Kernel")) if any(
+        len(p) > c and p[c] is not None for _g, tl in have for p in tl)), (0, ""))
+    if not col:
+        return []
+    span = fig.elapsed_s or max(float(p[0]) for _g, tl in have for p in tl if p and p[0] is not None)
+    one_node = len({g.node for g in fig.gpus}) == 1
+    labels = [f"GPU {g.index}" if one_node else g.label for g, _tl in have]
+    out = []
+    for (_g, tl), label in zip(have[:SPARK_GPUS], labels, strict=False):
+        cells = sparkline([(p[0], p[col] if len(p) > col else None) for p in tl if p], span, SPARK_WIDTH)
+        if cells:
+            out.append(f"{name} activity over {hms(span)}: {cells}  ({label})")
+    if out and len(have) > SPARK_GPUS:
+        out.append(f"  \u2026 {len(have) - SPARK_GPUS} more GPUs")
+    return out
+
+
+def render_card(job: Job, fig: JobFigures, diag: Diagnosis, runs: Runs = (),
+                timelines: Timelines | None = None) -> str:
     """The card of one job, as printed by ``seff-gpu``; with ``runs`` (a requeued job's, this one last) a
-    Runs line after the GPU-hours."""
+    Runs line after the GPU-hours; with ``timelines``, a line of activity over time per GPU."""
     lines: list[str] = []
     if "simulated" in fig.backends:
         lines.append(SIM_BANNER)
@@ -263,6 +293,7 @@ def render_card(job: Job, fig: JobFigures, diag: Diagnosis, runs: Runs = ()) -> 
     lines += _verdicts(diag)
     if fig.gpu_count > 1:
         lines += _gpu_rows(fig, diag)
+    lines += activity_lines(fig, timelines or {})
     for text in measured_by(job, fig):
         lines += _line("Measured by", text)
     return "\n".join(lines)

@@ -18,7 +18,7 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -126,22 +126,27 @@ def _cards(query: SeffQuery, spec: JobSpec, config: Config, viewer: Viewer) -> A
     for job, gpus in found:
         fig = job_figures(job, gpus)
         items.append((job, fig, assess(fig, config.analysis)))
-    pages = _html(config, found, items) if query.html else []
+    cards, runs = by_job(items)
+    # Timelines only for what shows them: every card, the JSON and the pages; not a long array's table.
+    need = query.json or query.html or len(cards) <= MAX_CARDS
+    ids = {id(job) for job, _f, _d in cards}
+    tl_of = timelines(config, [(j, g) for j, g in found if id(j) in ids]) if need else {}
+    tls = [tl_of.get(id(job), {}) for job, _f, _d in cards]
+    pages = _html(config, found, cards, runs, tls) if query.html else []
     from ..render import dumps, render_card, render_table
 
-    items, runs = by_job(items)
     if query.json:
-        return Answer(EXIT_OK, dumps(items, runs) + "\n", html=pages)
+        return Answer(EXIT_OK, dumps(cards, runs, tls) + "\n", html=pages)
     out: list[str] = []
-    if len(items) > 1:
-        out += [f"{len(items)} jobs match {spec}" + (f" ({skipped} without GPUs not shown)" if skipped else ""), ""]
-    if len(items) > MAX_CARDS:
-        out += [render_table(items), "", f"For one job's card: seff-gpu {spec.job}_<task> (array) or the raw job id."]
+    if len(cards) > 1:
+        out += [f"{len(cards)} jobs match {spec}" + (f" ({skipped} without GPUs not shown)" if skipped else ""), ""]
+    if len(cards) > MAX_CARDS:
+        out += [render_table(cards), "", f"For one job's card: seff-gpu {spec.job}_<task> (array) or the raw job id."]
         return Answer(EXIT_OK, "\n".join(out) + "\n", html=pages)
-    for n, ((job, fig, diag), job_runs) in enumerate(zip(items, runs, strict=True)):
+    for n, ((job, fig, diag), job_runs, tl) in enumerate(zip(cards, runs, tls, strict=True)):
         if n:
             out += ["", "-" * 80]
-        out.append(render_card(job, fig, diag, job_runs))
+        out.append(render_card(job, fig, diag, job_runs, tl))
     return Answer(EXIT_OK, "\n".join(out) + "\n", html=pages)
 
 
@@ -157,34 +162,58 @@ def by_job(items: list[tuple[Any, Any, Any]]) -> tuple[list[tuple[Any, Any, Any]
     return [g[-1] for g in groups.values()], [[(j, f) for j, f, _d in g] for g in groups.values()]
 
 
-def _html(config: Config, found: Sequence[tuple[Any, list[Any]]],
-          items: Sequence[tuple[Any, Any, Any]]) -> list[tuple[str, str]]:
+def _html(config: Config, found: Sequence[tuple[Any, list[Any]]], cards: Sequence[tuple[Any, Any, Any]],
+          runs: Sequence[Sequence[Any]], tls: Sequence[Mapping[tuple[str, int], Any]]) -> list[tuple[str, str]]:
     """``--html``: the mailed card, its chart a ``data:`` URI, so a page opens with nothing next to it; a
-    requeued job gives one page (its last run's card with the Runs line). ``found`` = (job, GPU rows),
-    ``items`` = (job, figures, diagnosis), in the same order."""
-    from sqlalchemy.exc import SQLAlchemyError
-    from sqlmodel import Session
-
+    requeued job gives one page (its last run's card with the Runs line). ``found`` = (job, GPU rows);
+    ``cards``, ``runs``, ``tls`` as :func:`by_job` and :func:`timelines` give them, in the same order."""
     from ..fmt import job_label
-    from ..storage.queries import gpu_timelines
     from .card import build_card
 
     gpus_of = {id(job): gpus for job, gpus in found}
-    cards, runs = by_job(list(items))
+    pages = []
+    for (job, fig, diag), job_runs, tl in zip(cards, runs, tls, strict=True):
+        points = [tl[(g.node, g.gpu_index)] for g in gpus_of[id(job)] if (g.node, g.gpu_index) in tl]
+        card = build_card(job, fig, diag, points, config, optout_hint=False,
+                          runs=job_runs if len(job_runs) > 1 else ())
+        pages.append((job_label(job), card.html()))
+    return pages
+
+
+def timelines(config: Config, found: Sequence[tuple[Any, list[Any]]]) -> dict[int, dict[tuple[str, int], Any]]:
+    """Each job's GPU timelines by ``id(job)``, then by (node, GPU index), as the renderers take them; read
+    as :func:`lookup` reads the rows (SQLite with the standard library). Refused on a database problem."""
+    rows = [g for _j, gpus in found for g in gpus if g.id is not None]
+    by_id = _read_timelines(config, rows) if rows else {}
+    return {id(job): {(g.node, g.gpu_index): by_id[g.id] for g in gpus if g.id in by_id} for job, gpus in found}
+
+
+def _read_timelines(config: Config, gpus: list[Any]) -> dict[int, list[Any]]:
+    from ..storage.dburl import database_url, sqlite_file
+
+    path = sqlite_file(database_url(config.paths.database))
+    if path is not None:
+        import sqlite3
+
+        from ..storage.sqlite_read import timelines as read_sqlite
+
+        try:
+            return read_sqlite(path, [g.id for g in gpus])
+        except sqlite3.Error as exc:
+            raise Refused(f"cannot read the job database {path}: {exc}", EXIT_ERROR) from None
+    from sqlalchemy.exc import SQLAlchemyError
+    from sqlmodel import Session
+
+    from ..storage.queries import gpu_timelines
+
     engine = _engine(config)
     try:
         with Session(engine) as session:
-            timelines = [gpu_timelines(session, gpus_of[id(job)]) for job, _f, _d in cards]
+            return gpu_timelines(session, gpus)
     except SQLAlchemyError as exc:
         raise Refused(_db_error(config, exc), EXIT_ERROR) from None
     finally:
         engine.dispose()
-    pages = []
-    for (job, fig, diag), job_runs, tl in zip(cards, runs, timelines, strict=True):
-        card = build_card(job, fig, diag, [tl[g.id] for g in gpus_of[id(job)] if g.id in tl], config,
-                          optout_hint=False, runs=job_runs if len(job_runs) > 1 else ())
-        pages.append((job_label(job), card.html()))
-    return pages
 
 
 def still_running(spec: JobSpec, state_dir: str, timeout: float = SQUEUE_TIMEOUT_S) -> str | None:

@@ -79,3 +79,21 @@ def _columns(con: sqlite3.Connection, table: str) -> list[tuple[str, Callable[[A
     if not cols:
         raise sqlite3.OperationalError(f"no such table: {table} (not a slurm-gpueff database?)")
     return cols
+
+
+_CHUNK = 500  # ids per query: below SQLite's smallest limit of bound variables (999 before 3.32)
+
+
+def timelines(path: str, gpu_ids: Sequence[int]) -> dict[int, list[Any]]:
+    """Coarse timelines by ``job_gpu.id``, as storage.queries.gpu_timelines gives them (GPUs without one are
+    absent: retention deletes them while the figures stay). sqlite3.Error on any database problem."""
+    out: dict[int, list[Any]] = {}
+    ids = list(dict.fromkeys(gpu_ids))
+    with contextlib.closing(sqlite3.connect(read_uri(path), uri=True, timeout=30)) as con:
+        for i in range(0, len(ids), _CHUNK):
+            chunk = ids[i:i + _CHUNK]
+            sql = (f"SELECT {_q('job_gpu_id')}, {_q('points')} FROM {_q('job_gpu_timeline')} "
+                   f"WHERE {_q('job_gpu_id')} IN ({', '.join('?' * len(chunk))})")
+            for gpu_id, points in con.execute(sql, chunk):
+                out[gpu_id] = list(_json_loads(points) or []) if points is not None else []
+    return out
