@@ -112,6 +112,11 @@ def utc(dt: datetime | None) -> str:
     return NA if dt is None else _aware_utc(dt).strftime("%Y-%m-%d %H:%M UTC")
 
 
+def utc_seconds(dt: datetime | None) -> str:
+    """A moment to the second, for figures that change while a job runs: "2026-11-23 15:17:04 UTC"."""
+    return NA if dt is None else _aware_utc(dt).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 def clock(epoch: float) -> str:
     """A moment within a job, as on the card's other times (UTC): "13:20:05"."""
     return datetime.fromtimestamp(epoch, UTC).strftime("%H:%M:%S")

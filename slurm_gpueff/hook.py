@@ -245,7 +245,10 @@ class HookRun:
         run = job.restart_count or 0  # the Prolog's count is this run's index
         saved = {"start": state, "start_time": now, "gpus": job.gpu_indexes, "backend": self.backend,
                  "reason": "; ".join(reasons) or None, "run": run, "sluid": job.sluid,
-                 "written_at": time.time(), "writer": WRITER}
+                 "written_at": time.time(), "writer": WRITER,
+                 "job": {"job_id": job_id, "user": job.user, "uid": job.uid, "account": job.account,
+                         "partition": job.partition, "run": run},
+                 "env": {k: v for k, v in self.env.items() if k in slurmenv.LIVE_ENV}}
         path = state_path(cfg, job_id)
         try:
             save_state(path, saved)

@@ -232,3 +232,41 @@ class RollupPending(SQLModel, table=True):
 
     month: date = Field(sa_type=Date, primary_key=True)  # first day of the month
     noted_at: datetime = Field(sa_type=UTC_NAIVE)
+
+
+class LiveSample(SQLModel, table=True):
+    """A running job GPU's cumulative figures at one of its live records: the idle-GPU policy differences
+    the newest and one a window older for an exact sliding-window mean (service/alerts.py); removed once
+    the job has ended. ``covered_s``: seconds measured so far; ``kernel_s``, ``sm_s``: activity x seconds."""
+
+    __tablename__ = "live_sample"
+    __table_args__ = (UniqueConstraint("job_pk", "node", "gpu_index", "as_of", name="uq_live_sample_job_gpu_as_of"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_pk: int = Field(foreign_key="job.id", ondelete="CASCADE")
+    node: str = Field(max_length=128)
+    gpu_index: int
+    as_of: datetime = Field(sa_type=UTC_NAIVE)
+    covered_s: float
+    kernel_s: float | None = None
+    sm_s: float | None = None
+
+
+class AlertLog(SQLModel, table=True):
+    """The idle-GPU policy's audit (``gpueff alerts log``): each decision that changed something about a
+    running job (idle seen, exempt, recovered) and each action (warning mail, cancel), with what was seen,
+    whether it was a dry run, and how the action went."""
+
+    __tablename__ = "alert_log"
+
+    id: int | None = Field(default=None, primary_key=True)
+    at: datetime = Field(sa_type=UTC_NAIVE, index=True)
+    cluster: str = Field(max_length=64)
+    job_id: int = Field(sa_type=BigInteger, index=True)
+    run: int = 0
+    user: str | None = Field(default=None, max_length=128)
+    account: str | None = Field(default=None, max_length=128)
+    action: str = Field(max_length=32)
+    dry_run: bool = False
+    detail: str = Field(default="", max_length=2048)
+    outcome: str | None = Field(default=None, max_length=512)

@@ -9,7 +9,11 @@ Plain dicts, stdlib only (hook path). Unknown figures are ``None`` with the reas
      "start_time": float epoch s|null (null: unknown, Prolog state lost), "end_time": float epoch s,
      "exit_code": int|null, "signal": int|null, "backend": BACKENDS, "reason": str|null,
      "gpus": [GPU...], "written_at": float, "writer": "slurm-gpueff 0.1.0",
-     "run": int|null (absent or null: 0), "run_provisional": bool (absent: false), "sluid": str|null}
+     "run": int|null (absent or null: 0), "run_provisional": bool (absent: false), "sluid": str|null,
+     "live": bool (absent: false)}
+
+    ``live`` marks a running job's figures so far (collectors' ``peek``, slurm_gpueff/live.py): its
+    ``end_time`` is when they were read, it has no exit code, and the job's final record replaces it.
 
     ``run`` is the run of a requeued job (its restart count when the run started); ``run_provisional``
     marks one the Epilog could not settle without the Prolog's state, and enrichment settles it
@@ -108,6 +112,8 @@ def validate(rec: object) -> dict[str, Any]:
     if (rec.get("run") or 0) < 0 or rec.get("run_provisional", False).__class__ is not bool:
         raise RecordError(f"run must be >= 0 and run_provisional a boolean, got {rec.get('run')!r}, "
                           f"{rec.get('run_provisional')!r}")
+    if rec.get("live", False).__class__ is not bool:
+        raise RecordError(f"live must be a boolean, got {rec.get('live')!r}")
     if not rec["cluster"] or not rec["node"]:
         raise RecordError("cluster and node must be non-empty")
     for key in ("start_time", "end_time"):

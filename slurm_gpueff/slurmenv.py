@@ -205,3 +205,10 @@ def parse(env: Mapping[str, str]) -> HookEnv:
     h.restart_count = _int(env, "SLURM_JOB_RESTART_COUNT", p, maximum=MAX_RESTARTS)
     h.sluid = _text(env, "SLURM_JOB_SLUID", 32)
     return h
+
+
+# The job's variables the Prolog keeps for live records (slurmenv.parse and the collectors read these).
+LIVE_ENV = frozenset(("SLURM_JOB_ID", "SLURMD_NODENAME", "SLURM_CLUSTER_NAME", "SLURM_JOB_USER", "SLURM_JOB_UID",
+                      "SLURM_JOB_ACCOUNT", "SLURM_JOB_PARTITION", "SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES",
+                      "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_HET_JOB_ID", "SLURM_HET_JOB_OFFSET",
+                      "SLURM_JOB_START_TIME", "SLURM_JOB_RESTART_COUNT", "SLURM_JOB_SLUID", "GPUEFF_SIM_PROFILE"))

@@ -46,6 +46,16 @@ def run_tag(rec: dict[str, Any]) -> str:
     return f"r{int(run)}" if run else ""
 
 
+def live_tag(rec: dict[str, Any]) -> str:
+    """The run tag of a running job's live record: ``r<run>~live``. ``~`` never occurs in a sanitised node
+    name, so a live file never takes a final record's name; each new snapshot replaces the last one."""
+    return f"r{int(rec.get('run') or 0)}~live"
+
+
+def is_live_name(name: str) -> bool:
+    return "~live-" in name
+
+
 def ensure_dirs(spool_dir: str) -> None:
     for d in (spool_dir, os.path.join(spool_dir, INCOMING), os.path.join(spool_dir, QUARANTINE)):
         os.makedirs(d, mode=0o700, exist_ok=True)  # one at a time: makedirs gives only the leaf its mode

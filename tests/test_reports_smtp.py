@@ -15,6 +15,7 @@ from email import policy
 
 import pytest
 from reports_data import EVIL_NAME, config, enrich, make_db
+from smtputil import Inbox, free_port, smtp_server  # noqa: F401 - smtp_server is a fixture
 from sqlmodel import Session, select
 
 from slurm_gpueff.config import Config
@@ -24,38 +25,6 @@ from slurm_gpueff.reports.queries import CARD_ENRICH_WAIT_H
 from slurm_gpueff.summarize import summarize_pending
 
 pytestmark = pytest.mark.smtp
-
-
-class Inbox:
-    """aiosmtpd handler that keeps every message it accepts (envelope and parsed content)."""
-
-    def __init__(self) -> None:
-        self.messages: list[tuple[list[str], email.message.EmailMessage]] = []
-
-    async def handle_DATA(self, server, session, envelope):  # noqa: N802 - aiosmtpd's hook name
-        msg = email.message_from_bytes(envelope.original_content or envelope.content, policy=policy.default)
-        self.messages.append((list(envelope.rcpt_tos), msg))
-        return "250 OK"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def smtp_server():
-    from aiosmtpd.controller import Controller
-
-    inbox = Inbox()
-    port = free_port()
-    ctl = Controller(inbox, hostname="127.0.0.1", port=port)
-    ctl.start()
-    try:
-        yield inbox, port
-    finally:
-        ctl.stop()
 
 
 def mail_config(tmp_path, port, **reports):

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from . import node_cmds, report_cmds, service_cmds, setup_cmds, slurm_cmds
+from . import alert_cmds, node_cmds, report_cmds, service_cmds, setup_cmds, slurm_cmds
 from .common import CONFIG_HELP, CONFIG_NOTE, OneLineParser, run_command
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ class CommandGroup(Protocol):
 
 # The registry, in the order `gpueff --help` lists the commands: a job's data from the node to the mail,
 # then the tools to try and check an installation.
-GROUPS: tuple[CommandGroup, ...] = (node_cmds, service_cmds, slurm_cmds, report_cmds, setup_cmds)
+GROUPS: tuple[CommandGroup, ...] = (node_cmds, service_cmds, slurm_cmds, report_cmds, alert_cmds, setup_cmds)
 
 EPILOG = """\
 examples:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from typing import TYPE_CHECKING
 
 from .common import UsageError, load_config, log_to_stderr
@@ -23,6 +24,12 @@ def add_parsers(sub: Subparsers, common: argparse.ArgumentParser) -> None:
                    help="seconds between energy-counter reads (default 30; power is integrated in between)")
     a.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
+    lv = sub.add_parser("live", parents=[common], help="write the running jobs' live records once",
+                        description="Write a live record (the figures so far) into the spool for every job "
+                                    "running on this node. The agent does this every agent.live_interval_s; "
+                                    "this runs one pass, e.g. from a timer on a node without the agent.")
+    lv.add_argument("-v", "--verbose", action="store_true", help="name each record written")
+
     h = sub.add_parser("hook", parents=[common], help="run a Slurm hook, or install the hook scripts",
                        description="Run the Prolog/Epilog hook (always exits 0: a hook never hurts a job), "
                                    "or `hook install DIR` to copy the hook scripts into DIR.")
@@ -33,6 +40,8 @@ def add_parsers(sub: Subparsers, common: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.command == "agent":
         return _agent(args)
+    if args.command == "live":
+        return _live(args)
     if args.kind == "install":
         return _install(args.dir, args.config)
     from .. import hook  # the hook path: stdlib only
@@ -48,7 +57,31 @@ def _agent(args: argparse.Namespace) -> int:
     from ..collectors.agent_run import run_agent
 
     log_to_stderr(args.verbose, "agent")
-    return run_agent(config, once=args.once, energy_interval_s=interval)
+    from .. import live
+
+    return run_agent(config, once=args.once, energy_interval_s=interval,
+                     live=lambda: live.publish(config, log=_warn))
+
+
+def _warn(msg: str) -> None:
+    import logging
+
+    logging.getLogger("slurm_gpueff.live").warning("%s", msg)
+
+
+def _live(args: argparse.Namespace) -> int:
+    config = load_config(args)
+    from .. import live
+
+    problems: list[str] = []
+    paths = live.publish(config, log=problems.append)
+    for p in problems:
+        print(f"gpueff live: {p}", file=sys.stderr)
+    if args.verbose:
+        for path in paths:
+            print(path)
+    print(f"{len(paths)} live record(s) written to {config.paths.spool_dir}")
+    return 0
 
 
 def _install(target: str | None, config_path: str | None) -> int:

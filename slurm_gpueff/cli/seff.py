@@ -23,7 +23,7 @@ import json
 import os
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -57,13 +57,16 @@ job ids:
 
 examples:
   seff-gpu 4201
+  seff-gpu 4201 --watch 60        # a running job's figures so far, refreshed
+  seff-gpu -u alice -s RUNNING    # alice's running jobs
   seff-gpu 4201 --json | jq '.jobs[0].waste'
   seff-gpu 777_3 --cluster hpc1
   GPUEFF_CONFIG=/path/gpueff.toml seff-gpu 4201
 
 exit status:
   0 ok, 1 error (e.g. database unreachable), 2 bad usage or job id,
-  3 job unknown, 4 job still running or pending, 5 job had no GPUs,
+  3 job unknown, 4 job still running or pending with no figures yet,
+  5 job had no GPUs,
   6 another user's job (you see your own, your accounts' as their lead or
     coordinator, every job as an admin; [privacy] in the config)
 
@@ -83,6 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-S", "--starttime", dest="start", metavar="TIME", help="jobs that ended from TIME (local; "
                    "YYYY-MM-DD[THH:MM]; default 7 days ago)")
     p.add_argument("-E", "--endtime", dest="end", metavar="TIME", help="jobs that ended before TIME (default now)")
+    p.add_argument("-s", "--state", metavar="LIST", help="a table's jobs in these Slurm states only, comma-"
+                   "separated, e.g. RUNNING or COMPLETED,FAILED (default: all)")
+    p.add_argument("--watch", type=float, metavar="SECONDS", help="a running job's card: show it again every "
+                   "SECONDS (at least 2) until the job ends or Ctrl-C")
     p.add_argument("--json", action="store_true", help="print a machine-readable JSON document instead")
     p.add_argument("--html", metavar="FILE", help="also write the card as an HTML page (the mailed card, one "
                    "self-contained file; several jobs: FILE-<jobid>.html)")
@@ -102,6 +109,11 @@ def _refuse_conflicts(parser: argparse.ArgumentParser, args: argparse.Namespace)
         parser.error(f"{', '.join(table)} (a table of jobs) cannot be combined with a JOBID (a job's card)")
     if args.jobid is None and args.html:
         parser.error("--html writes a job's card: give a JOBID, not -u/-A")
+    if args.jobid is not None and args.state:
+        parser.error("-s/--state filters a table of jobs (-u/-A), not a JOBID's card")
+    if args.watch is not None and (args.jobid is None or args.json or args.html or not args.watch >= 2
+                                   or args.watch > 86400):
+        parser.error("--watch SECONDS (2 to 86400) refreshes a JOBID's text card: not with -u/-A, --json or --html")
 
 
 
@@ -120,14 +132,41 @@ def _run(args: argparse.Namespace) -> int:
     if args.jobid is not None:
         parse(args.jobid)  # a bad id is refused before the config is read
     config = load(args.config)
-    query = SeffQuery(args.jobid, args.user, args.account, *_times(args), args.cluster, args.json, bool(args.html))
+    query = SeffQuery(args.jobid, args.user, args.account, *_times(args), args.cluster, args.json, bool(args.html),
+                      args.state)
+    if args.watch is not None:
+        return watch(lambda: _ask(query, config), args.watch)
+    return emit(_ask(query, config), args.html)
+
+
+def _ask(query: SeffQuery, config: Config) -> Answer:
     if direct(config):
         from ..reports.jobview import answer
 
-        result = answer(query, config, _own_viewer(config))
-    else:
-        result = ask_service(query, config.service)
-    return emit(result, args.html)
+        return answer(query, config, _own_viewer(config))
+    return ask_service(query, config.service)
+
+
+def watch(ask: Callable[[], Answer], every_s: float) -> int:
+    """``--watch``: the card again every ``every_s`` seconds, in place on a terminal (as watch(1) does),
+    until the job is no longer running (its final card is the last one shown) or Ctrl-C."""
+    import time
+
+    tty = sys.stdout.isatty()
+    while True:
+        result = ask()
+        if tty:
+            sys.stdout.write("\x1b[H\x1b[2J")
+        stamp = datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
+        sys.stdout.write(f"Every {every_s:g} s: seff-gpu (Ctrl-C to stop)  {stamp}\n\n")
+        code = emit(result, None)
+        sys.stdout.flush()
+        if not result.running:
+            return code
+        try:
+            time.sleep(every_s)
+        except KeyboardInterrupt:
+            return 0
 
 
 def _times(args: argparse.Namespace) -> tuple[str | None, str | None]:

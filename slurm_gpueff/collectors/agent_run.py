@@ -43,9 +43,11 @@ def serve_metrics(agent: Agent, address: str, port: int) -> tuple[WSGIServer, th
 
 
 def run_agent(config: Config, *, once: bool = False, sampler: Sampler | None = None,
-              energy_interval_s: float | None = None) -> int:
+              energy_interval_s: float | None = None, live: Callable[[], object] | None = None) -> int:
     """The body of ``gpueff agent``: sample until SIGTERM/SIGINT (or one tick with ``once``). Returns 1
-    (after logging why) when the GPUs cannot be read at all, e.g. no NVIDIA driver."""
+    (after logging why) when the GPUs cannot be read at all, e.g. no NVIDIA driver. ``live`` (the running
+    jobs' live records, slurm_gpueff/live.py, passed in by the command: collectors do not import the hook
+    layer) runs right after a reading every ``agent.live_interval_s``."""
     agent = Agent(config, sampler if sampler is not None else NvmlSampler(),
                   energy_interval_s=energy_interval_s)
     try:
@@ -76,7 +78,7 @@ def run_agent(config: Config, *, once: bool = False, sampler: Sampler | None = N
         tickwire.socket_path(agent.state_dir), readings, float(config.collector.tick_wait_s) + 1.0, log.error)
     try:
         requested = False
-        next_t = time.monotonic()
+        next_t = live_due = time.monotonic()
         while True:
             readings.begin()
             try:
@@ -84,6 +86,7 @@ def run_agent(config: Config, *, once: bool = False, sampler: Sampler | None = N
             except OSError as exc:  # a full or read-only state dir must not kill sampling
                 log.warning("tick failed: %s", exc)
             readings.done({"updated": agent.updated, "ticks": agent.ticks})
+            live_due = _live(live, live_due, float(config.agent.live_interval_s))
             if once or stop.is_set():
                 break
             next_t = _next_regular(next_t, agent.interval_s, requested)
@@ -103,6 +106,18 @@ def run_agent(config: Config, *, once: bool = False, sampler: Sampler | None = N
     log.info("gpueff agent stopped after %d ticks", agent.ticks)
     return 0
 
+
+
+def _live(live: Callable[[], object] | None, due: float, every_s: float) -> float:
+    """Run ``live`` if it is due; the next time it is due. A failure is logged, and sampling goes on."""
+    now = time.monotonic()
+    if live is None or not every_s or now < due:
+        return due
+    try:
+        live()
+    except Exception as exc:  # noqa: BLE001 - live records must never stop the sampling jobs' figures need
+        log.warning("live records failed: %s: %s", type(exc).__name__, exc)
+    return max(due + every_s, now)
 
 
 def _next_regular(next_t: float, interval: float, after_requested: bool) -> float:

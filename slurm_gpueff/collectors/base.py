@@ -62,6 +62,12 @@ class Collector:
     def stop(self, job: JobContext, start_state: dict[str, Any] | None) -> Measurement:  # pragma: no cover
         raise NotImplementedError
 
+    def peek(self, job: JobContext, start_state: dict[str, Any] | None) -> Measurement:
+        """A running job's figures so far (``job.end_time``: now), leaving its measurement running. A backend
+        that can only read a job at its end says so instead."""
+        reason = f"the {self.name} backend gives a job's figures at its end only (no live figures)"
+        return Measurement(self.name, [empty_gpu(i, self.name, reason) for i in job.gpu_indexes], reason)
+
 
 class NoneCollector(Collector):
     """Allocation only: which GPUs the job held and why nothing more is known. Used when no GPU backend
@@ -73,6 +79,9 @@ class NoneCollector(Collector):
 
     def start(self, job: JobContext) -> dict[str, Any]:
         return {"backend": self.name}
+
+    def peek(self, job: JobContext, start_state: dict[str, Any] | None) -> Measurement:
+        return self.stop(job, start_state)
 
     def stop(self, job: JobContext, start_state: dict[str, Any] | None) -> Measurement:
         minors = slurm_index_to_minor(job.gpu_indexes)
@@ -114,6 +123,11 @@ def get_collector(config: Config) -> Collector:
             backend = "nvml"
         else:
             return NoneCollector(config, "no GPU collector running on this node (auto: no DCGM, no gpueff agent)")
+    return named_collector(config, backend)
+
+
+def named_collector(config: Config, backend: str) -> Collector:
+    """The collector of one backend by name (a running job's live records use the one its Prolog used)."""
     if backend == "simulated":
         from .simulated import SimulatedCollector
 

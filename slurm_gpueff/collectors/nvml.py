@@ -56,6 +56,7 @@ class NvmlCollector(Collector):
         self.now = now
         self.state_dir = config.paths.state_dir
         self.stale_s = float(config.collector.agent_stale_s)
+        self.ask_agent = True  # False in peek: the agent itself calls it right after a reading
 
     def read_state(self) -> tuple[dict[str, Any] | None, str | None]:
         """(state, None) when usable, else (state or None, reason)."""
@@ -94,10 +95,14 @@ class NvmlCollector(Collector):
         description for :func:`.window.job_window`). A stale or stopped agent's state is still usable:
         its counters up to its last reading are what a restarted agent resumes."""
         t = self.now()
-        answer, why = tickwire.request_reading(self.state_dir, float(self.config.collector.tick_wait_s))
+        if self.ask_agent:
+            answer, why = tickwire.request_reading(self.state_dir, float(self.config.collector.tick_wait_s))
+        else:
+            answer, why = None, "a live record: the agent's reading just taken"
         state, err = self.read_state()
         down = err if state is not None and isinstance(state.get("updated"), int | float) and err else None
-        exact = answer is not None and isinstance(state, dict) and state.get("updated") == answer.get("updated")
+        exact = (answer is not None and isinstance(state, dict) and state.get("updated") == answer.get("updated")) \
+            or (not self.ask_agent and err is None)
         return state, (None if down else err), win.reading(t, state, exact, why, down)
 
     def start(self, job: JobContext) -> dict[str, Any]:
@@ -144,6 +149,15 @@ class NvmlCollector(Collector):
             log.exception("nvml collector stop failed")
             reason = f"nvml collector failed at job end: {exc}"
             return Measurement(self.name, [empty_gpu(i, self.name, reason) for i in job.gpu_indexes], reason)
+
+    def peek(self, job: JobContext, start_state: dict[str, Any] | None) -> Measurement:
+        """The figures so far, to the agent's last reading: called by the agent right after a reading (so it
+        does not ask for one), while the job's Prolog state and the agent's counters stay as they are."""
+        self.ask_agent = False
+        try:
+            return self.stop(job, start_state)
+        finally:
+            self.ask_agent = True
 
     def _stop(self, job: JobContext, start_state: dict[str, Any] | None) -> Measurement:
         state, err, end = self._read_now()

@@ -87,6 +87,9 @@ class SimulatedCollector(Collector):
     def start(self, job: JobContext) -> dict[str, Any]:
         return {"backend": self.name, "profile": choose_profile(self.config, job)}
 
+    def peek(self, job: JobContext, start_state: dict[str, Any] | None) -> Measurement:
+        return self.stop(job, start_state)  # figures of the profile up to job.end_time (now)
+
     def stop(self, job: JobContext, start_state: dict[str, Any] | None) -> Measurement:
         profile_name = (start_state or {}).get("profile") or choose_profile(self.config, job)
         profile = PROFILES.get(profile_name)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ..analysis.diagnose import Diagnosis
 from ..analysis.figures import JobFigures
 from ..analysis.precision import split
-from ..fmt import energy, gib, gpu_hours, hms, job_label, pct, sparkline, watts
+from ..fmt import energy, gib, gpu_hours, hms, job_label, pct, sparkline, utc_seconds, watts
 
 if TYPE_CHECKING:  # an ORM row or a plain row of storage.sqlite_read: only attributes are read
     from ..models import Job
@@ -59,8 +59,16 @@ def final_state(job: Job) -> str | None:
     return job.state if getattr(job, "enriched", True) else None
 
 
+def is_live(job: Job) -> bool:
+    """A running job's row: its figures so far, from the latest live record (slurm_gpueff/live.py)."""
+    return getattr(job, "record_source", "hook") == "live"
+
+
 def state_text(job: Job) -> str:
-    """``COMPLETED (exit code 0)``, or n/a with the reason when Slurm's state is not known yet."""
+    """``COMPLETED (exit code 0)``, ``RUNNING (figures so far, as of ...)``, or n/a with the reason when
+    Slurm's state is not known yet."""
+    if is_live(job):
+        return f"RUNNING (figures so far, as of {utc_seconds(job.end_time)})"
     if job.signal:
         detail = f"killed by signal {job.signal}"
     elif job.exit_code is not None:

@@ -53,8 +53,9 @@ class Refused(GpueffError):
 
 class SeffQuery(NamedTuple):
     """One seff-gpu question. ``jobid`` (text as typed) asks for cards; else a table of the jobs of
-    ``user``/``account`` that ended in [``start``, ``end``) (ISO, naive UTC: the client turned local times
-    into UTC). ``html``: also the HTML card pages."""
+    ``user``/``account`` that ended (or, running, were last measured) in [``start``, ``end``) (ISO, naive UTC:
+    the client turned local times into UTC), of the Slurm states ``state`` names. ``html``: also the HTML
+    card pages."""
 
     jobid: str | None = None
     user: str | None = None
@@ -64,6 +65,7 @@ class SeffQuery(NamedTuple):
     cluster: str | None = None
     json: bool = False
     html: bool = False
+    state: str | None = None  # a table's Slurm states, comma-separated ("RUNNING", "COMPLETED,FAILED")
 
     def kind(self) -> str:
         """For log lines: what was asked, never which job or whose."""
@@ -73,16 +75,18 @@ class SeffQuery(NamedTuple):
 
 class Answer(NamedTuple):
     """What seff-gpu prints (``stdout``, ``stderr`` as given), its exit status, and the HTML card pages
-    to write as files: (job label, page); the label names the file when there are several."""
+    to write as files: (job label, page); the label names the file when there are several. ``running``: a
+    card of a job still running (``--watch`` goes on refreshing it)."""
 
     exit_code: int
     stdout: str = ""
     stderr: str = ""
     html: list[tuple[str, str]] = []
+    running: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {"exit_code": self.exit_code, "stdout": self.stdout, "stderr": self.stderr,
-                "html": [list(p) for p in self.html]}
+                "html": [list(p) for p in self.html], "running": self.running}
 
     @classmethod
     def from_json(cls, d: Any) -> Answer:
@@ -92,7 +96,7 @@ class Answer(NamedTuple):
             if not isinstance(d["exit_code"], int) or not isinstance(d["stdout"], str) or not isinstance(
                     d["stderr"], str):
                 raise TypeError
-            return cls(d["exit_code"], d["stdout"], d["stderr"], html)
+            return cls(d["exit_code"], d["stdout"], d["stderr"], html, d.get("running") is True)
         except (KeyError, TypeError, ValueError):
             raise ValueError("not a seff-gpu answer") from None
 
@@ -134,9 +138,11 @@ def _cards(query: SeffQuery, spec: JobSpec, config: Config, viewer: Viewer) -> A
     tls = [tl_of.get(id(job), {}) for job, _f, _d in cards]
     pages = _html(config, found, cards, runs, tls) if query.html else []
     from ..render import dumps, render_card, render_table
+    from ..render.text import is_live
 
+    running = any(is_live(job) for job, _f, _d in cards)
     if query.json:
-        return Answer(EXIT_OK, dumps(cards, runs, tls) + "\n", html=pages)
+        return Answer(EXIT_OK, dumps(cards, runs, tls) + "\n", html=pages, running=running)
     out: list[str] = []
     if len(cards) > 1:
         out += [f"{len(cards)} jobs match {spec}" + (f" ({skipped} without GPUs not shown)" if skipped else ""), ""]
@@ -147,7 +153,7 @@ def _cards(query: SeffQuery, spec: JobSpec, config: Config, viewer: Viewer) -> A
         if n:
             out += ["", "-" * 80]
         out.append(render_card(job, fig, diag, job_runs, tl))
-    return Answer(EXIT_OK, "\n".join(out) + "\n", html=pages)
+    return Answer(EXIT_OK, "\n".join(out) + "\n", html=pages, running=running)
 
 
 def by_job(items: list[tuple[Any, Any, Any]]) -> tuple[list[tuple[Any, Any, Any]], list[list[tuple[Any, Any]]]]:
@@ -370,18 +376,22 @@ def _table(query: SeffQuery, config: Config, viewer: Viewer) -> Answer:
     if start >= end:
         raise Refused("-S/--starttime must be before -E/--endtime", EXIT_USAGE)
     user, account = table_scope(viewer, query.user, query.account)
+    states = [s.strip().upper() for s in (query.state or "").split(",") if s.strip()] or None
     engine = _engine(config)
     try:
         with Session(engine) as session:
-            jobs = list_jobs(session, user=user, account=account, start=start, end=end, cluster=query.cluster)
+            jobs = list_jobs(session, user=user, account=account, start=start, end=end, cluster=query.cluster,
+                             states=states)
     except SQLAlchemyError as exc:
         raise Refused(_db_error(config, exc), EXIT_ERROR) from None
     finally:
         engine.dispose()
     if query.json:
-        asked = {"user": user, "account": account, "cluster": query.cluster, "start_utc": iso(start),
-                 "end_utc": iso(end)}
+        asked = {"user": user, "account": account, "cluster": query.cluster, "states": states,
+                 "start_utc": iso(start), "end_utc": iso(end)}
         return Answer(EXIT_OK, json.dumps(as_json(jobs, asked), indent=2) + "\n")
     who = " ".join(f"{k} {v}" for k, v in (("user", user), ("account", account)) if v) or "all users"
-    head = f"GPU jobs of {who} that ended {utc(start)} to {utc(end)}\n"
+    which = f" in state {', '.join(states)}" if states else ""
+    head = (f"GPU jobs of {who}{which} that ended {utc(start)} to {utc(end)} (running jobs: their figures so "
+            "far)\n")
     return Answer(EXIT_OK, head + (render(jobs) if jobs else "(none)") + "\n")

@@ -48,7 +48,8 @@ class VerdictCount(NamedTuple):
 
 
 def _where(start: datetime, end: datetime, account: str | None) -> list[ColumnElement[bool]]:
-    cond = [col(Job.end_time) >= start, col(Job.end_time) < end, col(Job.gpu_hours).is_not(None)]
+    cond = [col(Job.end_time) >= start, col(Job.end_time) < end, col(Job.gpu_hours).is_not(None),
+            col(Job.record_source) != "live"]  # a running job is summed once it has ended
     if account is not None:
         cond.append(col(Job.account) == account)
     return cond
@@ -134,6 +135,7 @@ def card_candidates(session: Session, config: Config, now: datetime, dry_run: bo
     logged = exists().where(and_(col(ReportLog.kind) == "card", col(ReportLog.job_pk) == col(Job.id),
                                  col(ReportLog.dry_run) == dry_run))
     stmt = select_model(Job).where(col(Job.analyzed_at).is_not(None), col(Job.end_time).is_not(None),
+                             col(Job.record_source) != "live",
                              col(Job.end_time) >= now - timedelta(hours=rep.card_lookback_h),
                              col(Job.gpu_hours) >= rep.card_min_gpu_hours, ~logged,
                              or_(col(Job.enriched).is_(True), col(Job.end_time) < now - enrich_wait(config)),

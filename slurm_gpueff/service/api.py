@@ -41,7 +41,7 @@ PATH = "/v1/seff"
 HEALTH = "/v1/health"
 MAX_BODY = 16 * 1024  # a query is a few hundred bytes
 COORDINATORS_TTL_S = 300.0  # sacctmgr is asked at most this often
-_TEXT = ("jobid", "user", "account", "start", "end", "cluster")
+_TEXT = ("jobid", "user", "account", "start", "end", "cluster", "state")
 _FLAGS = ("json", "html")
 
 

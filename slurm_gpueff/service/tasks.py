@@ -124,6 +124,12 @@ def report_monthly(ctx: Context) -> str:
     return f"monthly: {runner.send_monthly(ctx.config, ctx.engine)}"
 
 
+def alerts(ctx: Context) -> str:
+    from .alerts import run_alerts
+
+    return f"alerts: {run_alerts(ctx.engine, ctx.config)}"
+
+
 def builtin_tasks(config: Config) -> list[Task]:
     """The built-in tasks with the schedules from ``[service]`` (an interval of 0 disables a task)."""
     s = config.service
@@ -133,6 +139,8 @@ def builtin_tasks(config: Config) -> list[Task]:
            Task("retention", retention, s.retention_interval_s),
            Task("report_cards", report_cards, s.cards_interval_s),
            Task("report_monthly", report_monthly, cron={"day": 1, "hour": s.monthly_report_hour})]
+    if config.alerts.enabled:  # the idle-GPU policy over running jobs ([alerts]; off by default)
+        out.append(Task("alerts", alerts, config.alerts.interval_s))
     return [t for t in out if t.cron is not None or (t.interval_s or 0) > 0]
 
 

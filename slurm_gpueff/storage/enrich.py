@@ -64,6 +64,10 @@ class BackfillResult:
     errors: list[str] = field(default_factory=list)
 
 
+LIVE_QUIET_S = 3600.0
+LIVE_ONLY = "no final record came from the node: figures up to the job's last live record"
+
+
 def apply_sacct(job: Job, sj: SacctJob) -> datetime | None:
     """Write what accounting says into ``job`` (a finished job): accounting wins where it knows. Returns the
     job's old end time when accounting moved it into another month (for rollups.note_moved), else None."""
@@ -112,7 +116,12 @@ def enrich_jobs(engine: Engine, reader: Any, *, since: datetime | None = None, l
     trouble: the run stops and says why in ``errors``; what was committed stays, the next run retries the rest."""
     res = EnrichResult()
     batch = max(1, int(getattr(reader, "batch_size", SacctConfig.batch_size)))
+    clock = now if now is not None else time.time()
+    # A running job's live row is asked about only once its snapshots have stopped for a while: its final
+    # record normally replaces it; one whose node never sent it (node crash) is finished here.
+    quiet = datetime.fromtimestamp(clock - LIVE_QUIET_S, UTC).replace(tzinfo=None)
     stmt = (select(Job.id, Job.cluster, Job.job_id).where(col(Job.enriched).is_(False))
+            .where((col(Job.record_source) != "live") | (col(Job.end_time) < quiet))
             .order_by(col(Job.id)))
     if since is not None:  # jobs without an end time too
         stmt = stmt.where((col(Job.end_time) >= since) | col(Job.end_time).is_(None))
@@ -125,7 +134,6 @@ def enrich_jobs(engine: Engine, reader: Any, *, since: datetime | None = None, l
         res.errors.append(f"database unavailable ({first_line(exc)}); nothing enriched")
         return res
     done = 0
-    clock = now if now is not None else time.time()
     for cluster, group in itertools.groupby(todo, key=itemgetter(1)):
         rows = [(pk, job_id) for pk, _cluster, job_id in group]
         for k in range(0, len(rows), batch):
@@ -153,6 +161,9 @@ def enrich_jobs(engine: Engine, reader: Any, *, since: datetime | None = None, l
                         if sj.end is not None and clock - sj.end < settle_s:
                             res.settling += 1
                             continue
+                        if job.record_source == "live":
+                            job.record_source = "hook"
+                            job.reason = "; ".join(filter(None, (job.reason, LIVE_ONLY)))[:1024]
                         job = settle_run(session, job, sj)
                         if job.enriched:  # folded into a row of its run that accounting had already filled
                             continue
@@ -277,7 +288,10 @@ def _backfill_one(engine: Engine, sj: SacctJob, default_cluster: str, res: Backf
                            else same.order_by(col(Job.run).desc())).first()
         if job is not None:
             res.had_record += 1
-            if not job.enriched:
+            if job.record_source == "live" and sj.end is not None and time.time() - sj.end > LIVE_QUIET_S:
+                job.record_source = "hook"  # ended an hour ago and its final record never came
+                job.reason = "; ".join(filter(None, (job.reason, LIVE_ONLY)))[:1024]
+            if not job.enriched and job.record_source != "live":
                 note_moved(session.connection(), [apply_sacct(job, sj)])
                 session.commit()
                 res.enriched += 1

@@ -7,7 +7,10 @@ outcome whatever order a job's node records arrive in, and again when a record i
 * job: earliest start, latest end, highest exit code and signal, union of nodes and reasons; identity
   fields (user, account, ...) from the records until sacct enrichment has run, which then owns them;
 * a node's GPU rows are replaced by its latest record, keeping their ids (a replay updates in place);
-* ``ingested_at`` is set once; ``analyzed_at`` is cleared so that the job's summary is recomputed.
+* ``ingested_at`` is set once; ``analyzed_at`` is cleared so that the job's summary is recomputed;
+* a running job's ``live`` records make a row with ``record_source = "live"`` and state RUNNING, each
+  snapshot replacing its node's GPU rows; the job's first final record drops every live GPU row and the
+  row becomes a hook record; a live record arriving after that changes nothing.
 """
 
 from __future__ import annotations
@@ -99,10 +102,13 @@ def merge(recs: list[Row], stored_jobs: dict[Key, Row], stored_gpus: dict[Key, d
     for rec in recs:
         key = job_key(rec)
         job = jobs.get(key)
+        live = rec.get("live") is True
+        if live and job is not None and job["record_source"] != "live":
+            continue  # a running job's snapshot after its final record (or backfill): it changes nothing
         if job is None:  # not stored yet
             job = jobs[key] = dict.fromkeys(_JOB_COLS)
-            job.update(cluster=key[0], job_id=key[1], run=key[2], record_source="hook", gpu_count=0, backend="none",
-                       enriched=False)
+            job.update(cluster=key[0], job_id=key[1], run=key[2], record_source="live" if live else "hook",
+                       gpu_count=0, backend="none", enriched=False)
         node = cut(rec["node"], 128)
         _fold(job, gpus[key], rec, node, now)
         timelines[(key, node)] = {g["index"]: g.get("timeline") or [] for g in rec["gpus"]}
@@ -115,6 +121,9 @@ def _fold(job: Row, gpus: dict[Spot, Row], rec: Row, node: str, now: datetime) -
     if job["record_source"] == "backfill":  # the hook's record came after all (storage/enrich.py):
         job["record_source"], job["reason"] = "hook", None  # it replaces the allocation-only backfill,
         gpus.clear()  # whose GPU rows were placeholders (sacct keeps no GPU indexes)
+    elif job["record_source"] == "live" and rec.get("live") is not True:  # the job's first final record:
+        job.update(record_source="hook", reason=None, start_time=None, end_time=None, state=None)
+        gpus.clear()  # every node's live rows go; each node's final record brings its own
     start, end = utc(rec.get("start_time")), utc(rec["end_time"])
     mine = {k[1]: r for k, r in gpus.items() if k[0] == node} if gpus else {}
     for idx in mine:
@@ -157,7 +166,7 @@ def _fold(job: Row, gpus: dict[Spot, Row], rec: Row, node: str, now: datetime) -
                             if job["start_time"] is not None and job["end_time"] is not None else None)
         job["exit_code"] = _pick([job["exit_code"], rec.get("exit_code")], max)
         job["signal"] = _pick([job["signal"], rec.get("signal")], max)
-        job["state"] = _state(job["exit_code"], job["signal"])
+        job["state"] = "RUNNING" if job["record_source"] == "live" else _state(job["exit_code"], job["signal"])
     if job["ingested_at"] is None:
         job["ingested_at"] = now
     job["analyzed_at"] = None  # new data: the stored summary (slurm_gpueff.summarize) must be recomputed

@@ -51,12 +51,16 @@ def gpu_timelines(session: Session, gpus: Sequence[JobGpu]) -> dict[int, list[An
 
 
 def list_jobs(session: Session, *, user: str | None = None, account: str | None = None,
-              start: datetime | None = None, end: datetime | None = None, cluster: str | None = None) -> list[Job]:
-    """Jobs that ended in [start, end) (naive UTC), filtered by user/account/cluster, oldest first."""
+              start: datetime | None = None, end: datetime | None = None, cluster: str | None = None,
+              states: list[str] | None = None) -> list[Job]:
+    """Jobs that ended in [start, end) (naive UTC; a running job's end is its last live record), filtered by
+    user/account/cluster and Slurm states, oldest first."""
     stmt = select(Job).where(col(Job.end_time).is_not(None))
     for column, value in ((Job.user, user), (Job.account, account), (Job.cluster, cluster)):
         if value is not None:
             stmt = stmt.where(col(column) == value)
+    if states:
+        stmt = stmt.where(col(Job.state).in_(states))
     if start is not None:
         stmt = stmt.where(col(Job.end_time) >= start)
     if end is not None:

@@ -78,7 +78,7 @@ def refresh_month(conn: Connection, month: date, now: datetime) -> int:
     sel = (select(literal("day", String), day, *jkeys, func.sum(last_run_count()), *sums,
                   literal(now, r.c.refreshed_at.type))
            .where(j.c.end_time >= datetime(m0.year, m0.month, 1), j.c.end_time < datetime(m1.year, m1.month, 1),
-                  j.c.analyzed_at.is_not(None))
+                  j.c.analyzed_at.is_not(None), j.c.record_source != "live")  # running jobs: not yet
            .group_by(day, *jkeys))
     conn.execute(insert(r).from_select(cols, sel))
     msel = (select(literal("month", String), literal(m0, Date), *rkeys,

@@ -1,0 +1,213 @@
+"""``gpueff serve``'s idle-GPU policy pass (``[alerts]``): gather, decide (analysis/idle.py), act, audit.
+
+One pass: record each running job's newest live figures as a sample (models.LiveSample; samples of jobs
+that have ended are dropped), ask ``squeue`` which of them Slurm still runs and how (batch or interactive,
+partition, QOS), decide per job, then act: a warning mail to the owner (rate-limited per user and day),
+and only where ``[alerts] cancel = true`` the cancel, with the reason written to the job's AdminComment
+first so that ``sacct -o AdminComment`` shows why. Every decision that changes something and every action
+goes to the audit table ``alert_log`` with what was seen and how it went (``gpueff alerts log``).
+``dry_run`` (``[alerts] dry_run`` or ``gpueff alerts run --dry-run``) decides and audits the same way,
+marked as a dry run, and neither mails nor cancels; a dry run's steps never hold back a real one.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from html import escape
+from typing import TYPE_CHECKING, NamedTuple
+
+from sqlalchemy import delete
+from sqlmodel import Session, col, select
+
+from .. import slurmcmds
+from ..analysis import idle
+from ..fmt import job_label
+from ..models import AlertLog, Job, JobGpu, LiveSample, utcnow
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from sqlalchemy.engine import Engine
+
+    from ..config import Config
+
+log = logging.getLogger(__name__)
+SLURM_TIMEOUT_S = 30.0
+
+
+class SlurmJob(NamedTuple):
+    """A running job as squeue shows it."""
+
+    state: str
+    partition: str | None
+    qos: str | None
+    interactive: bool | None
+
+
+@dataclass
+class AlertsResult:
+    judged: int = 0
+    actions: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        acts = "; ".join(self.actions) or "no action"
+        return f"{self.judged} running job(s) looked at: {acts}" + (
+            f"; errors: {'; '.join(self.errors)}" if self.errors else "")
+
+
+def squeue_jobs(config: Config, ids: list[int]) -> dict[int, SlurmJob]:
+    """Slurm's view of the running jobs ``ids``; raises slurmcmds.SlurmCommandError."""
+    if not ids:
+        return {}
+    exe = slurmcmds.command_path(config.sacct.command, "squeue")
+    fields = "JobID:40,BatchFlag:8,Partition:200,QOS:200,State:24"
+    out = slurmcmds.run(exe, "squeue", ["-h", "-a", "-j", ",".join(map(str, ids)), "-O", fields], SLURM_TIMEOUT_S)
+    return parse_squeue(out)
+
+
+def parse_squeue(text: str) -> dict[int, SlurmJob]:
+    """``{raw job id: SlurmJob}`` from squeue -O JobID,BatchFlag,Partition,QOS,State (no field holds a space)."""
+    jobs: dict[int, SlurmJob] = {}
+    for line in text.splitlines():
+        cells = line.split()
+        if len(cells) != 5 or not cells[0].isdigit():
+            continue
+        batch = {"1": False, "0": True}.get(cells[1])
+        jobs[int(cells[0])] = SlurmJob(cells[4].upper(), cells[2], cells[3], batch)
+    return jobs
+
+
+def record_samples(session: Session, jobs: list[Job]) -> dict[int, dict[tuple[str, int], list[idle.Sample]]]:
+    """Store each live job GPU's newest cumulative figures (once per live record); every sample by job."""
+    pks = [j.id for j in jobs if j.id is not None]
+    session.connection().execute(delete(LiveSample).where(col(LiveSample.job_pk).not_in(pks)))  # jobs that have ended
+    have = {(s.job_pk, s.node, s.gpu_index, s.as_of)
+            for s in session.exec(select(LiveSample).where(col(LiveSample.job_pk).in_(pks))).all()}
+    end_of = {j.id: j.end_time for j in jobs}
+    for g in session.exec(select(JobGpu).where(col(JobGpu.job_pk).in_(pks))).all():
+        as_of = end_of.get(g.job_pk)
+        cov = g.measured_s if g.measured_s is not None else (
+            (g.end_time - g.start_time).total_seconds() if g.end_time and g.start_time else None)
+        if as_of is None or cov is None or (g.job_pk, g.node, g.gpu_index, as_of) in have:
+            continue
+        session.add(LiveSample(job_pk=g.job_pk, node=g.node, gpu_index=g.gpu_index, as_of=as_of, covered_s=cov,
+                               kernel_s=None if g.kernel_active is None else g.kernel_active * cov,
+                               sm_s=None if g.sm_active is None else g.sm_active * cov))
+    session.flush()
+    out: dict[int, dict[tuple[str, int], list[idle.Sample]]] = {}
+    for s in session.exec(select(LiveSample).where(col(LiveSample.job_pk).in_(pks))).all():
+        out.setdefault(s.job_pk, {}).setdefault((s.node, s.gpu_index), []).append(
+            idle.Sample(s.as_of, s.covered_s, s.kernel_s, s.sm_s))
+    return out
+
+
+def run_alerts(engine: Engine, config: Config, *, dry_run: bool | None = None, now: datetime | None = None,
+               squeue: Callable[[list[int]], dict[int, SlurmJob]] | None = None,
+               act: Callable[[str, Job, list[str], bool], str] | None = None) -> AlertsResult:
+    """One pass of the policy over the running jobs; never raises for Slurm, mail or one job's trouble."""
+    cfg = config.alerts
+    dry = cfg.dry_run if dry_run is None else dry_run
+    t = now or utcnow()
+    res = AlertsResult()
+    with Session(engine) as session:
+        jobs = list(session.exec(select(Job).where(col(Job.record_source) == "live")).all())
+        samples = record_samples(session, jobs)
+        session.commit()
+        try:
+            slurm = (squeue or (lambda ids: squeue_jobs(config, ids)))(sorted({j.job_id for j in jobs}))
+        except slurmcmds.SlurmCommandError as exc:
+            res.errors.append(f"squeue: {exc}; nothing decided")
+            return res
+        for job in jobs:
+            sj = slurm.get(job.job_id)
+            if sj is None or sj.state != "RUNNING":
+                continue  # ended (its final record will come) or suspended: nothing to judge
+            res.judged += 1
+            rj = idle.RunningJob(job.cluster, job.job_id, job.run, job.user, job.account, job.start_time,
+                                 job.end_time or t, sj.partition, sj.qos, sj.interactive, samples.get(job.id or 0, {}))
+            past = [idle.Past(r.at, r.action) for r in session.exec(select(AlertLog).where(
+                AlertLog.cluster == job.cluster, AlertLog.job_id == job.job_id, AlertLog.run == job.run,
+                AlertLog.dry_run == dry).order_by(col(AlertLog.at), col(AlertLog.id))).all()]
+            d = idle.decide(rj, past, cfg, t)
+            if d.action is None:
+                continue
+            action = d.action
+            if action in idle.MAILS and _mails_today(session, job.user, dry, t) >= cfg.max_mails_per_user_per_day:
+                action = idle.RATE_LIMITED
+                if any(p.action == idle.RATE_LIMITED and t - p.at < timedelta(days=1) for p in past):
+                    continue
+            seen = d.detail.split("; ")
+            outcome = "noted"
+            if action in (*idle.MAILS, idle.CANCEL):
+                outcome = (act or (lambda a, j, s, dr: perform(config, a, j, s, dr)))(action, job, seen, dry)
+            session.add(AlertLog(at=t, cluster=job.cluster, job_id=job.job_id, run=job.run, user=job.user,
+                                 account=job.account, action=action, dry_run=dry, detail=d.detail[:2048],
+                                 outcome=outcome[:512]))
+            session.commit()
+            res.actions.append(f"job {job_label(job)}: {action}{' (dry run)' if dry else ''} ({outcome})")
+    return res
+
+
+def _mails_today(session: Session, user: str | None, dry: bool, t: datetime) -> int:
+    rows = session.exec(select(AlertLog).where(
+        AlertLog.user == user, AlertLog.dry_run == dry, col(AlertLog.action).in_(idle.MAILS),
+        AlertLog.at > t - timedelta(days=1))).all()
+    return len(rows)
+
+
+def perform(config: Config, action: str, job: Job, seen: list[str], dry: bool) -> str:
+    """Mail the owner; for a cancel, record the reason in Slurm and cancel first. The outcome in words."""
+    parts = []
+    if action == idle.CANCEL:
+        parts.append("would cancel" if dry else cancel(config, job))
+    parts.append(mail(config, action, job, seen, dry))
+    return "; ".join(parts)
+
+
+def cancel(config: Config, job: Job) -> str:
+    """AdminComment (the reason, kept by Slurm's accounting), then scancel. The outcome in words."""
+    why = (f"slurm-gpueff: cancelled, GPUs idle for {config.alerts.window_min:g} min "
+           f"(kernel < {config.alerts.kernel_pct:g} %, SM < {config.alerts.sm_pct:g} %) after two warnings")
+    sc = slurmcmds.command_path(config.sacct.command, "scontrol")
+    note = "reason recorded in AdminComment"
+    try:
+        slurmcmds.run(sc, "scontrol", ["update", f"JobId={job.job_id}", f"AdminComment={why}"], SLURM_TIMEOUT_S)
+    except slurmcmds.SlurmCommandError as exc:
+        note = f"reason not recorded ({exc})"
+    try:
+        slurmcmds.run(slurmcmds.command_path(config.sacct.command, "scancel"), "scancel", [str(job.job_id)],
+                      SLURM_TIMEOUT_S)
+    except slurmcmds.SlurmCommandError as exc:
+        return f"cancel failed: {exc}"
+    return f"cancelled; {note}"
+
+
+def mail(config: Config, action: str, job: Job, seen: list[str], dry: bool) -> str:
+    """The warning (or cancel notice) to the job's owner; written to the reports dir on a dry run."""
+    from ..reports.message import Parts, build
+    from ..reports.runner import owner_address
+    from ..reports.smtp import DeliveryError, send
+    from ..reports.templates import render, sentence
+
+    to = owner_address(job, config.reports)
+    if to is None:
+        return f"no usable address for user {job.user!r} (reports.address_pattern / addresses)"
+    ctx = {"cluster": job.cluster, "job_label": job_label(job), "job_id": job.job_id, "user": job.user or "",
+           "action": action, "window_min": f"{config.alerts.window_min:g}", "seen": seen, "dry_run": dry,
+           "cancel_enabled": config.alerts.cancel, "contact": config.reports.contact}
+    text = render("alert.txt.j2", **ctx)
+    parts = Parts(subject=sentence("alert_subject", **ctx), text=text, html_mail=f"<pre>{escape(text)}</pre>",
+                  html_file="", images={}, name="alert")
+    msg = build(parts, sender=config.mail.from_address, to=[to], reply_to=config.mail.reply_to,
+                extra_headers={"X-Gpueff-Job": job_label(job), "X-Gpueff-Alert": action})
+    if dry or config.mail.dry_run:
+        return f"mail to {to} not sent (dry run)"
+    try:
+        send(config.mail, [to], msg.as_bytes())
+    except DeliveryError as exc:
+        log.warning("alert mail for job %s to %s failed: %s", job_label(job), to, exc)
+        return f"mail to {to} failed: {exc}"
+    return f"mailed {to}"

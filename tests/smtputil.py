@@ -1,0 +1,41 @@
+"""A real SMTP server (aiosmtpd) on loopback for the tests that send mail: it keeps what it accepts."""
+
+from __future__ import annotations
+
+import email
+import socket
+from email import policy
+
+import pytest
+
+
+class Inbox:
+    """aiosmtpd handler that keeps every message it accepts (envelope and parsed content)."""
+
+    def __init__(self) -> None:
+        self.messages: list[tuple[list[str], email.message.EmailMessage]] = []
+
+    async def handle_DATA(self, server, session, envelope):  # noqa: N802 - aiosmtpd's hook name
+        msg = email.message_from_bytes(envelope.original_content or envelope.content, policy=policy.default)
+        self.messages.append((list(envelope.rcpt_tos), msg))
+        return "250 OK"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def smtp_server():
+    from aiosmtpd.controller import Controller
+
+    inbox = Inbox()
+    port = free_port()
+    ctl = Controller(inbox, hostname="127.0.0.1", port=port)
+    ctl.start()
+    try:
+        yield inbox, port
+    finally:
+        ctl.stop()

@@ -1,0 +1,167 @@
+"""The idle-GPU policy: its decisions (analysis/idle.py, pure) and a pass of it (service/alerts.py) over a real
+SQLite database with mail through a real SMTP server on loopback. ``squeue`` is replaced by a function here
+only; tests/slurm/test_slurm_alerts.py runs the whole policy against real Slurm daemons."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import pytest
+from hooksite import make_record
+from smtputil import smtp_server  # noqa: F401 - a fixture
+from sqlmodel import Session, select
+
+from slurm_gpueff.analysis import idle
+from slurm_gpueff.config import AlertsConfig, Config
+from slurm_gpueff.models import AlertLog, LiveSample
+from slurm_gpueff.service.alerts import SlurmJob, parse_squeue, run_alerts
+from slurm_gpueff.storage.db import make_engine
+from slurm_gpueff.storage.writer import ingest_record
+
+T = datetime(2026, 11, 27, 12, 0, 0)
+CFG = AlertsConfig(window_min=60.0, grace_min=30.0, warn_again_min=30.0, cancel_after_min=30.0)
+
+
+def _samples(kernel: float, sm: float | None, minutes: int, every: int = 5) -> list[idle.Sample]:
+    """Cumulative samples of a GPU at constant activity, one every ``every`` minutes up to T."""
+    out = []
+    for m in range(0, minutes + 1, every):
+        cov = 60.0 * m
+        out.append(idle.Sample(T - timedelta(minutes=minutes - m), cov, kernel * cov,
+                               None if sm is None else sm * cov))
+    return out
+
+
+def _job(samples: dict[tuple[str, int], list[idle.Sample]], start_min: int = 180, **kw) -> idle.RunningJob:
+    return idle.RunningJob("c", 5, 0, "alice", "proj", T - timedelta(minutes=start_min), T,
+                           samples=samples, **kw)
+
+
+def test_the_window_is_the_last_hour_not_the_whole_job():
+    busy_then_idle = _samples(0.9, 0.5, 120)[:13]  # 60 min busy ...
+    last = busy_then_idle[-1]
+    for m in range(5, 65, 5):  # ... then 60 min idle
+        busy_then_idle.append(idle.Sample(last.as_of + timedelta(minutes=m), last.covered_s + 60 * m,
+                                          last.kernel_s, last.sm_s))
+    w = idle.window(busy_then_idle, T - timedelta(minutes=180), 60, "n", 0)
+    assert w.covered_s == 3600 and w.kernel == 0 and w.sm == 0
+    d = idle.decide(_job({("n", 0): busy_then_idle}), [], CFG, busy_then_idle[-1].as_of)
+    assert d.action == idle.WARN and "kernel 0.0 %, SM 0.00 %" in d.detail
+
+
+def test_sm_activity_catches_what_kernel_activity_cannot_and_busy_gpus_are_left_alone():
+    spin = {("n", 0): _samples(1.0, 0.0076, 90)}  # one SM spinning: kernel 100 %
+    assert idle.decide(_job(spin), [], CFG, T).action is None, "kernel activity high: not idle by this rule"
+    loaded = {("n", 0): _samples(0.97, 0.8, 90)}
+    assert idle.decide(_job(loaded), [], CFG, T).action is None
+    one_idle = {("n", 0): _samples(0.97, 0.8, 90), ("n", 1): _samples(0.0, 0.0, 90)}
+    assert idle.decide(_job(one_idle), [], CFG, T).action is None, "a job is idle when all its GPUs are"
+    no_gpm = {("n", 0): _samples(0.01, None, 90)}
+    d = idle.decide(_job(no_gpm), [], CFG, T)
+    assert d.action == idle.WARN and "judged on kernel activity" in d.detail
+
+
+def test_too_little_measured_grace_stale_and_exempt_jobs_are_not_judged():
+    idle_gpu = {("n", 0): _samples(0.0, 0.0, 90)}
+    gap = [s for s in idle_gpu[("n", 0)] if not (T - timedelta(minutes=50) < s.as_of < T)]
+    thin = [idle.Sample(s.as_of, s.covered_s if s.as_of < T else gap[-2].covered_s + 600, 0.0, 0.0) for s in gap]
+    d = idle.decide(_job({("n", 0): thin}), [], CFG, T)
+    assert d.action is None and "not measured enough" in d.detail
+    assert "grace period" in idle.decide(_job(idle_gpu, start_min=20), [], CFG, T).detail
+    assert "stale" in idle.decide(_job(idle_gpu), [], CFG, T + timedelta(minutes=21)).detail
+    inter = idle.decide(_job(idle_gpu, interactive=True), [], CFG, T)
+    assert inter.action == idle.EXEMPT and "interactive" in inter.detail
+    assert idle.decide(_job(idle_gpu, interactive=True), [idle.Past(T, idle.EXEMPT)], CFG, T).action is None
+    cfg = AlertsConfig(exempt_partitions=["debug"], exempt_users=["bob"])
+    assert "partition debug" in idle.decide(_job(idle_gpu, partition="debug"), [], cfg, T).detail
+    assert idle.decide(_job(idle_gpu, partition="gpu"), [], cfg, T).action == idle.WARN
+
+
+def test_the_steps_warn_warn_again_then_cancel_only_when_enabled():
+    g = {("n", 0): _samples(0.0, 0.0, 90)}
+    j = _job(g)
+    w1 = [idle.Past(T - timedelta(minutes=10), idle.WARN)]
+    assert idle.decide(j, w1, CFG, T).action is None, "the second warning waits warn_again_min"
+    w1 = [idle.Past(T - timedelta(minutes=31), idle.WARN)]
+    assert idle.decide(j, w1, CFG, T).action == idle.WARN_AGAIN
+    w2 = w1 + [idle.Past(T - timedelta(minutes=31), idle.WARN_AGAIN)]
+    assert idle.decide(j, w2, CFG, T).action == idle.WOULD_CANCEL
+    on = AlertsConfig(cancel=True)
+    assert idle.decide(j, w2, on, T).action == idle.CANCEL
+    noted = w2 + [idle.Past(T - timedelta(minutes=1), idle.WOULD_CANCEL)]
+    assert idle.decide(j, noted, CFG, T).action is None, "would_cancel is noted once"
+    assert idle.decide(j, noted, on, T).action == idle.CANCEL, "a site that turns cancel on later cancels"
+    busy = _job({("n", 0): _samples(0.9, 0.6, 90)})
+    assert idle.decide(busy, w2, CFG, T).action == idle.RECOVERED
+    after = w2 + [idle.Past(T - timedelta(minutes=1), idle.RECOVERED)]
+    assert idle.decide(j, after, CFG, T).action == idle.WARN, "idle again after recovering: from the start"
+
+
+def test_parse_squeue_reads_batch_flag_partition_and_qos():
+    text = "101   1   gpu   normal   RUNNING\n102  0  debug  high  RUNNING\n103_4 1 gpu normal RUNNING\nbad\n"
+    assert parse_squeue(text) == {101: SlurmJob("RUNNING", "gpu", "normal", False),
+                                  102: SlurmJob("RUNNING", "debug", "high", True)}
+
+
+def _db(tmp_path, jobs: dict[int, str]):
+    """Live rows of jobs (id -> user) with constant figures, as ingest makes them."""
+    engine = make_engine(str(tmp_path / "a.db"))
+    start = T.timestamp() - 7200
+    with Session(engine) as s:
+        for job_id, user in jobs.items():
+            rec = make_record(job_id, gpus=1, start=start, end=T.timestamp() - 6000, live=True, exit_code=None,
+                              signal=None, user=user)
+            rec["gpus"][0].update(kernel_active=0.0 if job_id % 2 else 0.9, sm_active=0.0 if job_id % 2 else 0.6)
+            ingest_record(s, rec)
+        s.commit()
+    return engine
+
+
+def _later_snapshot(engine, job_ids, end):
+    with Session(engine) as s:
+        for job_id in job_ids:
+            rec = make_record(job_id, gpus=1, start=T.timestamp() - 7200, end=end, live=True, exit_code=None,
+                              signal=None)
+            rec["gpus"][0].update(kernel_active=0.0 if job_id % 2 else 0.9, sm_active=0.0 if job_id % 2 else 0.6)
+            ingest_record(s, rec)
+        s.commit()
+
+
+@pytest.mark.smtp
+def test_a_pass_mails_the_owner_audits_and_cancels_nothing_by_default(tmp_path, smtp_server):  # noqa: F811
+    inbox, port = smtp_server
+    cfg = Config({"site": {"cluster": "testc"}, "mail": {"host": "127.0.0.1", "port": port},
+                  "reports": {"address_pattern": "{user}@cluster.example"},
+                  "alerts": {"enabled": True, "window_min": 60, "cancel_after_min": 0, "warn_again_min": 1}})
+    engine = _db(tmp_path, {11: "alice", 12: "bob"})  # 11 idle, 12 busy
+    squeue = {11: SlurmJob("RUNNING", "gpu", "normal", False), 12: SlurmJob("RUNNING", "gpu", "normal", False)}
+    cancelled: list[int] = []
+    try:
+        r = run_alerts(engine, cfg, now=T - timedelta(minutes=99), squeue=lambda ids: squeue)
+        assert r.actions == [] and r.judged == 2, r  # 20 min after their start: within the grace period
+        _later_snapshot(engine, [11, 12], T.timestamp())
+        r = run_alerts(engine, cfg, now=T, squeue=lambda ids: squeue)
+        assert [a.split(":")[1].strip().split(" ")[0] for a in r.actions] == ["warn"], r
+        (rcpt, msg), = inbox.messages
+        assert rcpt == ["alice@cluster.example"] and "job 11 has been idle for 60 minutes" in msg["Subject"]
+        body = msg.get_body(("plain",)).get_content()
+        assert "GPU 0 on node01: kernel 0.0 %, SM 0.00 %" in body and "scancel 11" in body
+        assert "not cancelled automatically" in body
+        for k in (2, 3):  # warn_again, then would_cancel: cancel is off
+            r = run_alerts(engine, cfg, now=T + timedelta(minutes=k), squeue=lambda ids: squeue,
+                           act=None if k == 2 else lambda a, j, s, d: cancelled.append(j.job_id) or "x")
+        with Session(engine) as s:
+            rows = s.exec(select(AlertLog).order_by(AlertLog.id)).all()
+            assert [(x.job_id, x.action) for x in rows] == [(11, "warn"), (11, "warn_again"), (11, "would_cancel")]
+            assert rows[0].outcome == "mailed alice@cluster.example" and not rows[0].dry_run
+            assert len(s.exec(select(LiveSample)).all()) == 4
+        assert cancelled == [] and len(inbox.messages) == 2
+        # a dry run decides from its own audit and sends nothing
+        r = run_alerts(engine, cfg, now=T + timedelta(minutes=4), squeue=lambda ids: squeue, dry_run=True)
+        assert r.actions == ["job 11: warn (dry run) (mail to alice@cluster.example not sent (dry run))"], r
+        assert len(inbox.messages) == 2
+        # squeue says the job ended: nothing judged
+        r = run_alerts(engine, cfg, now=T + timedelta(minutes=5), squeue=lambda ids: {})
+        assert r.judged == 0 and r.actions == []
+    finally:
+        engine.dispose()
