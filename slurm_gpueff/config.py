@@ -53,6 +53,7 @@ class CollectorConfig(Section):
     hook_timeout_s: float = _key(10.0, _range(0, 300, above=True))
     agent_stale_s: float = _key(30.0, _range(0, 3600, above=True))
     tick_wait_s: float = _key(1.5, _range(0, 10))
+    dev_dir: str = _key("/dev", _not_empty)
 
 
 class AgentConfig(Section):

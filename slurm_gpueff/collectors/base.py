@@ -84,7 +84,7 @@ class NoneCollector(Collector):
         return self.stop(job, start_state)
 
     def stop(self, job: JobContext, start_state: dict[str, Any] | None) -> Measurement:
-        minors = slurm_index_to_minor(job.gpu_indexes)
+        minors = slurm_index_to_minor(job.gpu_indexes, self.config.collector.dev_dir)
         gpus = [empty_gpu(i, self.name, self.reason, minor=minors.get(i)) for i in job.gpu_indexes]
         return Measurement(self.name, gpus, self.reason)
 

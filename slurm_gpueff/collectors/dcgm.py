@@ -59,12 +59,12 @@ class DcgmCollector(Collector):
 
     name = "dcgm"
 
-    def __init__(self, config: Config, *, proc_dir: str = PROC_GPUS, dev_dir: str = "/dev",
+    def __init__(self, config: Config, *, proc_dir: str = PROC_GPUS, dev_dir: str | None = None,
                  now: Callable[[], float] = time.time,
                  mig_lookup: Callable[[str], dict[str, Any]] | None = gpu_ids.nvml_lookup) -> None:
         super().__init__(config)
         self.proc_dir = proc_dir
-        self.dev_dir = dev_dir
+        self.dev_dir = dev_dir or config.collector.dev_dir
         self.now = now
         self.mig_lookup = mig_lookup
         self.dc = config.dcgm

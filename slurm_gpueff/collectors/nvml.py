@@ -50,9 +50,9 @@ class NvmlCollector(Collector):
 
     name = "nvml"
 
-    def __init__(self, config: Config, *, dev_dir: str = "/dev", now: Callable[[], float] = time.time) -> None:
+    def __init__(self, config: Config, *, dev_dir: str | None = None, now: Callable[[], float] = time.time) -> None:
         super().__init__(config)
-        self.dev_dir = dev_dir
+        self.dev_dir = dev_dir or config.collector.dev_dir
         self.now = now
         self.state_dir = config.paths.state_dir
         self.stale_s = float(config.collector.agent_stale_s)
