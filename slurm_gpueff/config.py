@@ -17,10 +17,26 @@ import tomllib
 import types
 from collections.abc import Iterable, Mapping
 
+from .config_keys import (
+    _PCT,
+    _PORT_OR_OFF,
+    _SCHEDULE,
+    DAY,
+    YEAR,
+    Check,
+    FrozenError,
+    Section,
+    _address,
+    _database,
+    _key,
+    _must,
+    _n,
+    _not_empty,
+    _one_of,
+    _range,
+    _read_only,
+)
 from .errors import ConfigError
-
-from .config_keys import (DAY, YEAR, _PCT, Check, _PORT_OR_OFF, _SCHEDULE, FrozenError, Section, _address, _database,
-                          _key, _must, _n, _not_empty, _one_of, _range, _read_only)
 
 DEFAULT_PATH = "/etc/slurm-gpueff/gpueff.toml"
 ENV_VAR = "GPUEFF_CONFIG"

@@ -4,7 +4,6 @@ Apart from :mod:`.config` (the sections, the file, the relations between keys) s
 stdlib only, like config: the hooks load it on every job.
 """
 
-import math
 from collections.abc import Callable
 from typing import ClassVar, NamedTuple, NoReturn, TypeVar, cast, dataclass_transform
 

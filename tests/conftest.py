@@ -11,6 +11,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from smtputil import smtp_server  # noqa: E402, F401 - the real SMTP server fixture, for every test that mails
+
 
 def _nvidia_gpu_present() -> bool:
     try:

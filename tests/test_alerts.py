@@ -8,7 +8,6 @@ from datetime import datetime, timedelta
 
 import pytest
 from hooksite import make_record
-from smtputil import smtp_server  # noqa: F401 - a fixture
 from sqlmodel import Session, select
 
 from slurm_gpueff.analysis import idle
@@ -128,7 +127,7 @@ def _later_snapshot(engine, job_ids, end):
 
 
 @pytest.mark.smtp
-def test_a_pass_mails_the_owner_audits_and_cancels_nothing_by_default(tmp_path, smtp_server):  # noqa: F811
+def test_a_pass_mails_the_owner_audits_and_cancels_nothing_by_default(tmp_path, smtp_server):
     inbox, port = smtp_server
     cfg = Config({"site": {"cluster": "testc"}, "mail": {"host": "127.0.0.1", "port": port},
                   "reports": {"address_pattern": "{user}@cluster.example"},

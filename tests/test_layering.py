@@ -23,8 +23,8 @@ PKG = os.path.join(ROOT, "slurm_gpueff")
 
 # Lowest first. A module may import its own layer and the layers before it, never a later one.
 LAYERS: list[tuple[str, set[str]]] = [
-    ("base", {"__init__", "__version__", "errors", "config", "config_keys", "jobid", "record", "spool", "slurmenv", "sacct",
-              "sacct_rows", "sacct_json", "sacct_steps", "privacy", "fmt", "slurmcmds", "munge"}),
+    ("base", {"__init__", "__version__", "errors", "config", "config_keys", "jobid", "record", "spool", "slurmenv",
+              "sacct", "sacct_rows", "sacct_json", "sacct_steps", "privacy", "fmt", "slurmcmds", "munge"}),
     ("collectors", {"collectors"}),
     ("hook", {"hook", "hook_install", "spool_fallback", "live"}),
     ("models", {"models"}),

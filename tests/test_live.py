@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from hooksite import ROOT, HookSite
@@ -30,7 +31,7 @@ def site(tmp_path) -> HookSite:
 
 
 def _config(site: HookSite, db: str):
-    text = open(site.config_path).read().replace("[paths]\n", f'[paths]\ndatabase = "{db}"\n')
+    text = Path(site.config_path).read_text().replace("[paths]\n", f'[paths]\ndatabase = "{db}"\n')
     with open(site.config_path, "w") as fh:
         fh.write(text)
     return load(site.config_path)
@@ -53,14 +54,14 @@ def test_a_running_job_is_shown_so_far_and_its_final_record_replaces_it(site, tm
     db = str(tmp_path / "gpueff.db")
     cfg = _config(site, db)
     site.run("prolog", 77, GPUEFF_SIM_NOW=str(T0), SLURM_JOB_ACCOUNT="proj")
-    saved = json.load(open(site.state_file(77)))
+    saved = json.loads(Path(site.state_file(77)).read_text())
     assert saved["job"] == {"job_id": 77, "user": "alice", "uid": 1000, "account": "proj", "partition": "gpu",
                             "run": 0}
     assert saved["env"]["SLURM_JOB_GPUS"] == "0,1" and "GPUEFF_CONFIG" not in saved["env"]
 
     paths = live.publish(cfg, now=T0 + 600)
     assert [os.path.basename(p) for p in paths] == ["job-77-r0~live-node01.json"]
-    rec = record.validate(json.load(open(paths[0])))
+    rec = record.validate(json.loads(Path(paths[0]).read_text()))
     assert rec["live"] is True and rec["end_time"] == T0 + 600 and rec["exit_code"] is None
     assert all(g["energy_j"] == pytest.approx(g["power_mean_w"] * 600, rel=1e-3) for g in rec["gpus"])
     assert os.path.exists(site.state_file(77)), "a live record must leave the job's Prolog state"

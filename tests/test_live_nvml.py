@@ -4,8 +4,6 @@ sampler); the agent, its state file and the hook-side collector are the real one
 
 from __future__ import annotations
 
-import os
-
 from fake_gpus import close, hopper
 from test_nvml_collector import U0, Node, _as_record, _job
 

@@ -6,16 +6,13 @@ smtplib to a real SMTP server, and the assertions are on the MIME messages it re
 
 from __future__ import annotations
 
-import email
 import os
 import re
-import socket
 from datetime import timedelta
-from email import policy
 
 import pytest
 from reports_data import EVIL_NAME, config, enrich, make_db
-from smtputil import Inbox, free_port, smtp_server  # noqa: F401 - smtp_server is a fixture
+from smtputil import free_port
 from sqlmodel import Session, select
 
 from slurm_gpueff.config import Config

@@ -6,14 +6,15 @@ newest one at least a window older (or the job's start), gives its exact kernel 
 window. It is idle when kernel activity is under ``kernel_pct`` and SM activity under ``sm_pct``; SM
 activity sees what kernel activity cannot (a kernel spinning on one SM, or memory held with little
 compute, reads as busy kernels with idle SMs). Without SM activity (no GPM) the kernel figure alone
-decides, and the decision says so. A job is idle when every GPU it holds is; a window measured for less than
-``min_coverage_pct`` of its length (agent down, the service just started) decides nothing.
+decides, and the decision says so. A job is idle when every GPU it holds is; a window measured for less
+than ``min_coverage_pct`` of its length (agent down, the service just started) decides nothing.
 
 The steps for an idle job, each at most once: a warning, a second warning ``warn_again_min`` later, then,
 ``cancel_after_min`` after that and only with ``cancel = true``, the cancel; without it the audit notes
-once that it would have cancelled (and a site that turns ``cancel`` on later cancels at the next pass). A job that is no longer idle after a warning is noted as recovered and
-starts over. Exempt jobs (interactive, allowlists) and jobs within ``grace_min`` of their start are not
-judged. Service/alerts.py gathers the inputs, performs the actions and writes the audit.
+once that it would have cancelled (and a site that turns ``cancel`` on later cancels at the next pass).
+A job that is no longer idle after a warning is noted as recovered and starts over. Exempt jobs
+(interactive, allowlists) and jobs within ``grace_min`` of their start are not judged. Service/alerts.py
+gathers the inputs, performs the actions and writes the audit.
 """
 
 from __future__ import annotations

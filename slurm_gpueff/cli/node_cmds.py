@@ -1,4 +1,5 @@
-"""The commands that run on the GPU nodes: ``gpueff agent`` (NVML sampling) and ``gpueff hook`` (Slurm hooks).
+"""The commands that run on the GPU nodes: ``gpueff agent`` (NVML sampling), ``gpueff live`` (running jobs'
+live records, once) and ``gpueff hook`` (Slurm hooks).
 
 ``hook prolog|epilog`` imports nothing but the hook module, which loads its own config and never fails
 the job: a failing Prolog drains the node, so even a stray argument there is not refused.
@@ -58,9 +59,10 @@ def _agent(args: argparse.Namespace) -> int:
 
     log_to_stderr(args.verbose, "agent")
     from .. import live
+    from .liveview import answerer
 
     return run_agent(config, once=args.once, energy_interval_s=interval,
-                     live=lambda: live.publish(config, log=_warn))
+                     live=lambda: live.publish(config, log=_warn), live_answer=answerer(config))
 
 
 def _warn(msg: str) -> None:

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from ..reports.jobview import EXIT_ERROR, Answer, SeffQuery
+from ..reports.jobview import EXIT_DENIED, EXIT_ERROR, EXIT_UNKNOWN, Answer, SeffQuery
 from .common import CONFIG_HELP, CONFIG_NOTE, CommandError, OneLineParser, UsageError, run_command
 
 if TYPE_CHECKING:
@@ -140,11 +140,28 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _ask(query: SeffQuery, config: Config) -> Answer:
+    here = on_node(query, config) if query.jobid is not None and not query.html else None
+    if here is not None:
+        return here
     if direct(config):
         from ..reports.jobview import answer
 
         return answer(query, config, _own_viewer(config))
     return ask_service(query, config.service)
+
+
+def on_node(query: SeffQuery, config: Config) -> Answer | None:
+    """On the node where the job runs, its card up to the second from the node agent (collectors/live_socket.py);
+    None where no agent answers, the job does not run here, or the agent may not show it to this user (the
+    usual path then answers: the service knows the account coordinators, the node does not ask)."""
+    from ..collectors.live_socket import ask
+
+    got = ask(config.paths.state_dir, str(query.jobid), query.json, config.service.api_timeout_s)
+    try:
+        here = Answer.from_json(got) if got is not None else None
+    except ValueError:
+        return None
+    return None if here is None or here.exit_code in (EXIT_UNKNOWN, EXIT_DENIED) else here
 
 
 def watch(ask: Callable[[], Answer], every_s: float) -> int:

@@ -20,14 +20,16 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CollectorError
-from . import tickwire
+from . import live_socket, tickwire
 from .agent import Agent
+from .live_socket import LiveServer
 from .nvml_sampler import GPM_MIN_S, GPM_SKIP_S, GPM_STEP_S, NvmlSampler, Sampler
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
     from ..config import Config
+    from .live_socket import Answerer
 
 log = logging.getLogger("slurm_gpueff.agent")
 
@@ -43,11 +45,13 @@ def serve_metrics(agent: Agent, address: str, port: int) -> tuple[WSGIServer, th
 
 
 def run_agent(config: Config, *, once: bool = False, sampler: Sampler | None = None,
-              energy_interval_s: float | None = None, live: Callable[[], object] | None = None) -> int:
+              energy_interval_s: float | None = None, live: Callable[[], object] | None = None,
+              live_answer: Answerer | None = None) -> int:
     """The body of ``gpueff agent``: sample until SIGTERM/SIGINT (or one tick with ``once``). Returns 1
     (after logging why) when the GPUs cannot be read at all, e.g. no NVIDIA driver. ``live`` (the running
     jobs' live records, slurm_gpueff/live.py, passed in by the command: collectors do not import the hook
-    layer) runs right after a reading every ``agent.live_interval_s``."""
+    layer) runs right after a reading every ``agent.live_interval_s``; ``live_answer`` answers seff-gpu on
+    this node with a running job's card up to the second (collectors/live_socket.py)."""
     agent = Agent(config, sampler if sampler is not None else NvmlSampler(),
                   energy_interval_s=energy_interval_s)
     try:
@@ -76,6 +80,7 @@ def run_agent(config: Config, *, once: bool = False, sampler: Sampler | None = N
             old[sig] = signal.signal(sig, _handler)
     readings_server = None if once else serve_readings(
         tickwire.socket_path(agent.state_dir), readings, float(config.collector.tick_wait_s) + 1.0, log.error)
+    live_server = None if once or live_answer is None else _serve_live(agent.state_dir, live_answer)
     try:
         requested = False
         next_t = live_due = time.monotonic()
@@ -97,15 +102,28 @@ def run_agent(config: Config, *, once: bool = False, sampler: Sampler | None = N
         if server is not None:
             server.shutdown()
             server.server_close()
-        if readings_server is not None:
-            readings_server.shutdown()
-            readings_server.server_close()
+        for srv in (readings_server, live_server):
+            if srv is not None:
+                srv.shutdown()
+                srv.server_close()
         agent.close()
         for sig, h in old.items():
             signal.signal(sig, h)
     log.info("gpueff agent stopped after %d ticks", agent.ticks)
     return 0
 
+
+
+def _serve_live(state_dir: str, answer: Answerer) -> LiveServer | None:
+    """seff-gpu's socket on this node, in a daemon thread; None (logged) when it cannot be made."""
+    path = live_socket.socket_path(state_dir)
+    try:
+        server = LiveServer(path, answer)
+    except OSError as exc:
+        log.error("cannot listen on %s (%s): seff-gpu on this node reads the database instead", path, exc)
+        return None
+    threading.Thread(target=server.serve_forever, name="gpueff-live", daemon=True).start()
+    return server
 
 
 def _live(live: Callable[[], object] | None, due: float, every_s: float) -> float:

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 
 import pytest
-from smtputil import smtp_server  # noqa: F401 - a fixture
 
-from .conftest import FINAL, OTHER_ACCOUNT, USER
+from .conftest import FINAL, OTHER_ACCOUNT, ROOT, USER
 
 pytestmark = [pytest.mark.slurm, pytest.mark.smtp]
 
@@ -36,6 +37,18 @@ warn_again_min = 0.02
 cancel_after_min = 0.0
 cancel = {cancel}
 exempt_accounts = ["{exempt}"]
+"""
+
+
+# What `gpueff agent` serves beside its sampling (no GPU here): seff-gpu's socket on the job's node.
+SERVE_LIVE = """
+import os, sys
+from slurm_gpueff.cli.liveview import answerer
+from slurm_gpueff.collectors.live_socket import LiveServer, socket_path
+from slurm_gpueff.config import load
+cfg = load(sys.argv[1])
+os.makedirs(os.path.join(cfg.paths.state_dir, "agent"), exist_ok=True)
+LiveServer(socket_path(cfg.paths.state_dir), answerer(cfg)).serve_forever()
 """
 
 
@@ -65,7 +78,7 @@ def _pass(c) -> str:
     return c.gpueff("alerts", "run").stdout
 
 
-def test_running_jobs_are_shown_and_an_idle_one_is_warned_then_cancelled(slurm, smtp_server):  # noqa: F811
+def test_running_jobs_are_shown_and_an_idle_one_is_warned_then_cancelled(slurm, smtp_server):
     c = slurm
     inbox, port = smtp_server
     _config(c, port, cancel=False)
@@ -89,7 +102,23 @@ def test_running_jobs_are_shown_and_an_idle_one_is_warned_then_cancelled(slurm, 
         assert doc["job"]["running"] is True and doc["gpus"][0]["kernel_active"] == 0.0
         table = c.seff(None, "-u", USER, "-s", "RUNNING", user=USER).stdout
         assert f"\n{ids['idle']} " in table and f"\n{ids['busy']} " in table and "RUNNING" in table, table
-        assert c.seff(ids["exempt"], user=USER).returncode == 6, "root's job stays private"
+        # on the job's node, the agent answers up to the second, as the kernel says who asks
+        db_as_of = c.rows("SELECT end_time FROM job WHERE job_id = ?", (ids["busy"],))[0]["end_time"]
+        srv = subprocess.Popen([sys.executable, "-c", SERVE_LIVE, c.config_path], env=dict(c.env, PYTHONPATH=ROOT))
+        try:
+            sock = os.path.join(c.state, "agent", "live.sock")
+            deadline = time.monotonic() + 30
+            while not os.path.exists(sock):
+                assert time.monotonic() < deadline and srv.poll() is None, "the live socket did not come up"
+                time.sleep(0.1)
+            time.sleep(1.5)
+            here = json.loads(c.seff(ids["busy"], "--json", user=USER).stdout)["jobs"][0]["job"]
+            assert here["running"] is True and here["as_of"].replace("T", " ").rstrip("Z") > db_as_of, (here, db_as_of)
+            p = c.seff(ids["exempt"], user=USER)  # root's job: the node refuses, and so does the service
+            assert p.returncode == 6 and p.stdout == "", p
+        finally:
+            srv.terminate()
+            srv.wait(10)
 
         # cancel off: warn, warn again, then only noted that it would cancel
         deadline = time.monotonic() + 90

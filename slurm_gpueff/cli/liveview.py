@@ -1,0 +1,76 @@
+"""The node agent's answer to ``seff-gpu JOBID`` on the job's own node: its card up to the second.
+
+Runs inside the agent (collectors/live_socket.py serves it; ``gpueff agent`` passes it in, since collectors
+import neither the hook layer nor the analysis). For a job running here: the same privacy rules as every
+path (privacy.py; the asker's uid comes from the kernel), a reading taken now, the job's live record
+(slurm_gpueff/live.py) made into the rows ingest would store (storage/merge.py), and the same analysis and
+renderers as any card. A job not running on this node answers "not here" (exit 3), and seff-gpu then asks
+the database or the service as usual.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ..config import Config
+
+NOT_HERE = 3  # seff-gpu's "job unknown": the client falls back to its usual path
+
+
+def answerer(config: Config) -> Callable[[dict[str, Any], int], dict[str, Any]]:
+    return lambda req, uid: live_answer(config, req, uid)
+
+
+def live_answer(config: Config, req: dict[str, Any], uid: int) -> dict[str, Any]:
+    from .. import hook, live
+    from ..collectors import tickwire
+    from ..errors import GpueffError
+    from ..jobid import parse
+    from ..privacy import denied_message, may_see, user_name, viewer
+    from ..reports.jobview import EXIT_DENIED, EXIT_OK, Answer, failure
+
+    try:
+        spec = parse(str(req.get("job")))
+    except GpueffError as exc:
+        return failure(str(exc), exc.exit_code).to_json()
+    not_here = failure(f"job {spec} is not running on this node", NOT_HERE).to_json()
+    if spec.task is not None or spec.het_offset is not None:
+        return not_here  # the node knows raw ids only
+    saved, _problem = hook.load_state(hook.state_path(config, spec.job))
+    if saved is None:
+        return not_here
+    who = viewer(config.privacy, uid, user_name(uid))
+    tickwire.request_reading(config.paths.state_dir, float(config.collector.tick_wait_s))
+    rec = live.live_record(config, saved, time.time())
+    if rec is None:
+        return not_here
+    job, gpus, tl = rows_of(rec)
+    if not may_see(who, job):
+        return failure(denied_message(str(spec), who), EXIT_DENIED).to_json()
+    from ..analysis import assess, job_figures
+    from ..render import dumps, render_card
+
+    fig = job_figures(job, gpus)
+    diag = assess(fig, config.analysis)
+    out = (dumps([(job, fig, diag)], [[(job, fig)]], [tl]) if req.get("json") is True
+           else render_card(job, fig, diag, (), tl))
+    return Answer(EXIT_OK, out + "\n", running=True).to_json()
+
+
+def rows_of(rec: dict[str, Any]) -> tuple[Any, list[Any], dict[tuple[str, int], Any]]:
+    """The job and GPU rows ingest would make of a live record (unsaved), and the GPUs' timelines."""
+    from ..models import Job, JobGpu
+    from ..storage.merge import job_key, merge
+
+    plan = merge([rec], {}, {}, datetime.now(UTC).replace(tzinfo=None))
+    key = job_key(rec)
+    job = Job(**plan.jobs[key])
+    rows = list(plan.gpus[key].values())
+    gpus = [JobGpu(**r) for r in rows]
+    tl = {(r["node"], r["gpu_index"]): g.get("timeline") or [] for r, g in zip(rows, rec["gpus"], strict=True)}
+    return job, gpus, {k: v for k, v in tl.items() if v}

@@ -1,0 +1,77 @@
+"""seff-gpu on the job's own node: the agent's socket answers with the running job's card up to the second.
+
+The server is the real one (collectors/live_socket.py) with the real answer function the agent is given
+(cli/liveview.py), run in this process as the agent runs it; the job's Prolog is the real hook; the GPUs are
+simulated. Who asks is what the kernel says (SO_PEERCRED): root here; other uids through the answer function.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from hooksite import ROOT, HookSite
+
+from slurm_gpueff.cli.liveview import live_answer
+from slurm_gpueff.collectors import live_socket
+from slurm_gpueff.config import load
+
+
+@pytest.fixture
+def node(tmp_path):
+    site = HookSite(str(tmp_path))
+    text = Path(site.config_path).read_text().replace("[paths]\n", f'[paths]\ndatabase = "{tmp_path}/none/gpueff.db"\n')
+    with open(site.config_path, "w") as fh:
+        fh.write(text)
+    site.run("prolog", 77, SLURM_JOB_UID="1000", SLURM_JOB_USER="alice")
+    cfg = load(site.config_path)
+    os.makedirs(os.path.join(site.state, "agent"), exist_ok=True)
+    server = live_socket.LiveServer(live_socket.socket_path(site.state), lambda req, uid: live_answer(cfg, req, uid))
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield site, cfg
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_owner_and_root_get_the_card_so_far_others_are_refused(node):
+    _site, cfg = node
+    mine = live_answer(cfg, {"job": "77"}, 1000)
+    assert mine["exit_code"] == 0 and mine["running"] is True
+    assert "RUNNING (figures so far, as of" in mine["stdout"] and "Job ID: 77" in mine["stdout"]
+    assert live_answer(cfg, {"job": "77"}, 0)["exit_code"] == 0
+    other = live_answer(cfg, {"job": "77"}, 1001)
+    assert other["exit_code"] == 6 and other["stdout"] == "" and "77" in other["stderr"]
+    assert live_answer(cfg, {"job": "78"}, 1000)["exit_code"] == 3, "not on this node: seff-gpu asks elsewhere"
+    assert live_answer(cfg, {"job": "77_1"}, 1000)["exit_code"] == 3
+    assert live_answer(cfg, {"job": "x/.."}, 1000)["exit_code"] == 2
+    doc = json.loads(live_answer(cfg, {"job": "77", "json": True}, 1000)["stdout"])
+    assert doc["jobs"][0]["job"]["running"] is True and len(doc["jobs"][0]["gpus"]) == 2
+
+
+def test_seff_gpu_on_the_node_asks_the_agent_before_any_database(node):
+    site, _cfg = node
+    env = dict(os.environ, GPUEFF_CONFIG=site.config_path, PYTHONPATH=ROOT)
+    p = subprocess.run([sys.executable, "-m", "slurm_gpueff.cli.seff", "77"], capture_output=True, text=True,
+                       env=env, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "RUNNING (figures so far, as of" in p.stdout  # there is no database at all: the agent answered
+    p = subprocess.run([sys.executable, "-m", "slurm_gpueff.cli.seff", "78"], capture_output=True, text=True,
+                       env=env, timeout=60)
+    assert p.returncode == 1 and "does not exist yet" in p.stderr, "a job not here: the usual path answers"
+    assert oct(os.stat(live_socket.socket_path(site.state)).st_mode & 0o777) == "0o666"
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:  # garbage gets one line back, not a hang
+        s.settimeout(10)
+        s.connect(live_socket.socket_path(site.state))
+        s.sendall(b"not json\n")
+        got = json.loads(s.makefile().readline())
+    assert got["exit_code"] == 1 and "bad request" in got["stderr"]
