@@ -391,7 +391,9 @@ def _table(query: SeffQuery, config: Config, viewer: Viewer) -> Answer:
                  "start_utc": iso(start), "end_utc": iso(end)}
         return Answer(EXIT_OK, json.dumps(as_json(jobs, asked), indent=2) + "\n")
     who = " ".join(f"{k} {v}" for k, v in (("user", user), ("account", account)) if v) or "all users"
-    which = f" in state {', '.join(states)}" if states else ""
-    head = (f"GPU jobs of {who}{which} that ended {utc(start)} to {utc(end)} (running jobs: their figures so "
-            "far)\n")
+    if states == ["RUNNING"]:
+        head = f"Running GPU jobs of {who}, figures so far as of {utc(start)} to {utc(end)}\n"
+    else:
+        which = f" in state {', '.join(states)}" if states else ""
+        head = f"GPU jobs of {who}{which} that ended {utc(start)} to {utc(end)} (running jobs: figures so far)\n"
     return Answer(EXIT_OK, head + (render(jobs) if jobs else "(none)") + "\n")
