@@ -26,6 +26,12 @@ def _decimal(v: float) -> str:
     return f"{v:.1f}"
 
 
+def one_line(text: str) -> str:
+    """``text`` as one line, whatever it holds (a configured path or a driver's message may hold a line
+    break): line breaks escaped, so an error stays one line in a terminal and in a log."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
 def pct(fraction: float | None) -> str:
     """A fraction in [0, 1] as a percentage: "42.0%", "0.8%", "0.05%", "0.0%"."""
     return NA if fraction is None else _decimal(100.0 * fraction) + "%"

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, NoReturn
 
 from ..errors import GpueffError
+from ..fmt import one_line
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -36,8 +37,7 @@ class OneLineParser(argparse.ArgumentParser):
     (argparse makes them of their parent's). Line breaks typed into an argument are escaped."""
 
     def error(self, message: str) -> NoReturn:
-        line = message.replace("\r", "\\r").replace("\n", "\\n")
-        self.exit(2, f"{self.prog}: error: {line} (see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
 
 
 class UsageError(GpueffError):
@@ -56,7 +56,7 @@ class CommandError(GpueffError):
 
 def err(msg: str, prog: str = "gpueff") -> None:
     """One line on stderr, whatever the message holds (a path or a driver's text may hold a newline)."""
-    print(f"{prog}: {msg.strip()}".replace("\r", "\\r").replace("\n", "\\n"), file=sys.stderr)
+    print(one_line(f"{prog}: {msg.strip()}"), file=sys.stderr)
 
 
 def run_command(prog: str, command: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
@@ -79,13 +79,6 @@ def load_config(args: argparse.Namespace) -> Config:
     return load(args.config)
 
 
-def safe_url(url: str) -> str:
-    """A database URL as it may be printed: without its password."""
-    from ..storage.dburl import safe_url as without_password
-
-    return without_password(url)
-
-
 @contextmanager
 def database(config: Config, create: bool = True, read_only: bool = False) -> Iterator[Engine]:
     """The job database for a ``with`` block (disposed of at its end), or a one-line error (exit 1) naming it
@@ -96,6 +89,7 @@ def database(config: Config, create: bool = True, read_only: bool = False) -> It
     from sqlalchemy import exc as sa_exc
 
     from ..storage.db import engine_for, first_line
+    from ..storage.dburl import safe_url
 
     name = safe_url(config.paths.database)
     try:

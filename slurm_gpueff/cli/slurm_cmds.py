@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from ..errors import GpueffError
-from .common import STOPPED, ProgressBar, UsageError, at_least_one, database, err, load_config, safe_url
+from .common import STOPPED, ProgressBar, UsageError, at_least_one, database, err, load_config
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -80,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
         if e not in stopped:
             err(e)
     if stopped:  # the database is down, damaged or foreign: one line, not a summary of nothing done
+        from ..storage.dburl import safe_url
+
         raise GpueffError(f"job database {safe_url(config.paths.database)}: {stopped[0]}")
     if not args.quiet or errors:
         print(summary)

@@ -103,8 +103,9 @@ class Answer(NamedTuple):
 
 def failure(message: str, exit_code: int) -> Answer:
     """One line, whatever the message holds (a configured path may hold a line break), as cli.common.err."""
-    line = message.strip().replace("\r", "\\r").replace("\n", "\\n")
-    return Answer(exit_code, stderr=f"{PROG}: {line}\n")
+    from ..fmt import one_line
+
+    return Answer(exit_code, stderr=f"{PROG}: {one_line(message.strip())}\n")
 
 
 def answer(query: SeffQuery, config: Config, viewer: Viewer) -> Answer:
