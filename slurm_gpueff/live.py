@@ -15,13 +15,12 @@ skipped, and the next pass tries again.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
 from . import slurmenv, spool
 from .collectors.base import JobContext, Measurement, NoneCollector, named_collector
-from .hook import _saved_gpus, build_record, load_state
+from .hook import _saved_gpus, _serialise, build_record, load_state
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -72,8 +71,6 @@ def live_record(cfg: Config, saved: dict[str, Any], now: float) -> dict[str, Any
 
 def publish(cfg: Config, *, now: float | None = None, log: Callable[[str], None] | None = None) -> list[str]:
     """Write a live record for every job running on this node; the paths written."""
-    from . import record as recmod
-
     t = time.time() if now is None else now
     out = []
     for path in running_jobs(cfg.paths.state_dir):
@@ -86,11 +83,11 @@ def publish(cfg: Config, *, now: float | None = None, log: Callable[[str], None]
             rec = live_record(cfg, saved, t)
             if rec is None:
                 continue
-            recmod.validate(rec)
-            data = json.dumps(rec, separators=(",", ":"), allow_nan=False).encode()
+            data, bad = _serialise(rec)
+            if data is None:
+                raise ValueError(bad)
             spool.ensure_dirs(cfg.paths.spool_dir)
-            dest = os.path.join(cfg.paths.spool_dir, spool.INCOMING,
-                                spool.record_name(rec["job_id"], rec["node"], spool.live_tag(rec)))
+            dest = spool.record_path(cfg.paths.spool_dir, rec)
             spool.atomic_write(dest, data, durable=False)  # the next snapshot replaces a lost one
             out.append(dest)
         except Exception as exc:  # noqa: BLE001 - log, skip this job, go on

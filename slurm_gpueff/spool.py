@@ -52,10 +52,6 @@ def live_tag(rec: dict[str, Any]) -> str:
     return f"r{int(rec.get('run') or 0)}~live"
 
 
-def is_live_name(name: str) -> bool:
-    return "~live-" in name
-
-
 def ensure_dirs(spool_dir: str) -> None:
     for d in (spool_dir, os.path.join(spool_dir, INCOMING), os.path.join(spool_dir, QUARANTINE)):
         os.makedirs(d, mode=0o700, exist_ok=True)  # one at a time: makedirs gives only the leaf its mode
@@ -94,10 +90,16 @@ def atomic_write(path: str, data: bytes, mode: int = 0o600, durable: bool = True
         os.close(dfd)
 
 
+def record_path(spool_dir: str, record: dict[str, Any]) -> str:
+    """Where a record goes in ``incoming/``: a final record by its run, a running job's by :func:`live_tag`."""
+    tag = live_tag(record) if record.get("live") is True else run_tag(record)
+    return os.path.join(spool_dir, INCOMING, record_name(record["job_id"], record["node"], tag))
+
+
 def write_record(spool_dir: str, record: dict[str, Any]) -> str:
     """Write one record into ``incoming/``; return its path."""
     ensure_dirs(spool_dir)
-    path = os.path.join(spool_dir, INCOMING, record_name(record["job_id"], record["node"], run_tag(record)))
+    path = record_path(spool_dir, record)
     atomic_write(path, json.dumps(record, separators=(",", ":"), allow_nan=False).encode())
     return path
 

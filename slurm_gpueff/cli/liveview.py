@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -42,16 +43,18 @@ def live_answer(config: Config, req: dict[str, Any], uid: int) -> dict[str, Any]
     if spec.task is not None or spec.het_offset is not None:
         return not_here  # the node knows raw ids only
     saved, _problem = hook.load_state(hook.state_path(config, spec.job))
-    if saved is None:
-        return not_here
+    if saved is None or not isinstance(saved.get("job"), dict):
+        return not_here  # not running here, or a Prolog of a version before live records
+    ident = saved["job"]
     who = viewer(config.privacy, uid, user_name(uid))
+    owner = SimpleNamespace(uid=ident.get("uid"), user=ident.get("user"), account=ident.get("account"))
+    if not may_see(who, owner):  # before any reading: a refused user costs the agent nothing
+        return failure(denied_message(str(spec), who), EXIT_DENIED).to_json()
     tickwire.request_reading(config.paths.state_dir, float(config.collector.tick_wait_s))
     rec = live.live_record(config, saved, time.time())
     if rec is None:
         return not_here
     job, gpus, tl = rows_of(rec)
-    if not may_see(who, job):
-        return failure(denied_message(str(spec), who), EXIT_DENIED).to_json()
     from ..analysis import assess, job_figures
     from ..render import dumps, render_card
 

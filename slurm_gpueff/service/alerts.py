@@ -84,8 +84,8 @@ def record_samples(session: Session, jobs: list[Job]) -> dict[int, dict[tuple[st
     """Store each live job GPU's newest cumulative figures (once per live record); every sample by job."""
     pks = [j.id for j in jobs if j.id is not None]
     session.connection().execute(delete(LiveSample).where(col(LiveSample.job_pk).not_in(pks)))  # jobs that have ended
-    have = {(s.job_pk, s.node, s.gpu_index, s.as_of)
-            for s in session.exec(select(LiveSample).where(col(LiveSample.job_pk).in_(pks))).all()}
+    stored = list(session.exec(select(LiveSample).where(col(LiveSample.job_pk).in_(pks))).all())
+    have = {(s.job_pk, s.node, s.gpu_index, s.as_of) for s in stored}
     end_of = {j.id: j.end_time for j in jobs}
     for g in session.exec(select(JobGpu).where(col(JobGpu.job_pk).in_(pks))).all():
         as_of = end_of.get(g.job_pk)
@@ -93,12 +93,13 @@ def record_samples(session: Session, jobs: list[Job]) -> dict[int, dict[tuple[st
             (g.end_time - g.start_time).total_seconds() if g.end_time and g.start_time else None)
         if as_of is None or cov is None or (g.job_pk, g.node, g.gpu_index, as_of) in have:
             continue
-        session.add(LiveSample(job_pk=g.job_pk, node=g.node, gpu_index=g.gpu_index, as_of=as_of, covered_s=cov,
-                               kernel_s=None if g.kernel_active is None else g.kernel_active * cov,
-                               sm_s=None if g.sm_active is None else g.sm_active * cov))
-    session.flush()
+        new = LiveSample(job_pk=g.job_pk, node=g.node, gpu_index=g.gpu_index, as_of=as_of, covered_s=cov,
+                         kernel_s=None if g.kernel_active is None else g.kernel_active * cov,
+                         sm_s=None if g.sm_active is None else g.sm_active * cov)
+        session.add(new)
+        stored.append(new)
     out: dict[int, dict[tuple[str, int], list[idle.Sample]]] = {}
-    for s in session.exec(select(LiveSample).where(col(LiveSample.job_pk).in_(pks))).all():
+    for s in stored:
         out.setdefault(s.job_pk, {}).setdefault((s.node, s.gpu_index), []).append(
             idle.Sample(s.as_of, s.covered_s, s.kernel_s, s.sm_s))
     return out

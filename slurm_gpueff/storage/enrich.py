@@ -68,6 +68,13 @@ LIVE_QUIET_S = 3600.0
 LIVE_ONLY = "no final record came from the node: figures up to the job's last live record"
 
 
+def finish_live(job: Job) -> None:
+    """A running job's live row whose node never sent the final record: its figures up to the last live
+    record become the job's, and the reason says so."""
+    job.record_source = "hook"
+    job.reason = "; ".join(filter(None, (job.reason, LIVE_ONLY)))[:1024]
+
+
 def apply_sacct(job: Job, sj: SacctJob) -> datetime | None:
     """Write what accounting says into ``job`` (a finished job): accounting wins where it knows. Returns the
     job's old end time when accounting moved it into another month (for rollups.note_moved), else None."""
@@ -162,8 +169,7 @@ def enrich_jobs(engine: Engine, reader: Any, *, since: datetime | None = None, l
                             res.settling += 1
                             continue
                         if job.record_source == "live":
-                            job.record_source = "hook"
-                            job.reason = "; ".join(filter(None, (job.reason, LIVE_ONLY)))[:1024]
+                            finish_live(job)
                         job = settle_run(session, job, sj)
                         if job.enriched:  # folded into a row of its run that accounting had already filled
                             continue
@@ -289,8 +295,7 @@ def _backfill_one(engine: Engine, sj: SacctJob, default_cluster: str, res: Backf
         if job is not None:
             res.had_record += 1
             if job.record_source == "live" and sj.end is not None and time.time() - sj.end > LIVE_QUIET_S:
-                job.record_source = "hook"  # ended an hour ago and its final record never came
-                job.reason = "; ".join(filter(None, (job.reason, LIVE_ONLY)))[:1024]
+                finish_live(job)  # ended an hour ago and its final record never came
             if not job.enriched and job.record_source != "live":
                 note_moved(session.connection(), [apply_sacct(job, sj)])
                 session.commit()
