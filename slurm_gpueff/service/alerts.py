@@ -122,6 +122,11 @@ def run_alerts(engine: Engine, config: Config, *, dry_run: bool | None = None, n
         except slurmcmds.SlurmCommandError as exc:
             res.errors.append(f"squeue: {exc}; nothing decided")
             return res
+        audit: dict[tuple[str, int, int], list[idle.Past]] = {}  # each running job's steps so far, oldest first
+        for r in session.exec(select(AlertLog).where(col(AlertLog.job_id).in_(sorted({j.job_id for j in jobs})),
+                                                     AlertLog.dry_run == dry)
+                              .order_by(col(AlertLog.at), col(AlertLog.id))).all():
+            audit.setdefault((r.cluster, r.job_id, r.run), []).append(idle.Past(r.at, r.action))
         for job in jobs:
             sj = slurm.get(job.job_id)
             if sj is None or sj.state != "RUNNING":
@@ -129,9 +134,7 @@ def run_alerts(engine: Engine, config: Config, *, dry_run: bool | None = None, n
             res.judged += 1
             rj = idle.RunningJob(job.cluster, job.job_id, job.run, job.user, job.account, job.start_time,
                                  job.end_time or t, sj.partition, sj.qos, sj.interactive, samples.get(job.id or 0, {}))
-            past = [idle.Past(r.at, r.action) for r in session.exec(select(AlertLog).where(
-                AlertLog.cluster == job.cluster, AlertLog.job_id == job.job_id, AlertLog.run == job.run,
-                AlertLog.dry_run == dry).order_by(col(AlertLog.at), col(AlertLog.id))).all()]
+            past = audit.get((job.cluster, job.job_id, job.run), [])
             d = idle.decide(rj, past, cfg, t)
             if d.action is None:
                 continue
