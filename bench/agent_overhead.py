@@ -136,9 +136,9 @@ def tick_profile(tmp: str, ticks: int = 20) -> dict[str, Any]:
     import io
     import pstats
 
-    from slurm_gpueff.collectors.agent import Agent
     from slurm_gpueff.collectors.nvml_sampler import NvmlSampler
     from slurm_gpueff.config import Config
+    from slurm_gpueff.node.agent import Agent
 
     ag = Agent(Config({"paths": {"state_dir": os.path.join(tmp, "prof")}}), NvmlSampler())
     ag.open()

@@ -25,3 +25,19 @@ class RecordError(GpueffError):
 
 class CollectorError(GpueffError):
     """A collector backend could not measure (NVML missing, agent not running, ...)."""
+
+
+class SlurmCommandError(GpueffError):
+    """A Slurm client command is missing, failed or did not answer in time (slurm/runner.py).
+
+    ``why`` says which, for callers that word it their own way: ``"missing"`` (not found), ``"unrunnable"``
+    (the system would not start it; ``oserror`` holds why), ``"timeout"`` or ``"failed"`` (a non-zero exit;
+    ``returncode`` and ``first_line`` of its message). Errors raised with a message alone are ``"failed"``.
+    """
+
+    def __init__(self, message: str, *, why: str = "failed", command: str = "", exe: str | None = None,
+                 returncode: int | None = None, first_line: str = "", timeout_s: float | None = None,
+                 oserror: OSError | None = None) -> None:
+        super().__init__(message)
+        self.why, self.command, self.exe = why, command, exe
+        self.returncode, self.first_line, self.timeout_s, self.oserror = returncode, first_line, timeout_s, oserror

@@ -4,7 +4,7 @@ slurmd runs these as root, with no PATH and no HOME; a hook that exits non-zero 
 (docs/DESIGN.md, "Guarantees the code keeps"): :func:`run` returns 0 and never raises; every step that
 can block (the config, the Prolog's state, the collector) runs in a daemon thread bounded by
 ``collector.hook_timeout_s`` (:meth:`HookRun.bounded`), and as a process (:func:`main`) a watchdog exits 0
-at the bound; an unwritable spool falls back to :mod:`slurm_gpueff.spool_fallback`, and a job that cannot
+at the bound; an unwritable spool falls back to :func:`slurm_gpueff.spool.write_with_fallback`, and a job that cannot
 be recorded at all keeps its environment in the spool's quarantine. Jobs without GPUs return before even
 reading the config. Stdlib only: the hook path starts about as fast as ``python3 -c pass``.
 """
@@ -18,10 +18,11 @@ import sys
 import threading
 import time
 
-from . import __version__, slurmenv, spool, spool_fallback
+from . import __version__, jobstate, spool
 from . import config as cfgmod
 from . import record as recmod
 from .collectors.base import JobContext, Measurement, NoneCollector
+from .slurm import hookenv
 
 TYPE_CHECKING = False  # typing, for annotations only, would slow every Prolog/Epilog's start-up
 if TYPE_CHECKING:
@@ -127,7 +128,7 @@ class HookRun:
     def __init__(self, kind: str, env: dict[str, str], log: HookLog):
         self.t0 = time.monotonic()
         self.kind, self.env, self.log = kind, env, log
-        self.job = slurmenv.parse(env)
+        self.job = hookenv.parse(env)
         # The default bound until the config is loaded: loading it can block too (a hung filesystem).
         self.deadline = self.t0 + cfgmod.CollectorConfig.hook_timeout_s
         self.cfg: Config | None = None
@@ -223,7 +224,7 @@ class HookRun:
     def choose_collector(self, cfg: Config) -> Collector:
         """The configured backend (noted in ``backend``); allocation-only, saying why, if it cannot even be set up."""
         try:
-            from .collectors.base import get_collector
+            from .collectors.choice import get_collector
 
             collector = get_collector(cfg)
         except Exception as exc:  # noqa: BLE001 - e.g. a backend module that fails to import
@@ -248,10 +249,10 @@ class HookRun:
                  "written_at": time.time(), "writer": WRITER,
                  "job": {"job_id": job_id, "user": job.user, "uid": job.uid, "account": job.account,
                          "partition": job.partition, "run": run},
-                 "env": {k: v for k, v in self.env.items() if k in slurmenv.LIVE_ENV}}
-        path = state_path(cfg, job_id)
+                 "env": {k: v for k, v in self.env.items() if k in hookenv.LIVE_ENV}}
+        path = jobstate.path(cfg.paths.state_dir, job_id)
         try:
-            save_state(path, saved)
+            jobstate.save(path, saved)
         except OSError as exc:
             self.log("error", f"job {job_id}: cannot save the job state {path}: {exc}; the Epilog will "
                               "record the job without a start time")
@@ -262,14 +263,14 @@ class HookRun:
     def epilog(self, cfg: Config, job_id: int) -> None:
         job, env = self.job, self.env
         end = _clock(cfg, env)
-        saved_path = state_path(cfg, job_id)
+        saved_path = jobstate.path(cfg.paths.state_dir, job_id)
         self.jc = self.job_context(cfg, job.gpu_indexes, job.start_time, end)
 
         def work() -> Measurement:
             # Reading the state file is in here too: on a hung filesystem it blocks like a collector would.
             self.saved, self.state_problem = self.find_state(saved_path)
             saved = self.saved or {}
-            gpus = job.gpu_indexes or _saved_gpus(saved)
+            gpus = job.gpu_indexes or jobstate.saved_gpus(saved)
             self.jc = jc = self.job_context(cfg, gpus, saved.get("start_time") or job.start_time, end)
             return self.choose_collector(cfg).stop(jc, saved.get("start"))
 
@@ -290,22 +291,22 @@ class HookRun:
             meas = NoneCollector(cfg, why).stop(jc, None)  # allocation only, with the reason
         run = (self.run_index, self.run_provisional)
         rec = build_record(job, jc, meas, reasons, run)
-        data, problem = _serialise(rec)
+        data, problem = recmod.serialise(rec)
         if problem is not None:
             self.log("error", f"job {job_id}: {problem}")
             rec = build_record(job, jc, NoneCollector(cfg, problem).stop(jc, None), reasons, run)
-            data, problem = _serialise(rec)
+            data, problem = recmod.serialise(rec)
             if problem is not None:  # our own fields are wrong: keep everything for a person to look at
                 self.written = _last_resort(env, cfg, f"record does not validate: {problem}", self.log)
                 return
         assert data is not None
-        path, primary = spool_fallback.write(cfg, env, spool.record_name(job_id, job.node, spool.run_tag(rec)),
+        path, primary = spool.write_with_fallback(cfg, env, spool.record_name(job_id, job.node, spool.run_tag(rec)),
                                               data, self.log)
         if path is None:
             return
         self.written = True
         if primary:
-            spool_fallback.drain(cfg, env, self.log)
+            spool.drain_fallbacks(cfg, env, self.log)
         try:
             os.unlink(saved_path)  # another run's, too: that run's Epilog never came
         except FileNotFoundError:
@@ -326,7 +327,7 @@ class HookRun:
         """
         job = self.job
         count = job.restart_count or 0
-        saved, problem = load_state(path)
+        saved, problem = jobstate.load(path)
         if saved is not None and _other_run(job, saved):
             saved, problem = None, f"the Prolog state {path} is another run's (its SLUID differs, or it was saved " \
                                    "before this run started)"
@@ -338,7 +339,7 @@ class HookRun:
         return saved, problem
 
 
-def _other_run(job: slurmenv.HookEnv, saved: dict[str, Any]) -> bool:
+def _other_run(job: hookenv.HookEnv, saved: dict[str, Any]) -> bool:
     """Whether a Prolog state is surely another run's: its SLUID differs, or the Prolog ran well before this
     run started (SLURM_JOB_START_TIME; STATE_SKEW_S allows for the nodes' clocks)."""
     if job.sluid and saved.get("sluid") not in (None, job.sluid):
@@ -348,54 +349,6 @@ def _other_run(job: slurmenv.HookEnv, saved: dict[str, Any]) -> bool:
 
 
 STATE_SKEW_S = 300.0  # munge's default credential TTL: nodes whose clocks differ more cannot run jobs at all
-NO_STATE = "no Prolog state for this job (the Prolog did not run, failed, or its state was lost)"
-
-
-def state_path(cfg: Config, job_id: int) -> str:
-    """Where the Prolog leaves the job's state (:meth:`HookRun.prolog`'s ``saved``, with its run) for the
-    Epilog. One per job, whatever the run: a requeued job stays COMPLETING until its Epilogs have finished, so
-    the next run's Prolog comes after them. Losing it costs the job's start time and start counters, never its
-    record: :func:`load_state` says why."""
-    return os.path.join(cfg.paths.state_dir, "jobs", f"{int(job_id)}.json")
-
-
-def save_state(path: str, saved: dict[str, Any]) -> None:
-    """Write the state atomically (0600 in a 0700 directory); raises OSError. A collector start state
-    that JSON cannot hold is dropped, and its ``reason`` says so."""
-    try:
-        data = json.dumps(saved, allow_nan=False).encode()
-    except (TypeError, ValueError) as exc:
-        why = f"collector start state not storable: {exc}"
-        saved.update(start=None, reason=f"{saved['reason']}; {why}" if saved.get("reason") else why)
-        data = json.dumps(saved).encode()
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    spool.atomic_write(path, data)
-
-
-def load_state(path: str) -> tuple[dict[str, Any] | None, str | None]:
-    """(the saved state, None), else (what is left of it or None, why it is missing or unusable)."""
-    try:
-        with open(path, "rb") as fh:
-            saved = json.loads(fh.read())
-    except FileNotFoundError:
-        return None, NO_STATE
-    except (OSError, ValueError) as exc:
-        return None, f"Prolog state {path} unreadable ({exc})"
-    if not isinstance(saved, dict):
-        return None, f"Prolog state {path} is not a JSON object"
-    st = saved.get("start_time")
-    if not isinstance(st, int | float) or isinstance(st, bool) or not st > 0:
-        saved["start_time"] = None
-        return saved, f"Prolog state {path} has no valid start time"
-    return saved, None
-
-
-def _saved_gpus(saved: dict[str, Any]) -> list[int]:
-    """The GPU indexes the Prolog saw (non-negative ints only: the file may have been edited)."""
-    value = saved.get("gpus")
-    if not isinstance(value, list):
-        return []
-    return [v for v in value if isinstance(v, int) and not isinstance(v, bool) and v >= 0]
 
 
 def read_config(config_path: str | None, env: Mapping[str, str], log: HookLog) -> tuple[Config, str | None]:
@@ -452,7 +405,7 @@ def _last_resort(env: Mapping[str, str], cfg: Config | None, reason: str, log: H
                     "env": {k: v for k, v in env.items() if k.startswith(("SLURM", "CUDA", "GPUEFF"))}}
         name = f"hook-epilog-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.json"
         data = json.dumps(snapshot, indent=1).encode()
-        path, _ = spool_fallback.write(cfg or cfgmod.Config(), env, name, data, log, sub=spool.QUARANTINE)
+        path, _ = spool.write_with_fallback(cfg or cfgmod.Config(), env, name, data, log, sub=spool.QUARANTINE)
         if path:
             spool.atomic_write(path + ".error", (reason + "\n").encode())
             log("error", f"kept the job's environment in {path} for a person to look at")
@@ -469,12 +422,12 @@ def _clock(cfg: Config, env: Mapping[str, str]) -> float:
             sim = float(env.get("GPUEFF_SIM_NOW", ""))
         except ValueError:
             sim = 0.0
-        if math.isfinite(sim) and 0 < sim <= slurmenv.MAX_TIME:  # a date the database can hold
+        if math.isfinite(sim) and 0 < sim <= hookenv.MAX_TIME:  # a date the database can hold
             return sim
     return time.time()
 
 
-def build_record(job: slurmenv.HookEnv, jc: JobContext, meas: Measurement,
+def build_record(job: hookenv.HookEnv, jc: JobContext, meas: Measurement,
                  reasons: list[str], run: tuple[int, bool] = (0, False)) -> dict[str, Any]:
     """The spool record (record.py schema) for this job on this node; ``run``: (run index, provisional)."""
     parts = [r for r in dict.fromkeys((*reasons, meas.reason)) if r]
@@ -489,12 +442,3 @@ def build_record(job: slurmenv.HookEnv, jc: JobContext, meas: Measurement,
         "run": run[0], "run_provisional": run[1], "sluid": job.sluid,
         "written_at": time.time(), "writer": WRITER,
     }
-
-
-def _serialise(rec: dict[str, Any]) -> tuple[bytes | None, str | None]:
-    """(JSON bytes, None) for a record that validates and serialises, else (None, the problem)."""
-    try:
-        recmod.validate(rec)
-        return json.dumps(rec, separators=(",", ":"), allow_nan=False).encode(), None
-    except Exception as exc:  # noqa: BLE001 - RecordError, NaN in a timeline, unserialisable values
-        return None, f"collector returned an invalid measurement ({exc}); GPU figures dropped"

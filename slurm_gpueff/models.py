@@ -75,7 +75,7 @@ class Job(SQLModel, table=True):
     record_source: str = Field(default="hook", max_length=16)
     enriched: bool = False
     ingested_at: datetime | None = Field(default=None, sa_type=UTC_NAIVE)
-    # The job's summary, written by slurm_gpueff.summarize, so rollups, reports and Prometheus aggregate
+    # The job's summary, written by slurm_gpueff.service.summarize, so rollups, reports and Prometheus aggregate
     # in SQL. analyzed_at NULL = needs (re)analysis (ingest and enrichment reset it); NULL parts: unknown.
     gpu_hours: float | None = None
     idle_gpu_hours: float | None = None

@@ -12,7 +12,7 @@ Plain dicts, stdlib only (hook path). Unknown figures are ``None`` with the reas
      "run": int|null (absent or null: 0), "run_provisional": bool (absent: false), "sluid": str|null,
      "live": bool (absent: false)}
 
-    ``live`` marks a running job's figures so far (collectors' ``peek``, slurm_gpueff/live.py): its
+    ``live`` marks a running job's figures so far (collectors' ``peek``, slurm_gpueff/node/live.py): its
     ``end_time`` is when they were read, it has no exit code, and the job's final record replaces it.
 
     ``run`` is the run of a requeued job (its restart count when the run started); ``run_provisional``
@@ -26,6 +26,7 @@ Plain dicts, stdlib only (hook path). Unknown figures are ``None`` with the reas
 
 from __future__ import annotations
 
+import json
 import math
 
 from .errors import RecordError
@@ -215,3 +216,19 @@ def _validate_window(where: str, w: object) -> None:
             g.__class__ is list and len(g) == 3 and _is_number(g[0]) and _is_number(g[1])
             and 0 <= g[0] <= g[1] <= MAX_TIME and isinstance(g[2], str) and len(g[2]) <= 256 for g in gaps):
         raise RecordError(f"{where}.window.gaps must be a list of at most {MAX_GAPS} [from, to, why] triples")
+
+
+def encode(rec: dict[str, Any]) -> bytes:
+    """A record's bytes in the spool: compact JSON. ValueError for NaN or infinity, TypeError for a value
+    JSON cannot hold."""
+    return json.dumps(rec, separators=(",", ":"), allow_nan=False).encode()
+
+
+def serialise(rec: dict[str, Any]) -> tuple[bytes | None, str | None]:
+    """(the bytes, None) for a record that validates and encodes, else (None, the problem), for a writer
+    that must then record the job without the measurement that broke it."""
+    try:
+        validate(rec)
+        return encode(rec), None
+    except Exception as exc:  # noqa: BLE001 - RecordError, NaN in a timeline, unserialisable values
+        return None, f"collector returned an invalid measurement ({exc}); GPU figures dropped"

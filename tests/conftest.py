@@ -11,7 +11,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from hypothesis import HealthCheck, settings  # noqa: E402
 from smtputil import smtp_server  # noqa: E402, F401 - the real SMTP server fixture, for every test that mails
+
+# Hypothesis profiles (README, "Development"). "ci", the default: about 1,000 cases per fuzz test, the same cases
+# on every run (derandomize), no example database, no deadline (a loaded 2-CPU CI machine). "deep": 10,000 fresh
+# cases per fuzz test, to run before resolving any issue that touches a parser:
+#   .venv/bin/python -m pytest -m fuzz --hypothesis-profile=deep     (or GPUEFF_HYPOTHESIS_PROFILE=deep)
+# The fuzz tests take their case count from the active profile (``settings.default.max_examples``).
+_QUIET = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
+settings.register_profile("ci", max_examples=1_000, deadline=None, derandomize=True, database=None,
+                          suppress_health_check=_QUIET)
+settings.register_profile("deep", settings.get_profile("ci"), max_examples=10_000, derandomize=False)
+settings.load_profile(os.environ.get("GPUEFF_HYPOTHESIS_PROFILE", "ci"))  # --hypothesis-profile=NAME wins
 
 
 def _nvidia_gpu_present() -> bool:
@@ -28,6 +40,9 @@ def _nvidia_gpu_present() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def]
+    for item in items:  # a test that starts Slurm's daemons starts real processes: `-m process` takes it too
+        if item.get_closest_marker("slurm") and not item.get_closest_marker("process"):
+            item.add_marker(pytest.mark.process)
     if any("gpu" in item.keywords for item in items) and not _nvidia_gpu_present():
         skip = pytest.mark.skip(reason="no NVIDIA GPU answers NVML on this machine")
         for item in items:
@@ -38,3 +53,12 @@ def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def
 @pytest.fixture
 def repo_root() -> str:
     return ROOT
+
+
+@pytest.fixture
+def site(tmp_path):  # type: ignore[no-untyped-def]
+    """The hook tests' site: a throwaway node under tmp_path (tests/hooksite.py). Modules whose tests need a job
+    database override ``site`` with ``sites.job_site`` (tests/sites.py: the one record and database builder)."""
+    from hooksite import HookSite
+
+    return HookSite(str(tmp_path))

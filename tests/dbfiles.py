@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from hooksite import make_record
+from sites import site_config
 
 from slurm_gpueff import spool
 
@@ -19,9 +20,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def write_config(d: Path, database: str, extra: str = "") -> Path:
-    cfg = d / "g.toml"
-    cfg.write_text(f'[paths]\ndatabase = "{database}"\nspool_dir = "{d}/spool"\nstate_dir = "{d}/run"\n{extra}')
-    return cfg
+    """``d``/g.toml (``sites.site_config``): ``database`` as written, no ``[site]``."""
+    return site_config(d, database, cluster=None, extra=extra, name="g.toml")
 
 
 def add_records(d: Path, first: int, n: int) -> None:

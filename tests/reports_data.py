@@ -8,41 +8,32 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from sites import ingest_records, sim_record
 from sqlmodel import Session, col, select
 
-from slurm_gpueff import spool
-from slurm_gpueff.collectors.base import JobContext
-from slurm_gpueff.collectors.simulated import SimulatedCollector
 from slurm_gpueff.config import Config
 from slurm_gpueff.models import Job
-from slurm_gpueff.sacct import SacctJob
+from slurm_gpueff.service.summarize import summarize_pending
+from slurm_gpueff.slurm.sacct import SacctJob
 from slurm_gpueff.storage import migrate
 from slurm_gpueff.storage.db import make_engine
 from slurm_gpueff.storage.enrich import apply_sacct
-from slurm_gpueff.storage.ingest import ingest_spool
-from slurm_gpueff.summarize import summarize_pending
 
 EVIL_NAME = 'train<script>alert("x")</script>\r\nBcc: victim@evil.example'
 
 
-def add_job(spool_dir: str, job_id: int, profile: str, *, user: str, account: str, gpus: int = 1,
-            hours: float = 2.0, ended_ago_h: float = 1.0, now: float | None = None) -> None:
-    now = time.time() if now is None else now
-    end = now - ended_ago_h * 3600.0
-    start = end - hours * 3600.0
-    col = SimulatedCollector(Config())
-    ctx = JobContext(job_id, "gpu-n1", "c", list(range(gpus)), start, end, {"GPUEFF_SIM_PROFILE": profile})
-    m = col.stop(ctx, col.start(ctx))
-    spool.write_record(spool_dir, {"schema": 1, "cluster": "c", "node": "gpu-n1", "job_id": job_id,
-                                   "start_time": start, "end_time": end, "backend": m.backend,
-                                   "reason": m.reason, "gpus": m.gpus, "user": user, "account": account,
-                                   "partition": "gpu", "exit_code": 0, "signal": 0})
+def job_record(job_id: int, profile: str, *, user: str, account: str, gpus: int = 1, hours: float = 2.0,
+               ended_ago_h: float = 1.0, now: float | None = None) -> dict[str, Any]:
+    """The record of a job that ended ``ended_ago_h`` hours before ``now`` (default: the time now)."""
+    end = (time.time() if now is None else now) - ended_ago_h * 3600.0
+    return sim_record(job_id, profile, gpus, hours, start=end - hours * 3600.0, end=end, cluster="c", node="gpu-n1",
+                      user=user, account=account)
 
 
 def make_db(tmp_path: Any, jobs: list[dict[str, Any]], names: dict[int, str] | None = None,  # type: ignore[no-untyped-def]
             url: str | None = None, enriched: bool = True):
     """Engine of a fresh database (SQLite in tmp_path, or ``url``) holding ``jobs`` (kwargs of
-    :func:`add_job`), analysed; ``enriched``: as enrichment leaves them once sacct reported each job
+    :func:`job_record`), analysed; ``enriched``: as enrichment leaves them once sacct reported each job
     COMPLETED 0:0 (what accounting says of these jobs), else hook records only."""
     if url:
         engine = make_engine(url, create=False)
@@ -50,9 +41,7 @@ def make_db(tmp_path: Any, jobs: list[dict[str, Any]], names: dict[int, str] | N
     else:
         engine = make_engine(str(tmp_path / "jobs.db"))
     spool_dir = str(tmp_path / ("spool-pg" if url else "spool"))
-    for j in jobs:
-        add_job(spool_dir, **j)
-    result = ingest_spool(engine, spool_dir)
+    result = ingest_records(engine, spool_dir, (job_record(**j) for j in jobs))
     assert result.ingested == len(jobs), result.errors
     if enriched:
         enrich(engine, {j["job_id"]: "COMPLETED" for j in jobs})

@@ -9,12 +9,12 @@ import json
 import re
 
 import pytest
-from record_rows import from_record
+from sites import NO_GPM, job_site, sim_record, store
 from sqlmodel import Session, select
-from test_seff_cli import NO_GPM, run, sim_record
+from test_seff_cli import run
 
 from slurm_gpueff.fmt import NO_DATA, SPARKS
-from slurm_gpueff.models import JobGpu, JobGpuTimeline
+from slurm_gpueff.models import JobGpu
 from slurm_gpueff.storage import sqlite_read
 from slurm_gpueff.storage.db import make_engine
 from slurm_gpueff.storage.queries import gpu_timelines
@@ -22,44 +22,20 @@ from slurm_gpueff.storage.queries import gpu_timelines
 LINE = re.compile(rf"^(SM|Kernel) activity over (\S+): ([{SPARKS}{NO_DATA}]{{40}})  \((.+)\)$")
 
 
-def store_with_timeline(session: Session, rec, timeline: bool = True) -> None:
-    """The record's job and GPU rows as test_seff_cli stores them, and, with ``timeline``, each GPU's
-    timeline row as ingest writes it."""
-    job, gpus = from_record(rec)
-    job.state, job.enriched = "COMPLETED", True
-    session.add(job)
-    session.flush()
-    points = {g["index"]: g["timeline"] for g in rec["gpus"]}
-    for g in gpus:
-        g.job_pk = job.id
-        session.add(g)
-        session.flush()
-        if timeline:
-            session.add(JobGpuTimeline(job_gpu_id=g.id, points=points[g.gpu_index]))
-
-
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
-    root = tmp_path_factory.mktemp("activity")
-    db = root / "gpueff.db"
-    engine = make_engine(str(db))
-    with Session(engine) as s:
-        store_with_timeline(s, sim_record(8101, "bf16-healthy", 2, 2.25))
-        store_with_timeline(s, sim_record(8102, "bf16-healthy", 1, 1.0), timeline=False)  # retention deleted it
-        store_with_timeline(s, sim_record(8103, "one-of-n-gpus", 12, 1.0))
+    def fill(s: Session) -> None:
+        store(s, sim_record(8101, "bf16-healthy", 2, 2.25), timeline=True)
+        store(s, sim_record(8102, "bf16-healthy", 1, 1.0))  # no timeline row: retention deleted it
+        store(s, sim_record(8103, "one-of-n-gpus", 12, 1.0), timeline=True)
         rec = sim_record(8104, "bf16-healthy", 1, 1.0, backend="nvml")  # no GPM: kernel activity only
         for m in ("sm_active", "tensor_active"):
             rec["gpus"][0][m] = None
             rec["gpus"][0]["missing"][m] = NO_GPM
         rec["gpus"][0]["timeline"] = [[p[0], p[1], None, None] for p in rec["gpus"][0]["timeline"]]
-        store_with_timeline(s, rec)
-        s.commit()
-    engine.dispose()
-    (root / "run" / "jobs").mkdir(parents=True)
-    cfg = root / "gpueff.toml"
-    cfg.write_text(f'[site]\ncluster = "demo"\n[paths]\ndatabase = "sqlite:///{db}"\n'
-                   f'state_dir = "{root}/run"\nspool_dir = "{root}/spool"\n')
-    return root, cfg
+        store(s, rec, timeline=True)
+
+    return job_site(tmp_path_factory.mktemp("activity"), fill)
 
 
 def activity(out: str) -> list[re.Match[str]]:

@@ -21,10 +21,10 @@ import pytest
 from fake_gpus import FakeClock, FakeSampler, GiB, ampere, close, hopper, make_config
 
 from slurm_gpueff.collectors import integrals
-from slurm_gpueff.collectors.agent import Agent, line_time, state_path, timeline_path
-from slurm_gpueff.collectors.agent_run import run_agent
 from slurm_gpueff.collectors.nvml_sampler import NO_GPM_REASON, NvmlSampler
 from slurm_gpueff.errors import CollectorError
+from slurm_gpueff.node.agent import Agent, line_time, state_path, timeline_path
+from slurm_gpueff.node.run import run_agent
 
 U0 = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 U1 = "GPU-bbbbbbbb-1111-1111-1111-111111111111"
@@ -250,6 +250,7 @@ def test_real_nvml_without_driver_fails_with_a_clear_message():
     assert "NVMLError_" in msg
 
 
+@pytest.mark.process
 def test_sigterm_finishes_the_tick_and_exits_zero(tmp_path, repo_root):
     """The real run_agent loop in a subprocess (fake GPU), stopped with SIGTERM."""
     cfg_path = tmp_path / "gpueff.toml"
@@ -260,7 +261,7 @@ def test_sigterm_finishes_the_tick_and_exits_zero(tmp_path, repo_root):
         sys.path[:0] = [{repo_root!r}, {os.path.join(repo_root, 'tests')!r}]
         from fake_gpus import FakeClock, FakeSampler, hopper
         from slurm_gpueff.config import load
-        from slurm_gpueff.collectors.agent_run import run_agent
+        from slurm_gpueff.node.run import run_agent
         class Clock(FakeClock):
             @property
             def mono(self): return time.monotonic()

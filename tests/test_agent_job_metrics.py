@@ -11,7 +11,7 @@ import os
 import pytest
 from fake_gpus import FakeClock, FakeSampler, GiB, ampere, hopper, make_config
 
-from slurm_gpueff.collectors.agent import Agent
+from slurm_gpueff.node.agent import Agent
 
 H, A = "GPU-hhhhhhhh-0000-0000-0000-000000000000", "GPU-aaaaaaaa-1111-1111-1111-111111111111"
 MIG = "MIG-11111111-2222-3333-4444-555555555555"

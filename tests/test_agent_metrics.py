@@ -13,10 +13,10 @@ import pytest
 from fake_gpus import FakeClock, FakeSampler, GiB, ampere, hopper, make_config
 from prometheus_client.parser import text_string_to_metric_families
 
-from slurm_gpueff.collectors.agent import Agent
-from slurm_gpueff.collectors.agent_run import run_agent, serve_metrics
 from slurm_gpueff.config import Config
 from slurm_gpueff.errors import ConfigError
+from slurm_gpueff.node.agent import Agent
+from slurm_gpueff.node.run import run_agent, serve_metrics
 
 H, A = "GPU-hhhhhhhh-0000-0000-0000-000000000000", "GPU-aaaaaaaa-1111-1111-1111-111111111111"
 

@@ -20,9 +20,9 @@ import pytest
 from fake_gpus import make_config, make_dev_dir
 
 from slurm_gpueff.collectors import tickwire
-from slurm_gpueff.collectors.agent import state_path
 from slurm_gpueff.collectors.base import JobContext
 from slurm_gpueff.collectors.nvml import NvmlCollector
+from slurm_gpueff.node.agent import state_path
 
 U0 = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 
@@ -35,7 +35,7 @@ def agent(tmp_path, repo_root):
         import sys, time
         sys.path[:0] = [{repo_root!r}, {os.path.join(repo_root, 'tests')!r}]
         from fake_gpus import FakeClock, FakeSampler, hopper, make_config
-        from slurm_gpueff.collectors.agent_run import run_agent
+        from slurm_gpueff.node.run import run_agent
         class Clock(FakeClock):
             @property
             def mono(self): return time.monotonic()
@@ -62,6 +62,7 @@ def _state(cfg):
         return json.load(fh)
 
 
+@pytest.mark.process
 def test_a_requested_reading_is_taken_after_the_request_and_published(agent):
     time.sleep(1.2)  # past GPM's minimum spacing since the agent's first tick
     before = _state(agent)
@@ -75,6 +76,7 @@ def test_a_requested_reading_is_taken_after_the_request_and_published(agent):
     assert abs(st["gpus"][U0]["energy_read_at"] - st["updated"]) < 0.5  # the energy counter read then, too
 
 
+@pytest.mark.process
 def test_readings_keep_gpm_spacing_and_concurrent_requests_share_one(agent):
     time.sleep(1.2)
     first, _ = tickwire.request_reading(agent.paths.state_dir, 1.5)
@@ -91,6 +93,7 @@ def test_readings_keep_gpm_spacing_and_concurrent_requests_share_one(agent):
     assert min(later) - first["updated"] >= 0.95  # GPM needs about 1 s between samples
 
 
+@pytest.mark.process
 def test_the_collector_marks_an_exact_start(agent, tmp_path):
     time.sleep(1.2)
     coll = NvmlCollector(agent, dev_dir=make_dev_dir(tmp_path, [0]))
@@ -113,6 +116,7 @@ def test_without_an_agent_the_hook_falls_back_and_says_why(tmp_path):
     assert answer is None and "tick_wait_s = 0" in why
 
 
+@pytest.mark.process
 def test_back_to_back_jobs_share_no_interval(agent, tmp_path):
     """Job A's Epilog, then at once job B's Prolog on the same GPU: B's window starts at or after A's end."""
     time.sleep(1.2)
@@ -129,8 +133,9 @@ def test_back_to_back_jobs_share_no_interval(agent, tmp_path):
     assert gb["window"]["start"] >= ga["window"]["end"] and gb["window"]["end"] > gb["window"]["start"]
 
 
+@pytest.mark.process
 def test_doctor_checks_that_the_agent_answers(agent, tmp_path):
-    from slurm_gpueff import doctor
+    from slurm_gpueff.cli import doctor
 
     time.sleep(1.2)
     rep = doctor.Report()

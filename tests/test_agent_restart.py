@@ -10,9 +10,9 @@ import pytest
 from fake_gpus import FakeSampler, close, hopper
 from test_nvml_collector import U0, Node, _as_record, _job
 
-from slurm_gpueff.collectors import agent_resume
-from slurm_gpueff.collectors.agent import Agent
 from slurm_gpueff.collectors.window import measured_s
+from slurm_gpueff.node import resume as agent_resume
+from slurm_gpueff.node.agent import Agent
 
 BUSY = {"kernel_pct": 100, "power_mw": 400_000.0, "gpm": {"sm_active": 80, "tensor_active": 60}}
 HALF = {"kernel_pct": 50, "power_mw": 200_000.0, "gpm": {"sm_active": 20, "tensor_active": 10}}

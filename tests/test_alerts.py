@@ -13,7 +13,8 @@ from sqlmodel import Session, select
 from slurm_gpueff.analysis import idle
 from slurm_gpueff.config import AlertsConfig, Config
 from slurm_gpueff.models import AlertLog, LiveSample
-from slurm_gpueff.service.alerts import SlurmJob, parse_squeue, run_alerts
+from slurm_gpueff.service.alerts import run_alerts
+from slurm_gpueff.slurm.commands import SlurmJob, parse_squeue
 from slurm_gpueff.storage.db import make_engine
 from slurm_gpueff.storage.writer import ingest_record
 

@@ -24,11 +24,11 @@ import tempfile
 import time
 
 import pytest
+from sites import sim_record, site_config, spool_records
 
 from slurm_gpueff import spool
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-START = 1_740_000_000.0
 USER = "gpuser"
 SYS_PYTHON = "/usr/bin/python3"
 
@@ -36,22 +36,7 @@ pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not shutil.which("munged") or not os.path.exists(SYS_PYTHON)
     or subprocess.run(["id", USER], capture_output=True).returncode != 0,
     reason="needs root, MUNGE, /usr/bin/python3 and the user gpuser")
-
-
-def record(job_id: int, user: str, uid: int, account: str, gpus: int = 1, **extra):
-    from slurm_gpueff.collectors.base import JobContext
-    from slurm_gpueff.collectors.simulated import SimulatedCollector
-    from slurm_gpueff.config import Config
-
-    job = JobContext(job_id, "gpu-node01", "demo", list(range(gpus)), start_time=START, end_time=START + 3600,
-                     env={"GPUEFF_SIM_PROFILE": "bf16-healthy"})
-    col = SimulatedCollector(Config())
-    meas = col.stop(job, col.start(job))
-    rec = {"schema": 1, "cluster": "demo", "node": "gpu-node01", "job_id": job_id, "start_time": START,
-           "end_time": START + 3600, "backend": meas.backend, "reason": meas.reason, "gpus": meas.gpus,
-           "user": user, "uid": uid, "account": account, "partition": "gpu", "exit_code": 0, "signal": 0}
-    rec.update(extra)
-    return rec
+pytestmark = [pytestmark, pytest.mark.process]  # munged, gpueff serve, seff-gpu as gpuser
 
 
 GPUSER_UID = int(subprocess.run(["id", "-u", USER], capture_output=True, text=True).stdout.strip() or -1)
@@ -129,8 +114,7 @@ def site():
         db = os.path.join(db_dir, "gpueff.db")
         uds = os.path.join(base, "run", "api.sock")
         port = free_port()
-        common = (f'[site]\ncluster = "demo"\n[paths]\ndatabase = "sqlite:///{db}"\nstate_dir = "{base}/state"\n'
-                  f'spool_dir = "{base}/spool"\n[sacct]\ncommand = "sacct"\n')
+        common = '[sacct]\ncommand = "sacct"\n'
         intervals = "".join(f"{k} = 0\n" for k in ("ingest_interval_s", "enrich_interval_s", "rollup_interval_s",
                                                    "rollup_full_interval_s", "retention_interval_s",
                                                    "cards_interval_s"))
@@ -145,18 +129,16 @@ def site():
         }
         paths = {}
         for name, text in cfgs.items():
-            paths[name] = os.path.join(base, f"{name}.toml")
-            with open(paths[name], "w") as fh:
-                fh.write(text)
+            paths[name] = str(site_config(pathlib.Path(base), pathlib.Path(db), extra=text, name=f"{name}.toml"))
             os.chmod(paths[name], 0o644)
         env = dict(os.environ, PYTHONPATH=ROOT, PATH=f"{base}/bin")
         env.pop("GPUEFF_CONFIG", None)
         env.pop("GPUEFF_SEFF_VIA", None)
         # the database: gpueff ingest of simulated records, then private to root
         spool.ensure_dirs(f"{base}/spool")
-        for job_id, (user, uid, account) in JOBS.items():
-            spool.write_record(f"{base}/spool", record(job_id, user, uid, account))
-        spool.write_record(f"{base}/spool", record(300, USER, GPUSER_UID, "vision", gpus=0, reason=NO_GPU_REASON))
+        spool_records(f"{base}/spool", [
+            *(sim_record(job_id, user=user, uid=uid, account=account) for job_id, (user, uid, account) in JOBS.items()),
+            sim_record(300, gpus=0, user=USER, uid=GPUSER_UID, account="vision", reason=NO_GPU_REASON)])
         subprocess.run([sys.executable, "-m", "slurm_gpueff.cli.gpueff", "--config", paths["unix"], "ingest"],
                        env=env, check=True, capture_output=True, timeout=120)
         os.chmod(db, 0o600)

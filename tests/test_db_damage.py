@@ -29,6 +29,8 @@ from dbfiles import (
 from slurm_gpueff import spool
 from slurm_gpueff.storage import migrate
 
+pytestmark = pytest.mark.process  # gpueff commands run as processes
+
 COMMANDS = (("ingest",), ("rollup", "--full"), ("db", "current"), ("db", "upgrade"), ("enrich",),
             ("report", "status"), ("report", "optout", "--list"))
 

@@ -238,7 +238,7 @@ def test_falls_back_to_the_nvml_agent(engine, node):
     """Hostengine dies during the job: the agent's counters, snapshotted at job start too, are used."""
     from fake_gpus import FakeClock, FakeSampler, hopper
 
-    from slurm_gpueff.collectors.agent import Agent
+    from slurm_gpueff.node.agent import Agent
 
     cfg, dev, proc, _ = node
     clock = FakeClock(wall0=time.time())
@@ -348,7 +348,7 @@ def test_address_parsing_and_probe(hostengine_port):
 
 
 def test_auto_selects_dcgm_only_when_a_hostengine_answers(hostengine_port, tmp_path):
-    from slurm_gpueff.collectors.base import get_collector
+    from slurm_gpueff.collectors.choice import get_collector
 
     base = {"paths": {"state_dir": str(tmp_path)}}
     up = Config({**base, "dcgm": {"hostengine": f"127.0.0.1:{hostengine_port}"}})

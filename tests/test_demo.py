@@ -8,6 +8,10 @@ import shlex
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.process  # gpueff demo, its hooks and seff-gpu run as processes
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXPECTED = {  # demo job id -> primary verdict of its simulated profile
     4201: "healthy", 4202: "never_used", 4203: "busy_not_working", 4204: "busy_not_working",

@@ -13,9 +13,9 @@ import pytest
 from sqlmodel import Session, select
 
 from slurm_gpueff import record as recmod
-from slurm_gpueff.jobid import parse as parse_id
 from slurm_gpueff.models import Job, JobGpu
-from slurm_gpueff.sacct import SacctError, parse_json, parse_parsable
+from slurm_gpueff.slurm.jobid import parse as parse_id
+from slurm_gpueff.slurm.sacct import SacctError, parse_json, parse_parsable
 from slurm_gpueff.storage.db import make_engine
 from slurm_gpueff.storage.enrich import backfill_jobs, enrich_jobs
 from slurm_gpueff.storage.queries import find_jobs

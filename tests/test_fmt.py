@@ -18,7 +18,7 @@ from slurm_gpueff.config import Config
 from slurm_gpueff.render import jobs_table, render_card, render_table
 from slurm_gpueff.reports import monthly
 from slurm_gpueff.reports.card import build_card
-from slurm_gpueff.summarize import apply_summary
+from slurm_gpueff.service.summarize import apply_summary
 
 SCIENTIFIC = re.compile(r"\d[eE][-+]\d")
 

@@ -22,6 +22,7 @@ from slurm_gpueff.storage import migrate
 from slurm_gpueff.storage.db import make_engine
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.process  # its tests start real processes (CLI commands, hooks, services)
 N = 1000
 
 

@@ -4,7 +4,8 @@ TOML); never any other exception. ``gpueff config check`` answers exit 0 or exit
 
 The strategies are built from ``config.SECTIONS`` and each section's ``KEYS``: for every key values of its
 own type (bounds, NaN, infinities, huge numbers, empty and Unicode text, line breaks), of every other type,
-and nested tables. Each test counts the cases it ran and asserts at least 10,000.
+and nested tables. Each test counts the cases it ran and asserts at least
+the Hypothesis profile's count (1,000 in CI, 10,000 with ``deep``).
 
 The inputs that once broke config (a non-ASCII digit as a port, integers beyond the float range or of
 4,300+ digits, deep nesting, key names with line breaks) are in the strategies and, one by one, in
@@ -27,9 +28,8 @@ from slurm_gpueff import config
 from slurm_gpueff.cli import gpueff
 from slurm_gpueff.errors import ConfigError
 
-CASES = 10_000
-FUZZ = settings(max_examples=CASES, deadline=None, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+CASES = settings.default.max_examples  # the active Hypothesis profile's: 1,000 (ci) or 10,000 (deep); conftest.py
+FUZZ = settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                        HealthCheck.filter_too_much])
 KEY_NAMES = {f"{s}.{k}" for s, cls in config.SECTIONS.items() for k in cls.KEYS}
 ALL_KEYS = sorted(KEY_NAMES)
@@ -148,6 +148,7 @@ def check_config(data: dict[str, object], counts: dict[str, int]) -> None:
     assert isinstance(cfg, config.Config)
 
 
+@pytest.mark.fuzz
 def test_config_values_give_a_config_or_a_one_line_error_naming_the_key():
     counts = {"n": 0, "valid": 0, "refused": 0}
 
@@ -246,7 +247,7 @@ def check_file(path: str, content: bytes, counts: dict[str, int]) -> None:
 
 
 def scratch_file(tmp_path) -> str:
-    """On /dev/shm where it exists: 10,000 writes of a small file."""
+    """On /dev/shm where it exists: thousands of writes of a small file."""
     if os.access("/dev/shm", os.W_OK):
         import tempfile
 
@@ -256,6 +257,7 @@ def scratch_file(tmp_path) -> str:
     return str(tmp_path / "gpueff.toml")
 
 
+@pytest.mark.fuzz
 def test_config_files_give_a_config_or_a_one_line_error(tmp_path):
     path = scratch_file(tmp_path)
     counts = {"n": 0, "valid": 0, "refused": 0}
@@ -273,6 +275,7 @@ def test_config_files_give_a_config_or_a_one_line_error(tmp_path):
     assert min(counts["valid"], counts["refused"]) >= CASES // 20, counts
 
 
+@pytest.mark.fuzz
 def test_gpueff_config_check_exits_0_or_2_with_one_line(tmp_path, capsys):
     """A sample of the files through the real command, in-process: exit 0 and the values, or exit 2 and one line."""
     path = scratch_file(tmp_path)

@@ -1,6 +1,7 @@
-"""Property-based: no database value, URL or file ends in a traceback. At least 10,000 generated cases per
-test (counted in the test), each through the real commands in-process: a defined exit status (0, 1 or 2)
-and, on failure, exactly one stderr line ``gpueff: ...`` / ``seff-gpu: ...``.
+"""Property-based: no database value, URL or file ends in a traceback. At least the Hypothesis profile's count
+(1,000 in CI, 10,000 with ``deep``) generated cases per test (counted in the test), each through the real
+commands in-process: a defined exit status (0, 1 or 2) and, on failure, exactly one stderr line
+``gpueff: ...`` / ``seff-gpu: ...``.
 
 Server URLs point at 127.0.0.1 on a port nothing listens on, and seff-gpu finds no Slurm commands, so that
 no case waits on the network.
@@ -19,14 +20,12 @@ from dbfiles import real_database
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from slurm_gpueff import doctor
-from slurm_gpueff.cli import gpueff, seff
+from slurm_gpueff.cli import doctor, gpueff, seff
 from slurm_gpueff.cli.common import run_command
 from slurm_gpueff.storage import migrate
 
-CASES = 10_000
-FUZZ = settings(max_examples=CASES, deadline=None, database=None, derandomize=True,
-                suppress_health_check=list(HealthCheck))
+CASES = settings.default.max_examples  # the active Hypothesis profile's: 1,000 (ci) or 10,000 (deep); conftest.py
+FUZZ = settings(suppress_health_check=list(HealthCheck))
 
 
 def toml_string(value: str) -> str:
@@ -63,6 +62,7 @@ VALUE = st.one_of(st.text(max_size=60), URL, st.text(max_size=30).map(lambda t: 
                   st.text(max_size=30).map(lambda t: t + "://" + t))
 
 
+@pytest.mark.fuzz
 def test_any_database_value_or_url_is_a_defined_exit_and_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)  # relative paths land here: none of them exists
     # seff-gpu asks squeue and sacct about a job it cannot find: not what is fuzzed here, and a Slurm
@@ -126,6 +126,7 @@ def main_with(parser):
     return main
 
 
+@pytest.mark.fuzz
 def test_any_database_file_is_a_defined_exit_and_one_line(small_db, tmp_path, capsys, monkeypatch):
     """Random bytes, truncations, bit flips and overwritten pages of a real small database, as the file of
     ``gpueff db current``, ``gpueff doctor --json`` (its database checks only: the node's probes are not

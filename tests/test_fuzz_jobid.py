@@ -5,7 +5,8 @@ error, exactly one line ``seff-gpu: ...`` on stderr. Never a traceback.
 The database is a real SQLite file with real rows. No Slurm controller runs for these tests: PATH holds
 no ``squeue`` and ``sacct.command`` names a program that does not exist, so the look-ups that would ask
 Slurm take their documented "Slurm did not answer" path (the answers themselves are tested elsewhere).
-Each test counts the cases it ran and asserts at least 10,000.
+Each test counts the cases it ran and asserts at least
+the Hypothesis profile's count (1,000 in CI, 10,000 with ``deep``).
 """
 
 from __future__ import annotations
@@ -15,21 +16,16 @@ import string
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from record_rows import from_record
+from sites import job_site, sim_record, store
 from sqlmodel import Session
 
 from slurm_gpueff.cli import seff
-from slurm_gpueff.collectors.base import JobContext
-from slurm_gpueff.collectors.simulated import SimulatedCollector
-from slurm_gpueff.config import Config
 from slurm_gpueff.errors import JobIdError
-from slurm_gpueff.jobid import MAX_ID, JobSpec, parse
 from slurm_gpueff.models import Job
-from slurm_gpueff.storage.db import make_engine
+from slurm_gpueff.slurm.jobid import MAX_ID, JobSpec, parse
 
-CASES = 10_000
-FUZZ = settings(max_examples=CASES, deadline=None, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+CASES = settings.default.max_examples  # the active Hypothesis profile's: 1,000 (ci) or 10,000 (deep); conftest.py
+FUZZ = settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                        HealthCheck.filter_too_much])
 SEFF_CODES = {0, 1, 3, 4, 5, 6}  # seff-gpu's documented statuses for a valid id (2: a bad one)
 
@@ -70,7 +66,33 @@ def any_text() -> st.SearchStrategy[str]:
 
 JOB_IDS = st.one_of(structured(), structured(), any_text())
 
+# The ids the ``site`` fixture holds (a job, a het component, an array and its tasks' raw ids), one still running
+# on this node and a CPU-only job, with the status seff-gpu answers each with.
+STORED = {"42": 0, "4201": 0, "4300": 0, "4300+0": 0, "5000": 0, "5000_0": 0, "5000_1": 0, "5000_2": 0, "5001": 0,
+          "5003": 0, "6000": 4, "7000": 5}
+FULLWIDTH = str.maketrans("0123456789", "".join(chr(0xFF10 + i) for i in range(10)))
 
+
+def stored_ids() -> st.SearchStrategy[tuple[str, int]]:
+    """(a stored id as users type it: leading zeros, a step suffix, blanks, another script's digits; its status)."""
+    def typed(parts: tuple[str, str, str, str, bool]) -> tuple[str, int]:
+        zeros, text, suffix, pad, wide = parts
+        typed = f"{pad}{zeros}{text}{suffix}{pad}"
+        return (typed.translate(FULLWIDTH) if wide else typed), STORED[text]
+
+    return st.tuples(st.sampled_from(["", "", "0", "000"]), st.sampled_from(sorted(STORED)),
+                     st.sampled_from(["", "", ".batch", ".extern", ".0"]), st.sampled_from(["", "", " ", "\t"]),
+                     st.booleans()).map(typed)
+
+
+# Half the cases a stored id (so the card, the running job and the CPU-only answers are reached), half anything.
+# A coin drawn beside both, not ``st.one_of``: Hypothesis drew the small stored branch of a one_of in only 1 case
+# of 10 beside JOB_IDS (it steers generation away from choices it has already tried).
+SEFF_IDS = st.tuples(st.sampled_from([True, False]), stored_ids(), JOB_IDS).map(
+    lambda c: c[1] if c[0] else (c[2], None))
+
+
+@pytest.mark.fuzz
 def test_parse_gives_a_jobspec_or_a_one_line_jobiderror():
     ran = {"n": 0, "valid": 0}
 
@@ -109,45 +131,25 @@ def test_leading_zeros_and_unicode_digits_read_as_numbers():
     assert parse(f"{MAX_ID}+{MAX_ID}.batch") == JobSpec(MAX_ID, het_offset=MAX_ID)
 
 
-def sim_record(job_id: int, gpus: int, **extra: object) -> dict[str, object]:
-    start = 1_740_000_000.0
-    job = JobContext(job_id, "gpu-node01", "demo", list(range(gpus)), start_time=start, end_time=start + 3600,
-                     env={"GPUEFF_SIM_PROFILE": "starved"})
-    col = SimulatedCollector(Config())
-    meas = col.stop(job, col.start(job))
-    rec = {"schema": 1, "cluster": "demo", "node": "gpu-node01", "job_id": job_id, "start_time": start,
-           "end_time": start + 3600, "backend": meas.backend, "reason": meas.reason, "gpus": meas.gpus,
-           "user": "alice", "uid": 2001, "account": "vision", "partition": "gpu", "exit_code": 0, "signal": 0}
-    rec.update(extra)
-    return rec
-
-
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
     """A real SQLite job database: a job, an array with tasks, a het component, a CPU-only job."""
     root = tmp_path_factory.mktemp("fuzzsite")
-    db = root / "gpueff.db"
-    engine = make_engine(str(db))
-    with Session(engine) as s:
-        recs = [sim_record(42, 1), sim_record(4201, 2), sim_record(4300, 1, het_job_id=4300, het_job_offset=0)]
-        recs += [sim_record(5001 + t, 1, array_job_id=5000, array_task_id=t) for t in range(3)]
-        for rec in recs:
-            job, gpus = from_record(rec)
-            job.state, job.enriched = "COMPLETED", True
-            s.add(job)
-            s.flush()
-            for g in gpus:
-                g.job_pk = job.id
-                s.add(g)
+
+    def fill(s: Session) -> None:
+        def job(job_id: int, gpus: int, **extra: object) -> None:
+            store(s, sim_record(job_id, "starved", gpus, uid=2001, **extra))
+
+        job(42, 1)
+        job(4201, 2)
+        job(4300, 1, het_job_id=4300, het_job_offset=0)
+        for t in range(3):
+            job(5001 + t, 1, array_job_id=5000, array_task_id=t)
         s.add(Job(cluster="demo", job_id=7000, gpu_count=0, state="COMPLETED"))  # CPU-only: exit 5
-        s.commit()
-    engine.dispose()
-    (root / "run" / "jobs").mkdir(parents=True)
+
+    _, cfg = job_site(root, fill, extra=f'[sacct]\ncommand = "{root}/no-such-sacct"\n')
     (root / "run" / "jobs" / "6000.json").write_text("{}")  # a job still running on this node: exit 4
     (root / "empty-path").mkdir()
-    cfg = root / "gpueff.toml"
-    cfg.write_text(f'[site]\ncluster = "demo"\n[paths]\ndatabase = "sqlite:///{db}"\nstate_dir = "{root}/run"\n'
-                   f'spool_dir = "{root}/spool"\n[sacct]\ncommand = "{root}/no-such-sacct"\n')
     return root, str(cfg)
 
 
@@ -159,11 +161,12 @@ def seff_argv(text: str, cfg: str) -> list[str]:
     return [text, "--config", cfg]
 
 
+@pytest.mark.fuzz
 def test_seff_gpu_answers_any_job_id_with_a_documented_status_and_one_line(site, capsys, monkeypatch):
     root, cfg = site
     monkeypatch.setenv("PATH", str(root / "empty-path"))  # no squeue: see the module docstring
     monkeypatch.delenv("GPUEFF_CONFIG", raising=False)
-    ran: dict[str, int] = {"n": 0}
+    ran: dict[str, int] = {"n": 0, "stored": 0}
     codes: dict[int, int] = {}
 
     known = {"42": 0, "4201": 0, "0042.batch": 0, " 4201 ": 0, "\uff14\uff12\uff10\uff11": 0, "4300+0": 0, "5000": 0,
@@ -175,14 +178,20 @@ def test_seff_gpu_answers_any_job_id_with_a_documented_status_and_one_line(site,
         assert (bool(out), len(err.splitlines())) == ((True, 0) if code == 0 else (False, 1)), (text, out, err)
 
     @FUZZ
-    @given(JOB_IDS)
-    def check(text: str) -> None:
+    @given(SEFF_IDS)
+    def check(case: tuple[str, int | None]) -> None:
+        text, expected = case
         assume(text != "--")  # argparse's own separator: not an id
         ran["n"] += 1
         code = seff.main(seff_argv(text, cfg))
         out, err = capsys.readouterr()
         codes[code] = codes.get(code, 0) + 1
         assert "Traceback" not in out + err
+        if expected is not None:  # a stored id: its real answer
+            ran["stored"] += 1
+            assert code == expected, (text, code, out, err)
+            if code == 0:
+                assert str(parse(text)) in out, (text, out)  # the card of the job asked for
         if code == 0:
             assert out and not err, (text, err)
             return
@@ -193,9 +202,12 @@ def test_seff_gpu_answers_any_job_id_with_a_documented_status_and_one_line(site,
 
     check()
     with capsys.disabled():
-        print(f"\nseff-gpu JOBID: {ran['n']} cases, exit statuses {dict(sorted(codes.items()))}")
+        print(f"\nseff-gpu JOBID: {ran['n']} cases ({ran['stored']} stored ids), exit statuses "
+              f"{dict(sorted(codes.items()))}")
     assert ran["n"] >= CASES, ran
     assert codes.get(2, 0) >= CASES // 10 and codes.get(3, 0) >= CASES // 20, codes  # bad ids and valid ones
+    assert ran["stored"] >= CASES // 3 and codes.get(0, 0) >= CASES // 4, (ran, codes)  # cards: real answers
+    assert codes.get(4, 0) and codes.get(5, 0), codes  # the running job and the CPU-only one
 
 
 def test_option_like_id_is_one_line(site, capsys):

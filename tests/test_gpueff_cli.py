@@ -9,11 +9,9 @@ import subprocess
 import sys
 
 import pytest
+from sites import sim_record, site_config
 
 from slurm_gpueff import spool
-from slurm_gpueff.collectors.base import JobContext
-from slurm_gpueff.collectors.simulated import SimulatedCollector
-from slurm_gpueff.config import Config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -25,21 +23,20 @@ def gpueff(*args, cwd=None, module="slurm_gpueff.cli.gpueff"):
                           env=env, cwd=cwd)
 
 
-def site_config(tmp_path):
-    cfg = tmp_path / "gpueff.toml"
-    cfg.write_text(f'[site]\ncluster = "t"\n[paths]\nspool_dir = "{tmp_path}/spool"\n'
-                   f'state_dir = "{tmp_path}/run"\ndatabase = "{tmp_path}/db/gpueff.db"\n'
-                   '[collector]\nbackend = "simulated"\n[analysis]\nbusy_sm_pct = 25\n')
-    return cfg
+def cli_config(tmp_path):
+    return site_config(tmp_path, tmp_path / "db" / "gpueff.db", cluster="t",
+                       extra='[collector]\nbackend = "simulated"\n[analysis]\nbusy_sm_pct = 25\n')
 
 
+@pytest.mark.process
 def test_version():
     p = gpueff("version")
     assert p.returncode == 0 and p.stdout.strip() == "slurm-gpueff 0.1.0"
 
 
+@pytest.mark.process
 def test_config_check_prints_effective_values(tmp_path):
-    cfg = site_config(tmp_path)
+    cfg = cli_config(tmp_path)
     p = gpueff("config", "check", "--config", str(cfg))  # --config also accepted after the subcommand
     assert p.returncode == 0, p.stderr
     assert f"# effective configuration: {cfg} (valid)" in p.stdout
@@ -49,6 +46,7 @@ def test_config_check_prints_effective_values(tmp_path):
     assert doc["source"] == str(cfg) and doc["config"]["analysis"]["busy_sm_pct"] == 25.0
 
 
+@pytest.mark.process
 def test_invalid_config_exits_2_with_the_key(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text("[analysis]\nbusy_sm_pct = 130\n")
@@ -58,6 +56,7 @@ def test_invalid_config_exits_2_with_the_key(tmp_path):
     assert gpueff("--config", str(tmp_path / "missing.toml"), "ingest").returncode == 2
 
 
+@pytest.mark.process
 def test_usage_errors_exit_2():
     assert gpueff().returncode == 2
     assert gpueff("frobnicate").returncode == 2
@@ -65,18 +64,12 @@ def test_usage_errors_exit_2():
     assert p.returncode == 2 and "needs a target directory" in p.stderr
 
 
+@pytest.mark.process
 def test_ingest_then_seff_gpu(tmp_path):
     """A finished job's record in the spool -> `gpueff ingest` -> `seff-gpu` shows its card."""
-    cfg = site_config(tmp_path)
-    config = Config({"site": {"cluster": "t"}})
-    job = JobContext(77, "n1", "t", [0], start_time=1_740_000_000.0, end_time=1_740_007_200.0,
-                     env={"GPUEFF_SIM_PROFILE": "tiny-kernels"})
-    col = SimulatedCollector(config)
-    meas = col.stop(job, col.start(job))
-    spool.write_record(str(tmp_path / "spool"), {
-        "schema": 1, "cluster": "t", "node": "n1", "job_id": 77, "start_time": job.start_time,
-        "end_time": job.end_time, "backend": meas.backend, "reason": None, "gpus": meas.gpus,
-        "exit_code": 0, "signal": 0, "user": "u", "account": "a", "partition": "gpu"})
+    cfg = cli_config(tmp_path)
+    spool.write_record(str(tmp_path / "spool"), sim_record(77, "tiny-kernels", 1, 2.0, cluster="t", node="n1",
+                                                           user="u", account="a"))
     os.makedirs(tmp_path / "spool" / "incoming", exist_ok=True)
     (tmp_path / "spool" / "incoming" / "job-78-n1.json").write_text("{not json")
 
@@ -95,15 +88,17 @@ def test_ingest_then_seff_gpu(tmp_path):
     assert again.returncode == 0 and again.stdout == ""
 
 
+@pytest.mark.process
 def test_hook_never_fails_even_without_a_job(tmp_path):
     """`gpueff hook epilog` with no Slurm environment logs the problem and still exits 0."""
-    cfg = site_config(tmp_path)
+    cfg = cli_config(tmp_path)
     p = gpueff("--config", str(cfg), "hook", "epilog")
     assert p.returncode == 0
 
 
+@pytest.mark.process
 def test_hook_path_loads_no_database_or_analysis_code(tmp_path):
-    cfg = site_config(tmp_path)
+    cfg = cli_config(tmp_path)
     # hook.main() ends the process (exit 0, after its watchdog); report what was loaded at that point.
     code = ("import sys\nfrom slurm_gpueff.cli import gpueff\ntry:\n    gpueff.main(['--config', sys.argv[1], "
             "'hook', 'prolog'])\nexcept SystemExit as e:\n    rc = e.code\n"
@@ -115,6 +110,7 @@ def test_hook_path_loads_no_database_or_analysis_code(tmp_path):
     assert p.stdout.strip().splitlines()[-1] == "0 []", p.stderr
 
 
+@pytest.mark.process
 def test_hook_install_writes_both_hooks(tmp_path):
     p = gpueff("hook", "install", str(tmp_path / "hooks"))
     assert p.returncode == 0, p.stderr
@@ -123,6 +119,7 @@ def test_hook_install_writes_both_hooks(tmp_path):
         assert f"installed {path}" in p.stdout and os.access(path, os.X_OK)
 
 
+@pytest.mark.process
 def test_help_lists_every_command_of_the_registry():
     p = gpueff("--help")
     assert p.returncode == 0
@@ -131,6 +128,7 @@ def test_help_lists_every_command_of_the_registry():
         assert f"\n    {name} " in p.stdout, name
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("args, message", [
     (["report", "optout", "--list", "alice"], "--list takes no USER and no --undo"),
     (["report", "optout", "--list", "--undo"], "--list takes no USER and no --undo"),
@@ -150,9 +148,10 @@ def test_flags_that_do_not_combine_are_refused(tmp_path, args, message):
     assert os.listdir(tmp_path) == []  # e.g. the demo built no folder
 
 
+@pytest.mark.process
 def test_agent_command_runs_the_agent(tmp_path):
     """`gpueff agent --once`: one tick and a state file on a GPU node; without NVIDIA's driver, the reason."""
-    cfg = site_config(tmp_path)
+    cfg = cli_config(tmp_path)
     p = gpueff("--config", str(cfg), "agent", "--once")
     if p.returncode == 0:
         assert os.path.exists(tmp_path / "run" / "agent" / "state.json")
@@ -191,6 +190,7 @@ def _pg_down_config(tmp_path):
     return cfg
 
 
+@pytest.mark.process
 def test_database_errors_never_print_its_password(tmp_path):
     """An unreachable PostgreSQL: the one-line error names the database, never the password of its file."""
     p = gpueff("--config", str(_pg_down_config(tmp_path)), "rollup")
@@ -200,6 +200,7 @@ def test_database_errors_never_print_its_password(tmp_path):
     assert "s3cret" not in p.stderr + p.stdout and "Traceback" not in p.stderr
 
 
+@pytest.mark.process
 def test_db_current_on_an_unreachable_database_is_one_line(tmp_path):
     """``gpueff db current``'s engine connects inside the command: a server that is down gives one line, exit 1,
     no password and no traceback (it used to print SQLAlchemy's traceback)."""

@@ -18,13 +18,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from slurm_gpueff import spool
-from slurm_gpueff.collectors.agent import Agent
 from slurm_gpueff.config import Config
+from slurm_gpueff.node.agent import Agent
 from slurm_gpueff.service.metrics import registry_for
+from slurm_gpueff.service.summarize import summarize_pending
 from slurm_gpueff.storage.db import make_engine
 from slurm_gpueff.storage.ingest import ingest_spool
 from slurm_gpueff.storage.rollups import refresh
-from slurm_gpueff.summarize import summarize_pending
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DASHBOARD = os.path.join(ROOT, "etc", "grafana", "gpueff-dashboard.json")

@@ -19,15 +19,14 @@ import tempfile
 import pytest
 from hooksite import HOOKS, ROOT, HookSite
 
-from slurm_gpueff import hook, record, spool_fallback
+from slurm_gpueff import hook, jobstate, record, spool
 from slurm_gpueff.config import Config
 
 MARGIN_S = 3.0  # interpreter start-up and exit on a loaded 2-core CI machine
+pytestmark = pytest.mark.process  # its tests start real processes (CLI commands, hooks, services)
 
 
-@pytest.fixture
-def site(tmp_path) -> HookSite:
-    return HookSite(str(tmp_path))
+# ``site``: a throwaway node (HookSite), the fixture in conftest.py
 
 
 def _assert_allocation_only(rec: dict) -> None:
@@ -87,7 +86,7 @@ def test_spool_and_state_dir_unwritable_fall_back_to_tmpdir(site):
     p2, _ = site.run("epilog", 701)
     assert p1.returncode == p2.returncode == 0
     assert "cannot save the job state" in p1.stderr
-    tmp_spool = os.path.join(site.tmpdir, spool_fallback.FALLBACK_NAME)
+    tmp_spool = os.path.join(site.tmpdir, spool.FALLBACK_NAME)
     rec = site.record(701, spool=tmp_spool)
     assert rec["start_time"] is None and "Prolog state" in rec["reason"]
     assert "start time unknown" in rec["reason"]
@@ -95,10 +94,10 @@ def test_spool_and_state_dir_unwritable_fall_back_to_tmpdir(site):
 
 def test_fallback_in_shared_tmp_refuses_a_directory_owned_by_someone_else(site):
     """A world-writable /tmp could hold an attacker's directory: it is refused, not used."""
-    planted = os.path.join(site.tmpdir, spool_fallback.FALLBACK_NAME)
+    planted = os.path.join(site.tmpdir, spool.FALLBACK_NAME)
     os.makedirs(planted)
     os.chmod(planted, 0o777)
-    assert not spool_fallback.private_dir(planted, create=True)
+    assert not spool.private_dir(planted, create=True)
 
 
 def _make_fifo(site: HookSite, job_id: int) -> None:
@@ -185,8 +184,8 @@ def test_unstorable_start_state_is_dropped_with_the_reason(tmp_path):
     path = str(tmp_path / "jobs" / "5.json")
     for reason, expected in ((None, "collector start state not storable"),
                              ("collector timed out", "collector timed out; collector start state not storable")):
-        hook.save_state(path, {"start": {"sm": float("nan")}, "start_time": 1.7e9, "gpus": [0], "reason": reason})
-        saved, problem = hook.load_state(path)
+        jobstate.save(path, {"start": {"sm": float("nan")}, "start_time": 1.7e9, "gpus": [0], "reason": reason})
+        saved, problem = jobstate.load(path)
         assert problem is None and saved["start"] is None and saved["start_time"] == 1.7e9
         assert saved["reason"].startswith(expected)
     assert oct(os.stat(path).st_mode & 0o777) == "0o600"
@@ -242,10 +241,10 @@ def test_unserialisable_measurement_is_caught_before_the_spool():
 
     rec = make_record(5)
     rec["gpus"][0]["timeline"] = [[1.0, float("nan"), 0.1, 0.0]]
-    data, problem = hook._serialise(rec)
+    data, problem = record.serialise(rec)
     assert data is None and "invalid measurement" in problem
     rec["gpus"][0]["timeline"] = []
-    data, problem = hook._serialise(rec)
+    data, problem = record.serialise(rec)
     assert problem is None and json.loads(data)["job_id"] == 5
 
 
@@ -257,12 +256,12 @@ def test_drain_never_clobbers_a_newer_record(site):
 
     cfg = hook.read_config(site.config_path, {}, hook.HookLog("epilog"))[0]
     env = {"TMPDIR": site.tmpdir}
-    fallback = spool_fallback.spool_dirs(cfg, env)[1]
-    assert spool_fallback.private_dir(fallback, create=True)
+    fallback = spool.spool_dirs(cfg, env)[1]
+    assert spool.private_dir(fallback, create=True)
     spool.write_record(fallback, make_record(9, user="old"))
     spool.write_record(fallback, make_record(10))
     spool.write_record(site.spool, make_record(9, user="new"))
-    assert spool_fallback.drain(cfg, env, hook.HookLog("epilog")) == 2
+    assert spool.drain_fallbacks(cfg, env, hook.HookLog("epilog")) == 2
     assert site.record(9)["user"] == "new" and site.record(10)["job_id"] == 10
     q = os.path.join(site.spool, "quarantine", "fallback-job-9-node01.json")
     with open(q) as fh:
@@ -338,7 +337,7 @@ def test_unusable_config_path_still_records_the_job_within_the_bound(unprivilege
         assert p.returncode == 0, (kind, p.stderr)
         assert wall < DEFAULT_BOUND_S + MARGIN_S, f"{fault}: {kind} took {wall:.1f} s"
         assert "config problem" in p.stderr and bad in p.stderr, (kind, p.stderr)
-    rec = record.validate(site.record(1201, spool=os.path.join(site.tmpdir, spool_fallback.FALLBACK_NAME)))
+    rec = record.validate(site.record(1201, spool=os.path.join(site.tmpdir, spool.FALLBACK_NAME)))
     assert rec["job_id"] == 1201 and rec["cluster"] == "testc"
     _assert_allocation_only(rec)
     assert "config problem" in rec["reason"] and bad in rec["reason"] and "defaults" in rec["reason"]

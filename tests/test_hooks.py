@@ -14,14 +14,14 @@ import sys
 import pytest
 from hooksite import HOOKS, ROOT, HookSite
 
-from slurm_gpueff import hook, hook_install, record, slurmenv
+from slurm_gpueff import hook, record
+from slurm_gpueff.node import hook_install
+from slurm_gpueff.slurm import hookenv
+
+# ``site``: a throwaway node (HookSite), the fixture in conftest.py
 
 
-@pytest.fixture
-def site(tmp_path) -> HookSite:
-    return HookSite(str(tmp_path))
-
-
+@pytest.mark.process
 def test_prolog_then_epilog_spools_a_valid_record(site):
     p, _ = site.run("prolog", 4242)
     assert (p.returncode, p.stdout, p.stderr) == (0, "", "")
@@ -45,6 +45,7 @@ def test_prolog_then_epilog_spools_a_valid_record(site):
     assert oct(os.stat(site.incoming()[0]).st_mode & 0o777) == "0o600"
 
 
+@pytest.mark.process
 def test_sim_now_sets_the_clock_for_the_simulated_backend_only(tmp_path):
     sim = HookSite(str(tmp_path / "sim"))
     sim.run("prolog", 7, GPUEFF_SIM_NOW="1700000000")
@@ -62,6 +63,7 @@ def test_sim_now_sets_the_clock_for_the_simulated_backend_only(tmp_path):
     assert all(g[m] is None for g in rec["gpus"] for m in record.METRICS)
 
 
+@pytest.mark.process
 def test_cpu_only_job_costs_nothing_and_writes_nothing(site):
     site.write_config(text="this is [not toml")  # proves the config is not even read
     for kind in ("prolog", "epilog"):
@@ -70,6 +72,7 @@ def test_cpu_only_job_costs_nothing_and_writes_nothing(site):
     assert not os.path.exists(site.state) and not os.path.exists(site.spool)
 
 
+@pytest.mark.process
 def test_gpus_fall_back_to_cuda_visible_devices(site):
     env = site.env(55, gpus=None, CUDA_VISIBLE_DEVICES="2,3")
     site.run("prolog", 55, env=dict(env))
@@ -77,6 +80,7 @@ def test_gpus_fall_back_to_cuda_visible_devices(site):
     assert [g["index"] for g in site.record(55)["gpus"]] == [2, 3]
 
 
+@pytest.mark.process
 def test_mig_uuid_gpu_list_records_the_slice(site):
     """A MIG UUID allocation (no index list): the slice is recorded under its position, by MIG UUID."""
     env = site.env(56, gpus="MIG-1b2c3d4e-aaaa-bbbb-cccc-0123456789ab")
@@ -86,6 +90,7 @@ def test_mig_uuid_gpu_list_records_the_slice(site):
     assert [(g["index"], g["mig_uuid"]) for g in rec["gpus"]] == [(0, "MIG-1b2c3d4e-aaaa-bbbb-cccc-0123456789ab")]
 
 
+@pytest.mark.process
 def test_unreadable_gpu_list_still_records_the_job(site):
     """Junk in the GPU list: the job is recorded, with no GPUs and the reason."""
     env = site.env(57, gpus="gpu-a,gpu-b")
@@ -106,11 +111,11 @@ def test_unreadable_gpu_list_still_records_the_job(site):
     ({}, (None, None)),
 ])
 def test_exit_code_and_signal(env, expected):
-    assert slurmenv.parse_exit(env) == expected
+    assert hookenv.parse_exit(env) == expected
 
 
 def test_env_parsing_keeps_problems_as_sentences():
-    h = slurmenv.parse({"SLURM_JOB_ID": "12x", "SLURM_JOB_UID": "-1", "SLURM_JOB_GPUS": "1,0,1",
+    h = hookenv.parse({"SLURM_JOB_ID": "12x", "SLURM_JOB_UID": "-1", "SLURM_JOB_GPUS": "1,0,1",
                         "SLURM_JOB_ACCOUNT": "", "SLURMD_NODENAME": "gpu7"})
     assert h.job_id is None and h.uid is None and h.account is None and h.node == "gpu7"
     assert h.gpu_indexes == [0, 1] and h.gpu_var == "SLURM_JOB_GPUS"
@@ -118,6 +123,7 @@ def test_env_parsing_keeps_problems_as_sentences():
     assert any("SLURM_JOB_UID" in p for p in h.problems)
 
 
+@pytest.mark.process
 def test_checkout_hooks_run_by_their_shebang_without_path(site, tmp_path):
     """slurmd execs the file itself with no PATH: the shebang must be absolute and work."""
     with open(os.path.join(HOOKS, "prolog")) as fh:
@@ -138,6 +144,7 @@ def test_checkout_hooks_run_by_their_shebang_without_path(site, tmp_path):
     assert record.validate(site.record(31))["start_time"] is not None
 
 
+@pytest.mark.process
 def test_install_hooks_writes_absolute_shebang_scripts(site, tmp_path):
     paths = hook_install.install_hooks(str(tmp_path / "bin"))
     assert [os.path.basename(p) for p in paths] == ["prolog", "epilog"]
@@ -152,6 +159,7 @@ def test_install_hooks_writes_absolute_shebang_scripts(site, tmp_path):
     assert site.record(32)["backend"] == "simulated"
 
 
+@pytest.mark.process
 def test_install_hooks_for_another_python(site, tmp_path):
     """A slurmd that cannot run this interpreter (one in a chroot) gets hooks for its own python3: they name it
     and find the package through the path they carry, the hook path being stdlib-only."""
@@ -170,6 +178,7 @@ def test_install_hooks_for_another_python(site, tmp_path):
     assert site.record(34)["backend"] == "simulated"
 
 
+@pytest.mark.process
 def test_hook_imports_stay_light(site):
     """The Epilog's import graph has no SQLAlchemy/SQLModel/pydantic/argparse/pynvml/dataclasses."""
     env = site.env(33)
@@ -223,6 +232,7 @@ def _ingest_and_read(site: HookSite, tmp_path, job_id: int):
         engine.dispose()
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("var", ["SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES"])
 def test_unreadable_gpu_list_reason_reaches_the_database(site, tmp_path, var):
     """A GPU list the hook cannot read: the record keeps why, and ingest stores it as the job's reason
@@ -237,6 +247,7 @@ def test_unreadable_gpu_list_reason_reaches_the_database(site, tmp_path, var):
     assert job.gpu_count == 0 and why in job.reason and "the GPUs were not measured" in job.reason
 
 
+@pytest.mark.process
 def test_seff_gpu_shows_why_an_unreadable_gpu_list_has_no_gpus(site, tmp_path):
     env = site.env(59, gpus="gpu:x")
     for kind in ("prolog", "epilog"):

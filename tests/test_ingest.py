@@ -219,6 +219,7 @@ def test_limit_and_progress(db, spool_dir):
     assert [n.split("-")[1] for n in left] == ["50", "51"]  # a limited run takes the oldest first
 
 
+@pytest.mark.process
 def test_records_written_by_the_real_hooks_ingest(tmp_path, db):
     site = HookSite(str(tmp_path / "node"))
     site.run("prolog", 60)
@@ -295,6 +296,7 @@ def test_a_concurrent_writer_is_waited_for_not_merged_over(tmp_path, spool_dir):
     assert {k[1] for k in got["job_gpu"]} == {"n0", "n1", "n2"}
 
 
+@pytest.mark.process
 def test_cli_ingest_accepts_the_workers_option(tmp_path):
     """``gpueff ingest --workers N``: still accepted (ingest runs in one process), still range-checked."""
     import subprocess

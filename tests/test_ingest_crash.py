@@ -14,9 +14,12 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 from hooksite import ROOT, make_record
 
 from slurm_gpueff import spool
+
+pytestmark = pytest.mark.process  # ingest in a child process, killed mid-run
 
 N = 3000
 GPUS = 2

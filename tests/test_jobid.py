@@ -3,7 +3,7 @@
 import pytest
 
 from slurm_gpueff.errors import JobIdError
-from slurm_gpueff.jobid import JobSpec, parse
+from slurm_gpueff.slurm.jobid import JobSpec, parse
 
 
 @pytest.mark.parametrize(

@@ -23,29 +23,29 @@ PKG = os.path.join(ROOT, "slurm_gpueff")
 
 # Lowest first. A module may import its own layer and the layers before it, never a later one.
 LAYERS: list[tuple[str, set[str]]] = [
-    ("base", {"__init__", "__version__", "errors", "config", "config_keys", "jobid", "record", "spool", "slurmenv",
-              "sacct", "sacct_rows", "sacct_json", "sacct_steps", "privacy", "fmt", "slurmcmds", "munge"}),
+    ("base", {"__init__", "__version__", "errors", "config", "record", "spool", "jobstate", "fmt", "slurm", "access"}),
     ("collectors", {"collectors"}),
-    ("hook", {"hook", "hook_install", "spool_fallback", "live"}),
+    ("hook", {"hook"}),
     ("models", {"models"}),
     ("migrations", {"migrations"}),
     ("storage", {"storage"}),
     ("analysis", {"analysis"}),
     ("render", {"render"}),
-    ("summarize", {"summarize"}),
     ("reports", {"reports"}),
+    ("node", {"node"}),
     ("service", {"service"}),
-    ("doctor", {"doctor"}),
-    ("commands", {"cli", "demo"}),
+    ("commands", {"cli"}),
 ]
 # Layers that must not import each other although the order alone would allow it. The node side
-# (collectors, hook) and the database side (models to summarize) are two branches that only the
-# commands join; the analysis and its rendering work on plain data that storage fetched, and never
-# reach for the database themselves.
+# (collectors, hook) and the database side (models to render) are two branches that only the node agent
+# (node: its live card on the job's own node) and the commands join; the analysis and its rendering work
+# on plain data that storage fetched, and never reach for the database themselves. The node agent and the
+# service are two processes on different hosts: neither imports the other.
 NODE_SIDE = ("collectors", "hook")
-DB_SIDE = ("models", "migrations", "storage", "analysis", "render", "summarize")
+DB_SIDE = ("models", "migrations", "storage", "analysis", "render")
 APART: list[tuple[str, str]] = [(db, node) for db in DB_SIDE for node in NODE_SIDE] + [
-    ("analysis", "storage"), ("render", "storage"), ("analysis", "migrations"), ("render", "migrations")]
+    ("analysis", "storage"), ("render", "storage"), ("analysis", "migrations"), ("render", "migrations"),
+    ("service", "node")]
 RANK = {module: i for i, (_layer, names) in enumerate(LAYERS) for module in names}
 LAYER_NAME = {module: layer for layer, names in LAYERS for module in names}
 
@@ -143,6 +143,7 @@ def test_hook_path_is_stdlib_only_at_import_time():
     assert not bad, "\n".join(bad)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("module", ["slurm_gpueff.hook", "slurm_gpueff.collectors.base",
                                     "slurm_gpueff.collectors.nvml", "slurm_gpueff.collectors.simulated"])
 def test_hook_modules_load_no_heavy_library(module):
@@ -151,3 +152,46 @@ def test_hook_modules_load_no_heavy_library(module):
             "'jinja2']; print(','.join(m for m in heavy if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "", f"{module} imports {out.stdout.strip()}"
+
+
+# Who may start processes, and why. Every Slurm client command (sacct, sacctmgr, squeue, scontrol, scancel)
+# goes through slurm/runner.py: configured paths, time limits, one error type, one place to log.
+SUBPROCESS_USERS = {
+    "slurm/runner.py": "the one runner of Slurm's client commands",
+    "access/munge.py": "munge and unmunge, MUNGE's own clients (not Slurm's)",
+    "cli/demo.py": "runs the installed hook scripts as slurmd would",
+}
+SLURM_COMMANDS = ("sacct", "sacctmgr", "squeue", "scontrol", "scancel", "sbatch", "srun", "salloc", "sinfo")
+
+
+def test_only_the_runner_starts_slurm_commands():
+    bad = []
+    for rel, path in modules():
+        where = "/".join(rel) + ".py"
+        tree = ast.parse(read(path), path)
+        starts = {name for name, internal in imported_packages(rel, tree) if not internal} & {"subprocess", "pty"}
+        starts |= {"os.exec/spawn/popen" for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+                   and isinstance(node.value, ast.Name) and node.value.id == "os"
+                   and node.attr.startswith(("exec", "spawn", "popen", "system", "posix_spawn"))}
+        if starts and where not in SUBPROCESS_USERS:
+            bad.append(f"{where} starts processes ({', '.join(sorted(starts))})")
+        if where != "slurm/runner.py" and where in SUBPROCESS_USERS:
+            literals = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+            bad += [f"{where} names the Slurm command {c!r}" for c in SLURM_COMMANDS if c in literals]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_runner_rule_catches_a_stray_call(tmp_path):
+    """The rule is not vacuous: a module that imports subprocess is found."""
+    tree = ast.parse("import subprocess\nsubprocess.run(['squeue'])\n")
+    assert "subprocess" in {name for name, internal in imported_packages(["reports", "x"], tree) if not internal}
+
+
+def test_no_module_imports_another_modules_private_names():
+    bad = []
+    for rel, path in modules():
+        for node in ast.walk(ast.parse(read(path), path)):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("slurm_gpueff")):
+                bad += [f"{'/'.join(rel)}.py imports {a.name} from {'.' * node.level}{node.module or ''}"
+                        for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+    assert not bad, "\n".join(bad)

@@ -14,20 +14,20 @@ import pytest
 from hooksite import ROOT, HookSite
 from sqlmodel import Session, select
 
-from slurm_gpueff import live, record, spool
+from slurm_gpueff import record, spool
 from slurm_gpueff.config import load
 from slurm_gpueff.models import Job, JobGpu
+from slurm_gpueff.node import live
+from slurm_gpueff.service.summarize import summarize_pending
 from slurm_gpueff.storage.db import make_engine
 from slurm_gpueff.storage.ingest import ingest_spool
 from slurm_gpueff.storage.rollups import refresh
-from slurm_gpueff.summarize import summarize_pending
 
 T0 = 1_800_000_000.0
+pytestmark = pytest.mark.process  # its tests start real processes (CLI commands, hooks, services)
 
 
-@pytest.fixture
-def site(tmp_path) -> HookSite:
-    return HookSite(str(tmp_path))
+# ``site``: a throwaway node (HookSite), the fixture in conftest.py
 
 
 def _config(site: HookSite, db: str):

@@ -17,9 +17,11 @@ from pathlib import Path
 import pytest
 from hooksite import ROOT, HookSite
 
-from slurm_gpueff.cli.liveview import live_answer
-from slurm_gpueff.collectors import live_socket
 from slurm_gpueff.config import load
+from slurm_gpueff.node import live_socket
+from slurm_gpueff.node.liveview import live_answer
+
+pytestmark = pytest.mark.process  # hooks as slurmd runs them, the agent and seff-gpu as processes
 
 
 @pytest.fixture

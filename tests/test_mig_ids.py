@@ -144,7 +144,7 @@ def test_dcgm_and_mig_fields_validate_and_reach_the_database(tmp_path):
 def test_doctor_lines_and_exit_status(tmp_path, capsys):
     """gpueff doctor on this (GPU-less) machine: every line PASS/WARN/FAIL; FAIL (exit 1) when the
     configured backend cannot work (dcgm without a hostengine), exit 0 otherwise."""
-    from slurm_gpueff import doctor
+    from slurm_gpueff.cli import doctor
 
     base = {"paths": {"state_dir": str(tmp_path / "state"), "spool_dir": str(tmp_path / "spool"),
                       "database": str(tmp_path / "db.sqlite")}, "dcgm": {"hostengine": "127.0.0.1:1"}}

@@ -109,6 +109,7 @@ def test_another_programs_database_is_refused_not_filled_with_ours(tmp_path):
     con.close()
 
 
+@pytest.mark.process
 @pytest.mark.postgres
 def test_postgres_upgrades_started_together_are_serialised(pg_url):  # noqa: F811
     """Several `gpueff db upgrade` processes at the same instant on an empty database (an advisory lock

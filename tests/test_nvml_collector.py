@@ -15,10 +15,10 @@ import pytest
 from fake_gpus import FakeClock, FakeSampler, GiB, ampere, close, hopper, make_config, make_dev_dir
 
 from slurm_gpueff import record
-from slurm_gpueff.collectors.agent import Agent, state_path
 from slurm_gpueff.collectors.base import JobContext
 from slurm_gpueff.collectors.nvml import NvmlCollector
 from slurm_gpueff.collectors.nvml_sampler import NO_GPM_REASON
+from slurm_gpueff.node.agent import Agent, state_path
 
 U0 = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 U1 = "GPU-bbbbbbbb-1111-1111-1111-111111111111"
@@ -231,10 +231,11 @@ def test_state_file_corrupt_or_foreign(tmp_path):
     assert "unreadable" in m.reason and m.gpus[0]["kernel_active"] is None
 
 
+@pytest.mark.process
 def test_collector_module_does_not_import_pynvml(repo_root):
     import subprocess
 
-    code = ("import sys; import slurm_gpueff.collectors.nvml, slurm_gpueff.collectors.agent; "
+    code = ("import sys; import slurm_gpueff.collectors.nvml, slurm_gpueff.node.agent; "
             "print('pynvml' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=repo_root, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
@@ -242,7 +243,7 @@ def test_collector_module_does_not_import_pynvml(repo_root):
 
 @pytest.mark.parametrize("backend", ["nvml", "auto"])
 def test_select_returns_the_nvml_collector(tmp_path, backend):
-    from slurm_gpueff.collectors.base import get_collector
+    from slurm_gpueff.collectors.choice import get_collector
     from slurm_gpueff.config import Config
 
     n = Node(tmp_path, [hopper(U0)], [0])

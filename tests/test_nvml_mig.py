@@ -14,10 +14,10 @@ from fake_gpus import FakeClock, GiB, close, make_config, make_dev_dir
 from fake_mig import FakeMigSampler, mig_dev, mig_parent
 
 from slurm_gpueff import record
-from slurm_gpueff.collectors.agent import Agent, state_path
 from slurm_gpueff.collectors.base import JobContext
 from slurm_gpueff.collectors.nvml import NvmlCollector
 from slurm_gpueff.collectors.nvml_sampler import NO_GPM_REASON
+from slurm_gpueff.node.agent import Agent, state_path
 
 P = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 S1 = mig_dev(P, 1, profile="3g.40gb", mem_gib=40)

@@ -1,4 +1,4 @@
-"""The privacy rules (slurm_gpueff.privacy) as tables of cases: who sees which card, who may list which
+"""The privacy rules (slurm_gpueff.access.privacy) as tables of cases: who sees which card, who may list which
 table. The same functions decide on seff-gpu's direct path and in the service's API (tests/test_api.py
 runs them end to end with MUNGE)."""
 
@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from slurm_gpueff.access.privacy import Denied, Viewer, may_see, shown, table_scope, viewer
 from slurm_gpueff.config import Config
-from slurm_gpueff.privacy import Denied, Viewer, may_see, shown, table_scope, viewer
 
 SERVICE_UID = 990
 COORDS = {"physics": ["carol"], "chem": ["dave", "erin"]}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from sqlmodel import Session
 
-from slurm_gpueff.jobid import parse
 from slurm_gpueff.models import Job, JobGpu, JobGpuTimeline
+from slurm_gpueff.slurm.jobid import parse
 from slurm_gpueff.storage.db import make_engine
 from slurm_gpueff.storage.queries import find_jobs, gpu_timelines, job_gpus
 

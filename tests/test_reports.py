@@ -126,6 +126,7 @@ def test_dry_run_archive_is_complete_and_viewable(tmp_path):
     assert msg["Bcc"] is None and msg["Auto-Submitted"] == "auto-generated"
 
 
+@pytest.mark.process
 def test_seff_gpu_html_writes_the_card(tmp_path):
     make_db(tmp_path, [dict(job_id=42, profile="starved", user="u", account="a", hours=2)])
     (tmp_path / "c.toml").write_text(f'[paths]\ndatabase = "{tmp_path / "jobs.db"}"\n')
@@ -138,6 +139,7 @@ def test_seff_gpu_html_writes_the_card(tmp_path):
     assert "Verdict: Starved" in html and 'src="data:image/png;base64,' in html
 
 
+@pytest.mark.process
 def test_wheel_carries_the_templates(tmp_path):
     """`pip install .` (not editable) must find the templates: they are in the wheel as package data."""
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q",

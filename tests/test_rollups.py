@@ -14,11 +14,11 @@ from pgutil import pg_url  # noqa: F401  (fixture)
 from sqlalchemy import insert, select, update
 
 from slurm_gpueff.models import Job, RollupPending
-from slurm_gpueff.sacct import parse_parsable
+from slurm_gpueff.service.summarize import summarize_pending
+from slurm_gpueff.slurm.sacct import parse_parsable
 from slurm_gpueff.storage import migrate, rollups
 from slurm_gpueff.storage.db import make_engine
 from slurm_gpueff.storage.enrich import backfill_jobs, enrich_jobs
-from slurm_gpueff.summarize import summarize_pending
 
 NOW = datetime(2024, 3, 10, 12)
 

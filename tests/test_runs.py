@@ -27,15 +27,15 @@ from slurm_gpueff.config import Config
 from slurm_gpueff.models import Job, JobGpu
 from slurm_gpueff.render import dumps, render_card
 from slurm_gpueff.render.text import runs_line
-from slurm_gpueff.sacct import parse_json
-from slurm_gpueff.sacct_rows import last_runs, number_runs
 from slurm_gpueff.service.metrics import registry_for
+from slurm_gpueff.service.summarize import summarize_pending
+from slurm_gpueff.slurm.sacct import parse_json
+from slurm_gpueff.slurm.sacct_rows import last_runs, number_runs
 from slurm_gpueff.storage import migrate
 from slurm_gpueff.storage.db import make_engine
 from slurm_gpueff.storage.enrich import enrich_jobs
 from slurm_gpueff.storage.ingest import ingest_spool
 from slurm_gpueff.storage.rollups import refresh, usage
-from slurm_gpueff.summarize import summarize_pending
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "runs")
 VERSIONS = {"22.05.8": 13, "24.11.5": 8, "26.05.5": 8}

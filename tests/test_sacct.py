@@ -10,7 +10,8 @@ import os
 import pytest
 
 from slurm_gpueff.config import Config
-from slurm_gpueff.sacct import (
+from slurm_gpueff.slurm.hookenv import parse_exit_text
+from slurm_gpueff.slurm.sacct import (
     SacctError,
     SacctReader,
     expand_hostlist,
@@ -20,7 +21,6 @@ from slurm_gpueff.sacct import (
     parse_tres,
     state_word,
 )
-from slurm_gpueff.slurmenv import parse_exit_text
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "sacct")
 

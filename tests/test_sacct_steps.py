@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_gpueff.sacct_rows import SacctJob
-from slurm_gpueff.sacct_steps import attach, cpu_seconds, parse_steps, size_bytes
+from slurm_gpueff.slurm.sacct_rows import SacctJob
+from slurm_gpueff.slurm.sacct_steps import attach, cpu_seconds, parse_steps, size_bytes
 
 STEPS = """\
 11|11|8|02:10.500|

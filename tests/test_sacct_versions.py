@@ -14,7 +14,9 @@ import sys
 
 import pytest
 
-from slurm_gpueff.sacct import (
+from slurm_gpueff.slurm.commands import SlurmCommandError, raw_id
+from slurm_gpueff.slurm.runner import SlurmRunner
+from slurm_gpueff.slurm.sacct import (
     PARSABLE_FIELDS,
     SacctReader,
     exit_codes_wrong,
@@ -24,8 +26,7 @@ from slurm_gpueff.sacct import (
     plugin_name,
     raw_id_of,
 )
-from slurm_gpueff.sacct_rows import last_runs, number_runs
-from slurm_gpueff.slurmcmds import SlurmCommandError, raw_id
+from slurm_gpueff.slurm.sacct_rows import last_runs, number_runs
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "sacct")
 VERSIONS = ("22.05.8", "24.11.5", "26.05.5")
@@ -176,10 +177,11 @@ def test_typed_ids_resolve_to_raw_ids(replay, monkeypatch):
     text = read("24.11.5", "sacct-product-P.psv")
     assert [raw_id_of(text, s) for s in ("2_0", "3_3", "6+1", "6+0", "14", "99_1")] == [9, 3, 7, 6, 14, None]
     sacct = replay("26.05.5")
-    assert (raw_id("2_1", sacct), raw_id("6+1", sacct), raw_id("99_1", sacct)) == (10, 7, None)
+    slurm = SlurmRunner(sacct)
+    assert (raw_id(slurm, "2_1"), raw_id(slurm, "6+1"), raw_id(slurm, "99_1")) == (10, 7, None)
     monkeypatch.setenv("PATH", "")  # no sacct beside the configured path nor on PATH
     with pytest.raises(SlurmCommandError, match="sacct not found"):
-        raw_id("2_1", "/nonexistent/sacct")
+        raw_id(SlurmRunner("/nonexistent/sacct"), "2_1")
 
 
 def test_number_unwraps_every_form():

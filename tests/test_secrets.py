@@ -15,10 +15,11 @@ import sys
 import uuid
 
 import pytest
-from dbfiles import ROOT, add_records, gpueff, write_config
+from dbfiles import ROOT, gpueff
 from pgutil import PrivateCluster, _free_port
+from sites import sim_record, site_config, spool_records
 
-pytestmark = pytest.mark.postgres
+pytestmark = [pytest.mark.postgres, pytest.mark.process]
 
 SECRET = f"Sx{uuid.uuid4().hex}"  # unique: found in an output only if that output printed it
 MAIL_SECRET = f"Mx{uuid.uuid4().hex}"
@@ -55,9 +56,10 @@ def site(tmp_path, url: str, password: str):
     mail_pw = tmp_path / "mail.pw"
     mail_pw.write_text(MAIL_SECRET + "\n")
     mail_pw.chmod(0o600)
-    add_records(tmp_path, 1, 3)
-    return write_config(tmp_path, url, f'database_password_file = "{pw}"\n\n[mail]\nhost = "127.0.0.1"\n'
-                                       f'username = "reports"\npassword_file = "{mail_pw}"\n')
+    spool_records(tmp_path / "spool", (sim_record(job_id) for job_id in (1, 2, 3)))
+    return site_config(tmp_path, url, cluster=None, name="g.toml",
+                       extra=f'database_password_file = "{pw}"\n\n[mail]\nhost = "127.0.0.1"\n'
+                             f'username = "reports"\npassword_file = "{mail_pw}"\n')
 
 
 def run_all(cfg) -> list[subprocess.CompletedProcess[str]]:
@@ -128,7 +130,7 @@ def test_libpq_password_file_works_when_the_key_is_empty(scram_cluster, tmp_path
     pgpass.write_text(f"127.0.0.1:{scram_cluster.port}:gpueff:gpueff:{SECRET}\n")
     pgpass.chmod(0o600)
     url = f"postgresql+psycopg://gpueff@127.0.0.1:{scram_cluster.port}/gpueff?connect_timeout=5"
-    cfg = write_config(tmp_path, url)
+    cfg = site_config(tmp_path, url, cluster=None, name="g.toml")
     p = gpueff("--config", str(cfg), "db", "current", env={"PGPASSFILE": str(pgpass)})
     assert p.returncode in (0, 1) and "password authentication failed" not in p.stderr, p.stderr
     assert "gpueff@127.0.0.1" in p.stdout and SECRET not in p.stdout + p.stderr

@@ -15,52 +15,22 @@ import time
 import tomllib
 
 import pytest
-from record_rows import from_record
+from sites import NO_GPM, job_site, sim_record, store
 from sqlmodel import Session
 
 from slurm_gpueff.cli import seff
-from slurm_gpueff.collectors.base import JobContext
-from slurm_gpueff.collectors.simulated import SimulatedCollector
 from slurm_gpueff.config import Config
-from slurm_gpueff.jobid import parse
 from slurm_gpueff.models import Job
-from slurm_gpueff.storage.db import make_engine
+from slurm_gpueff.reports.jobview import still_running
+from slurm_gpueff.slurm.jobid import parse
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-START = 1_740_000_000.0
-NO_GPM = "GPU has no GPM (pre-Hopper)"
-
-
-def sim_record(job_id: int, profile: str, gpus: int, hours: float, **extra):
-    job = JobContext(job_id, "gpu-node01", "demo", list(range(gpus)), start_time=START,
-                     end_time=START + hours * 3600, env={"GPUEFF_SIM_PROFILE": profile})
-    col = SimulatedCollector(Config())
-    meas = col.stop(job, col.start(job))
-    rec = {"schema": 1, "cluster": "demo", "node": "gpu-node01", "job_id": job_id, "start_time": START,
-           "end_time": START + hours * 3600, "backend": meas.backend, "reason": meas.reason,
-           "gpus": meas.gpus,
-           "user": "alice", "account": "vision", "partition": "gpu", "exit_code": 0, "signal": 0}
-    rec.update(extra)
-    return rec
-
-
-def store(session: Session, rec, state: str | None = "COMPLETED") -> None:
-    job, gpus = from_record(rec)
-    job.state = state
-    job.enriched = state is not None  # a stored state is the one enrichment wrote; None: hook record only
-    session.add(job)
-    session.flush()
-    for g in gpus:
-        g.job_pk = job.id
-        session.add(g)
+pytestmark = pytest.mark.process  # its tests start real processes (CLI commands, hooks, services)
 
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
-    root = tmp_path_factory.mktemp("site")
-    db = root / "gpueff.db"
-    engine = make_engine(str(db))
-    with Session(engine) as s:
+    def fill(s: Session) -> None:
         store(s, sim_record(4201, "bf16-healthy", 2, 6.0))
         store(s, sim_record(4203, "one-sm-spin", 1, 2.0))
         store(s, sim_record(4209, "one-of-n-gpus", 4, 4.0))
@@ -71,20 +41,15 @@ def site(tmp_path_factory):
             rec["gpus"][0][m] = None
             rec["gpus"][0]["missing"][m] = NO_GPM
         rec["gpus"][0]["source"] = "nvml"
-        store(s, rec, state=None)
+        store(s, rec, state=None)  # a hook record only: not enriched
         # array 5000 with 3 tasks; array 6000 with 12 tasks
         for task in range(3):
             store(s, sim_record(5001 + task, "starved", 1, 1.0, array_job_id=5000, array_task_id=task))
         for task in range(12):
             store(s, sim_record(6001 + task, "idle", 1, 0.5, array_job_id=6000, array_task_id=task))
         s.add(Job(cluster="demo", job_id=7000, gpu_count=0, state="COMPLETED"))  # a CPU-only job
-        s.commit()
-    engine.dispose()
-    (root / "run" / "jobs").mkdir(parents=True)
-    cfg = root / "gpueff.toml"
-    cfg.write_text(f'[site]\ncluster = "demo"\n[paths]\ndatabase = "sqlite:///{db}"\n'
-                   f'state_dir = "{root}/run"\nspool_dir = "{root}/spool"\n')
-    return root, cfg
+
+    return job_site(tmp_path_factory.mktemp("site"), fill)
 
 
 def run(site, *args, env_extra=None, config=True):
@@ -258,7 +223,8 @@ def test_squeue_is_bounded_by_a_timeout(tmp_path, monkeypatch):
     slow.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
     t0 = time.monotonic()
-    assert seff.still_running(parse("1"), str(tmp_path), timeout=0.5) is None
+    config = Config({"paths": {"state_dir": str(tmp_path / "state")}})
+    assert still_running(parse("1"), config, timeout=0.5) is None
     assert time.monotonic() - t0 < 5
 
 

@@ -17,19 +17,16 @@ import sys
 import time
 
 import pytest
+from sites import ingest_records, sim_record, site_config
 from sqlmodel import Session, select
 
-from slurm_gpueff import spool
-from slurm_gpueff.collectors.base import JobContext
-from slurm_gpueff.collectors.simulated import SimulatedCollector
-from slurm_gpueff.config import Config
 from slurm_gpueff.models import Job
-from slurm_gpueff.sacct import parse_parsable
+from slurm_gpueff.slurm.sacct import parse_parsable
 from slurm_gpueff.storage.db import make_engine
 from slurm_gpueff.storage.enrich import apply_sacct
-from slurm_gpueff.storage.ingest import ingest_spool
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.process  # its tests start real processes (CLI commands, hooks, services)
 FAKE = os.path.join(ROOT, "tests", "fake_slurm_cmd.py")
 CAPTURE = os.path.join(ROOT, "tests", "data", "slurmcmds", "sacct-product-P-24.11.5.psv")
 PENDING = "State: n/a (final state pending accounting; the Epilog saw exit code 0)"
@@ -53,29 +50,21 @@ def install_fake(bin_dir, *names: str) -> None:
 
 def hook_record(job_id: int, start: float, end: float, profile: str = "idle") -> dict:
     """What the Epilog writes for raw job ``job_id`` (no array or het ids: the node does not see them)."""
-    col = SimulatedCollector(Config())
-    ctx = JobContext(job_id, "vm", "testcluster", [0], start, end, {"GPUEFF_SIM_PROFILE": profile})
-    m = col.stop(ctx, col.start(ctx))
-    return {"schema": 1, "cluster": "testcluster", "node": "vm", "job_id": job_id, "start_time": start,
-            "end_time": end, "backend": m.backend, "reason": m.reason, "gpus": m.gpus, "user": "alice",
-            "account": "research", "partition": "debug", "exit_code": 0, "signal": 0}
+    return sim_record(job_id, profile, 1, start=start, end=end, cluster="testcluster", node="vm",
+                      account="research", partition="debug")
 
 
 @pytest.fixture
 def site(tmp_path):
     # times from the capture: 2_0 ran 1795452978-79, 6+1 1795453005-06, 14 (TIMEOUT) 1795453011-95
-    for job_id, start, end in ((9, 1795452978.0, 1795452979.0), (7, 1795453005.0, 1795453006.0),
-                               (14, 1795453011.0, 1795453095.0)):
-        spool.write_record(str(tmp_path / "spool"), hook_record(job_id, start, end))
+    times = ((9, 1795452978.0, 1795452979.0), (7, 1795453005.0, 1795453006.0), (14, 1795453011.0, 1795453095.0))
     engine = make_engine(str(tmp_path / "jobs.db"))
-    assert ingest_spool(engine, str(tmp_path / "spool")).ingested == 3
+    assert ingest_records(engine, tmp_path / "spool", (hook_record(*t) for t in times)).ingested == 3
     engine.dispose()
     install_fake(tmp_path / "bin", "sacct")
     (tmp_path / "run").mkdir()
-    cfg = tmp_path / "gpueff.toml"
-    cfg.write_text(f'[site]\ncluster = "testcluster"\n[paths]\ndatabase = "sqlite:///{tmp_path}/jobs.db"\n'
-                   f'state_dir = "{tmp_path}/run"\nspool_dir = "{tmp_path}/spool"\n[privacy]\nenabled = false\n'
-                   '[sacct]\ntimeout_s = 2\n')
+    cfg = site_config(tmp_path, tmp_path / "jobs.db", cluster="testcluster",
+                      extra="[privacy]\nenabled = false\n[sacct]\ntimeout_s = 2\n")
     return tmp_path, cfg
 
 

@@ -9,28 +9,24 @@ import sys
 
 import pytest
 import synthetic
+from sites import ingest_records, site_config
 
-from slurm_gpueff import spool
 from slurm_gpueff.config import Config
+from slurm_gpueff.service.summarize import summarize_pending
 from slurm_gpueff.storage.db import make_engine
-from slurm_gpueff.storage.ingest import ingest_spool
-from slurm_gpueff.summarize import summarize_pending
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.process  # its tests start real processes (CLI commands, hooks, services)
 
 
 @pytest.fixture
 def site(tmp_path):
-    cfg_path = tmp_path / "gpueff.toml"
-    cfg_path.write_text(f'[paths]\nspool_dir = "{tmp_path}/spool"\nstate_dir = "{tmp_path}/state"\n'
-                        f'database = "{tmp_path}/g.db"\n[privacy]\nenabled = false\n')
-    cfg = Config({"paths": {"spool_dir": str(tmp_path / "spool"), "database": str(tmp_path / "g.db")}})
-    for i in range(40):  # 2024-01-01 .. 2024-01-02, various users
-        spool.write_record(cfg.paths.spool_dir, synthetic.record(i + 1, gpus=1 + i % 3, timeline_points=2,
-                                                                 end=1704067200 + i * 3600))
-    engine = make_engine(cfg.paths.database)
-    ingest_spool(engine, cfg.paths.spool_dir)
-    summarize_pending(engine, cfg.analysis)
+    cfg_path = site_config(tmp_path, tmp_path / "g.db", cluster=None, extra="[privacy]\nenabled = false\n")
+    engine = make_engine(str(tmp_path / "g.db"))
+    ingest_records(engine, tmp_path / "spool",  # 2024-01-01 .. 2024-01-02, various users
+                   (synthetic.record(i + 1, gpus=1 + i % 3, timeline_points=2, end=1704067200 + i * 3600)
+                    for i in range(40)))
+    summarize_pending(engine, Config().analysis)
     return str(cfg_path), engine
 
 

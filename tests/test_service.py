@@ -23,12 +23,13 @@ from slurm_gpueff.models import Job, JobGpuTimeline
 from slurm_gpueff.service import tasks
 from slurm_gpueff.service.metrics import registry_for
 from slurm_gpueff.service.scheduler import build_scheduler
+from slurm_gpueff.service.summarize import summarize_pending
 from slurm_gpueff.storage.db import make_engine
 from slurm_gpueff.storage.ingest import ingest_spool
 from slurm_gpueff.storage.rollups import refresh
-from slurm_gpueff.summarize import summarize_pending
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.process  # its tests start real processes (CLI commands, hooks, services)
 
 
 def config(tmp_path, **service) -> Config:
@@ -133,7 +134,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def serve_until_ingested(tmp_path, n: int, service: str = "") -> str:  # noqa: ANN001
+def serve_until_ingested(tmp_path, n: int, service: str = "", env: dict[str, str] | None = None) -> str:  # noqa: ANN001
     """Run `gpueff serve` on a spool of ``n`` records until /metrics counts them all; SIGTERM; its output."""
     port = _free_port()
     cfg_path = tmp_path / "gpueff.toml"
@@ -143,7 +144,8 @@ def serve_until_ingested(tmp_path, n: int, service: str = "") -> str:  # noqa: A
     for i in range(n):
         spool.write_record(str(tmp_path / "spool"), synthetic.record(i + 1, gpus=1, timeline_points=2))
     p = subprocess.Popen([sys.executable, "-m", "slurm_gpueff.cli.gpueff", "--config", str(cfg_path), "serve"],
-                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env={**os.environ, **(env or {})})
     try:
         body, deadline = "", time.time() + 90
         while time.time() < deadline:
@@ -175,3 +177,23 @@ def test_serve_drains_a_backlog_in_one_process(tmp_path):
     accepted) is drained by the scheduler thread, and the service still stops cleanly on SIGTERM."""
     out = serve_until_ingested(tmp_path, 500, "ingest_workers = 2\n")
     assert "ingested 500, quarantined 0, failed 0" in out
+
+
+def test_a_site_plugin_adds_a_scheduled_task(tmp_path):
+    """``[service] plugins``: a site's own module, imported by `gpueff serve`, registers a task with
+    ``register_task``; the service runs it on its schedule beside the built-in ones. A plugin that fails to
+    import is logged and the service goes on."""
+    plugins = tmp_path / "site_plugins"
+    plugins.mkdir()
+    marker = tmp_path / "ran"
+    (plugins / "gpueff_site_check.py").write_text(
+        "from slurm_gpueff.service.tasks import register_task\n\n\n"
+        "def check(ctx):\n"
+        f"    open({str(marker)!r}, 'a').write(ctx.config.site.cluster + '\\n')\n"
+        "    return 'site check done'\n\n\n"
+        "register_task('site_check', check, interval_s=0.5)\n")
+    out = serve_until_ingested(tmp_path, 2, 'plugins = ["gpueff_site_check", "gpueff_no_such_plugin"]\n',
+                               env={"PYTHONPATH": f"{plugins}:{ROOT}"})
+    assert "task site_check: every 0.5 s" in out and "site check done" in out
+    assert "plugin gpueff_no_such_plugin: ModuleNotFoundError" in out
+    assert marker.read_text().splitlines()[0] == Config().site.cluster

@@ -11,9 +11,10 @@ import os
 import pytest
 from test_seff_rawid import install_fake
 
-from slurm_gpueff import doctor
+from slurm_gpueff.cli import doctor
 from slurm_gpueff.config import Config
-from slurm_gpueff.slurmcmds import SlurmCommandError, coordinators, parse_coordinators
+from slurm_gpueff.slurm.commands import SlurmCommandError, coordinators, parse_coordinators
+from slurm_gpueff.slurm.runner import SlurmRunner
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "slurmcmds")
 VERSIONS = ("22.05.8", "24.11.5", "26.05.5")
@@ -62,14 +63,14 @@ def test_coordinators_from_a_sacctmgr_process(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_SACCTMGR_FILE", str(out))
     monkeypatch.setenv("FAKE_SLURM_LOG", str(tmp_path / "calls"))
     sacct = str(tmp_path / "slurm" / "bin" / "sacct")
-    assert coordinators(sacct, 5.0) == {"physics": ["bob"], "vision": ["bob", "carol"]}
+    assert coordinators(SlurmRunner(sacct), 5.0) == {"physics": ["bob"], "vision": ["bob", "carol"]}
     assert (tmp_path / "calls").read_text() == '["sacctmgr", "-P", "show", "user", "withcoord"]\n'
     monkeypatch.setenv("FAKE_SLURM_MODE", "fail")
     with pytest.raises(SlurmCommandError, match=r"sacctmgr failed \(exit 1\): .*Connection refused"):
-        coordinators(sacct, 5.0)
+        coordinators(SlurmRunner(sacct), 5.0)
     monkeypatch.setenv("FAKE_SLURM_MODE", "slow")
     with pytest.raises(SlurmCommandError, match="did not answer within 0.5 s"):
-        coordinators(sacct, 0.5)
+        coordinators(SlurmRunner(sacct), 0.5)
 
 
 def scontrol(tmp_path, version: str) -> str:

@@ -101,6 +101,7 @@ def check_quarantine(spool_dir: str, bad: dict[str, str]) -> None:
     assert os.listdir(os.path.join(spool_dir, spool.INCOMING)) == []
 
 
+@pytest.mark.process
 @needs_root
 def test_ingest_quarantines_what_the_nodes_did_not_write_and_takes_the_rest_once(tmp_path):
     db = tmp_path / "db" / "gpueff.db"
@@ -121,6 +122,7 @@ def test_ingest_quarantines_what_the_nodes_did_not_write_and_takes_the_rest_once
     assert checks["spool"]["status"] == "WARN" and f"{len(bad)} in quarantine" in checks["spool"]["detail"]
 
 
+@pytest.mark.process
 @needs_root
 def test_the_configured_owner_by_name_or_uid_is_trusted_besides_root(tmp_path):
     uid = other_uid()
@@ -143,6 +145,7 @@ def test_by_default_the_owner_of_incoming_is_trusted(tmp_path):
     assert spool_trust(str(tmp_path)).owners == {0, os.stat(tmp_path / "incoming").st_uid}
 
 
+@pytest.mark.process
 @needs_root
 @pytest.mark.postgres
 def test_forward_quarantines_the_same_and_forwards_the_rest_once(tmp_path, pg_url):  # noqa: F811

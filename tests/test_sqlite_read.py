@@ -20,14 +20,14 @@ from sqlmodel import Session
 from slurm_gpueff import spool
 from slurm_gpueff.analysis import assess, job_figures
 from slurm_gpueff.config import Config
-from slurm_gpueff.jobid import parse
 from slurm_gpueff.models import Job, JobGpu
 from slurm_gpueff.render import dumps, render_card
+from slurm_gpueff.service.summarize import summarize_pending
+from slurm_gpueff.slurm.jobid import parse
 from slurm_gpueff.storage import sqlite_read
 from slurm_gpueff.storage.db import make_engine
 from slurm_gpueff.storage.ingest import ingest_spool
 from slurm_gpueff.storage.queries import find_jobs, job_gpus
-from slurm_gpueff.summarize import summarize_pending
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -101,6 +101,7 @@ def test_cluster_filter_and_types(db):
     assert dg[0].throttle_s == {"power": 2.5} and dg[0].processes == [4242] and dg[0].mig_profile == "1g.10gb"
 
 
+@pytest.mark.process
 def test_seff_gpu_jobid_on_sqlite_does_not_import_sqlalchemy(db, tmp_path):
     path, _engine = db
     cfg = tmp_path / "gpueff.toml"

@@ -2,30 +2,20 @@
 
 from __future__ import annotations
 
+from sites import sim_record, spool_records
 from sqlmodel import Session, select
 
-from slurm_gpueff import spool
 from slurm_gpueff.analysis.diagnose import assess
 from slurm_gpueff.analysis.figures import job_figures
-from slurm_gpueff.collectors.base import JobContext
-from slurm_gpueff.collectors.simulated import PROFILES, SimulatedCollector
-from slurm_gpueff.config import Config
+from slurm_gpueff.collectors.simulated import PROFILES
 from slurm_gpueff.models import Job, JobGpu
+from slurm_gpueff.service.summarize import summarize_pending
 from slurm_gpueff.storage.db import make_engine
 from slurm_gpueff.storage.ingest import ingest_spool
-from slurm_gpueff.summarize import summarize_pending
 
 
 def spool_job(spool_dir: str, job_id: int, profile: str, gpus: int, node: str = "n1") -> None:
-    cfg = Config()
-    col = SimulatedCollector(cfg)
-    job = JobContext(job_id, node, "c", list(range(gpus)), 1.7e9, 1.7e9 + 7200,
-                     {"GPUEFF_SIM_PROFILE": profile})
-    m = col.stop(job, col.start(job))
-    spool.write_record(spool_dir, {"schema": 1, "cluster": "c", "node": node, "job_id": job_id,
-                                   "start_time": 1.7e9, "end_time": 1.7e9 + 7200, "backend": m.backend,
-                                   "reason": m.reason, "gpus": m.gpus, "user": "u", "exit_code": 0,
-                                   "signal": 0})
+    spool_records(spool_dir, [sim_record(job_id, profile, gpus, 2.0, start=1.7e9, cluster="c", node=node, user="u")])
 
 
 def test_summary_matches_analysis_for_every_profile(tmp_path):

@@ -55,25 +55,15 @@ def _agent(args: argparse.Namespace) -> int:
     if interval is not None and not (math.isfinite(interval) and interval > 0):
         raise UsageError("--energy-interval must be a positive number of seconds")
     config = load_config(args)
-    from ..collectors.agent_run import run_agent
+    from ..node.run import run_agent
 
     log_to_stderr(args.verbose, "agent")
-    from .. import live
-    from .liveview import answerer
-
-    return run_agent(config, once=args.once, energy_interval_s=interval,
-                     live=lambda: live.publish(config, log=_warn), live_answer=answerer(config))
-
-
-def _warn(msg: str) -> None:
-    import logging
-
-    logging.getLogger("slurm_gpueff.live").warning("%s", msg)
+    return run_agent(config, once=args.once, energy_interval_s=interval)
 
 
 def _live(args: argparse.Namespace) -> int:
     config = load_config(args)
-    from .. import live
+    from ..node import live
 
     problems: list[str] = []
     paths = live.publish(config, log=problems.append)
@@ -89,7 +79,7 @@ def _live(args: argparse.Namespace) -> int:
 def _install(target: str | None, config_path: str | None) -> int:
     if not target:
         raise UsageError("hook install needs a target directory: gpueff hook install DIR")
-    from ..hook_install import install_hooks
+    from ..node.hook_install import install_hooks
 
     # `gpueff --config PATH hook install DIR`: the scripts read PATH (slurmd passes no GPUEFF_CONFIG).
     for path in install_hooks(target, config_path=config_path):

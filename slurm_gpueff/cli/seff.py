@@ -4,7 +4,7 @@ Exit codes: :data:`EPILOG`. An id that names more than ``MAX_CARDS`` jobs (an ar
 a one-line-per-job table instead of the cards; ``--json`` always carries every job.
 
 ``seff-gpu -u USER [-A ACCOUNT] [-S START] [-E END] [--json]``: one line per job, with totals, from the
-per-job summary columns (written at ingest by slurm_gpueff.summarize). Times are local (like sacct; turned
+per-job summary columns (written at ingest by slurm_gpueff.service.summarize). Times are local (like sacct; turned
 into UTC here, so the service's time zone does not matter) and select jobs by their end time; defaults:
 the last 7 days up to now.
 
@@ -25,17 +25,16 @@ import socket
 import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..reports.jobview import EXIT_DENIED, EXIT_ERROR, EXIT_UNKNOWN, Answer, SeffQuery
 from .common import CONFIG_HELP, CONFIG_NOTE, CommandError, OneLineParser, UsageError, run_command
 
 if TYPE_CHECKING:
+    from ..access.privacy import Viewer
     from ..config import Config, ServiceConfig
-    from ..jobid import JobSpec
-    from ..privacy import Viewer
 
-__all__ = ["lookup", "main", "still_running"]
+__all__ = ["main"]
 
 TABLE_DAYS = 7  # -u/-A without -S: the jobs of the last week
 API_PATH = "/v1/seff"
@@ -127,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from ..config import load
-    from ..jobid import parse
+    from ..slurm.jobid import parse
 
     if args.jobid is not None:
         parse(args.jobid)  # a bad id is refused before the config is read
@@ -151,10 +150,10 @@ def _ask(query: SeffQuery, config: Config) -> Answer:
 
 
 def on_node(query: SeffQuery, config: Config) -> Answer | None:
-    """On the node where the job runs, its card up to the second from the node agent (collectors/live_socket.py);
+    """On the node where the job runs, its card up to the second from the node agent (node/live_socket.py);
     None where no agent answers, the job does not run here, or the agent may not show it to this user (the
     usual path then answers: the service knows the account coordinators, the node does not ask)."""
-    from ..collectors.live_socket import ask
+    from ..node.live_socket import ask
 
     got = ask(config.paths.state_dir, str(query.jobid), query.json, config.service.api_timeout_s)
     try:
@@ -249,7 +248,7 @@ def direct(config: Config) -> bool:
 
 def _own_viewer(config: Config) -> Viewer:
     """This user as a Viewer; the SQLite file's owner is the service account (the demo's user owns theirs)."""
-    from ..privacy import current_user, viewer
+    from ..access.privacy import current_user, viewer
     from ..storage.dburl import database_url, sqlite_file
 
     path = sqlite_file(database_url(config.paths.database))
@@ -263,27 +262,15 @@ def _own_viewer(config: Config) -> Viewer:
 
 def coordinators(config: Config) -> dict[str, list[str]]:
     """Slurm's account coordinators (one bounded sacctmgr call); none when it fails."""
-    from ..slurmcmds import RESOLVE_TIMEOUT_S, SlurmCommandError
-    from ..slurmcmds import coordinators as ask
+    from ..errors import SlurmCommandError
+    from ..slurm.commands import RESOLVE_TIMEOUT_S
+    from ..slurm.commands import coordinators as ask
+    from ..slurm.runner import SlurmRunner
 
     try:
-        return ask(config.sacct.command, min(RESOLVE_TIMEOUT_S, config.sacct.timeout_s))
+        return ask(SlurmRunner.from_config(config), min(RESOLVE_TIMEOUT_S, config.sacct.timeout_s))
     except SlurmCommandError:
         return {}
-
-
-def lookup(db: str, spec: JobSpec, cluster: str | None) -> list[tuple[Any, list[Any]]]:
-    """(job, its GPU rows) for every job ``spec`` names in database ``db`` (reports.jobview.lookup)."""
-    from ..config import Config
-    from ..reports.jobview import lookup as _lookup
-
-    return _lookup(Config({"paths": {"database": db}}), spec, cluster)
-
-
-def still_running(spec: JobSpec, state_dir: str, timeout: float = 5.0) -> str | None:
-    from ..reports.jobview import still_running as _still_running
-
-    return _still_running(spec, state_dir, timeout)
 
 
 # -- the service path -----------------------------------------------------------------------------------------
@@ -334,7 +321,7 @@ def connection(url: str, timeout: float) -> http.client.HTTPConnection:
 
 def ask_service(query: SeffQuery, service: ServiceConfig) -> Answer:
     """The Answer from ``gpueff serve``'s API, authenticated with a MUNGE credential bound to this query."""
-    from .. import munge
+    from ..access import munge
 
     url = api_url(service)
     if not url:

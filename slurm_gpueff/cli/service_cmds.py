@@ -67,9 +67,9 @@ def run(args: argparse.Namespace) -> int:
 def _ingest(config: Config, limit: int | None, quiet: bool) -> int:
     import logging
 
+    from ..service.summarize import summarize_pending
     from ..storage.db import first_line
     from ..storage.ingest import configured_trust, ingest_spool
-    from ..summarize import summarize_pending
 
     if not logging.getLogger().handlers:  # its log lines are for `gpueff serve`'s journal; here the result
         logging.getLogger("slurm_gpueff.storage").addHandler(logging.NullHandler())  # says it, once

@@ -40,12 +40,12 @@ def run(args: argparse.Namespace) -> int:
     if args.command == "demo":
         if args.config:
             raise UsageError("the demo writes and uses a config of its own in its folder; --config does not apply")
-        from .. import demo
+        from . import demo
 
         return int(demo.run(args) or 0)
     config = load_config(args)
     if args.command == "doctor":
-        from .. import doctor
+        from . import doctor
 
         return doctor.run(config, args.json)
     return _config_check(config, args.json)

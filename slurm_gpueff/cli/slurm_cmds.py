@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
     from ..config import Config
-    from ..sacct import SacctReader
+    from ..slurm.sacct import SacctReader
     from .common import Subparsers
 
 
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     if args.command == "enrich":
         at_least_one("--limit", args.limit)
     config = load_config(args)
-    from ..sacct import SacctReader  # its SacctError reaches `gpueff` (exit 1): nothing was changed
+    from ..slurm.sacct import SacctReader  # its SacctError reaches `gpueff` (exit 1): nothing was changed
 
     reader = SacctReader.from_config(config)
     bar = ProgressBar(args.command, args.quiet)

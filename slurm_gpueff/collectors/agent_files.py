@@ -1,6 +1,8 @@
 """Where the nvml node agent publishes, and how readers find their way in those files.
 
-Apart from the agent so that the hooks import neither signal handling nor threads.
+The published files as a contract between their one writer (:mod:`slurm_gpueff.node.agent`) and their readers
+on the hook path (the nvml and dcgm collectors, MIG resolution): their names and how to read them, with none of
+the agent's process, signals or threads.
 """
 
 from __future__ import annotations
@@ -38,15 +40,6 @@ def timeline_path(state_dir: str, uuid: str) -> str:
 def mig_key(parent_uuid: str, gi_id: int | str) -> str:
     """Name of a MIG slice's (GPU instance's) series: its timeline file is ``timeline_path(dir, mig_key(...))``."""
     return f"{parent_uuid}_gi{gi_id}"
-
-
-def job_file_uuids(data: object) -> list[str]:
-    """GPU and MIG UUIDs named in a Prolog job file's ``start.uuids`` (the collector's start state)."""
-    start = data.get("start") if isinstance(data, dict) else None
-    uuids = start.get("uuids") if isinstance(start, dict) else None
-    if not isinstance(uuids, list):
-        return []
-    return list(dict.fromkeys(u for u in uuids if isinstance(u, str) and u.startswith(("GPU-", "MIG-"))))
 
 
 def line_time(line: str) -> float | None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import re
 
-from ..slurmenv import MAX_GPU_INDEX, is_mig_uuid, number
+from ..slurm.hookenv import MAX_GPU_INDEX, is_mig_uuid, number
 from .agent_files import read_state
 
 TYPE_CHECKING = False
@@ -92,7 +92,7 @@ def job_slices(env: Mapping[str, str]) -> list[tuple[int, str]]:
     job_gpus = _split(env.get("SLURM_JOB_GPUS"))
     cuda = _split(env.get("CUDA_VISIBLE_DEVICES"))
     for source in (job_gpus, cuda):
-        migs = [p for p in source if is_mig_uuid(p)]  # anything else MIG-like is junk (slurmenv says so)
+        migs = [p for p in source if is_mig_uuid(p)]  # anything else MIG-like is junk (slurm/hookenv.py says so)
         if not migs:
             continue
         indexes = [n for n in (number(p, MAX_GPU_INDEX) for p in job_gpus) if n is not None]

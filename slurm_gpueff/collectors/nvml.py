@@ -1,9 +1,9 @@
 """Hook side of the nvml backend: difference the node agent's cumulative counters over a job.
 
 Never imports pynvml or talks to a GPU (a hook must not depend on the driver answering): it reads what
-:mod:`.agent` publishes. The Prolog maps each Slurm GPU index to its /dev/nvidiaN minor and the agent's
-GPU of that minor, and snapshots its counters; the Epilog differences them (docs/FIGURES.md). Nothing
-raises to the hook: every failure becomes ``None`` figures with a reason.
+:mod:`slurm_gpueff.node.agent` publishes. The Prolog maps each Slurm GPU index to its /dev/nvidiaN minor and
+the agent's GPU of that minor, and snapshots its counters; the Epilog differences them (docs/FIGURES.md).
+Nothing raises to the hook: every failure becomes ``None`` figures with a reason.
 
 A MIG slice gets its own figures from the agent's per-GPU-instance counters, never the whole GPU's: its
 Slurm index is not a /dev/nvidiaN minor, and NVML's utilization, energy and power are whole-GPU readings.
@@ -199,7 +199,7 @@ class NvmlCollector(Collector):
             if why is not None:
                 gpus.append(empty_gpu(idx, self.name, why, **ident))
                 continue
-            gpus.append(self._gpu_figures(job, idx, ident, entry["snapshot"], ag, start_state, state))
+            gpus.append(self._record_gpu(job, idx, ident, entry["snapshot"], ag, start_state, state))
         backend = _backend(gpus)
         if reason is None and backend == "nvml" and gpus:
             reasons = {r for g in gpus for r in [g["missing"].get("sm_active")] if r}
@@ -217,7 +217,7 @@ class NvmlCollector(Collector):
             return err if state is None else f"at job end: {err}"
         return None
 
-    def _gpu_figures(self, job: JobContext, idx: int, ident: dict[str, Any], snap: dict[str, Any], ag: dict[str, Any],
+    def _record_gpu(self, job: JobContext, idx: int, ident: dict[str, Any], snap: dict[str, Any], ag: dict[str, Any],
                      start_state: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
         gpm = bool(ag.get("gpm_supported"))
         gpu = empty_gpu(idx, "nvml-gpm" if gpm else "nvml", None, **ident)

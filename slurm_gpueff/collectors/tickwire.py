@@ -7,7 +7,7 @@ reading at once and waits for it, bounded by ``collector.tick_wait_s``. If no an
 last reading and records how old it was (docs/FIGURES.md "The job's window").
 
 This is the client (stdlib only, cheap to import, never raises: the hook path); the agent's side is in
-:mod:`.agent_run`.
+:mod:`slurm_gpueff.node.run`.
 """
 
 from __future__ import annotations

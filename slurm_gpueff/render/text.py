@@ -60,7 +60,7 @@ def final_state(job: Job) -> str | None:
 
 
 def is_live(job: Job) -> bool:
-    """A running job's row: its figures so far, from the latest live record (slurm_gpueff/live.py)."""
+    """A running job's row: its figures so far, from the latest live record (slurm_gpueff/node/live.py)."""
     return getattr(job, "record_source", "hook") == "live"
 
 

@@ -16,19 +16,16 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from ..access.privacy import Denied, Viewer, denied_message, shown, table_scope
 from ..errors import GpueffError
-from ..privacy import Denied, Viewer, denied_message, shown, table_scope
-from ..sacct import ACTIVE_STATES
 
 if TYPE_CHECKING:
     from ..config import Config
-    from ..jobid import JobSpec
+    from ..slurm.jobid import JobSpec
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -36,10 +33,9 @@ EXIT_USAGE = 2
 EXIT_UNKNOWN = 3
 EXIT_RUNNING = 4
 EXIT_NO_GPUS = 5
-EXIT_DENIED = 6  # another user's job, and privacy is on (slurm_gpueff.privacy)
+EXIT_DENIED = 6  # another user's job, and privacy is on (slurm_gpueff.access.privacy)
 
 MAX_CARDS = 10
-SQUEUE_TIMEOUT_S = 5.0
 PROG = "seff-gpu"
 
 
@@ -110,7 +106,7 @@ def failure(message: str, exit_code: int) -> Answer:
 
 def answer(query: SeffQuery, config: Config, viewer: Viewer) -> Answer:
     """seff-gpu's answer to ``query`` for ``viewer``; an error is an Answer too (its line and status)."""
-    from ..jobid import parse
+    from ..slurm.jobid import parse
 
     try:
         if query.jobid is None:
@@ -223,25 +219,22 @@ def _read_timelines(config: Config, gpus: list[Any]) -> dict[int, list[Any]]:
         engine.dispose()
 
 
-def still_running(spec: JobSpec, state_dir: str, timeout: float = SQUEUE_TIMEOUT_S) -> str | None:
+def still_running(spec: JobSpec, config: Config, timeout: float | None = None) -> str | None:
     """Why we think the job has not finished (None if it has or we cannot tell).
 
     Two signs, cheapest first: the Prolog's state file for the job on this node, then ``squeue``
     (when installed), bounded by ``timeout`` so a slow controller cannot hang the command.
     """
+    from .. import jobstate
+    from ..slurm import commands
+    from ..slurm.runner import SlurmRunner
+
     plain = spec.task is None and spec.het_offset is None
-    if plain and os.path.exists(os.path.join(state_dir, "jobs", f"{spec.job}.json")):
+    if plain and jobstate.exists(config.paths.state_dir, spec.job):
         return "it is still running on this node (its Prolog state file exists)"
-    squeue = shutil.which("squeue")
-    if not squeue:
-        return None
-    try:
-        out = subprocess.run([squeue, "-h", "-j", str(spec), "-o", "%T"], capture_output=True, text=True,
-                             timeout=timeout, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    active = [s for s in out.stdout.upper().split() if s in ACTIVE_STATES]
-    return f"squeue reports it {active[0]}" if out.returncode == 0 and active else None
+    state = commands.active_state(SlurmRunner.from_config(config), str(spec),
+                                  commands.SQUEUE_TIMEOUT_S if timeout is None else timeout)
+    return f"squeue reports it {state}" if state else None
 
 
 def lookup(config: Config, spec: JobSpec, cluster: str | None) -> list[tuple[Any, list[Any]]]:
@@ -316,13 +309,13 @@ def _inquire(spec: JobSpec, config: Config, cluster: str | None,
     if hidden and not found:
         raise Denied(denied_message(str(spec), viewer))
     if not found:
-        running = still_running(spec, config.paths.state_dir)
+        running = still_running(spec, config)
         if running:
             raise Refused(f"job {spec} has not finished: {running}. Its GPU card is available after it ends.",
                           EXIT_RUNNING)
         if error:
             raise Refused(error, EXIT_ERROR)
-        from ..sacct import no_gpus_note  # CPU-only jobs have no record by design: ask accounting
+        from ..slurm.sacct import no_gpus_note  # CPU-only jobs have no record by design: ask accounting
 
         note = no_gpus_note(str(spec), config)
         if note:
@@ -343,11 +336,14 @@ def _by_raw_id(spec: JobSpec, config: Config, cluster: str | None) -> list[tuple
     id (the nodes see no array or het ids), so ask sacct for it (one call, bounded) and look that up. The
     rows found lack the array/het ids sacct just gave: they are filled in for this display only (the
     enrichment writes them). Any sacct problem just finds nothing (the caller then says why)."""
-    from ..jobid import JobSpec
-    from ..slurmcmds import RESOLVE_TIMEOUT_S, SlurmCommandError, raw_id
+    from ..errors import SlurmCommandError
+    from ..slurm.commands import RESOLVE_TIMEOUT_S, raw_id
+    from ..slurm.jobid import JobSpec
+    from ..slurm.runner import SlurmRunner
 
     try:
-        raw = raw_id(str(spec), config.sacct.command, cluster, min(RESOLVE_TIMEOUT_S, config.sacct.timeout_s))
+        raw = raw_id(SlurmRunner.from_config(config), str(spec), cluster,
+                     min(RESOLVE_TIMEOUT_S, config.sacct.timeout_s))
     except SlurmCommandError:
         return []
     found = lookup(config, JobSpec(raw), cluster) if raw is not None else []

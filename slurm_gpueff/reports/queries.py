@@ -1,6 +1,6 @@
 """What the reports read from the database: SQL only, returning plain data or Job rows.
 
-Figures come from the per-job summary columns (written by :mod:`slurm_gpueff.summarize`) through SQL
+Figures come from the per-job summary columns (written by :mod:`slurm_gpueff.service.summarize`) through SQL
 aggregates, so a month of a large site stays fast. A job belongs to the month in which it *ended* (UTC).
 Jobs whose activity was not measured add to "allocated" and "unmeasured", never to idle or active.
 GPU-hours are grouped by GPU model, because prices are per model. A requeued job's runs are rows of

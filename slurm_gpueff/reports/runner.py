@@ -200,10 +200,12 @@ def account_coordinators(config: Config, result: RunResult) -> dict[str, list[st
     is logged and noted in ``result``, and the summaries go to the configured leads alone."""
     if not config.reports.coordinators_as_leads:
         return {}
-    from ..slurmcmds import SlurmCommandError, coordinators
+    from ..errors import SlurmCommandError
+    from ..slurm.commands import coordinators
+    from ..slurm.runner import SlurmRunner
 
     try:
-        return coordinators(config.sacct.command, min(30.0, config.sacct.timeout_s))
+        return coordinators(SlurmRunner.from_config(config), min(30.0, config.sacct.timeout_s))
     except SlurmCommandError as exc:
         why = f"account coordinators unknown ({exc}): only reports.leads get account summaries"
         log.warning("monthly: %s", why)

@@ -16,15 +16,17 @@ import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from html import escape
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from sqlalchemy import delete
 from sqlmodel import Session, col, select
 
-from .. import slurmcmds
 from ..analysis import idle
 from ..fmt import job_label
 from ..models import AlertLog, Job, JobGpu, LiveSample, utcnow
+from ..slurm import commands
+from ..slurm.commands import SlurmJob
+from ..slurm.runner import SlurmCommandError, SlurmRunner
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -34,16 +36,6 @@ if TYPE_CHECKING:
     from ..config import Config
 
 log = logging.getLogger(__name__)
-SLURM_TIMEOUT_S = 30.0
-
-
-class SlurmJob(NamedTuple):
-    """A running job as squeue shows it."""
-
-    state: str
-    partition: str | None
-    qos: str | None
-    interactive: bool | None
 
 
 @dataclass
@@ -56,28 +48,6 @@ class AlertsResult:
         acts = "; ".join(self.actions) or "no action"
         return f"{self.judged} running job(s) looked at: {acts}" + (
             f"; errors: {'; '.join(self.errors)}" if self.errors else "")
-
-
-def squeue_jobs(config: Config, ids: list[int]) -> dict[int, SlurmJob]:
-    """Slurm's view of the running jobs ``ids``; raises slurmcmds.SlurmCommandError."""
-    if not ids:
-        return {}
-    exe = slurmcmds.command_path(config.sacct.command, "squeue")
-    fields = "JobID:40,BatchFlag:8,Partition:200,QOS:200,State:24"
-    out = slurmcmds.run(exe, "squeue", ["-h", "-a", "-j", ",".join(map(str, ids)), "-O", fields], SLURM_TIMEOUT_S)
-    return parse_squeue(out)
-
-
-def parse_squeue(text: str) -> dict[int, SlurmJob]:
-    """``{raw job id: SlurmJob}`` from squeue -O JobID,BatchFlag,Partition,QOS,State (no field holds a space)."""
-    jobs: dict[int, SlurmJob] = {}
-    for line in text.splitlines():
-        cells = line.split()
-        if len(cells) != 5 or not cells[0].isdigit():
-            continue
-        batch = {"1": False, "0": True}.get(cells[1])
-        jobs[int(cells[0])] = SlurmJob(cells[4].upper(), cells[2], cells[3], batch)
-    return jobs
 
 
 def record_samples(session: Session, jobs: list[Job]) -> dict[int, dict[tuple[str, int], list[idle.Sample]]]:
@@ -118,8 +88,9 @@ def run_alerts(engine: Engine, config: Config, *, dry_run: bool | None = None, n
         samples = record_samples(session, jobs)
         session.commit()
         try:
-            slurm = (squeue or (lambda ids: squeue_jobs(config, ids)))(sorted({j.job_id for j in jobs}))
-        except slurmcmds.SlurmCommandError as exc:
+            slurm = (squeue or (lambda ids: commands.squeue_jobs(SlurmRunner.from_config(config), ids)))(
+                sorted({j.job_id for j in jobs}))
+        except SlurmCommandError as exc:
             res.errors.append(f"squeue: {exc}; nothing decided")
             return res
         audit: dict[tuple[str, int, int], list[idle.Past]] = {}  # each running job's steps so far, oldest first
@@ -175,16 +146,15 @@ def cancel(config: Config, job: Job) -> str:
     """AdminComment (the reason, kept by Slurm's accounting), then scancel. The outcome in words."""
     why = (f"slurm-gpueff: cancelled, GPUs idle for {config.alerts.window_min:g} min "
            f"(kernel < {config.alerts.kernel_pct:g} %, SM < {config.alerts.sm_pct:g} %) after two warnings")
-    sc = slurmcmds.command_path(config.sacct.command, "scontrol")
+    slurm = SlurmRunner.from_config(config)
     note = "reason recorded in AdminComment"
     try:
-        slurmcmds.run(sc, "scontrol", ["update", f"JobId={job.job_id}", f"AdminComment={why}"], SLURM_TIMEOUT_S)
-    except slurmcmds.SlurmCommandError as exc:
+        commands.set_admin_comment(slurm, job.job_id, why)
+    except SlurmCommandError as exc:
         note = f"reason not recorded ({exc})"
     try:
-        slurmcmds.run(slurmcmds.command_path(config.sacct.command, "scancel"), "scancel", [str(job.job_id)],
-                      SLURM_TIMEOUT_S)
-    except slurmcmds.SlurmCommandError as exc:
+        commands.cancel(slurm, job.job_id)
+    except SlurmCommandError as exc:
         return f"cancel failed: {exc}"
     return f"cancelled; {note}"
 

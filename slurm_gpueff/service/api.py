@@ -7,7 +7,7 @@ seff-gpu's direct path prints. ``GET /v1/health``: 200 ``ok``. Anything else: 40
 Who asks is what munged vouches for, never what the request says: the service decodes the credential
 with ``unmunge`` and takes its uid. The credential's payload must be the SHA-256 of the body (recomputed
 here), so a credential cannot carry another query, and munged refuses one decoded twice. Then the
-privacy rules (slurm_gpueff.privacy) decide what the uid may see, as on the direct path. A missing or
+privacy rules (slurm_gpueff.access.privacy) decide what the uid may see, as on the direct path. A missing or
 refused credential is 401, a bad body 400 (413 beyond ``MAX_BODY``), munged not answering 503; each
 with a one-line reason. One log line per request: uid, what kind of query, status, time; never a job's
 contents.
@@ -30,9 +30,9 @@ import threading
 import time
 from typing import Any
 
+from ..access.munge import CredentialRefused, MungeError, body_digest, decode
+from ..access.privacy import Viewer, user_name, viewer
 from ..config import Config
-from ..munge import CredentialRefused, MungeError, body_digest, decode
-from ..privacy import Viewer, user_name, viewer
 from ..reports.jobview import SeffQuery, answer
 
 log = logging.getLogger("gpueff.api")
@@ -80,15 +80,17 @@ class Api:
 
     def coordinators(self) -> dict[str, list[str]]:
         """Slurm's account coordinators, cached a few minutes; a failure is logged and gives none."""
-        from ..slurmcmds import RESOLVE_TIMEOUT_S, SlurmCommandError
-        from ..slurmcmds import coordinators as ask
+        from ..errors import SlurmCommandError
+        from ..slurm.commands import RESOLVE_TIMEOUT_S
+        from ..slurm.commands import coordinators as ask
+        from ..slurm.runner import SlurmRunner
 
         with self._lock:
             at, known = self._coordinators
             if time.monotonic() - at < COORDINATORS_TTL_S:
                 return known
             try:
-                known = ask(self.config.sacct.command, min(RESOLVE_TIMEOUT_S, self.config.sacct.timeout_s))
+                known = ask(SlurmRunner.from_config(self.config), min(RESOLVE_TIMEOUT_S, self.config.sacct.timeout_s))
             except SlurmCommandError as exc:
                 log.warning("account coordinators unknown (none assumed): %s", exc)
                 known = {}

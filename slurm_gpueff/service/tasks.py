@@ -56,7 +56,7 @@ def register_task(name: str, func: Callable[[Context], str | None], *, interval_
 # ------------------------------------------------------------------------------------------ built-ins
 def ingest(ctx: Context) -> str:
     from ..storage.ingest import configured_trust, ingest_spool
-    from ..summarize import summarize_pending
+    from .summarize import summarize_pending
 
     res = ingest_spool(ctx.engine, ctx.config.paths.spool_dir, trust=configured_trust(ctx.config))
     for e in res.errors:
@@ -66,9 +66,9 @@ def ingest(ctx: Context) -> str:
 
 
 def enrich(ctx: Context) -> str:
-    from ..sacct import SacctReader
+    from ..slurm.sacct import SacctReader
     from ..storage.enrich import enrich_jobs
-    from ..summarize import summarize_pending
+    from .summarize import summarize_pending
 
     since = utcnow() - timedelta(days=ctx.config.sacct.enrich_window_days)
     res = enrich_jobs(ctx.engine, SacctReader.from_config(ctx.config), since=since,

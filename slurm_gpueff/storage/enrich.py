@@ -6,7 +6,7 @@ or does not know yet (slurmdbd lags the controller) is retried by the next run, 
 less than ``settle_s`` ago, because slurmdbd records a finished array task's array ids seconds *after*
 its final state (seen on 22.05: ``5|5|COMPLETED`` for 1-4 s, then ``5_1|5|COMPLETED``). A reader
 failure (sacct absent, slow, slurmdbd down) changes nothing and is reported. The reader is passed in
-(``jobs(ids, cluster)``, e.g. ``slurm_gpueff.sacct.SacctReader``), so this module needs no Slurm.
+(``jobs(ids, cluster)``, e.g. ``slurm_gpueff.slurm.sacct.SacctReader``), so this module needs no Slurm.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from sqlmodel import Session, col, select
 from .. import record as recmod
 from ..config import SacctConfig
 from ..models import Job, JobGpu
-from ..sacct import SacctError, SacctJob
+from ..slurm.sacct import SacctError, SacctJob
 from .db import first_line
 from .merge import cut, utc
 from .rollups import moved_month, note_moved

@@ -23,7 +23,7 @@ Run = Callable[[Sequence[Cond], Sequence[Cond]], list[Any]]
 
 
 def find(spec: Any, run: Run) -> list[Any]:
-    """Rows matching a parsed job id (:class:`slurm_gpueff.jobid.JobSpec`); empty list when none."""
+    """Rows matching a parsed job id (:class:`slurm_gpueff.slurm.jobid.JobSpec`); empty list when none."""
     j = spec.job
     if spec.task is not None:
         return run([("array_job_id", j), ("job_id", j)], [("array_task_id", spec.task)])

@@ -169,7 +169,7 @@ def _fold(job: Row, gpus: dict[Spot, Row], rec: Row, node: str, now: datetime) -
         job["state"] = "RUNNING" if job["record_source"] == "live" else _state(job["exit_code"], job["signal"])
     if job["ingested_at"] is None:
         job["ingested_at"] = now
-    job["analyzed_at"] = None  # new data: the stored summary (slurm_gpueff.summarize) must be recomputed
+    job["analyzed_at"] = None  # new data: the stored summary (slurm_gpueff.service.summarize) must be recomputed
 
 
 def utc(epoch: float | None) -> datetime | None:

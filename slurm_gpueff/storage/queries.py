@@ -10,8 +10,8 @@ from typing import Any
 from sqlalchemy import or_
 from sqlmodel import Session, col, select
 
-from ..jobid import JobSpec
 from ..models import Job, JobGpu, JobGpuTimeline
+from ..slurm.jobid import JobSpec
 from .jobmatch import ORDER, Cond, find, run_order
 
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 from record_rows import from_record
+from sites import sim_record
 
 from slurm_gpueff import record
 from slurm_gpueff.analysis import assess, job_figures
 from slurm_gpueff.analysis.verdicts import RULES
 from slurm_gpueff.analysis.verdicts.base import load_text
-from slurm_gpueff.collectors.base import JobContext
-from slurm_gpueff.collectors.simulated import PROFILES, SimulatedCollector
+from slurm_gpueff.collectors.simulated import PROFILES
 from slurm_gpueff.config import Config
 
 EXPECTED = {
@@ -38,14 +38,7 @@ def test_every_profile_has_an_expectation():
 def test_profile_primary_verdict(profile, job_id):
     config = Config()
     gpus = [0, 1, 2, 3] if profile == "one-of-n-gpus" else [0]
-    start = 1_740_000_000.0
-    job = JobContext(job_id, "gpu-node01", "demo", gpus, start_time=start, end_time=start + 3 * 3600,
-                     env={"GPUEFF_SIM_PROFILE": profile})
-    collector = SimulatedCollector(config)
-    meas = collector.stop(job, collector.start(job))
-    rec = record.validate({"schema": 1, "cluster": "demo", "node": "gpu-node01", "job_id": job_id,
-                           "start_time": start, "end_time": start + 3 * 3600, "backend": meas.backend,
-                           "reason": meas.reason, "gpus": meas.gpus})
+    rec = record.validate(sim_record(job_id, profile, len(gpus), 3.0))
     fig = job_figures(*from_record(rec))
     diag = assess(fig, config.analysis)
     name, title = EXPECTED[profile]

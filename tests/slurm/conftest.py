@@ -364,7 +364,7 @@ def slurm(request: pytest.FixtureRequest) -> Iterator[SlurmCluster]:
         pytest.fail(f"GPUEFF_SLURM_VERSIONS names {version!r}; known: {', '.join(SUITES)}")
     if os.geteuid() != 0:
         pytest.fail("the slurm tests start slurmd and create /dev/nvidiaN: run them as root (CI does)")
-    from slurm_gpueff.hook_install import install_hooks
+    from slurm_gpueff.node.hook_install import install_hooks
 
     t0 = time.monotonic()
     base = tempfile.mkdtemp(prefix="gpueff-slurm-")

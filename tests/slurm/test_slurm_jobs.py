@@ -170,7 +170,7 @@ def test_sacct_json_and_parsable_agree_and_batch(slurm, jobs):
 
     Every batch of finished jobs adds one ``sacct -P`` over their steps for the CPU side (sacct_steps.py)."""
     sys.path.insert(0, ROOT)
-    from slurm_gpueff.sacct import SacctReader
+    from slurm_gpueff.slurm.sacct import SacctReader
 
     ids = [jobs["ids"][k] for k in ("one", "two", "cpu", "fail", "cancel")] + list(jobs["tasks"].values())
     js = SacctReader(command=slurm.sacct, fmt="json", batch_size=2)

@@ -17,7 +17,7 @@ import shutil
 import subprocess
 from typing import NamedTuple
 
-from .errors import GpueffError
+from ..errors import GpueffError
 
 TIMEOUT_S = 5.0
 

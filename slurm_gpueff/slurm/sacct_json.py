@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .errors import GpueffError
+from ..errors import SlurmCommandError
 from .sacct_rows import SacctJob, epoch, parse_tres, state_word, text_or_none, to_int
 
 # Plugins (last part of the name) whose exit_code says SUCCESS / 0 for every normal exit, 3 included:
@@ -31,8 +31,9 @@ _STATE_FLAGS = ("COMPLETING", "STAGE_OUT", "CONFIGURING", "RESIZING", "REQUEUED"
                 "SPECIAL_EXIT", "STOPPED", "REVOKED", "RESV_DEL_HOLD", "SIGNALING")
 
 
-class SacctError(GpueffError):
-    """sacct is missing, failed or did not answer in time: nothing was changed, try again later."""
+class SacctError(SlurmCommandError):
+    """sacct is missing, failed, did not answer in time or printed what cannot be read: nothing was changed,
+    try again later."""
 
 
 def number(value: object) -> int | None:

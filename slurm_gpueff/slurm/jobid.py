@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-from .errors import JobIdError
+from ..errors import JobIdError
 
 # Slurm's job ids, array task ids and het offsets are 32-bit unsigned (NO_VAL = 0xfffffffe and up are
 # markers): a larger number is no job, and would not fit the database's integers.

@@ -16,14 +16,14 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from .agent_files import job_file_uuids
+from .. import jobstate
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Mapping
 
     from prometheus_client.metrics_core import Metric
 
-    from .nvml_sampler import GpuInfo
+    from ..collectors.nvml_sampler import GpuInfo
 
 LABELS = ("job_id", "user", "account", "gpu", "minor")
 # key in the GPU's last readings (and metric name part) -> help
@@ -56,7 +56,7 @@ def read_job_file(path: str, name_job_id: str, mtime_ns: int, size: int) -> JobF
     """The job's GPUs and labels; an unreadable file names no GPU (it may be complete at the next tick)."""
     with open(path, "rb") as fh:
         data = json.loads(fh.read())
-    return JobFile(mtime_ns, size, job_file_uuids(data), job_labels(name_job_id, data))
+    return JobFile(mtime_ns, size, jobstate.saved_uuids(data), job_labels(name_job_id, data))
 
 
 def job_labels(name_job_id: str, data: object) -> tuple[str, str, str]:

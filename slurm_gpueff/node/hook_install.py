@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 import sys
 
-from . import spool
-from .hook import KINDS
+from .. import spool
+from ..hook import KINDS
 
 _TEMPLATE = '''#!{python}
 """slurm-gpueff Slurm {kind}, written by `gpueff hook install` for this Python.
@@ -36,7 +36,7 @@ def install_hooks(dest_dir: str, config_path: str | None = None, python: str | N
 
     ``python``: another interpreter for the shebang, for a slurmd that cannot run this one (a slurmd in a
     chroot has its own python3); it is given this package's directory, as the hook path is stdlib-only."""
-    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    pkg_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # above slurm_gpueff/
     installed = os.path.basename(pkg_parent) in ("site-packages", "dist-packages") and python is None
     path_line = "" if installed else f"    sys.path.insert(0, {pkg_parent!r})\n"
     os.makedirs(dest_dir, mode=0o755, exist_ok=True)

@@ -1,8 +1,10 @@
-"""The body of ``gpueff agent``: the sampling loop, the hooks' readings on request and /metrics.
+"""The node agent's process, wired in one place: ``gpueff agent``.
 
-Apart from :mod:`.agent` (the state it keeps and publishes) so that each stays readable: this module is
-the process around it: signals, the schedule, the servers. A hook's request for a reading (:mod:`.tickwire`)
-is served in a socket thread and taken by the main loop, between its regular ticks.
+:mod:`.agent` keeps and publishes the GPUs' state; this module runs it and everything around it: signals,
+the schedule, a hook's request for a reading (:mod:`slurm_gpueff.collectors.tickwire`, served in a socket
+thread and taken by the main loop between its regular ticks), /metrics with the per-job series
+(:mod:`.job_metrics`), the running jobs' live records (:mod:`.live`) every ``agent.live_interval_s``, and
+seff-gpu's socket on this node (:mod:`.live_socket`, answered by :mod:`.liveview`).
 """
 
 from __future__ import annotations
@@ -19,11 +21,12 @@ from collections.abc import Callable
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from ..collectors import tickwire
+from ..collectors.nvml_sampler import GPM_MIN_S, GPM_SKIP_S, GPM_STEP_S, NvmlSampler, Sampler
 from ..errors import CollectorError
-from . import live_socket, tickwire
+from . import live, live_socket, liveview
 from .agent import Agent
 from .live_socket import LiveServer
-from .nvml_sampler import GPM_MIN_S, GPM_SKIP_S, GPM_STEP_S, NvmlSampler, Sampler
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -45,13 +48,11 @@ def serve_metrics(agent: Agent, address: str, port: int) -> tuple[WSGIServer, th
 
 
 def run_agent(config: Config, *, once: bool = False, sampler: Sampler | None = None,
-              energy_interval_s: float | None = None, live: Callable[[], object] | None = None,
-              live_answer: Answerer | None = None) -> int:
+              energy_interval_s: float | None = None) -> int:
     """The body of ``gpueff agent``: sample until SIGTERM/SIGINT (or one tick with ``once``). Returns 1
-    (after logging why) when the GPUs cannot be read at all, e.g. no NVIDIA driver. ``live`` (the running
-    jobs' live records, slurm_gpueff/live.py, passed in by the command: collectors do not import the hook
-    layer) runs right after a reading every ``agent.live_interval_s``; ``live_answer`` answers seff-gpu on
-    this node with a running job's card up to the second (collectors/live_socket.py)."""
+    (after logging why) when the GPUs cannot be read at all, e.g. no NVIDIA driver. The running jobs' live
+    records are written right after a reading every ``agent.live_interval_s``; seff-gpu on this node gets a
+    running job's card up to the second through the live socket (not with ``once``)."""
     agent = Agent(config, sampler if sampler is not None else NvmlSampler(),
                   energy_interval_s=energy_interval_s)
     try:
@@ -80,7 +81,7 @@ def run_agent(config: Config, *, once: bool = False, sampler: Sampler | None = N
             old[sig] = signal.signal(sig, _handler)
     readings_server = None if once else serve_readings(
         tickwire.socket_path(agent.state_dir), readings, float(config.collector.tick_wait_s) + 1.0, log.error)
-    live_server = None if once or live_answer is None else _serve_live(agent.state_dir, live_answer)
+    live_server = None if once else _serve_live(agent.state_dir, liveview.answerer(config))
     try:
         requested = False
         next_t = live_due = time.monotonic()
@@ -91,7 +92,7 @@ def run_agent(config: Config, *, once: bool = False, sampler: Sampler | None = N
             except OSError as exc:  # a full or read-only state dir must not kill sampling
                 log.warning("tick failed: %s", exc)
             readings.done({"updated": agent.updated, "ticks": agent.ticks})
-            live_due = _live(live, live_due, float(config.agent.live_interval_s))
+            live_due = _live(config, live_due, float(config.agent.live_interval_s))
             if once or stop.is_set():
                 break
             next_t = _next_regular(next_t, agent.interval_s, requested)
@@ -126,16 +127,21 @@ def _serve_live(state_dir: str, answer: Answerer) -> LiveServer | None:
     return server
 
 
-def _live(live: Callable[[], object] | None, due: float, every_s: float) -> float:
-    """Run ``live`` if it is due; the next time it is due. A failure is logged, and sampling goes on."""
+def _live(config: Config, due: float, every_s: float) -> float:
+    """Write the live records if they are due; the next time they are due. A failure is logged, and
+    sampling goes on."""
     now = time.monotonic()
-    if live is None or not every_s or now < due:
+    if not every_s or now < due:
         return due
     try:
-        live()
+        live.publish(config, log=_live_problem)
     except Exception as exc:  # noqa: BLE001 - live records must never stop the sampling jobs' figures need
         log.warning("live records failed: %s: %s", type(exc).__name__, exc)
     return max(due + every_s, now)
+
+
+def _live_problem(msg: str) -> None:
+    logging.getLogger("slurm_gpueff.live").warning("%s", msg)
 
 
 def _next_regular(next_t: float, interval: float, after_requested: bool) -> float:

@@ -9,10 +9,10 @@ from collections.abc import Sequence
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
-from .analysis.diagnose import assess
-from .analysis.figures import JobFigures, job_figures
-from .analysis.verdicts.base import ThresholdSource
-from .models import Job, JobGpu, utcnow
+from ..analysis.diagnose import assess
+from ..analysis.figures import JobFigures, job_figures
+from ..analysis.verdicts.base import ThresholdSource
+from ..models import Job, JobGpu, utcnow
 
 
 def _tensor_hours(fig: JobFigures) -> float | None:

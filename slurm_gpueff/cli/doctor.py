@@ -11,14 +11,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import stat
-import subprocess
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
-from .config import Config
+from ..config import Config
 
 PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
 
@@ -54,7 +52,7 @@ def check_nvml(rep: Report, cfg: Config) -> None:
     try:
         nv.nvmlInit()
     except nv.NVMLError as exc:
-        from .collectors.nvml_sampler import explain_nvml_error
+        from ..collectors.nvml_sampler import explain_nvml_error
 
         rep.add(bad, "nvml", explain_nvml_error(nv, exc))
         return
@@ -106,7 +104,7 @@ def _nvml_gpu(rep: Report, nv: Any, i: int) -> None:
 
 
 def check_proc(rep: Report, cfg: Config) -> None:
-    from .collectors.gpu_ids import PROC_GPUS, proc_gpus
+    from ..collectors.gpu_ids import PROC_GPUS, proc_gpus
 
     gpus = proc_gpus()
     if not gpus:
@@ -116,7 +114,7 @@ def check_proc(rep: Report, cfg: Config) -> None:
 
 
 def check_dcgm(rep: Report, cfg: Config) -> None:
-    from .collectors import dcgm_bindings as dcgmb
+    from ..collectors import dcgm_bindings as dcgmb
 
     bad = FAIL if cfg.collector.backend == "dcgm" else WARN
     b: dcgmb.Bindings | None = None
@@ -150,7 +148,7 @@ def check_dcgm(rep: Report, cfg: Config) -> None:
 
 
 def check_backend(rep: Report, cfg: Config) -> None:
-    from .collectors.base import get_collector
+    from ..collectors.choice import get_collector
 
     name = get_collector(cfg).name
     what = {"dcgm": "DCGM via nv-hostengine", "nvml": "the gpueff agent (NVML/GPM)",
@@ -161,9 +159,9 @@ def check_backend(rep: Report, cfg: Config) -> None:
 
 def check_agent(rep: Report, cfg: Config) -> None:
     """The agent's state as the nvml collector reads it at job start: the hooks' verdict, word for word."""
-    from .collectors.agent_files import state_path
-    from .collectors.nvml import NvmlCollector
-    from .collectors.tickwire import request_reading
+    from ..collectors.agent_files import state_path
+    from ..collectors.nvml import NvmlCollector
+    from ..collectors.tickwire import request_reading
 
     bad = FAIL if cfg.collector.backend == "nvml" else WARN
     st, why = NvmlCollector(cfg).read_state()
@@ -181,34 +179,24 @@ def check_agent(rep: Report, cfg: Config) -> None:
         rep.add(bad if st and st.get("stopped") else FAIL, "agent", str(why))
 
 
-def slurm_config() -> tuple[str | None, dict[str, str]]:
+def slurm_config(cfg: Config) -> tuple[str | None, dict[str, str]]:
     """(source, {Prolog, Epilog, PrologFlags, ClusterName}) from ``scontrol show config``, else slurm.conf."""
-    exe = shutil.which("scontrol")
-    if exe:
-        try:
-            p = subprocess.run([exe, "show", "config"], capture_output=True, text=True, timeout=10)
-            if p.returncode == 0:
-                return "scontrol show config", _hook_keys(p.stdout.splitlines())
-        except (OSError, subprocess.SubprocessError):
-            pass
+    from ..slurm.commands import hook_keys, show_config
+    from ..slurm.runner import SlurmCommandError, SlurmRunner
+
+    try:
+        return "scontrol show config", show_config(SlurmRunner.from_config(cfg))
+    except SlurmCommandError:
+        pass
     for path in (os.environ.get("SLURM_CONF") or "", "/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf"):
         if path and os.path.isfile(path):
             with open(path, errors="replace") as fh:
-                return path, _hook_keys(line.split("#", 1)[0] for line in fh)
+                return path, hook_keys(line.split("#", 1)[0] for line in fh)
     return None, {}
 
 
-def _hook_keys(lines: Iterable[str]) -> dict[str, str]:
-    out = {}
-    for line in lines:
-        k, sep, v = line.partition("=")
-        if sep and k.strip() in ("Prolog", "Epilog", "PrologFlags", "ClusterName"):
-            out[k.strip()] = v.strip()
-    return out
-
-
 def check_slurm(rep: Report, cfg: Config) -> None:
-    source, conf = slurm_config()
+    source, conf = slurm_config(cfg)
     if source is None:
         rep.add(WARN, "slurm", "no scontrol and no slurm.conf found: cannot check Prolog/Epilog and ClusterName")
         return
@@ -294,8 +282,8 @@ def check_spool(rep: Report, cfg: Config) -> None:
 def check_db(rep: Report, cfg: Config) -> None:
     """The database: its files private (SQLite), reachable, not damaged (a bounded ``quick_check``; on a
     server a row read from each table), and at the schema revision this version needs."""
-    from .storage.db import engine_for
-    from .storage.dburl import database_url, sqlite_file
+    from ..storage.db import engine_for
+    from ..storage.dburl import database_url, sqlite_file
 
     path = sqlite_file(database_url(cfg.paths.database))
     if path and not os.path.exists(path):
@@ -315,13 +303,13 @@ def check_db(rep: Report, cfg: Config) -> None:
 
 
 def _db_name(cfg: Config) -> str:
-    from .storage.dburl import safe_url
+    from ..storage.dburl import safe_url
 
     return safe_url(cfg.paths.database)
 
 
 def _line(exc: BaseException) -> str:
-    from .storage.db import first_line
+    from ..storage.db import first_line
 
     return first_line(exc)[:300]
 
@@ -329,8 +317,8 @@ def _line(exc: BaseException) -> str:
 def _check_db_content(rep: Report, cfg: Config, engine: Any, sqlite: bool) -> None:
     from sqlalchemy import text
 
-    from .storage import migrate
-    from .storage.db import DatabaseDamaged, integrity
+    from ..storage import migrate
+    from ..storage.db import DatabaseDamaged, integrity
 
     name = _db_name(cfg)
     try:

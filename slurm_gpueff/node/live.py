@@ -15,29 +15,21 @@ skipped, and the next pass tries again.
 
 from __future__ import annotations
 
-import os
 import time
 
-from . import slurmenv, spool
-from .collectors.base import JobContext, Measurement, NoneCollector, named_collector
-from .hook import _saved_gpus, _serialise, build_record, load_state
+from .. import jobstate, spool
+from .. import record as recmod
+from ..collectors.base import JobContext, Measurement, NoneCollector
+from ..collectors.choice import named_collector
+from ..hook import build_record
+from ..slurm import hookenv
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-    from .config import Config
-
-
-def running_jobs(state_dir: str) -> list[str]:
-    """Paths of the Prolog states of the jobs running on this node, by job id."""
-    d = os.path.join(state_dir, "jobs")
-    try:
-        names = [n for n in os.listdir(d) if n.endswith(".json") and n[:-5].isdigit()]
-    except OSError:
-        return []
-    return [os.path.join(d, n) for n in sorted(names, key=lambda n: int(n[:-5]))]
+    from ..config import Config
 
 
 def live_record(cfg: Config, saved: dict[str, Any], now: float) -> dict[str, Any] | None:
@@ -46,11 +38,11 @@ def live_record(cfg: Config, saved: dict[str, Any], now: float) -> dict[str, Any
     env = saved.get("env")
     if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
         return None
-    job = slurmenv.parse(env)
+    job = hookenv.parse(env)
     if job.job_id is None:
         return None
     start = saved.get("start_time")
-    gpus = job.gpu_indexes or _saved_gpus(saved)
+    gpus = job.gpu_indexes or jobstate.saved_gpus(saved)
     jc = JobContext(job.job_id, job.node, job.cluster or cfg.site.cluster, gpus,
                     start_time=start if isinstance(start, int | float) else None, end_time=now, env=env)
     backend = saved.get("backend")
@@ -73,8 +65,8 @@ def publish(cfg: Config, *, now: float | None = None, log: Callable[[str], None]
     """Write a live record for every job running on this node; the paths written."""
     t = time.time() if now is None else now
     out = []
-    for path in running_jobs(cfg.paths.state_dir):
-        saved, problem = load_state(path)
+    for path in jobstate.running(cfg.paths.state_dir):
+        saved, problem = jobstate.load(path)
         if saved is None:
             if log:
                 log(f"{path}: {problem}; no live record")
@@ -83,13 +75,8 @@ def publish(cfg: Config, *, now: float | None = None, log: Callable[[str], None]
             rec = live_record(cfg, saved, t)
             if rec is None:
                 continue
-            data, bad = _serialise(rec)
-            if data is None:
-                raise ValueError(bad)
-            spool.ensure_dirs(cfg.paths.spool_dir)
-            dest = spool.record_path(cfg.paths.spool_dir, rec)
-            spool.atomic_write(dest, data, durable=False)  # the next snapshot replaces a lost one
-            out.append(dest)
+            recmod.validate(rec)
+            out.append(spool.write_record(cfg.paths.spool_dir, rec, durable=False))  # the next one replaces it
         except Exception as exc:  # noqa: BLE001 - log, skip this job, go on
             if log:
                 log(f"{path}: no live record: {type(exc).__name__}: {exc}")

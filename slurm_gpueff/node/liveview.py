@@ -1,11 +1,10 @@
 """The node agent's answer to ``seff-gpu JOBID`` on the job's own node: its card up to the second.
 
-Runs inside the agent (collectors/live_socket.py serves it; ``gpueff agent`` passes it in, since collectors
-import neither the hook layer nor the analysis). For a job running here: the same privacy rules as every
-path (privacy.py; the asker's uid comes from the kernel), a reading taken now, the job's live record
-(slurm_gpueff/live.py) made into the rows ingest would store (storage/merge.py), and the same analysis and
-renderers as any card. A job not running on this node answers "not here" (exit 3), and seff-gpu then asks
-the database or the service as usual.
+Runs inside the agent (node/live_socket.py serves it; node/run.py, which wires the agent's process, hands it
+:func:`answerer`). For a job running here: the same privacy rules as every path (access/privacy.py; the
+asker's uid comes from the kernel), a reading taken now, the job's live record (node/live.py) made into the
+rows ingest would store (storage/merge.py), and the same analysis and renderers as any card. A job not running
+on this node answers "not here" (exit 3), and seff-gpu then asks the database or the service as usual.
 """
 
 from __future__ import annotations
@@ -28,12 +27,13 @@ def answerer(config: Config) -> Callable[[dict[str, Any], int], dict[str, Any]]:
 
 
 def live_answer(config: Config, req: dict[str, Any], uid: int) -> dict[str, Any]:
-    from .. import hook, live
+    from .. import jobstate
+    from ..access.privacy import denied_message, may_see, user_name, viewer
     from ..collectors import tickwire
     from ..errors import GpueffError
-    from ..jobid import parse
-    from ..privacy import denied_message, may_see, user_name, viewer
     from ..reports.jobview import EXIT_DENIED, EXIT_OK, Answer, failure
+    from ..slurm.jobid import parse
+    from . import live
 
     try:
         spec = parse(str(req.get("job")))
@@ -42,7 +42,7 @@ def live_answer(config: Config, req: dict[str, Any], uid: int) -> dict[str, Any]
     not_here = failure(f"job {spec} is not running on this node", NOT_HERE).to_json()
     if spec.task is not None or spec.het_offset is not None:
         return not_here  # the node knows raw ids only
-    saved, _problem = hook.load_state(hook.state_path(config, spec.job))
+    saved, _problem = jobstate.load(jobstate.path(config.paths.state_dir, spec.job))
     if saved is None or not isinstance(saved.get("job"), dict):
         return not_here  # not running here, or a Prolog of a version before live records
     ident = saved["job"]

@@ -2,12 +2,12 @@
 
 A Prolog/Epilog pair runs only at a job's two ends, so the agent samples all through and publishes per
 GPU (and per MIG GPU instance) cumulative integrals in ``agent/state.json`` and timeline files, which the
-hooks difference (:mod:`.nvml`; docs/DESIGN.md "Data flow", docs/FIGURES.md). A hook can ask for a reading
-at once (:mod:`.tickwire`), so a job's window runs from its Prolog to its Epilog; a restarted agent resumes
-its counters (:mod:`.agent_resume`). Of jobs it knows only their peak memory and who runs them (for the
-per-job /metrics, :mod:`.agent_jobs`), while a Prolog's ``jobs/<job_id>.json`` exists. The energy counter
-is NVML's slowest call: read every ``ENERGY_INTERVAL_S`` and at every requested reading, extended in
-between by the power integral.
+hooks difference (:mod:`slurm_gpueff.collectors.nvml`; docs/DESIGN.md "Data flow", docs/FIGURES.md). A hook
+can ask for a reading at once (:mod:`slurm_gpueff.collectors.tickwire`), so a job's window runs from its Prolog
+to its Epilog; a restarted agent resumes its counters (:mod:`.resume`). Of jobs it knows only their peak
+memory and who runs them (for the per-job /metrics, :mod:`.job_metrics`), while a Prolog's
+``jobs/<job_id>.json`` exists (:mod:`slurm_gpueff.jobstate`). The energy counter is NVML's slowest call:
+read every ``ENERGY_INTERVAL_S`` and at every requested reading, extended in between by the power integral.
 """
 
 from __future__ import annotations
@@ -22,13 +22,11 @@ import uuid as uuidlib
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from .. import spool
-from . import agent_resume as resume
-from . import integrals
-from .agent_files import line_time, mig_key, state_path, timeline_path
-from .agent_jobs import GpuNow, JobFile, job_series, read_job_file
-from .gpu_ids import parse_legacy_mig
-from .nvml_sampler import (
+from .. import jobstate, spool
+from ..collectors import integrals
+from ..collectors.agent_files import line_time, mig_key, state_path, timeline_path
+from ..collectors.gpu_ids import parse_legacy_mig
+from ..collectors.nvml_sampler import (
     GPM_METRICS,
     NO_GPM_REASON,
     GpuInfo,
@@ -37,13 +35,15 @@ from .nvml_sampler import (
     MigSample,
     Sampler,
 )
+from . import resume
+from .job_metrics import GpuNow, JobFile, job_series, read_job_file
 
 if TYPE_CHECKING:
 
     from prometheus_client.metrics_core import Metric
 
+    from ..collectors.integrals import Counters
     from ..config import Config
-    from .integrals import Counters
 
 log = logging.getLogger("slurm_gpueff.agent")
 
@@ -326,18 +326,13 @@ class Agent:
         return None
 
     def _track_jobs(self) -> None:
-        d = os.path.join(self.state_dir, "jobs")  # where the Prolog saves its start state
         seen: set[str] = set()
         try:
-            entries = list(os.scandir(d))
-        except FileNotFoundError:
-            entries = []
+            entries = jobstate.entries(self.state_dir)  # the Prologs' saved states: the jobs running here
         except OSError as exc:
-            log.warning("cannot list %s: %s", d, exc)
+            log.warning("cannot list %s: %s", jobstate.directory(self.state_dir), exc)
             return
         for e in entries:
-            if not e.name.endswith(".json") or e.name.startswith("."):
-                continue
             job_id = e.name[:-5]
             try:
                 st = e.stat()
@@ -429,7 +424,7 @@ class Agent:
 
     def collect(self) -> Iterator[Metric]:
         """Live per-GPU gauges for Prometheus (``[agent] metrics_port``; 0, the default, = off), labelled by
-        minor, UUID and model, and per-job series for the jobs running now only (:mod:`.agent_jobs`), so series
+        minor, UUID and model, and per-job series for the jobs running now only (:mod:`.job_metrics`), so series
         stay bounded; a figure the agent could not read has no sample, never an invented 0. prometheus_client is
         imported only when the exporter starts."""
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily

@@ -207,7 +207,7 @@ def parse(env: Mapping[str, str]) -> HookEnv:
     return h
 
 
-# The job's variables the Prolog keeps for live records (slurmenv.parse and the collectors read these).
+# The job's variables the Prolog keeps for live records (hookenv.parse and the collectors read these).
 LIVE_ENV = frozenset(("SLURM_JOB_ID", "SLURMD_NODENAME", "SLURM_CLUSTER_NAME", "SLURM_JOB_USER", "SLURM_JOB_UID",
                       "SLURM_JOB_ACCOUNT", "SLURM_JOB_PARTITION", "SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES",
                       "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_HET_JOB_ID", "SLURM_HET_JOB_OFFSET",

@@ -19,7 +19,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .slurmenv import parse_exit_text
+from .hookenv import parse_exit_text
 
 # The job fields asked of ``sacct -P``; JobName last because it may contain the delimiter.
 PARSABLE_FIELDS = ("JobIDRaw", "JobID", "Cluster", "User", "UID", "Account", "Partition", "QOS", "NodeList",

@@ -22,8 +22,8 @@ import pwd
 from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple, Protocol, TypeVar
 
-from .config import PrivacyConfig
-from .errors import GpueffError
+from ..config import PrivacyConfig
+from ..errors import GpueffError
 
 EXIT_DENIED = 6
 

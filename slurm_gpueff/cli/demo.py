@@ -16,9 +16,9 @@ import sys
 import time
 from typing import Any
 
-from .cli.common import UsageError
-from .config import Config, load
-from .errors import GpueffError
+from ..config import Config, load
+from ..errors import GpueffError
+from .common import UsageError
 
 MARKER = ".gpueff-demo"
 
@@ -60,7 +60,7 @@ enabled = false         # the demo's jobs belong to made-up users; show them to 
 
 def hook_command(kind: str) -> list[str]:
     """The real hook executable: ``hooks/<kind>`` of a checkout, else the installed console script."""
-    checkout = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "hooks", kind)
+    checkout = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "hooks", kind)
     if os.path.isfile(checkout):
         return [sys.executable, checkout]
     for script in (os.path.join(os.path.dirname(sys.executable), f"gpueff-{kind}"), shutil.which(f"gpueff-{kind}")):
@@ -107,7 +107,7 @@ def prepare(root: str) -> str:
 
 def slurm_env(config_path: str, job_id: int, user: str, account: str, gpus: int, now: float,
               profile: str, exit_code: int | None) -> dict[str, str]:
-    """What slurmd gives a Prolog/Epilog (slurm_gpueff.slurmenv), plus the demo's clock and profile."""
+    """What slurmd gives a Prolog/Epilog (slurm_gpueff.slurm.hookenv), plus the demo's clock and profile."""
     node = "gpu-node01" if job_id % 2 else "gpu-node02"
     gpu_list = ",".join(str(i) for i in range(gpus))
     env = {"SLURM_JOB_ID": str(job_id), "SLURM_JOB_USER": user, "SLURM_JOB_UID": str(UIDS[user]),
@@ -151,7 +151,7 @@ class SimulatedAccounting:
     batch_size = 500
 
     def jobs(self, ids: list[int], cluster: str | None = None, runs: bool = False) -> list[Any]:
-        from .sacct import SacctJob
+        from ..slurm.sacct import SacctJob
 
         codes = {FIRST_JOB_ID + n: job[5] for n, job in enumerate(JOBS)}
         return [SacctJob(job_id=i, job_id_text=str(i), cluster=cluster, state="FAILED" if codes[i] else "COMPLETED",
@@ -160,16 +160,16 @@ class SimulatedAccounting:
 
 def summary(config: Config, job_ids: list[int]) -> str:
     """One line per demo job with its primary verdict and the site's total waste (the demo's punchline)."""
-    from .analysis.diagnose import assess
-    from .analysis.figures import job_figures
-    from .cli.seff import lookup
-    from .fmt import gpu_hours, pct
-    from .jobid import JobSpec
-    from .render.text import render_table
+    from ..analysis.diagnose import assess
+    from ..analysis.figures import job_figures
+    from ..fmt import gpu_hours, pct
+    from ..render.text import render_table
+    from ..reports.jobview import lookup
+    from ..slurm.jobid import JobSpec
 
     items = []
     for job_id in job_ids:
-        for job, gpus in lookup(config.paths.database, JobSpec(job_id), None):  # as seff-gpu reads them
+        for job, gpus in lookup(config, JobSpec(job_id), None):  # as seff-gpu reads them
             fig = job_figures(job, gpus)
             items.append((job, fig, assess(fig, config.analysis)))
     hours = sum(f.hours or 0.0 for _, f, _ in items)
@@ -180,11 +180,11 @@ def summary(config: Config, job_ids: list[int]) -> str:
 
 
 def run(args: Any) -> int:
-    from .cli import seff
-    from .cli.common import database
-    from .storage.enrich import enrich_jobs
-    from .storage.ingest import ingest_spool
-    from .summarize import summarize_pending
+    from ..service.summarize import summarize_pending
+    from ..storage.enrich import enrich_jobs
+    from ..storage.ingest import ingest_spool
+    from . import seff
+    from .common import database
 
     root = os.path.abspath(args.dir or "gpueff-demo")
     config_path = prepare(root)

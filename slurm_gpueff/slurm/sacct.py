@@ -15,12 +15,11 @@ on real 22.05.8, 24.11.5 and 26.05.5 output, tests/data/sacct/<version>/). This 
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import time
 from collections.abc import Iterable, Sequence
 
-from .config import Config
+from ..config import Config
+from .runner import SlurmCommandError, SlurmRunner
 from .sacct_json import EXIT_CODES_WRONG, SacctError, exit_codes_wrong, number, parse_json, plugin_name
 from .sacct_rows import (
     ACTIVE_STATES,
@@ -62,10 +61,10 @@ class SacctReader:
         if fmt not in ("auto", "json", "parsable"):
             raise ValueError(f"sacct format {fmt!r}: expected auto, json or parsable")
         self.command = command
+        self.slurm = SlurmRunner(command)
         self.timeout_s = float(timeout_s)
         self.batch_size = max(1, int(batch_size))
         self.fmt = fmt
-        self.calls = 0  # sacct invocations (tests check the batching)
         self.restarts_field = True  # False once this sacct rejected -P's Restarts (22.05)
 
     @classmethod
@@ -148,31 +147,36 @@ class SacctReader:
             return self._parsable(sel)
         return parse_parsable(text, self.DELIM, fields)
 
+    @property
+    def calls(self) -> int:
+        """sacct invocations so far (tests check the batching)."""
+        return self.slurm.calls
+
     def _run(self, args: Sequence[str]) -> str:
-        exe = self.command if os.path.isabs(self.command) else shutil.which(self.command)
-        if not exe:
-            raise SacctError(f"sacct not found ({self.command!r} is not on PATH): install Slurm's client "
-                             "commands here or set [sacct] command; nothing was changed, run again later")
-        env = dict(os.environ)
-        env.pop("SLURM_TIME_FORMAT", None)
-        if "-P" in args:  # epoch times in -P output; with --json it breaks sacct ("Invalid time specification")
-            env["SLURM_TIME_FORMAT"] = "%s"
-        self.calls += 1
+        """sacct's stdout; a failure is a :class:`SacctError` that says what the admin can do. ``-P`` prints
+        epoch times (with --json that setting breaks sacct: "Invalid time specification")."""
         try:
-            p = subprocess.run([exe, *args], capture_output=True, text=True, timeout=self.timeout_s, env=env,
-                               check=False)
-        except FileNotFoundError:
-            raise SacctError(f"sacct not found at {exe}: set [sacct] command; nothing was changed") from None
-        except subprocess.TimeoutExpired:
-            raise SacctError(f"sacct did not answer within {self.timeout_s:g} s (slurmdbd busy or down?); "
-                             "nothing was changed, the next run retries") from None
-        except OSError as exc:
-            raise SacctError(f"cannot run sacct ({exe}): {exc}") from None
-        if p.returncode != 0:
-            msg = (p.stderr or p.stdout).strip().splitlines()
-            raise SacctError(f"sacct failed (exit {p.returncode}): {msg[0] if msg else 'no message'}; "
-                             "nothing was changed, the next run retries")
-        return p.stdout
+            return self.slurm.run("sacct", args, self.timeout_s, epoch_times="-P" in args)
+        except SlurmCommandError as exc:
+            raise SacctError(_advice(exc, self.command)) from None
+
+
+def _advice(exc: SlurmCommandError, command: str) -> str:
+    """What a failed sacct call means for the caller: nothing was changed, and what to do."""
+    if exc.why == "missing" and os.path.isabs(command):
+        return f"sacct not found at {command}: set [sacct] command; nothing was changed"
+    if exc.why == "missing":
+        return (f"sacct not found ({command!r} is not on PATH): install Slurm's client commands here or set "
+                "[sacct] command; nothing was changed, run again later")
+    if exc.why == "timeout":
+        return (f"sacct did not answer within {exc.timeout_s:g} s (slurmdbd busy or down?); nothing was changed, "
+                "the next run retries")
+    if exc.why == "unrunnable":
+        if isinstance(exc.oserror, FileNotFoundError):
+            return f"sacct not found at {exc.exe}: set [sacct] command; nothing was changed"
+        return f"cannot run sacct ({exc.exe}): {exc.oserror}"
+    return (f"sacct failed (exit {exc.returncode}): {exc.first_line}; nothing was changed, the next run "
+            "retries")
 
 
 def _fill_uids(jobs: list[SacctJob]) -> None:

@@ -1,0 +1,137 @@
+"""Slurm's answers to the small questions slurm-gpueff asks, each in one bounded call through
+:class:`.runner.SlurmRunner`: an array task's or het component's raw job id (``sacct``), the account
+coordinators (``sacctmgr``), the running jobs as ``squeue`` shows them, the Prolog/Epilog settings
+(``scontrol show config``), and the two actions of the idle-GPU policy (``scontrol update`` of the
+AdminComment, ``scancel``). Each raises :class:`SlurmCommandError` saying why, so a caller can fall back
+instead of failing; the parsers are apart from the calls, for the captured outputs of every Slurm version.
+Stdlib only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import NamedTuple
+
+from .runner import SlurmCommandError, SlurmRunner
+from .sacct_rows import ACTIVE_STATES, raw_id_of
+
+RESOLVE_TIMEOUT_S = 5.0  # seff-gpu waits at most this long for sacct: a user is at the terminal
+SQUEUE_TIMEOUT_S = 5.0  # seff-gpu asking whether a job still runs: a user is at the terminal
+ALERTS_TIMEOUT_S = 30.0  # the service's idle-GPU pass
+CONFIG_TIMEOUT_S = 10.0  # doctor reading the controller's configuration
+
+
+def raw_id(slurm: SlurmRunner, spec: str, cluster: str | None = None,
+           timeout_s: float = RESOLVE_TIMEOUT_S) -> int | None:
+    """The raw job id (JobIDRaw) of ``spec`` (``4_0``, ``15+1``) as accounting knows it, in one call; None
+    when accounting does not know it.
+
+    The hooks on the nodes see only the raw id (no SLURM_ARRAY_* nor het offset there), so right after
+    a task ends its record has no array id until enrichment. JobID is asked too and must equal ``spec``:
+    for a task still pending, sacct answers with the array's own record (``4_[0-2]``, raw id 4, which is
+    another task once it runs), and that must not be taken for this one (:func:`sacct_rows.raw_id_of`).
+    """
+    args = ["-X", "-n", "-P", "-o", "JobIDRaw,JobID", "-j", spec] + (["-M", cluster] if cluster else [])
+    return raw_id_of(slurm.run("sacct", args, timeout_s), spec)
+
+
+def parse_coordinators(text: str) -> dict[str, list[str]]:
+    """``{account: [coordinator user, ...]}`` from ``sacctmgr -P show user withcoord [withassoc]``.
+
+    Read by the header (``User`` and ``Coord Accounts``, as in Slurm 22.05 to 26.05), so the extra
+    association columns of ``withassoc`` and repeated user lines change nothing; the cell is sacctmgr's
+    comma-separated list of accounts the user coordinates, empty for most users.
+    """
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        return {}
+    head = lines[0].split("|")
+    if "User" not in head or "Coord Accounts" not in head:
+        raise SlurmCommandError(f"sacctmgr printed no User / Coord Accounts header: {lines[0][:120]!r}")
+    iu, ic = head.index("User"), head.index("Coord Accounts")
+    out: dict[str, list[str]] = {}
+    for line in lines[1:]:
+        cells = line.split("|")
+        if len(cells) <= max(iu, ic) or not cells[iu]:
+            continue
+        for account in filter(None, (a.strip() for a in cells[ic].split(","))):
+            users = out.setdefault(account, [])
+            if cells[iu] not in users:
+                users.append(cells[iu])
+    return out
+
+
+def coordinators(slurm: SlurmRunner, timeout_s: float) -> dict[str, list[str]]:
+    """Every account's coordinators, from one bounded ``sacctmgr`` call; SlurmCommandError if it fails."""
+    return parse_coordinators(slurm.run("sacctmgr", ["-P", "show", "user", "withcoord"], timeout_s))
+
+
+class SlurmJob(NamedTuple):
+    """A running job as squeue shows it."""
+
+    state: str
+    partition: str | None
+    qos: str | None
+    interactive: bool | None
+
+
+SQUEUE_FIELDS = "JobID:40,BatchFlag:8,Partition:200,QOS:200,State:24"
+
+
+def parse_squeue(text: str) -> dict[int, SlurmJob]:
+    """``{raw job id: SlurmJob}`` from squeue -O JobID,BatchFlag,Partition,QOS,State (no field holds a space)."""
+    jobs: dict[int, SlurmJob] = {}
+    for line in text.splitlines():
+        cells = line.split()
+        if len(cells) != 5 or not cells[0].isdigit():
+            continue
+        batch = {"1": False, "0": True}.get(cells[1])
+        jobs[int(cells[0])] = SlurmJob(cells[4].upper(), cells[2], cells[3], batch)
+    return jobs
+
+
+def squeue_jobs(slurm: SlurmRunner, ids: list[int], timeout_s: float = ALERTS_TIMEOUT_S) -> dict[int, SlurmJob]:
+    """Slurm's view of the running jobs ``ids`` (every user's: ``-a``); SlurmCommandError if it fails."""
+    if not ids:
+        return {}
+    return parse_squeue(slurm.run("squeue", ["-h", "-a", "-j", ",".join(map(str, ids)), "-O", SQUEUE_FIELDS],
+                                  timeout_s))
+
+
+def active_state(slurm: SlurmRunner, spec: str, timeout_s: float = SQUEUE_TIMEOUT_S) -> str | None:
+    """The state squeue shows job ``spec`` in while it is pending or running, else None (ended, unknown to
+    the controller, or no answer: seff-gpu then says what the database knows)."""
+    try:
+        out = slurm.run("squeue", ["-h", "-j", spec, "-o", "%T"], timeout_s)
+    except SlurmCommandError:
+        return None
+    active = [s for s in out.upper().split() if s in ACTIVE_STATES]
+    return active[0] if active else None
+
+
+def set_admin_comment(slurm: SlurmRunner, job_id: int, text: str, timeout_s: float = ALERTS_TIMEOUT_S) -> None:
+    """Write ``text`` into the job's AdminComment (kept by accounting: ``sacct -o AdminComment``)."""
+    slurm.run("scontrol", ["update", f"JobId={job_id}", f"AdminComment={text}"], timeout_s)
+
+
+def cancel(slurm: SlurmRunner, job_id: int, timeout_s: float = ALERTS_TIMEOUT_S) -> None:
+    """``scancel`` the job."""
+    slurm.run("scancel", [str(job_id)], timeout_s)
+
+
+HOOK_KEYS = ("Prolog", "Epilog", "PrologFlags", "ClusterName")
+
+
+def show_config(slurm: SlurmRunner, timeout_s: float = CONFIG_TIMEOUT_S) -> dict[str, str]:
+    """The controller's Prolog, Epilog, PrologFlags and ClusterName (``scontrol show config``)."""
+    return hook_keys(slurm.run("scontrol", ["show", "config"], timeout_s).splitlines())
+
+
+def hook_keys(lines: Iterable[str]) -> dict[str, str]:
+    """:data:`HOOK_KEYS` from ``key = value`` lines (scontrol show config, or slurm.conf without comments)."""
+    out = {}
+    for line in lines:
+        k, sep, v = line.partition("=")
+        if sep and k.strip() in HOOK_KEYS:
+            out[k.strip()] = v.strip()
+    return out
