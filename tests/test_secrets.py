@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from dbfiles import ROOT, gpueff
@@ -62,14 +63,28 @@ def site(tmp_path, url: str, password: str):
                              f'username = "reports"\npassword_file = "{mail_pw}"\n')
 
 
+WRITERS = {("ingest",), ("rollup",), ("db", "upgrade"), ("enrich",), ("forward", "--once")}
+
+
 def run_all(cfg) -> list[subprocess.CompletedProcess[str]]:
-    out = [gpueff("--config", str(cfg), *args, timeout=90) for args in COMMANDS]
+    """Every command once. Two lanes at a time: the commands that write the database in their order, then
+    ``gpueff serve`` (which ingests too); beside them the ones that only read."""
     env = {**os.environ, "PYTHONPATH": ROOT}
-    for args in (("123",), ("-u", "alice"), ("123", "--json")):
-        out.append(subprocess.run([sys.executable, "-m", "slurm_gpueff.cli.seff", "--config", str(cfg), *args],
-                                  capture_output=True, text=True, timeout=90, env=env))
-    out.append(serve(cfg, env))
-    return out
+
+    def writers() -> list[subprocess.CompletedProcess[str]]:
+        out = [gpueff("--config", str(cfg), *args, timeout=90) for args in COMMANDS if args in WRITERS]
+        return [*out, serve(cfg, env)]
+
+    def readers() -> list[subprocess.CompletedProcess[str]]:
+        out = [gpueff("--config", str(cfg), *args, timeout=90) for args in COMMANDS if args not in WRITERS]
+        for args in (("123",), ("-u", "alice"), ("123", "--json")):
+            out.append(subprocess.run([sys.executable, "-m", "slurm_gpueff.cli.seff", "--config", str(cfg), *args],
+                                      capture_output=True, text=True, timeout=90, env=env))
+        return out
+
+    with ThreadPoolExecutor(2) as pool:
+        lanes = [pool.submit(writers), pool.submit(readers)]
+        return [p for lane in lanes for p in lane.result()]
 
 
 def serve(cfg, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
