@@ -20,7 +20,7 @@ printed too: it weights time by GPU clock cycles, and an idle GPU clocks down, s
 parts it reads high (bench/gpm_windows.py shows it). Pass: kernel, SM and tensor within 2 points of the
 wall-time reference, energy within 3 %.
 
-Run (repo root, GPU node): ``PYTHONPATH=. python3 bench/gpu_validate.py --mode exact`` (or this file).
+Run (repo root, GPU node): ``PYTHONPATH=. python3 bench/gpu_exact.py [--gpu N] [--interval S] [--out DIR]``.
 """
 
 from __future__ import annotations
@@ -378,4 +378,11 @@ def main(gpu: int = 0, interval: float = 5.0, out: str = "") -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(out=os.environ.get("OUT", "")))
+    import argparse
+
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    ap.add_argument("--gpu", type=int, default=0, help="NVML index of the GPU to load (default 0)")
+    ap.add_argument("--interval", type=float, default=5.0, help="agent.interval_s (default 5, the product's)")
+    ap.add_argument("--out", default=os.environ.get("OUT", ""), help="directory for JSON results (default $OUT)")
+    a = ap.parse_args()
+    sys.exit(main(a.gpu, a.interval, a.out))

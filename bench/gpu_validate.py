@@ -395,11 +395,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--gpu", type=int, default=0, help="NVML index of the GPU to load (default 0)")
-    ap.add_argument("--mode", choices=("collector", "pipeline", "exact"), default="collector",
-                    help="exact: short, long, agent-restart and back-to-back jobs against direct reads "
-                         "(bench/gpu_exact.py)")
-    ap.add_argument("--interval", type=float, default=None,
-                    help="agent.interval_s (default 1; with --mode exact the product default, 5)")
+    ap.add_argument("--mode", choices=("collector", "pipeline"), default="collector",
+                    help="(exact windows, agent restarts, back-to-back jobs: bench/gpu_exact.py)")
+    ap.add_argument("--interval", type=float, default=None, help="agent.interval_s (default 1)")
     ap.add_argument("--seconds", type=float, default=20.0, help="measured window per workload")
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--out", default=os.environ.get("OUT", ""), help="directory for JSON results (default $OUT)")
@@ -408,10 +406,6 @@ def main() -> int:
     if args.child:
         child(args.child, args.gpu)
         return 0
-    if args.mode == "exact":
-        from gpu_exact import main as exact
-
-        return exact(args.gpu, args.interval or 5.0, args.out)
     args.interval = args.interval or 1.0
     from slurm_gpueff.config import load
 
