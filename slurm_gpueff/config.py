@@ -18,7 +18,7 @@ import types
 from collections.abc import Callable, Iterable, Mapping
 from typing import ClassVar, NamedTuple, NoReturn, TypeVar, cast, dataclass_transform
 
-from .errors import ConfigError
+from .errors import ConfigError, GpueffError
 
 T = TypeVar("T")
 Check = Callable[[object, str], str | None]  # (value, unit) -> what is wrong, or None
@@ -302,6 +302,8 @@ class ServiceConfig(Section):
     metrics_port: int = _key(9817, _PORT_OR_OFF)
     metrics_top_users: int = _key(50, _range(0, 100000))
     metrics_top_accounts: int = _key(200, _range(0, 100000))
+    metrics_per_user: bool = False
+    metrics_token_file: str = ""
     forward_interval_s: float = _key(30.0, _range(0, 3600, above=True))
     forward_max_backoff_s: float = _key(600.0, _range(0, DAY))
     api_listen: str = _key("", _address(url=False))
@@ -527,3 +529,22 @@ def load(explicit: str | None = None) -> Config:
             raise ConfigError(f"config file {path} does not exist") from None
         return Config(None, source="<defaults>")
     return Config(data, source=path)
+
+
+def read_secret(path: str, key: str, holds: str) -> str:
+    """The first line of the secret file that config key ``key`` names (its newline stripped), e.g. a
+    password or a bearer token. A file every user may read is refused: the secret would be no more private
+    than in the config, which users may read."""
+    try:
+        with open(path, "rb") as fh:
+            mode = os.fstat(fh.fileno()).st_mode
+            if mode & 0o004:
+                raise GpueffError(f"{key} {path} is readable by every user (mode {mode & 0o7777:04o}): "
+                                  f"chmod 600 {path} (or 640 with the service's group)")
+            line = fh.readline(65536)
+    except OSError as exc:
+        raise GpueffError(f"cannot read {key} {path}: {exc.strerror or exc}") from None
+    secret = line.rstrip(b"\r\n").decode("utf-8", "replace")
+    if not secret:
+        raise GpueffError(f"{key} {path}: the first line is empty (it holds {holds})")
+    return secret

@@ -114,7 +114,8 @@ def agent_names(tmp_path) -> set[str]:
 @pytest.fixture
 def service_names(tmp_path) -> set[str]:
     cfg = Config({"paths": {"spool_dir": str(tmp_path / "spool"), "state_dir": str(tmp_path / "state"),
-                            "database": str(tmp_path / "g.db")}})
+                            "database": str(tmp_path / "g.db")},
+                  "service": {"metrics_per_user": True}})  # the dashboard's users panel needs the per-user series
     for i in range(6):
         spool.write_record(cfg.paths.spool_dir, synthetic.record(i + 1, gpus=2, timeline_points=3,
                                                                  end=1.70e9 + i * 3600))

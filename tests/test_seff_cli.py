@@ -276,3 +276,24 @@ def test_no_service_for_a_private_database_is_one_line(site):
     p = run(site, "4201", env_extra={"GPUEFF_SEFF_VIA": "service"})
     assert p.returncode == 1 and p.stdout == "" and p.stderr.count("\n") == 1
     assert "private to the service account" in p.stderr and "[service] api_listen" in p.stderr
+
+
+def test_another_users_job_running_here_answers_like_any_other_path(tmp_path):
+    """A job running on this node (its Prolog state is here) is shown as running only to those who may see its
+    card: its owner, a lead of its account, an admin. Anyone else gets the refusal a finished job's card
+    gives (exit 6), not "still running" (which would tell that the job exists and runs here)."""
+    from slurm_gpueff import jobstate
+    from slurm_gpueff.access.privacy import Viewer
+    from slurm_gpueff.reports.jobview import EXIT_DENIED, EXIT_RUNNING, SeffQuery, answer
+
+    config = Config({"paths": {"state_dir": str(tmp_path / "state"), "database": str(tmp_path / "none.db")}})
+    jobstate.save(jobstate.path(config.paths.state_dir, 8200),
+                  {"start_time": 1.7e9, "job": {"job_id": 8200, "user": "bob", "uid": 1002, "account": "physics"}})
+    asked = SeffQuery(jobid="8200")
+    for who, status in ((Viewer(1001, "alice"), EXIT_DENIED), (Viewer(1002, "bob"), EXIT_RUNNING),
+                        (Viewer(1003, "carol", accounts=frozenset({"physics"})), EXIT_RUNNING),
+                        (Viewer(1009, "eve", all=True), EXIT_RUNNING)):
+        got = answer(asked, config, who)
+        assert got.exit_code == status, (who, got)
+    denied = answer(asked, config, Viewer(1001, "alice"))
+    assert "belongs to another user" in denied.stderr and "running" not in denied.stderr

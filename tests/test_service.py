@@ -8,8 +8,10 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 import synthetic
@@ -18,10 +20,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import func, select
 
 from slurm_gpueff import spool
-from slurm_gpueff.config import Config
+from slurm_gpueff.config import Config, read_secret
+from slurm_gpueff.errors import GpueffError
 from slurm_gpueff.models import Job, JobGpuTimeline
 from slurm_gpueff.service import tasks
 from slurm_gpueff.service.metrics import registry_for
+from slurm_gpueff.service.metrics import serve as metrics_serve
 from slurm_gpueff.service.scheduler import build_scheduler
 from slurm_gpueff.service.summarize import summarize_pending
 from slurm_gpueff.storage.db import make_engine
@@ -39,7 +43,7 @@ def config(tmp_path, **service) -> Config:
 
 @pytest.fixture
 def loaded(tmp_path):
-    cfg = config(tmp_path, metrics_top_users=3, metrics_top_accounts=100)
+    cfg = config(tmp_path, metrics_top_users=3, metrics_top_accounts=100, metrics_per_user=True)
     for i in range(60):
         spool.write_record(cfg.paths.spool_dir, synthetic.record(i + 1, gpus=2, timeline_points=3,
                                                                  end=1.70e9 + i * 3600))
@@ -85,6 +89,44 @@ def test_metrics_parse_and_equal_the_database(loaded):
     waste = {s.labels["account"]: s.value for s in fams["gpueff_gpu_hours_wasted"].samples}
     assert all(v >= 0 for v in waste.values()) and waste
     assert fams["gpueff_database_up"].samples[0].value == 1
+
+
+def test_no_per_user_series_unless_the_site_asks(loaded):
+    """A user's GPU-hours and waste are theirs: by default /metrics has accounts only."""
+    cfg, engine = loaded
+    default = config(Path(cfg.paths.spool_dir).parent, metrics_top_accounts=100)
+    assert not default.service.metrics_per_user
+    fams = families(engine, default)
+    assert fams["gpueff_gpu_hours_allocated"].samples and fams["gpueff_jobs"].samples
+    assert not [name for name in fams if name.startswith("gpueff_user_")]
+    assert all("user" not in s.labels for f in fams.values() for s in f.samples)
+    assert [name for name in families(engine, cfg) if name.startswith("gpueff_user_")]  # the site asked
+
+
+def test_metrics_answer_only_the_bearer_token_when_one_is_set(loaded, tmp_path):
+    """[service] metrics_token_file: a scrape without the token, or with another, gets 401 and no figure;
+    Prometheus' authorization header gets the figures. A token file every user may read is refused."""
+    cfg, engine = loaded
+    token = tmp_path / "metrics.token"
+    token.write_text("s3cret-token\n")
+    token.chmod(0o600)
+    server, _thread = metrics_serve(registry_for(engine, cfg), "127.0.0.1", 0, read_secret(
+        str(token), "service.metrics_token_file", "the token"))
+    url = f"http://127.0.0.1:{server.server_port}/metrics"
+    try:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret-token"}):
+            with pytest.raises(urllib.error.HTTPError) as denied:
+                urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10)
+            assert denied.value.code == 401 and b"gpueff_" not in denied.value.read()
+        ok = urllib.request.urlopen(urllib.request.Request(url, headers={"Authorization": "Bearer s3cret-token"}),
+                                    timeout=10).read().decode()
+        assert "gpueff_gpu_hours_allocated_total" in ok
+    finally:
+        server.shutdown()
+        server.server_close()
+    token.chmod(0o644)
+    with pytest.raises(GpueffError, match="readable by every user"):
+        read_secret(str(token), "service.metrics_token_file", "the token")
 
 
 def test_retention_drops_old_timelines_only(loaded):
@@ -197,3 +239,26 @@ def test_a_site_plugin_adds_a_scheduled_task(tmp_path):
     assert "task site_check: every 0.5 s" in out and "site check done" in out
     assert "plugin gpueff_no_such_plugin: ModuleNotFoundError" in out
     assert marker.read_text().splitlines()[0] == Config().site.cluster
+
+
+def test_doctor_warns_when_every_users_figures_are_open(tmp_path):
+    """doctor: per-user series without a token are a warning naming the fix; a token file it cannot use
+    fails; the default (no per-user series) adds no line."""
+    from slurm_gpueff.cli import doctor
+
+    def doctor_lines(cfg: Config) -> list[tuple[str, str]]:
+        rep = doctor.Report()
+        doctor.check_metrics(rep, cfg)
+        return [(line["status"], line["detail"]) for line in rep.lines]
+
+    assert doctor_lines(config(tmp_path)) == []
+    open_ = doctor_lines(config(tmp_path, metrics_per_user=True))
+    assert [s for s, _ in open_] == [doctor.WARN] and "metrics_token_file" in open_[0][1]
+    token = tmp_path / "t"
+    token.write_text("Zq9-metrics-secret\n")
+    token.chmod(0o644)
+    bad = doctor_lines(config(tmp_path, metrics_per_user=True, metrics_token_file=str(token)))
+    assert [s for s, _ in bad] == [doctor.FAIL] and "readable by every user" in bad[0][1]
+    token.chmod(0o600)
+    good = doctor_lines(config(tmp_path, metrics_per_user=True, metrics_token_file=str(token)))
+    assert [s for s, _ in good] == [doctor.PASS] and "Zq9-metrics-secret" not in good[0][1]

@@ -390,10 +390,33 @@ def check_db_files(rep: Report, path: str) -> None:
         rep.add(PASS, "database files", f"{path} and its directory private to their owner")
 
 
+def check_metrics(rep: Report, cfg: Config) -> None:
+    """The service's /metrics: per-user series (each user's GPU-hours and waste) must not be open to every local
+    user. Says nothing where there is nothing to say (no per-user series, no token file)."""
+    from ..config import read_secret
+    from ..errors import GpueffError
+
+    s = cfg.service
+    if not s.metrics_port or not (s.metrics_per_user or s.metrics_token_file):
+        return
+    if s.metrics_token_file:
+        try:
+            read_secret(s.metrics_token_file, "service.metrics_token_file", "the bearer token Prometheus sends")
+        except GpueffError as exc:
+            rep.add(FAIL, "metrics", f"{exc}; `gpueff serve` refuses to start")
+            return
+        rep.add(PASS, "metrics", f"/metrics on {s.metrics_address}:{s.metrics_port} answers only the bearer token "
+                                 f"in {s.metrics_token_file}")
+    else:
+        rep.add(WARN, "metrics", f"service.metrics_per_user = true and no service.metrics_token_file: every local "
+                                 f"user can read every user's GPU-hours on {s.metrics_address}:{s.metrics_port}; "
+                                 "set a token file (chmod 600) and Prometheus' authorization.credentials_file")
+
+
 CHECKS: tuple[tuple[str, Callable[[Report, Config], None]], ...] = (
     ("nvml", check_nvml), ("driver ids", check_proc), ("dcgm", check_dcgm), ("backend", check_backend),
     ("agent", check_agent), ("slurm", check_slurm), ("dirs", check_dirs), ("spool", check_spool),
-    ("database", check_db),
+    ("database", check_db), ("metrics", check_metrics),
 )
 
 

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ..access.privacy import Denied, Viewer, denied_message, shown, table_scope
+from ..access.privacy import Denied, Viewer, denied_message, may_see, shown, table_scope
 from ..errors import GpueffError
 
 if TYPE_CHECKING:
@@ -219,7 +219,8 @@ def _read_timelines(config: Config, gpus: list[Any]) -> dict[int, list[Any]]:
         engine.dispose()
 
 
-def still_running(spec: JobSpec, config: Config, timeout: float | None = None) -> str | None:
+def still_running(spec: JobSpec, config: Config, timeout: float | None = None,
+                  viewer: Viewer | None = None) -> str | None:
     """Why we think the job has not finished (None if it has or we cannot tell).
 
     Two signs, cheapest first: the Prolog's state file for the job on this node, then ``squeue``
@@ -231,10 +232,27 @@ def still_running(spec: JobSpec, config: Config, timeout: float | None = None) -
 
     plain = spec.task is None and spec.het_offset is None
     if plain and jobstate.exists(config.paths.state_dir, spec.job):
+        if viewer is not None and not _may_see_running(config, spec, viewer):
+            raise Denied(denied_message(str(spec), viewer))  # as the finished job's card would answer
         return "it is still running on this node (its Prolog state file exists)"
     state = commands.active_state(SlurmRunner.from_config(config), str(spec),
                                   commands.SQUEUE_TIMEOUT_S if timeout is None else timeout)
     return f"squeue reports it {state}" if state else None
+
+
+def _may_see_running(config: Config, spec: JobSpec, viewer: Viewer) -> bool:
+    """Whether ``viewer`` may see job ``spec``, running on this node, by the owner its Prolog saved; a state
+    that names no owner (unreadable, or from a version before it did) is shown to those who see every job."""
+    from types import SimpleNamespace
+
+    from .. import jobstate
+
+    saved, _problem = jobstate.load(jobstate.path(config.paths.state_dir, spec.job))
+    ident = saved.get("job") if saved is not None else None
+    if not isinstance(ident, dict):
+        return viewer.all
+    return may_see(viewer, SimpleNamespace(uid=ident.get("uid"), user=ident.get("user"),
+                                           account=ident.get("account")))
 
 
 def lookup(config: Config, spec: JobSpec, cluster: str | None) -> list[tuple[Any, list[Any]]]:
@@ -309,7 +327,7 @@ def _inquire(spec: JobSpec, config: Config, cluster: str | None,
     if hidden and not found:
         raise Denied(denied_message(str(spec), viewer))
     if not found:
-        running = still_running(spec, config)
+        running = still_running(spec, config, viewer=viewer)
         if running:
             raise Refused(f"job {spec} has not finished: {running}. Its GPU card is available after it ends.",
                           EXIT_RUNNING)

@@ -1,4 +1,8 @@
-"""Prometheus ``/metrics``: per-account and per-user GPU-hour counters and jobs by verdict.
+"""Prometheus ``/metrics``: per-account (and, where a site asks, per-user) GPU-hour counters and jobs by verdict.
+
+A user's GPU-hours and waste are theirs: the per-user series exist only with ``[service] metrics_per_user =
+true``, and ``[service] metrics_token_file`` makes the endpoint answer only a scrape that sends that bearer
+token (Prometheus ``authorization: {credentials_file: ...}``); any local user can reach 127.0.0.1.
 
 Read at scrape time from the month rows of ``usage_rollup`` (a few thousand rows at most), so a scrape
 costs one small GROUP BY, not a scan of the jobs. Counters are all-time totals (they only grow, except
@@ -14,11 +18,15 @@ under ``other``; an unknown user or account reads ``unknown``. A figure nobody m
 from __future__ import annotations
 
 import contextlib
+import hmac
 import os
+import socketserver
+import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -86,8 +94,9 @@ class UsageCollector(Collector):
     def collect(self) -> Iterator[Any]:
         s = self.config.service
         try:
-            groups = {"account": _capped(self._rows("account"), "account", s.metrics_top_accounts),
-                      "user": _capped(self._rows("user"), "user", s.metrics_top_users)}
+            groups = {"account": _capped(self._rows("account"), "account", s.metrics_top_accounts)}
+            if s.metrics_per_user:
+                groups["user"] = _capped(self._rows("user"), "user", s.metrics_top_users)
         except Exception:  # noqa: BLE001 - a scrape must answer even with the database down
             groups = {}
         yield GaugeMetricFamily("gpueff_database_up", "1 if the last scrape could read the job database",
@@ -131,3 +140,34 @@ def registry_for(engine: Any, config: Config, ctx: Context | None = None) -> Any
     reg = CollectorRegistry()
     reg.register(UsageCollector(engine, config, ctx))
     return reg
+
+
+class _ThreadingWSGIServer(socketserver.ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        pass
+
+
+def serve(registry: Any, address: str, port: int, token: str | None) -> tuple[WSGIServer, threading.Thread]:
+    """/metrics of ``registry`` on ``address:port`` in a daemon thread. With ``token``, a scrape without
+    ``Authorization: Bearer <token>`` gets 401 and no figure; the token is compared in constant time."""
+    from prometheus_client import make_wsgi_app
+
+    app = make_wsgi_app(registry)
+    expected = f"Bearer {token}".encode() if token else None
+
+    def guarded(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        given = str(environ.get("HTTP_AUTHORIZATION", "")).encode()
+        if expected is not None and not hmac.compare_digest(given, expected):
+            start_response("401 Unauthorized", [("Content-Type", "text/plain; charset=utf-8"),
+                                                ("WWW-Authenticate", 'Bearer realm="gpueff"')])
+            return [b"a bearer token is required ([service] metrics_token_file)\n"]
+        return app(environ, start_response)
+
+    server = make_server(address, port, guarded, _ThreadingWSGIServer, handler_class=_QuietHandler)
+    thread = threading.Thread(target=server.serve_forever, name="gpueff-metrics", daemon=True)
+    thread.start()
+    return server, thread

@@ -70,12 +70,13 @@ def serve(config: Config) -> int:
     server = None
     s = config.service
     if s.metrics_port:
-        from prometheus_client import start_http_server
-
+        from ..config import read_secret
         from .metrics import registry_for
+        from .metrics import serve as serve_metrics
 
-        server, _thread = start_http_server(s.metrics_port, addr=s.metrics_address,
-                                            registry=registry_for(engine, config, ctx))
+        token = read_secret(s.metrics_token_file, "service.metrics_token_file", "the bearer token Prometheus "
+                            "sends") if s.metrics_token_file else None
+        server, _thread = serve_metrics(registry_for(engine, config, ctx), s.metrics_address, s.metrics_port, token)
         log.info("metrics on http://%s:%d/metrics", s.metrics_address, s.metrics_port)
 
     api = None

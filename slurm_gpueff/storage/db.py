@@ -28,7 +28,7 @@ from sqlalchemy.engine import URL, Connection, Engine, ExceptionContext, make_ur
 from sqlmodel import SQLModel, create_engine
 
 from .. import models  # noqa: F401  (registers the tables on SQLModel.metadata)
-from ..errors import GpueffError
+from ..config import read_secret
 from .dburl import database_url, sqlite_file
 
 if TYPE_CHECKING:
@@ -103,20 +103,7 @@ def create_private(path: str) -> None:
 def read_password(path: str) -> str:
     """The database password: the first line of ``paths.database_password_file`` (its newline stripped).
     A file every user may read is refused: the password would be no more private than in the config."""
-    key = "paths.database_password_file"
-    try:
-        with open(path, "rb") as fh:
-            mode = os.fstat(fh.fileno()).st_mode
-            if mode & 0o004:
-                raise GpueffError(f"{key} {path} is readable by every user (mode {mode & 0o7777:04o}): "
-                                  f"chmod 600 {path} (or 640 with the service's group)")
-            line = fh.readline(65536)
-    except OSError as exc:
-        raise GpueffError(f"cannot read {key} {path}: {exc.strerror or exc}") from None
-    password = line.rstrip(b"\r\n").decode("utf-8", "replace")
-    if not password:
-        raise GpueffError(f"{key} {path}: the first line is empty (it holds the database password)")
-    return password
+    return read_secret(path, "paths.database_password_file", "the database password")
 
 
 class DatabaseDamaged(sa_exc.OperationalError):
