@@ -297,3 +297,25 @@ def test_another_users_job_running_here_answers_like_any_other_path(tmp_path):
         assert got.exit_code == status, (who, got)
     denied = answer(asked, config, Viewer(1001, "alice"))
     assert "belongs to another user" in denied.stderr and "running" not in denied.stderr
+
+
+def test_another_users_job_that_squeue_shows_answers_like_any_other_path(tmp_path, monkeypatch):
+    """Where no Prolog state is on this host, squeue says whether the job still runs, and whose it is: only
+    those who may see the card hear that it runs. (The squeue here is a stand-in printing what
+    `squeue -h -o '%T|%u|%a'` prints; the real one of three Slurm versions runs in tests/slurm/.)"""
+    from slurm_gpueff.access.privacy import Viewer
+    from slurm_gpueff.reports.jobview import EXIT_DENIED, EXIT_RUNNING, SeffQuery, answer
+    from slurm_gpueff.slurm.commands import ActiveJob, parse_active
+
+    squeue = tmp_path / "squeue"
+    squeue.write_text("#!/bin/sh\necho 'RUNNING|bob|physics'\n")
+    squeue.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    config = Config({"paths": {"state_dir": str(tmp_path / "state"), "database": str(tmp_path / "none.db")}})
+    asked = SeffQuery(jobid="8300")
+    assert answer(asked, config, Viewer(1001, "alice")).exit_code == EXIT_DENIED
+    assert answer(asked, config, Viewer(1002, "bob")).exit_code == EXIT_RUNNING
+    assert answer(asked, config, Viewer(1003, "carol", accounts=frozenset({"physics"}))).exit_code == EXIT_RUNNING
+    assert parse_active("PENDING|alice|vision\nRUNNING|alice|vision\n") == ActiveJob("PENDING", "alice", "vision")
+    assert parse_active("RUNNING\n") == ActiveJob("RUNNING", None, None)
+    assert parse_active("COMPLETED|a|b\n") is None

@@ -235,24 +235,35 @@ def still_running(spec: JobSpec, config: Config, timeout: float | None = None,
         if viewer is not None and not _may_see_running(config, spec, viewer):
             raise Denied(denied_message(str(spec), viewer))  # as the finished job's card would answer
         return "it is still running on this node (its Prolog state file exists)"
-    state = commands.active_state(SlurmRunner.from_config(config), str(spec),
-                                  commands.SQUEUE_TIMEOUT_S if timeout is None else timeout)
-    return f"squeue reports it {state}" if state else None
+    job = commands.active_job(SlurmRunner.from_config(config), str(spec),
+                              commands.SQUEUE_TIMEOUT_S if timeout is None else timeout)
+    if job is None:
+        return None
+    if viewer is not None and not _may_see_owner(viewer, job.uid, job.user, job.account):
+        raise Denied(denied_message(str(spec), viewer))
+    return f"squeue reports it {job.state}"
 
 
 def _may_see_running(config: Config, spec: JobSpec, viewer: Viewer) -> bool:
     """Whether ``viewer`` may see job ``spec``, running on this node, by the owner its Prolog saved; a state
     that names no owner (unreadable, or from a version before it did) is shown to those who see every job."""
-    from types import SimpleNamespace
-
     from .. import jobstate
 
     saved, _problem = jobstate.load(jobstate.path(config.paths.state_dir, spec.job))
     ident = saved.get("job") if saved is not None else None
     if not isinstance(ident, dict):
         return viewer.all
-    return may_see(viewer, SimpleNamespace(uid=ident.get("uid"), user=ident.get("user"),
-                                           account=ident.get("account")))
+    return _may_see_owner(viewer, ident.get("uid"), ident.get("user"), ident.get("account"))
+
+
+def _may_see_owner(viewer: Viewer, uid: object, user: object, account: object) -> bool:
+    """The privacy rules for a running job known only by its owner's ids; an owner nobody named is seen only
+    by those who see every job."""
+    if uid is None and user is None:
+        return viewer.all
+    from types import SimpleNamespace
+
+    return may_see(viewer, SimpleNamespace(uid=uid, user=user, account=account))
 
 
 def lookup(config: Config, spec: JobSpec, cluster: str | None) -> list[tuple[Any, list[Any]]]:

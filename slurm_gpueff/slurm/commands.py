@@ -98,15 +98,33 @@ def squeue_jobs(slurm: SlurmRunner, ids: list[int], timeout_s: float = ALERTS_TI
                                   timeout_s))
 
 
-def active_state(slurm: SlurmRunner, spec: str, timeout_s: float = SQUEUE_TIMEOUT_S) -> str | None:
-    """The state squeue shows job ``spec`` in while it is pending or running, else None (ended, unknown to
-    the controller, or no answer: seff-gpu then says what the database knows)."""
+class ActiveJob(NamedTuple):
+    """A job squeue shows pending or running, and whose it is (None where squeue did not say)."""
+
+    state: str
+    user: str | None
+    account: str | None
+    uid: int | None = None  # squeue gives names; the privacy rules match a name when there is no uid
+
+
+def parse_active(text: str) -> ActiveJob | None:
+    """The first pending or running job of ``squeue -h -o '%T|%u|%a'`` (an array prints a line per task)."""
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split("|")]
+        if cells[0].upper() in ACTIVE_STATES:
+            user = cells[1] if len(cells) > 1 and cells[1] else None
+            account = cells[2] if len(cells) > 2 and cells[2] else None
+            return ActiveJob(cells[0].upper(), user, account)
+    return None
+
+
+def active_job(slurm: SlurmRunner, spec: str, timeout_s: float = SQUEUE_TIMEOUT_S) -> ActiveJob | None:
+    """Job ``spec`` while squeue shows it pending or running, else None (ended, unknown to the controller, or
+    no answer: seff-gpu then says what the database knows)."""
     try:
-        out = slurm.run("squeue", ["-h", "-j", spec, "-o", "%T"], timeout_s)
+        return parse_active(slurm.run("squeue", ["-h", "-j", spec, "-o", "%T|%u|%a"], timeout_s))
     except SlurmCommandError:
         return None
-    active = [s for s in out.upper().split() if s in ACTIVE_STATES]
-    return active[0] if active else None
 
 
 def set_admin_comment(slurm: SlurmRunner, job_id: int, text: str, timeout_s: float = ALERTS_TIMEOUT_S) -> None:
