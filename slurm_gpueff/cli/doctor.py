@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import stat
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -413,17 +414,123 @@ def check_metrics(rep: Report, cfg: Config) -> None:
                                  "set a token file (chmod 600) and Prometheus' authorization.credentials_file")
 
 
+def _closed_to_others(path: str, want: int) -> str | None:
+    """The first folder on the way to ``path`` that other users cannot enter, or ``path`` itself when they
+    lack ``want`` (stat bits for others) on it; None when every user can reach and use it."""
+    path = os.path.abspath(path)
+    parts = path.split(os.sep)
+    for i in range(2, len(parts)):
+        d = os.sep.join(parts[:i]) or os.sep
+        try:
+            if not os.stat(d).st_mode & stat.S_IXOTH:
+                return d
+        except OSError:
+            return d
+    try:
+        return None if os.stat(path).st_mode & want == want else path
+    except OSError:
+        return path
+
+
+def _mode(path: str) -> str:
+    try:
+        return f"{stat.S_IMODE(os.stat(path).st_mode):04o}"
+    except OSError as exc:
+        return f"unreadable: {exc.strerror or exc}"
+
+
+def check_install(rep: Report, cfg: Config, bad: str = FAIL) -> None:
+    """Users run seff-gpu with this interpreter and this package: every folder on the way must let them in.
+    An interpreter under /root (pyenv's default, mode 0700) installs fine as root and is useless to them."""
+    import slurm_gpueff
+
+    places = [("interpreter", os.path.realpath(sys.executable), stat.S_IROTH | stat.S_IXOTH),
+              ("venv", sys.executable, stat.S_IXOTH),
+              ("package", os.path.dirname(os.path.abspath(slurm_gpueff.__file__)), stat.S_IROTH | stat.S_IXOTH)]
+    closed = [(what, where, blocked) for what, where, want in places
+              if (blocked := _closed_to_others(where, want)) is not None]
+    if not closed:
+        rep.add(PASS, "install", f"{sys.executable} and slurm_gpueff usable by every user")
+        return
+    for what, where, blocked in closed:
+        rep.add(bad, f"install {what}", f"{where}: {blocked} is closed to other users (mode {_mode(blocked)}), "
+                "so users cannot run seff-gpu: install into a venv made with a system interpreter (e.g. "
+                "/usr/bin/python3 -m venv /opt/slurm-gpueff/venv)")
+
+
+def check_install_warn(rep: Report, cfg: Config) -> None:
+    check_install(rep, cfg, bad=WARN)
+
+
+def check_munge(rep: Report, cfg: Config) -> None:
+    """A credential from this host's munged: seff-gpu proves who asks with it."""
+    from ..access import munge
+
+    try:
+        munge.encode("gpueff doctor", cfg.service.munge_socket, timeout_s=5.0)
+    except munge.MungeError as exc:
+        rep.add(FAIL, "munge", f"no credential from munged: {exc}")
+        return
+    rep.add(PASS, "munge", "munged gives credentials" + (f" ({cfg.service.munge_socket})"
+                                                          if cfg.service.munge_socket else ""))
+
+
+def check_api(rep: Report, cfg: Config) -> None:
+    """The service's API answers here: seff-gpu on a host without the database reads through it."""
+    from .seff import api_url, connection
+
+    url = api_url(cfg.service)
+    if not url:
+        rep.add(FAIL, "api", "no [service] api_url (nor api_listen): seff-gpu here cannot reach the service; set "
+                             "api_url to the service host's address, e.g. http://gpueff.example.org:9820")
+        return
+    try:
+        conn = connection(url, cfg.service.api_timeout_s)
+        try:
+            conn.request("GET", "/v1/health")
+            r = conn.getresponse()
+            status, body = r.status, r.read(16)
+        finally:
+            conn.close()
+    except (OSError, ValueError) as exc:
+        rep.add(FAIL, "api", f"{url} does not answer ({exc}): is `gpueff serve` running with [service] api_listen?")
+        return
+    ok = status == 200 and body.startswith(b"ok")
+    rep.add(PASS if ok else FAIL, "api", f"{url} answers" if ok else f"{url}: /v1/health answered {status}")
+
+
+def check_api_served(rep: Report, cfg: Config) -> None:
+    """On the service host: the API where one is configured (api_listen), and munged with it."""
+    if not cfg.service.api_listen:
+        rep.add(WARN, "api", "no [service] api_listen: users on other hosts cannot read their cards")
+        return
+    check_munge(rep, cfg)
+    check_api(rep, cfg)
+
+
 CHECKS: tuple[tuple[str, Callable[[Report, Config], None]], ...] = (
     ("nvml", check_nvml), ("driver ids", check_proc), ("dcgm", check_dcgm), ("backend", check_backend),
     ("agent", check_agent), ("slurm", check_slurm), ("dirs", check_dirs), ("spool", check_spool),
     ("database", check_db), ("metrics", check_metrics),
 )
 
+# What each host of a site needs: a GPU node runs the hooks and the agent, the service host ingests and serves,
+# a login node only runs seff-gpu against the service. Without a role: CHECKS, every check but the role-only ones.
+ROLES: dict[str, tuple[tuple[str, Callable[[Report, Config], None]], ...]] = {
+    "node": (("install", check_install), ("nvml", check_nvml), ("driver ids", check_proc), ("dcgm", check_dcgm),
+             ("backend", check_backend), ("agent", check_agent), ("slurm", check_slurm), ("dirs", check_dirs),
+             ("spool", check_spool)),
+    "service": (("install", check_install_warn), ("dirs", check_dirs), ("spool", check_spool),
+                ("database", check_db), ("metrics", check_metrics), ("api", check_api_served)),
+    "login": (("install", check_install), ("munge", check_munge), ("api", check_api)),
+}
 
-def run(cfg: Config, as_json: bool = False) -> int:
+
+
+def run(cfg: Config, as_json: bool = False, role: str = "all") -> int:
     rep = Report()
     rep.add(PASS, "config", f"{cfg.source}: collector.backend = {cfg.collector.backend!r}")
-    for name, check in CHECKS:
+    for name, check in ROLES.get(role, CHECKS):
         try:
             check(rep, cfg)
         except Exception as exc:  # noqa: BLE001 - a probe that crashes is itself a finding

@@ -27,6 +27,10 @@ def add_parsers(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     dr = sub.add_parser("doctor", parents=[common], help="check this node: NVML, GPM, MIG, DCGM, agent, Slurm "
                                                          "hooks, spool, database (PASS/WARN/FAIL per line)")
     dr.add_argument("--json", action="store_true", help="print as JSON")
+    dr.add_argument("--role", choices=("all", "service", "node", "login"), default="all",
+                    help="check what this host's role needs: service (ingest, database, /metrics, API), node "
+                         "(GPUs, agent, Slurm hooks, spool), login (seff-gpu for users: interpreter, munge, API); "
+                         "default all")
 
     sub.add_parser("version", help="print the version")
 
@@ -47,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     if args.command == "doctor":
         from . import doctor
 
-        return doctor.run(config, args.json)
+        return doctor.run(config, args.json, args.role)
     return _config_check(config, args.json)
 
 
