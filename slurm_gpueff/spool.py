@@ -41,6 +41,8 @@ INCOMING = "incoming"
 QUARANTINE = "quarantine"
 STALE_TMP_S = 3600.0  # a temp file this old was left by a writer that died
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
+# What record_name makes: the only names ingest and the service take (anything else is quarantined).
+RECORD_NAME = re.compile(r"job-[0-9]+-[A-Za-z0-9_.~-]+\.json")
 FALLBACK_NAME = "slurm-gpueff-spool-fallback"
 
 
@@ -220,6 +222,17 @@ def quarantine(spool_dir: str, path: str, error: str) -> str:
     os.replace(path, dest)
     atomic_write(dest + ".error", (error.rstrip() + "\n").encode())
     return dest
+
+def quarantine_data(spool_dir: str, name: str, data: bytes, error: str) -> str:
+    """Keep a record that arrived over the network and was refused, with its ``.error``, in ``quarantine/``
+    under a new name (``name`` is the sender's, so only its safe characters are kept)."""
+    ensure_dirs(spool_dir)
+    base = f"{time.time_ns()}-{_SAFE.sub('_', name)[:160] or 'record'}"
+    dest = os.path.join(spool_dir, QUARANTINE, base)
+    atomic_write(dest, data)
+    atomic_write(dest + ".error", (error.rstrip() + "\n").encode())
+    return dest
+
 
 def spool_dirs(cfg: Config, env: Mapping[str, str]) -> list[str]:
     """The configured spool, then the fallbacks in the order the hook tries them."""

@@ -21,9 +21,9 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 
 import pytest
+from daemons import free_port, start_munged, wait_health
 from sites import sim_record, site_config, spool_records
 
 from slurm_gpueff import spool
@@ -44,44 +44,6 @@ GPUSER_UID = int(subprocess.run(["id", "-u", USER], capture_output=True, text=Tr
 JOBS = {100: (USER, GPUSER_UID, "vision"), 101: (USER, GPUSER_UID, "physics"),
         200: ("root", 0, "vision"), 201: ("root", 0, "physics")}
 NO_GPU_REASON = "SLURM_JOB_GPUS='gpu:weird' cannot be parsed"
-
-
-def start_munged(base: str, name: str) -> tuple[subprocess.Popen, str]:
-    d = os.path.join(base, name)
-    os.makedirs(d, mode=0o755)
-    key = os.path.join(d, "munge.key")
-    subprocess.run(["mungekey", "--create", f"--keyfile={key}"], check=True, capture_output=True)
-    sock = os.path.join(d, "munge.sock")
-    proc = subprocess.Popen(["munged", "--foreground", "--force", f"--socket={sock}", f"--key-file={key}",
-                             f"--pid-file={d}/munged.pid", f"--log-file={d}/munged.log", f"--seed-file={d}/seed"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(100):
-        if os.path.exists(sock):
-            return proc, sock
-        time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError("munged did not start")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_health(conn_factory, proc: subprocess.Popen, log: str) -> None:
-    for _ in range(300):
-        if proc.poll() is not None:
-            raise RuntimeError(f"gpueff serve exited {proc.returncode}: {pathlib.Path(log).read_text()[-2000:]}")
-        try:
-            c = conn_factory()
-            c.request("GET", "/v1/health")
-            if c.getresponse().status == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError("the API did not come up")
 
 
 class UnixConn(http.client.HTTPConnection):

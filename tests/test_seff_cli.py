@@ -18,7 +18,7 @@ import pytest
 from sites import NO_GPM, job_site, sim_record, store
 from sqlmodel import Session
 
-from slurm_gpueff.cli import seff
+from slurm_gpueff.access.client import api_url
 from slurm_gpueff.config import Config
 from slurm_gpueff.models import Job
 from slurm_gpueff.reports.jobview import still_running
@@ -261,7 +261,7 @@ def test_console_script_points_at_main():
 
 def test_service_address_from_api_listen():
     def url(**service):
-        return seff.api_url(Config({"service": service}).service)
+        return api_url(Config({"service": service}).service)
 
     assert url() == ""
     assert url(api_listen="unix:/run/gpueff/api.sock") == "unix:/run/gpueff/api.sock"

@@ -1,7 +1,8 @@
 """The spool takes only what the nodes wrote: real files of every kind in a real spool, real ``gpueff ingest``
-and ``gpueff forward --once`` processes, real SQLite and PostgreSQL. A symbolic link, a FIFO, a socket, a
-directory, a group- or world-writable file, a file of another owner, an oversized file and a badly named
-file go to ``quarantine/`` with the reason; the real records beside them are ingested exactly once.
+processes, real SQLite (``gpueff forward`` applies the same trust on a node: tests/test_push.py). A symbolic
+link, a FIFO, a socket, a directory, a group- or world-writable file, a file of another owner, an oversized
+file and a badly named file go to ``quarantine/`` with the reason; the real records beside them are
+ingested exactly once.
 """
 
 from __future__ import annotations
@@ -143,23 +144,3 @@ def test_the_configured_owner_by_name_or_uid_is_trusted_besides_root(tmp_path):
 def test_by_default_the_owner_of_incoming_is_trusted(tmp_path):
     spool.ensure_dirs(str(tmp_path))
     assert spool_trust(str(tmp_path)).owners == {0, os.stat(tmp_path / "incoming").st_uid}
-
-
-@pytest.mark.process
-@needs_root
-@pytest.mark.postgres
-def test_forward_quarantines_the_same_and_forwards_the_rest_once(tmp_path, pg_url):  # noqa: F811
-    config = write_config(tmp_path, pg_url, max_file_mb=1)
-    up = gpueff(config, "db", "upgrade")
-    assert up.returncode == 0, up.stderr
-    spool_dir = str(tmp_path / "spool")
-    bad = plant(spool_dir, tmp_path)
-    p = gpueff(config, "forward", "--once", timeout=60)
-    assert p.returncode == 0, p.stderr
-    check_quarantine(spool_dir, bad)
-    from sqlalchemy import create_engine, text
-
-    engine = create_engine(pg_url)
-    with engine.connect() as conn:
-        assert sorted(r[0] for r in conn.execute(text("SELECT job_id FROM job"))) == list(GOOD)
-    engine.dispose()

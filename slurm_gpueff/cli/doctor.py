@@ -477,7 +477,7 @@ def check_munge(rep: Report, cfg: Config) -> None:
 
 def check_api(rep: Report, cfg: Config) -> None:
     """The service's API answers here: seff-gpu on a host without the database reads through it."""
-    from .seff import api_url, connection
+    from ..access.client import api_url, connection
 
     url = api_url(cfg.service)
     if not url:

@@ -18,10 +18,8 @@ MUNGE credential. The service path imports nothing beyond the standard library.
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import os
-import socket
 import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
@@ -280,75 +278,24 @@ PRIVATE = ("the job database is private to the service account, and no seff-gpu 
            "through the service\")")
 
 
-def api_url(service: ServiceConfig) -> str:
-    """``[service] api_url``, else derived from ``api_listen`` (a wildcard address -> this host's loopback)."""
-    if service.api_url or not service.api_listen:
-        return service.api_url
-    if service.api_listen.startswith("unix:"):
-        return service.api_listen
-    host, _, port = service.api_listen.rpartition(":")
-    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "[::]": "::1"}.get(host, host)
-    return f"http://{f'[{host}]' if ':' in host and not host.startswith('[') else host}:{port}"
-
-
-class UnixHTTPConnection(http.client.HTTPConnection):
-    """HTTP over a Unix socket (``unix:/PATH``): the service's API where everything runs on one host."""
-
-    def __init__(self, path: str, timeout: float):
-        super().__init__("localhost", timeout=timeout)
-        self.unix_path = path
-
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        try:
-            sock.connect(self.unix_path)
-        except OSError:
-            sock.close()
-            raise
-        self.sock = sock
-
-
-def connection(url: str, timeout: float) -> http.client.HTTPConnection:
-    if url.startswith("unix:"):
-        return UnixHTTPConnection(url[len("unix:"):], timeout)
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url)
-    cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    return cls(parts.hostname or "localhost", parts.port, timeout=timeout)
-
-
 def ask_service(query: SeffQuery, service: ServiceConfig) -> Answer:
     """The Answer from ``gpueff serve``'s API, authenticated with a MUNGE credential bound to this query."""
-    from ..access import munge
+    from ..access.client import Unreachable, api_url, post_signed
 
-    url = api_url(service)
-    if not url:
+    if not api_url(service):
         raise CommandError(PRIVATE, EXIT_ERROR)
     body = json.dumps(query._asdict(), sort_keys=True).encode()
-    fail = f"cannot reach the seff-gpu service at {url}"
     try:
-        cred = munge.encode(munge.body_digest(body), service.munge_socket, service.api_timeout_s)
-    except munge.MungeError as exc:
-        raise CommandError(f"{fail}: {exc}", EXIT_ERROR) from None
-    conn = connection(url, service.api_timeout_s)
+        reply = post_signed(service, API_PATH, body, name="the seff-gpu service")
+    except Unreachable as exc:
+        raise CommandError(str(exc), EXIT_ERROR) from None
+    if reply.status != 200:
+        raise CommandError(f"cannot reach the seff-gpu service at {api_url(service)}: HTTP {reply.status}: "
+                           f"{reply.reason()}", EXIT_ERROR)
     try:
-        conn.request("POST", API_PATH, body, {"Authorization": f"MUNGE {cred}", "Content-Type": "application/json"})
-        resp = conn.getresponse()
-        data = resp.read()
-    except (OSError, http.client.HTTPException) as exc:
-        raise CommandError(f"{fail}: {getattr(exc, 'strerror', None) or exc or type(exc).__name__}",
-                           EXIT_ERROR) from None
-    finally:
-        conn.close()
-    if resp.status != 200:
-        why = data.decode("utf-8", "replace").strip().splitlines()
-        raise CommandError(f"{fail}: HTTP {resp.status}: {why[0] if why else resp.reason}", EXIT_ERROR)
-    try:
-        return Answer.from_json(json.loads(data))
+        return Answer.from_json(json.loads(reply.body))
     except ValueError as exc:
-        raise CommandError(f"{fail}: {exc}", EXIT_ERROR) from None
+        raise CommandError(f"cannot read the seff-gpu service's answer: {exc}", EXIT_ERROR) from None
 
 
 if __name__ == "__main__":

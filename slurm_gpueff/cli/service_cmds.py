@@ -1,5 +1,5 @@
 """The database side: ``gpueff ingest``, ``gpueff db`` (the schema), ``gpueff serve`` (the service),
-``gpueff forward`` (a node's spool to the central database) and ``gpueff rollup``."""
+``gpueff forward`` (a node's spool to the service) and ``gpueff rollup``."""
 
 from __future__ import annotations
 
@@ -29,10 +29,10 @@ def add_parsers(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     s = sub.add_parser("serve", parents=[common], help="the service: scheduled ingest, enrichment, rollups, "
                        "retention and reports, and Prometheus /metrics (until SIGTERM)")
     s.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    f = sub.add_parser("forward", parents=[common], help="node side: ship spooled records to the central "
-                       "database (PostgreSQL); they stay in the spool until committed")
+    f = sub.add_parser("forward", parents=[common], help="node side: push spooled records to gpueff serve "
+                       "([service] api_url), signed by MUNGE; each stays in the spool until acknowledged")
     f.add_argument("--once", action="store_true", help="one pass, then exit (status 1 if records were left)")
-    f.add_argument("--batch", type=int, metavar="N", help="records per transaction (default 200)")
+    f.add_argument("--batch", type=int, metavar="N", help="records per push (default 500)")
     f.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     r = sub.add_parser("rollup", parents=[common], help="refresh the per-day/per-month usage rollups now")
     r.add_argument("--full", action="store_true", help="recompute every month, not only changed ones")
@@ -104,7 +104,7 @@ def _forward(config: Config, once: bool, batch: int | None, verbose: bool) -> in
     import signal
     import threading
 
-    from ..service.forward import run_forwarder
+    from ..node.push import run_forwarder
 
     log_to_stderr(verbose, "forward")
     stop = threading.Event()

@@ -1,2 +1,2 @@
 """The long-running service (``gpueff serve``): scheduled ingest, enrichment, rollups, retention, reports,
-and a Prometheus ``/metrics`` endpoint; plus the node-side forwarder (``gpueff forward``)."""
+a Prometheus ``/metrics`` endpoint, and the HTTP API that users read through and nodes push records to."""

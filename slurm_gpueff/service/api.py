@@ -1,16 +1,20 @@
-"""``gpueff serve``'s read-only API: how users read their jobs from a database private to the service.
+"""``gpueff serve``'s HTTP API: how users read their jobs from a database private to the service, and how
+GPU nodes hand it their records.
 
 ``POST /v1/seff``: the body is seff-gpu's query (reports.jobview.SeffQuery as JSON), the header
 ``Authorization: MUNGE <credential>``; the answer is the reports.jobview.Answer as JSON, the same bytes
-seff-gpu's direct path prints. ``GET /v1/health``: 200 ``ok``. Anything else: 404.
+seff-gpu's direct path prints. ``POST /v1/records``: a node's ``gpueff forward`` pushing spool records
+(service/intake.py), taken from root and ``[service] push_users`` only. ``GET /v1/health``: 200 ``ok``.
+Anything else: 404.
 
 Who asks is what munged vouches for, never what the request says: the service decodes the credential
 with ``unmunge`` and takes its uid. The credential's payload must be the SHA-256 of the body (recomputed
 here), so a credential cannot carry another query, and munged refuses one decoded twice. Then the
-privacy rules (slurm_gpueff.access.privacy) decide what the uid may see, as on the direct path. A missing or
-refused credential is 401, a bad body 400 (413 beyond ``MAX_BODY``), munged not answering 503; each
-with a one-line reason. One log line per request: uid, what kind of query, status, time; never a job's
-contents.
+privacy rules (slurm_gpueff.access.privacy) decide what the uid may see, as on the direct path. A missing,
+refused or (for a push) unauthorised credential is 401, a bad body 400, one too large 413 (a query beyond
+``MAX_BODY``, a push beyond ``[service] push_max_mb``), munged not answering or the database down 503; each
+with a one-line reason, and nothing written. One log line per request: uid, what kind of query, status,
+time; never a job's contents.
 
 Listens on ``[service] api_listen``: ``HOST:PORT`` (TCP) or ``unix:/PATH`` (a socket file made 0666 so
 every local user can connect; the uid still comes from MUNGE). stdlib ``http.server``, a thread per
@@ -30,14 +34,18 @@ import threading
 import time
 from typing import Any
 
-from ..access.munge import CredentialRefused, MungeError, body_digest, decode
+from sqlalchemy.engine import Engine
+
+from ..access.munge import CredentialRefused, Decoded, MungeError, body_digest, decode
 from ..access.privacy import Viewer, user_name, viewer
 from ..config import Config
 from ..reports.jobview import SeffQuery, answer
+from .intake import Intake, IntakeError, push_uids
 
 log = logging.getLogger("gpueff.api")
 
 PATH = "/v1/seff"
+RECORDS = "/v1/records"
 HEALTH = "/v1/health"
 MAX_BODY = 16 * 1024  # a query is a few hundred bytes
 COORDINATORS_TTL_S = 300.0  # sacctmgr is asked at most this often
@@ -73,10 +81,15 @@ def parse_query(body: bytes) -> SeffQuery:
 class Api:
     """The request logic, apart from HTTP: credential -> viewer -> answer."""
 
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, engine: Engine | None = None):
         self.config = config
         self._coordinators: tuple[float, dict[str, list[str]]] = (-COORDINATORS_TTL_S, {})
         self._lock = threading.Lock()
+        self.pushers = push_uids(config.service.push_users)
+        self.intake = Intake(engine, config.paths.spool_dir) if engine is not None else None
+
+    def max_body(self, path: str) -> int:
+        return int(self.config.service.push_max_mb * 1024 * 1024) if path == RECORDS else MAX_BODY
 
     def coordinators(self) -> dict[str, list[str]]:
         """Slurm's account coordinators, cached a few minutes; a failure is logged and gives none."""
@@ -100,8 +113,8 @@ class Api:
     def viewer(self, uid: int) -> Viewer:
         return viewer(self.config.privacy, uid, user_name(uid), os.getuid(), self.coordinators)
 
-    def seff(self, authorization: str | None, body: bytes) -> tuple[int, bytes, str]:
-        """(HTTP status, JSON answer, what to log) for one ``POST /v1/seff``. HttpError on refusal."""
+    def sender(self, authorization: str | None, body: bytes) -> Decoded:
+        """Who munged says made this request's credential, which must be made for exactly this body."""
         scheme, _, credential = (authorization or "").partition(" ")
         if scheme != "MUNGE" or not credential.strip():
             raise HttpError(401, "missing credential: send Authorization: MUNGE <credential> (seff-gpu does)")
@@ -113,6 +126,24 @@ class Api:
             raise HttpError(503, f"the service cannot check credentials: {exc}") from None
         if who.payload != body_digest(body):
             raise HttpError(401, f"uid {who.uid}: the credential was made for another request")
+        return who
+
+    def push(self, authorization: str | None, body: bytes) -> tuple[int, bytes, str]:
+        """(HTTP status, JSON reply, what to log) for one ``POST /v1/records``. HttpError on refusal."""
+        if self.intake is None:
+            raise HttpError(404, "this service takes no records")
+        who = self.sender(authorization, body)
+        if who.uid not in self.pushers:
+            raise HttpError(401, f"uid {who.uid} may not push records: only root and [service] push_users may")
+        try:
+            reply, what = self.intake.push(who.uid, body)
+        except IntakeError as exc:
+            raise HttpError(exc.status, str(exc)) from None
+        return 200, json.dumps(reply).encode(), what
+
+    def seff(self, authorization: str | None, body: bytes) -> tuple[int, bytes, str]:
+        """(HTTP status, JSON answer, what to log) for one ``POST /v1/seff``. HttpError on refusal."""
+        who = self.sender(authorization, body)
         query = parse_query(body)
         result = answer(query, self.config, self.viewer(who.uid))
         return 200, json.dumps(result.to_json()).encode(), f"uid {who.uid} {query.kind()} exit {result.exit_code}"
@@ -133,20 +164,24 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         t0 = time.monotonic()
-        what = "seff"
+        what = "seff" if self.path == PATH else "push"
+        api = self.server.api
         try:
-            if self.path != PATH:
+            if self.path not in (PATH, RECORDS):
                 raise HttpError(404, "not found")
             try:
                 length = int(self.headers.get("Content-Length", ""))
             except ValueError:
                 raise HttpError(411, "Content-Length required") from None
-            if length < 0 or length > MAX_BODY:
-                if 0 < length <= 64 * MAX_BODY:  # read it, so the client gets the answer, not a broken pipe
-                    self.rfile.read(length)
-                raise HttpError(413, f"the body must be at most {MAX_BODY} bytes")
+            limit = api.max_body(self.path)
+            if length < 0 or length > limit:
+                self._discard(min(length, 2 * limit))  # so the client reads the answer, not a broken pipe
+                raise HttpError(413, f"the body must be at most {limit} bytes")
             body = self.rfile.read(length)
-            status, data, what = self.server.api.seff(self.headers.get("Authorization"), body)
+            if len(body) < length:
+                raise HttpError(400, "the body ended early")
+            handle = api.seff if self.path == PATH else api.push
+            status, data, what = handle(self.headers.get("Authorization"), body)
             self._send(status, data, "application/json", what, t0)
         except HttpError as exc:
             self.close_connection = True
@@ -154,6 +189,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         except Exception:  # a bug: the caller gets one line, the log the traceback (no job contents in it)
             log.exception("api: request failed")
             self._send(500, b"internal error (see the service log)\n", "text/plain", what, t0)
+
+    def _discard(self, length: int) -> None:
+        while length > 0:
+            chunk = self.rfile.read(min(length, 1 << 20))
+            if not chunk:
+                return
+            length -= len(chunk)
 
     def _send(self, status: int, data: bytes, ctype: str, what: str, t0: float) -> None:
         self.send_response(status)
@@ -217,8 +259,9 @@ def _clear_stale(path: str) -> None:
     raise OSError(f"{path}: another service already listens there")
 
 
-def start(config: Config) -> ApiServer:
-    """Listen on ``[service] api_listen`` and serve in a daemon thread; OSError if it cannot listen."""
+def start(config: Config, engine: Engine | None = None) -> ApiServer:
+    """Listen on ``[service] api_listen`` and serve in a daemon thread; OSError if it cannot listen. With
+    ``engine``, it also takes the nodes' pushed records into that database."""
     listen = config.service.api_listen
     server: ApiServer
     if listen.startswith("unix:"):
@@ -228,7 +271,7 @@ def start(config: Config) -> ApiServer:
         host = host.strip("[]")
         cls = type("ApiServer6", (ApiServer,), {"address_family": socket.AF_INET6}) if ":" in host else ApiServer
         server = cls((host, int(port)), _Handler)
-    server.api = Api(config)
+    server.api = Api(config, engine)
     threading.Thread(target=server.serve_forever, name="gpueff-api", daemon=True).start()
     log.info("seff-gpu API on %s", listen)
     return server

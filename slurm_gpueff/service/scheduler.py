@@ -84,7 +84,7 @@ def serve(config: Config) -> int:
         from . import api as api_mod
 
         try:
-            api = api_mod.start(config)
+            api = api_mod.start(config, engine)
         except OSError as exc:
             if server is not None:
                 server.shutdown()

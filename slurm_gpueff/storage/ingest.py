@@ -21,12 +21,11 @@ import gc
 import logging
 import os
 import pwd
-import re
 import stat
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import orjson
 from sqlalchemy import exc as sa_exc
@@ -40,11 +39,11 @@ from .db import first_line
 from .writer import UNAVAILABLE, transaction, write_records
 
 log = logging.getLogger(__name__)
+K = TypeVar("K")
 
 BATCH = 1000  # records per transaction: fewer round trips and commits, bounded memory
 UNLINK_THREADS = 8
 MAX_FILE_MB = 64.0
-_RECORD_NAME = re.compile(r"job-[0-9]+-[^/]+\.json")
 _KINDS = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFCHR:
           "a character device", stat.S_IFBLK: "a block device", stat.S_IFLNK: "a symbolic link"}
 
@@ -119,9 +118,15 @@ class IngestResult:
 def read_record(path: str, trust: SpoolTrust | None = None) -> dict[str, Any]:
     """Parse and validate one spool file; RecordError says what is wrong with it, or why it is not trusted
     (with ``trust``: see the module docstring). FileNotFoundError if it is gone; other OSErrors pass."""
+    return recmod.validate(read_json(path, trust))
+
+
+def read_json(path: str, trust: SpoolTrust | None = None) -> Any:
+    """One spool file's JSON, not yet validated (the forwarder leaves that to the service, which trusts no
+    node); RecordError if it is not trusted or not JSON."""
     if trust is not None:
         name = os.path.basename(path)
-        if not _RECORD_NAME.fullmatch(name):
+        if not spool.RECORD_NAME.fullmatch(name):
             raise RecordError("not named like a record (job-<id>-...json): the spool takes records only")
         problem = trust.problem(os.lstat(path))  # before any open: a device or FIFO is never opened
         if problem:
@@ -144,7 +149,7 @@ def read_record(path: str, trust: SpoolTrust | None = None) -> dict[str, Any]:
         rec = orjson.loads(data)
     except ValueError as exc:  # JSONDecodeError (orjson's too) and UnicodeDecodeError
         raise RecordError(f"not valid JSON: {exc}") from None
-    return recmod.validate(rec)
+    return rec
 
 
 def ingest_spool(engine: Engine, spool_dir: str, *, limit: int | None = None,
@@ -215,55 +220,15 @@ class _Run:
             return False
         return True
 
-    def write(self, recs: list[dict[str, Any]]) -> None:
-        with transaction(self.engine) as conn:
-            write_records(conn, recs)
-
     def store(self, good: list[tuple[str, dict[str, Any]]]) -> None:
-        """Write the records in one transaction, then remove their files; on an error that is not the
-        database's, find the records at fault one per transaction."""
-        if not good:
-            return
-        try:
-            self.write([rec for _path, rec in good])
-        except UNAVAILABLE:
-            raise
-        except Exception as exc:  # noqa: BLE001 - some record in the batch: find it
-            log.warning("batch of %d records failed (%s); retrying one by one", len(good), exc)
-            self.one_by_one(good)
-            return
-        self.res.ingested += len(good)
-        self.remove([path for path, _rec in good])
-
-    def one_by_one(self, good: list[tuple[str, dict[str, Any]]]) -> None:
-        """Retry a failed batch record by record and quarantine the records the database rejects; unless
-        it rejects all of them: validated records point then at the software or the schema, and stay."""
-        rejected: list[tuple[str, Exception]] = []
-        stored: list[str] = []
-        for path, rec in good:
-            try:
-                self.write([rec])
-            except UNAVAILABLE:
-                raise
-            except sa_exc.IntegrityError as exc:  # another writer inserted the same job meanwhile: next run
-                self.res.failed += 1
-                self.res.errors.append(f"{path}: conflict, left for the next run: {exc.orig}")
-            except Exception as exc:  # noqa: BLE001 - judged below
-                rejected.append((path, exc))
-            else:
-                stored.append(path)
-        self.res.ingested += len(stored)
-        self.remove(stored)
-        if rejected and not stored:
-            self.res.failed += len(rejected)
-            first = rejected[0][1]
-            msg = (f"the database rejected all {len(rejected)} record(s) of a batch ({type(first).__name__}: "
-                   f"{first}); left in the spool: this looks like a software or schema problem")
-            self.res.errors.append(msg)
-            log.error(msg)
-            return
-        for path, err in rejected:
-            self.quarantine(path, f"database rejected the record: {type(err).__name__}: {err}")
+        """Write the records, then remove the files of those stored and quarantine those rejected."""
+        out = store_records(self.engine, good)
+        self.res.ingested += len(out.stored)
+        self.remove(out.stored)
+        self.res.failed += len(out.left)
+        self.res.errors.extend(out.errors)
+        for path, why in out.rejected:
+            self.quarantine(path, why)
 
     def remove(self, paths: list[str]) -> None:
         n = min(UNLINK_THREADS, -(-len(paths) // 16))  # threads of at least 16 files; none for none
@@ -282,6 +247,66 @@ class _Run:
         self.res.quarantined += 1
         self.res.errors.append(f"{os.path.basename(path)}: {error} (quarantined as {dest})")
         log.warning("quarantined %s: %s", path, error)
+
+
+@dataclass
+class Stored(Generic[K]):
+    """What :func:`store_records` did with each record, by the caller's key (a spool path, a pushed name)."""
+
+    stored: list[K] = field(default_factory=list)
+    rejected: list[tuple[K, str]] = field(default_factory=list)  # the database refuses it: quarantine it
+    left: list[K] = field(default_factory=list)  # not stored this time, not the record's fault: try again
+    errors: list[str] = field(default_factory=list)
+
+
+def store_records(engine: Engine, items: list[tuple[K, dict[str, Any]]]) -> Stored[K]:
+    """Write validated records in one transaction; on an error that is not the database's, find the records
+    at fault one per transaction. Raises UNAVAILABLE (database locked, down, full): then nothing is known to
+    be stored, and everything may be sent again, which changes nothing (storage/merge.py)."""
+    if not items:
+        return Stored()
+    try:
+        _write(engine, [rec for _key, rec in items])
+    except UNAVAILABLE:
+        raise
+    except Exception as exc:  # noqa: BLE001 - some record in the batch: find it
+        log.warning("batch of %d records failed (%s); retrying one by one", len(items), exc)
+        return _one_by_one(engine, items)
+    return Stored(stored=[key for key, _rec in items])
+
+
+def _write(engine: Engine, recs: list[dict[str, Any]]) -> None:
+    with transaction(engine) as conn:
+        write_records(conn, recs)
+
+
+def _one_by_one(engine: Engine, items: list[tuple[K, dict[str, Any]]]) -> Stored[K]:
+    """Each record in its own transaction; those the database rejects are ``rejected``, unless it rejects
+    all of them: validated records point then at the software or the schema, and are ``left``."""
+    out: Stored[K] = Stored()
+    rejected: list[tuple[K, Exception]] = []
+    for key, rec in items:
+        try:
+            _write(engine, [rec])
+        except UNAVAILABLE:
+            raise
+        except sa_exc.IntegrityError as exc:  # another writer inserted the same job meanwhile: next run
+            out.left.append(key)
+            out.errors.append(f"{key}: conflict, left for the next run: {exc.orig}")
+        except Exception as exc:  # noqa: BLE001 - judged below
+            rejected.append((key, exc))
+        else:
+            out.stored.append(key)
+    if rejected and not out.stored:
+        first = rejected[0][1]
+        msg = (f"the database rejected all {len(rejected)} record(s) of a batch ({type(first).__name__}: "
+               f"{first}); left for the next run: this looks like a software or schema problem")
+        out.left.extend(key for key, _exc in rejected)
+        out.errors.append(msg)
+        log.error(msg)
+        return out
+    out.rejected = [(key, f"database rejected the record: {type(exc).__name__}: {exc}") for key, exc in rejected]
+    return out
 
 
 def _unlink(paths: list[str]) -> None:
