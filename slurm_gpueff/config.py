@@ -307,7 +307,7 @@ class ServiceConfig(Section):
     push_users: list[str] = _key([], _not_empty, "a list of user names or uids")
     push_max_mb: float = _key(64.0, _range(1, 1024))
     forward_interval_s: float = _key(15.0, _range(0, 3600, above=True))
-    forward_max_backoff_s: float = _key(600.0, _range(0, DAY))
+    forward_max_backoff_s: float = _key(120.0, _range(0, DAY))
     api_listen: str = _key("", _address(url=False))
     api_url: str = _key("", _address(url=True))
     api_timeout_s: float = _key(10.0, _range(0, 600, above=True))
