@@ -27,10 +27,10 @@ import subprocess
 import sys
 import tempfile
 import time
-
-from pushsite import ROOT, PushSite, fresh_pg, pending
+from pathlib import Path
 
 import synthetic  # noqa: I001 (tests/, put on sys.path by pushsite)
+from pushsite import ROOT, PushSite, fresh_pg, pending
 
 from slurm_gpueff import spool
 
@@ -133,12 +133,12 @@ def main() -> int:
         rows, distinct, jobs = c.execute(text(
             "SELECT count(*), count(DISTINCT (j.cluster, j.job_id, g.node, g.gpu_index)), count(DISTINCT j.id) "
             "FROM job_gpu g JOIN job j ON j.id = g.job_pk")).one()
-    log = open(site.log).read()
+    log = Path(site.log).read_text()
     print(f"written {written}; job_gpu rows {rows}, distinct keys {distinct}, jobs {jobs}")
     print(f"lost {written - distinct}, duplicated {rows - distinct}")
     print(f"service log: {log.count(' -> 200 ')} pushes answered 200, {log.count(' -> 503 ')} 503, "
           f"{log.count(' -> 401 ')} 401; forwarder logs: "
-          f"{sum(open(x).read().count('cannot reach') for x in logs)} unreachable passes")
+          f"{sum(Path(x).read_text().count('cannot reach') for x in logs)} unreachable passes")
     site.close()
     eng.dispose()
     shutil.rmtree(base, ignore_errors=True)

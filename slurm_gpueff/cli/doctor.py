@@ -508,6 +508,26 @@ def check_api_served(rep: Report, cfg: Config) -> None:
     check_api(rep, cfg)
 
 
+def check_push(rep: Report, cfg: Config) -> None:
+    """On a GPU node: ``gpueff forward`` can sign and reach the service, and the node holds no database
+    credentials (the push layout needs none; a node that has them can rewrite the site's accounting)."""
+    from sqlalchemy.engine import make_url
+
+    from ..access.client import api_url
+    from ..storage.dburl import database_url
+
+    url = database_url(cfg.paths.database)
+    if not url.startswith("sqlite") and (cfg.paths.database_password_file or make_url(url).password):
+        rep.add(WARN, "push credentials", "this node's config names the central database's password: nodes push "
+                "through `gpueff forward` and need none; remove paths.database and database_password_file here")
+    if not api_url(cfg.service):
+        rep.add(WARN, "push", "no [service] api_url: `gpueff forward` cannot push this node's records (fine only "
+                              "if the spool is shared with the service host)")
+        return
+    check_munge(rep, cfg)
+    check_api(rep, cfg)
+
+
 CHECKS: tuple[tuple[str, Callable[[Report, Config], None]], ...] = (
     ("nvml", check_nvml), ("driver ids", check_proc), ("dcgm", check_dcgm), ("backend", check_backend),
     ("agent", check_agent), ("slurm", check_slurm), ("dirs", check_dirs), ("spool", check_spool),
@@ -519,7 +539,7 @@ CHECKS: tuple[tuple[str, Callable[[Report, Config], None]], ...] = (
 ROLES: dict[str, tuple[tuple[str, Callable[[Report, Config], None]], ...]] = {
     "node": (("install", check_install), ("nvml", check_nvml), ("driver ids", check_proc), ("dcgm", check_dcgm),
              ("backend", check_backend), ("agent", check_agent), ("slurm", check_slurm), ("dirs", check_dirs),
-             ("spool", check_spool)),
+             ("spool", check_spool), ("push", check_push)),
     "service": (("install", check_install_warn), ("dirs", check_dirs), ("spool", check_spool),
                 ("database", check_db), ("metrics", check_metrics), ("api", check_api_served)),
     "login": (("install", check_install), ("munge", check_munge), ("api", check_api)),
