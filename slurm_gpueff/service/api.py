@@ -98,7 +98,7 @@ class Api:
             return known
 
     def viewer(self, uid: int) -> Viewer:
-        return viewer(self.config.privacy, uid, user_name(uid), os.getuid(), self.coordinators)
+        return viewer(self.config, uid, user_name(uid), os.getuid(), self.coordinators)
 
     def seff(self, authorization: str | None, body: bytes) -> tuple[int, bytes, str]:
         """(HTTP status, JSON answer, what to log) for one ``POST /v1/seff``. HttpError on refusal."""
