@@ -1,10 +1,12 @@
 """Configuration: one TOML file, validated up front with errors that name the file and the key.
 
 A class per ``[section]``, an annotated attribute per key (type, default and, through ``_key``, its check);
-``Config(data)`` refuses unknown names, wrong types, NaN and infinities, out-of-range values and keys that
-cannot work together. ``etc/gpueff.toml`` documents every key. The hooks load this on every job, so it is
-stdlib only: the sections are frozen dataclasses to type checkers (``dataclass_transform``) without the
-costly ``dataclasses`` import. Annotations are not postponed, so ``_typed`` reads them as classes.
+``[leads]``, whose keys are the site's Slurm accounts, is a table of its own on ``Config``. ``Config(data)``
+refuses unknown names (a key that moved says where to), wrong types, NaN and infinities, out-of-range
+values and keys that cannot work together. ``etc/gpueff.toml`` documents every key. The hooks load this on
+every job, so it is stdlib only: the sections are frozen dataclasses to type checkers
+(``dataclass_transform``) without the costly ``dataclasses`` import. Annotations are not postponed, so
+``_typed`` reads them as classes.
 
 Lookup order: ``--config PATH`` > ``$GPUEFF_CONFIG`` > ``/etc/slurm-gpueff/gpueff.toml``; only the
 default file may be missing (every key has a default).
@@ -118,6 +120,7 @@ class Section:
     """Base of the section classes: each annotated class attribute is a key, its value the default or a _key."""
 
     KEYS: ClassVar[dict[str, tuple[object, _Key]]]  # key -> (type, _Key), in the class's order
+    MOVED: ClassVar[dict[str, str]] = {}  # a key of an older version -> where it went, for its error message
 
     def __init_subclass__(cls) -> None:
         cls.KEYS = {}
@@ -246,8 +249,14 @@ class MailConfig(Section):
     dry_run: bool = False
 
 
+# Where [reports] leads (addresses) and [privacy] leads (user names) went: one map for both.
+_LEADS_MOVED = ("[leads] (account = [user names]), who see the account's jobs and get its monthly summary; "
+                "their mail addresses come from reports.addresses / reports.address_pattern")
+
+
 class ReportsConfig(Section):
-    """[reports]: who gets which per-job card and monthly summary."""
+    """[reports]: who gets which per-job card and monthly summary (an account's: [leads])."""
+    MOVED = {"leads": _LEADS_MOVED}
     dir: str = _key("/var/lib/slurm-gpueff/reports", _not_empty)
     cards: bool = False
     address_pattern: str = _key("{user}", _must(("{user}",), ' must contain {user}, e.g. "{user}@example.org"'))
@@ -258,7 +267,6 @@ class ReportsConfig(Section):
     card_lookback_h: float = _key(48.0, _range(0, YEAR / 3600, above=True))
     optout_file: str = ""
     monthly: bool = False
-    leads: dict[str, str | list[str]] = _key({}, what="an address or a list of them")
     coordinators_as_leads: bool = True
     admins: list[str] = _key([], what="a list of addresses")
     price_per_gpu_hour: dict[str, float] = _key({}, _range(0, None), "a number >= 0")
@@ -278,10 +286,11 @@ class SacctConfig(Section):
 
 
 class PrivacyConfig(Section):
-    """[privacy]: seff-gpu shows users only their own jobs, like sacct with PrivateData=jobs."""
+    """[privacy]: seff-gpu shows users only their own jobs, like sacct with PrivateData=jobs (and an
+    account's jobs to its [leads])."""
+    MOVED = {"leads": _LEADS_MOVED}
     enabled: bool = True
     admins: list[str] = _key([], _not_empty, "a list of user names")
-    leads: dict[str, list[str]] = _key({}, _not_empty, "a list of user names")
     coordinators: bool = True
 
 
@@ -338,7 +347,8 @@ class AlertsConfig(Section):
 
 
 class Config:
-    """The validated configuration, read-only; ``source`` is the file it came from."""
+    """The validated configuration, read-only; ``source`` is the file it came from. ``leads``: Slurm account
+    -> the user names who lead it; they see its jobs and get its monthly summary."""
 
     site: SiteConfig
     paths: PathsConfig
@@ -352,6 +362,7 @@ class Config:
     reports: ReportsConfig
     sacct: SacctConfig
     privacy: PrivacyConfig
+    leads: dict[str, list[str]]
     service: ServiceConfig
     alerts: AlertsConfig
     source: str
@@ -359,10 +370,11 @@ class Config:
     def __init__(self, data: Mapping[str, object] | None = None, source: str = "<defaults>") -> None:
         data = data or {}
         for name in data:
-            if name not in SECTIONS:
-                raise ConfigError(f"{source}: unknown section [{_name(name)}]{_hint(name, SECTIONS)}")
+            if name not in SECTIONS and name != "leads":
+                raise ConfigError(f"{source}: unknown section [{_name(name)}]{_hint(name, [*SECTIONS, 'leads'])}")
         for name, cls in SECTIONS.items():
             object.__setattr__(self, name, _section(cls, name, data.get(name, {}), source))
+        object.__setattr__(self, "leads", _leads(data.get("leads", {}), source))
         object.__setattr__(self, "source", source)
         problem = _relations(self)
         if problem:
@@ -371,7 +383,9 @@ class Config:
     __setattr__ = __delattr__ = _read_only
 
     def as_dict(self) -> dict[str, dict[str, object]]:
-        return {name: getattr(self, name).as_dict() for name in SECTIONS}
+        out: dict[str, dict[str, object]] = {name: getattr(self, name).as_dict() for name in SECTIONS}
+        out["leads"] = {account: list(users) for account, users in self.leads.items()}
+        return out
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Config) and other.as_dict() == self.as_dict()
@@ -399,6 +413,8 @@ def _section(cls: type[Section], name: str, given: object, where: str) -> Sectio
         raise ConfigError(f"{where}: [{name}] must be a table, not {type(given).__name__}")
     values: dict[str, object] = {}
     for key, value in given.items():
+        if key in cls.MOVED:
+            raise ConfigError(f"{where}: {name}.{key} moved to {cls.MOVED[key]}")
         if key not in cls.KEYS:
             raise ConfigError(f"{where}: unknown key {name}.{_name(key)}{_hint(key, cls.KEYS)}")
         tp, spec = cls.KEYS[key]
@@ -408,6 +424,24 @@ def _section(cls: type[Section], name: str, given: object, where: str) -> Sectio
         except _Bad as bad:
             raise ConfigError(f"{where}: {bad}") from None
     return cls(**values)
+
+
+def _leads(given: object, where: str) -> dict[str, list[str]]:
+    """[leads]: each account (not empty) -> a non-empty list of user names. Validated like a section's table."""
+    if not isinstance(given, dict):
+        raise ConfigError(f"{where}: [leads] must be a table, not {type(given).__name__}")
+    what = "a non-empty list of user names"
+    try:
+        leads = cast(dict[str, list[str]], _typed(given, dict[str, list[str]], "leads", "", _not_empty, what))
+    except _Bad as bad:
+        raise ConfigError(f"{where}: {bad}") from None
+    for account, users in leads.items():
+        problem = _not_empty(account, "")
+        if problem:
+            raise ConfigError(f"{where}: an account name in [leads]{problem}")
+        if not users:
+            raise ConfigError(f"{where}: leads.{_name(account)} must be {what}, got []")
+    return leads
 
 
 def _typed(v: object, tp: object, name: str, unit: str, check: Check | None, what: str | None) -> object:

@@ -66,9 +66,9 @@ def enrich(engine: Any, states: dict[int, str]) -> None:
         s.commit()
 
 
-def config(tmp_path: Any, **reports: Any) -> Config:
-    """A config whose reports go to tmp_path/reports; ``reports`` overrides [reports] keys."""
+def config(tmp_path: Any, leads: dict[str, list[str]] | None = None, **reports: Any) -> Config:
+    """A config whose reports go to tmp_path/reports; ``reports`` overrides [reports] keys, ``leads`` is [leads]."""
     data = {"site": {"cluster": "c"}, "paths": {"database": str(tmp_path / "jobs.db")},
             "reports": {"dir": str(tmp_path / "reports"), **reports},
-            "mail": {"backoff_s": 0.0, "timeout_s": 5.0}}
+            "mail": {"backoff_s": 0.0, "timeout_s": 5.0}, "leads": leads or {}}
     return Config(data)

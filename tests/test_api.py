@@ -83,7 +83,7 @@ def site():
         cfgs = {
             "unix": common + f'[service]\nmetrics_port = 0\n{intervals}api_listen = "unix:{uds}"\n'
                              f'munge_socket = "{sock}"\n',
-            "tcp": common + '[privacy]\nleads = {physics = ["' + USER + '"]}\ncoordinators = false\n'
+            "tcp": common + '[privacy]\ncoordinators = false\n[leads]\nphysics = ["' + USER + '"]\n'
                             f'[service]\nmetrics_port = 0\n{intervals}api_listen = "0.0.0.0:{port}"\n'
                             f'munge_socket = "{sock}"\n',
             "munged-down": common + f'[service]\napi_listen = "unix:{uds}"\nmunge_socket = "{base}/nope.sock"\n',

@@ -31,6 +31,7 @@ def test_example_in_etc_is_valid_and_equals_defaults():
         assert f"[{section}]" in text
         for key in cls().as_dict():
             assert f"\n{key} = " in text, f"{section}.{key} is not documented in etc/gpueff.toml"
+    assert "\n[leads]\n" in text and cfg.leads == {}
 
 
 def test_values_override_defaults(tmp_path):
@@ -107,7 +108,14 @@ def test_config_is_frozen_and_typed():
         ("[paths]\ndatabase = 'postgresql+psycopg://u:pw9@h/db'", "paths.database must not hold a password"),
         ("[service]\napi_listen = 'localhost'", "service.api_listen = 'localhost': expected HOST:PORT"),
         ("[service]\napi_url = 'ftp://h'", "service.api_url = 'ftp://h': expected http://HOST:PORT"),
-        ("[privacy]\nleads = { physics = 'bob' }", "privacy.leads.physics must be a list of user names"),
+        # [leads]: account -> a non-empty list of user names
+        ("[leads]\nphysics = 'bob'", "leads.physics must be a non-empty list of user names, got str ('bob')"),
+        ("[leads]\nphysics = []", "leads.physics must be a non-empty list of user names, got []"),
+        ("[leads]\nphysics = ['bob', '']", "leads.physics must be a non-empty list of user names, got ''"),
+        ("[leads]\nphysics = [1]", "leads.physics must be a non-empty list of user names, got int (1)"),
+        ("[leads]\n'' = ['bob']", "an account name in [leads] must not be empty"),
+        ("leads = ['bob']", "[leads] must be a table, not list"),
+        ("[lead]\nphysics = ['bob']", "unknown section [lead] (did you mean 'leads'?)"),
         ("[spool]\nmax_file_mb = 0", "spool.max_file_mb must be > 0"),
         ("[paths]\ndatabase = 'sqlite:///:memory:'", "an in-memory database keeps nothing"),
         # empty paths
@@ -123,7 +131,6 @@ def test_config_is_frozen_and_typed():
         ("[service]\nplugins = [3]", "service.plugins must be a list of module names"),
         ("[reports]\nadmins = [1]", "reports.admins must be a list of addresses"),
         ('[reports]\naddresses = { bob = "b@x\\nBcc: y" }', "reports.addresses.bob must be one address (a string)"),
-        ("[reports]\nleads = { physics = [1] }", "reports.leads.physics must be an address or a list of them"),
     ],
 )
 def test_bad_config_is_a_clear_error(tmp_path, text, message):
@@ -142,12 +149,12 @@ def test_bad_config_is_a_clear_error(tmp_path, text, message):
         {"paths": {"database": "postgresql://gpueff@db/gpueff"}},
         {"paths": {"database": "postgresql+psycopg://gpueff@db:5432/gpueff", "database_password_file": "/etc/pw"}},
         {"service": {"api_listen": "unix:/run/slurm-gpueff/api.sock", "api_url": "http://svc:9818"}},
-        {"service": {"api_listen": "0.0.0.0:9818"}, "privacy": {"leads": {"physics": ["bob"]}}},
+        {"service": {"api_listen": "0.0.0.0:9818"}, "privacy": {"admins": ["root_alt"]}},
         {"mail": {"password_file": ""}, "reports": {"optout_file": ""}, "dcgm": {"bindings_path": ""}},
         {"service": {"ingest_interval_s": 0, "enrich_interval_s": 0, "cards_interval_s": 0}},  # 0 = off
         {"service": {"cards_interval_s": 0}, "reports": {"card_lookback_h": 0.01}},  # no cards task, no limit
         {"collector": {"hook_timeout_s": 300}, "agent": {"interval_s": 1, "timeline_interval_s": 1}},
-        {"reports": {"leads": {"physics": ["a@x", "b@x"], "vision": "c@x"}, "price_per_gpu_hour": {"default": 0}}},
+        {"reports": {"addresses": {"pi_smith": "a@x"}, "price_per_gpu_hour": {"default": 0}}},
         {"service": {"forward_interval_s": 0.2, "forward_max_backoff_s": 0.5}},
     ],
 )
@@ -156,6 +163,25 @@ def test_good_values_are_accepted(data):
     for section, keys in data.items():
         for key, value in keys.items():
             assert getattr(getattr(cfg, section), key) == value
+
+
+def test_leads_is_one_table_of_user_names_per_account(tmp_path):
+    cfg = config.load(write(tmp_path, '[leads]\nphysics = ["pi_smith", "lab_manager"]\n"ml-lab" = ["pi_jones"]\n'))
+    assert cfg.leads == {"physics": ["pi_smith", "lab_manager"], "ml-lab": ["pi_jones"]}
+    assert cfg.as_dict()["leads"] == cfg.leads
+    assert config.Config(cfg.as_dict()) == cfg != config.Config()  # what `config check --json` shows loads back
+
+
+@pytest.mark.parametrize("section", ["reports", "privacy"])
+def test_the_old_leads_maps_say_where_they_went(tmp_path, section):
+    """[reports] leads (addresses) and [privacy] leads (user names) became the one [leads] map: a config that
+    still has either is refused with a message saying how to write it now, not "unknown key"."""
+    path = write(tmp_path, f'[{section}]\nleads = {{ physics = ["pi_smith"] }}\n')
+    with pytest.raises(ConfigError) as err:
+        config.load(path)
+    assert str(err.value) == (
+        f"{path}: {section}.leads moved to [leads] (account = [user names]), who see the account's jobs and get "
+        "its monthly summary; their mail addresses come from reports.addresses / reports.address_pattern")
 
 
 def test_named_missing_file_is_an_error_default_missing_is_not(tmp_path, monkeypatch):

@@ -2,10 +2,10 @@
 Config or a ConfigError whose message is one line naming the key (or the file, for a file that is not
 TOML); never any other exception. ``gpueff config check`` answers exit 0 or exit 2 with one line.
 
-The strategies are built from ``config.SECTIONS`` and each section's ``KEYS``: for every key values of its
-own type (bounds, NaN, infinities, huge numbers, empty and Unicode text, line breaks), of every other type,
-and nested tables. Each test counts the cases it ran and asserts at least
-the Hypothesis profile's count (1,000 in CI, 10,000 with ``deep``).
+The strategies are built from ``config.SECTIONS`` and each section's ``KEYS``, and from the type of the
+``[leads]`` table (``Config.leads``): for every key values of its own type (bounds, NaN, infinities, huge
+numbers, empty and Unicode text, line breaks), of every other type, and nested tables. Each test counts
+the cases it ran and asserts at least the Hypothesis profile's count (1,000 in CI, 10,000 with ``deep``).
 
 The inputs that once broke config (a non-ASCII digit as a port, integers beyond the float range or of
 4,300+ digits, deep nesting, key names with line breaks) are in the strategies and, one by one, in
@@ -33,6 +33,8 @@ FUZZ = settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_to
                                        HealthCheck.filter_too_much])
 KEY_NAMES = {f"{s}.{k}" for s, cls in config.SECTIONS.items() for k in cls.KEYS}
 ALL_KEYS = sorted(KEY_NAMES)
+LEADS = config.Config.__annotations__["leads"]  # [leads]: account -> user names
+TABLES = sorted([*config.SECTIONS, "leads"])  # what may be a [table] at the top of the file
 INTERESTING_TEXT = ["", " ", "{user}", "{user}@example.org", "unix:/run/x.sock", "unix:", "host:8080", "host:0",
                     ":80", "h:65536", "h:\u00b2", "h:\uff18\uff10", "http://h:1", "https://x", "sqlite:////tmp/x.db",
                     "postgresql+psycopg://u@h/db", "postgresql://u:secret@h/db", "mysql://h/db", "a\nb", "a\rb",
@@ -84,7 +86,7 @@ def of_type(tp: object, known_bugs: bool) -> st.SearchStrategy[object]:
         return st.lists(of_type(args[0], known_bugs), max_size=4)
     if origin is dict:
         return st.dictionaries(key_text(known_bugs), of_type(args[1], known_bugs), max_size=3)
-    if args:  # a union (reports.leads: str | list[str])
+    if args:  # a union
         return st.one_of(*(of_type(a, known_bugs) for a in args))
     return {float: st.one_of(floats(), ints(known_bugs)), int: ints(known_bugs), str: text(known_bugs),
             bool: st.booleans()}[tp]
@@ -102,15 +104,18 @@ def key_values(known_bugs: bool) -> dict[str, st.SearchStrategy[object]]:
 
 
 KEY_VALUES = {flag: key_values(flag) for flag in (False, True)}
+LEADS_VALUES = {flag: st.one_of(of_type(LEADS, flag), of_type(LEADS, flag), any_value(flag)) for flag in (False, True)}
 KEY_TEXT = {flag: key_text(flag) for flag in (False, True)}
 SCALARS = {flag: scalars(flag) for flag in (False, True)}
 
 
 @st.composite
 def config_data(draw: st.DrawFn, known_bugs: bool = False) -> dict[str, object]:
-    """A few keys of any sections, each of its own type or of any other; sometimes an unknown key or section,
-    or a section that is not a table."""
+    """A few keys of any sections, each of its own type or of any other; sometimes a [leads] table, an unknown
+    key or section, or a section that is not a table."""
     data: dict[str, object] = {}
+    if draw(st.integers(0, 3)) == 0:
+        data["leads"] = draw(LEADS_VALUES[known_bugs])
     for name in draw(st.lists(st.sampled_from(ALL_KEYS), max_size=4, unique=True)):
         section, key = name.split(".", 1)
         value = draw(KEY_VALUES[known_bugs][name])
@@ -125,14 +130,14 @@ def config_data(draw: st.DrawFn, known_bugs: bool = False) -> dict[str, object]:
     elif extra == "section":
         data[draw(KEY_TEXT[known_bugs])] = {}
     elif extra == "not a table":
-        data[draw(st.sampled_from(sorted(config.SECTIONS)))] = draw(SCALARS[known_bugs])
+        data[draw(st.sampled_from(TABLES))] = draw(SCALARS[known_bugs])
     return data
 
 
 def assert_one_line_naming_the_key(exc: ConfigError, data: object = None) -> None:
     msg = str(exc)
     assert len(msg.splitlines()) == 1 and msg == msg.strip(), msg
-    named = [k for k in KEY_NAMES if k in msg]
+    named = [k for k in (*KEY_NAMES, "leads.", "[leads]") if k in msg]  # leads.ACCOUNT, or the table, or moved
     assert named or "unknown key" in msg or "unknown section" in msg or "must be a table" in msg, (msg, data)
 
 

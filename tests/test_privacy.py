@@ -15,8 +15,9 @@ SERVICE_UID = 990
 COORDS = {"physics": ["carol"], "chem": ["dave", "erin"]}
 
 
-def privacy(**kw):
-    return Config({"privacy": kw}).privacy
+def privacy(leads=None, **kw):
+    """A Config with these [privacy] keys and [leads] (the rules read both)."""
+    return Config({"privacy": kw, "leads": leads or {}})
 
 
 def job(user, uid, account):
@@ -27,13 +28,13 @@ ALICE_VISION = job("alice", 1001, "vision")
 BOB_PHYSICS = job("bob", 1002, "physics")
 NO_UID = job("alice", None, "vision")  # a record without a uid: matched by name
 
-# (case, privacy config, (uid, name), job, visible?)
+# (case, [privacy] keys and leads= for [leads], (uid, name), job, visible?)
 CARDS = [
     ("own job", {}, (1001, "alice"), ALICE_VISION, True),
     ("own job by name when no uid was recorded", {}, (1001, "alice"), NO_UID, True),
     ("a name match does not beat a recorded uid", {}, (1005, "alice"), ALICE_VISION, False),
     ("another user's job", {}, (1002, "bob"), ALICE_VISION, False),
-    ("lead of the job's account (config)", {"leads": {"vision": ["bob"]}}, (1002, "bob"), ALICE_VISION, True),
+    ("lead of the job's account ([leads])", {"leads": {"vision": ["bob"]}}, (1002, "bob"), ALICE_VISION, True),
     ("lead of another account", {"leads": {"physics": ["alice"]}}, (1001, "alice"), BOB_PHYSICS, True),
     ("lead elsewhere only", {"leads": {"chem": ["bob"]}}, (1002, "bob"), ALICE_VISION, False),
     ("Slurm coordinator of the account", {}, (1003, "carol"), BOB_PHYSICS, True),

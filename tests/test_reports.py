@@ -87,7 +87,7 @@ def test_unpriced_model_shows_no_invented_cost(tmp_path):
     ("mail", "security = 'tls'", "mail.security = 'tls'; expected one of none, starttls, ssl"),
     ("mail", "port = 70000", "mail.port = 70000 is not a TCP port"),
     ("reports", "address_pattern = 'gpu@example.org'", "must contain {user}"),
-    ("reports", "leads = { physics = 3 }", "reports.leads.physics must be an address or a list"),
+    ("reports", "leads = { physics = ['pi_smith'] }", "reports.leads moved to [leads] (account = [user names])"),
     ("reports", "price_per_gpu_hour = { default = 'cheap' }", "must be a number >= 0"),
 ])
 def test_bad_report_config_is_a_clear_error(tmp_path, section, text, message):
@@ -103,9 +103,10 @@ def test_bad_report_config_is_a_clear_error(tmp_path, section, text, message):
 def test_addresses_and_header_safe_text():
     rep = Config({"reports": {"address_pattern": "{user}@uni.example", "addresses": {"bob": "b.b@lab.example"}}}
                  ).reports
-    assert runner.owner_address(Job(cluster="c", job_id=1, user="alice"), rep) == "alice@uni.example"
-    assert runner.owner_address(Job(cluster="c", job_id=1, user="bob"), rep) == "b.b@lab.example"
-    assert runner.owner_address(Job(cluster="c", job_id=1, user="x\nBcc: y"), rep) is None
+    assert runner.user_address("alice", rep) == "alice@uni.example"
+    assert runner.user_address("bob", rep) == "b.b@lab.example"
+    assert runner.user_address("x\nBcc: y", rep) is None
+    assert runner.user_address(None, rep) is None and runner.user_address("", rep) is None
     assert runner.valid_address("a@b.example, c@d.example") is None
     assert "\n" not in clean(EVIL_NAME) and "\r" not in clean(EVIL_NAME)
 

@@ -24,8 +24,8 @@ from slurm_gpueff.service.summarize import summarize_pending
 pytestmark = pytest.mark.smtp
 
 
-def mail_config(tmp_path, port, **reports):
-    cfg = config(tmp_path, **reports)
+def mail_config(tmp_path, port, leads=None, **reports):
+    cfg = config(tmp_path, leads, **reports)
     mail = {"host": "127.0.0.1", "port": port, "from_address": "gpueff@cluster.example"}
     return Config({**cfg.as_dict(), "mail": {**cfg.mail.as_dict(), **mail}})
 
@@ -161,13 +161,14 @@ def test_failed_send_is_kept_and_retried(tmp_path, smtp_server):
 def test_monthly_summary_to_leads_and_admins(tmp_path, smtp_server):
     inbox, port = smtp_server
     engine = make_db(tmp_path, JOBS)
-    cfg = mail_config(tmp_path, port, leads={"physics": ["lead@uni.example", "deputy@uni.example"]},
-                      admins=["admin@uni.example"])
+    cfg = mail_config(tmp_path, port, leads={"physics": ["pi_smith", "deputy"]}, admins=["admin@uni.example"],
+                      address_pattern="{user}@uni.example", addresses={"deputy": "d.deputy@lab.example"},
+                      coordinators_as_leads=False)
     month = sentlog.utcnow().strftime("%Y-%m")
     result = runner.send_monthly(cfg, engine, month=month)
     assert result.sent == 2  # physics (has leads) + site; vision has no lead configured
     by_to = {tuple(rcpt): m for rcpt, m in inbox.messages}
-    physics = by_to[("lead@uni.example", "deputy@uni.example")]
+    physics = by_to[("pi_smith@uni.example", "d.deputy@lab.example")]
     text, html, images = parts_of(physics)
     assert "account physics" in physics["Subject"]
     assert len(images) == 1 and f'src="cid:{next(iter(images))}"' in html
@@ -201,6 +202,30 @@ def test_cards_wait_for_enrichment_so_the_mail_has_the_real_state(tmp_path, smtp
     assert "COMPLETED" not in text
 
 
+def test_one_leads_entry_sees_the_accounts_jobs_and_gets_its_summary(tmp_path, smtp_server):
+    """[leads] physics = ["pi_smith"]: pi_smith (who ran none of them) may see physics's jobs and no other
+    account's, and physics's monthly summary goes to pi_smith at the address reports.address_pattern makes."""
+    from slurm_gpueff.access.privacy import may_see, shown, viewer
+    from slurm_gpueff.models import Job
+
+    inbox, port = smtp_server
+    engine = make_db(tmp_path, JOBS)
+    cfg = mail_config(tmp_path, port, leads={"physics": ["pi_smith"]}, address_pattern="{user}@uni.example",
+                      coordinators_as_leads=False)
+    lead = viewer(cfg, 2001, "pi_smith", coordinators=lambda: {})
+    with Session(engine) as s:
+        jobs = s.exec(select(Job)).all()
+    seen, hidden = shown([(j, []) for j in jobs], lead)
+    assert sorted(j.job_id for j, _g in seen) == [101, 102, 103, 104] and hidden == 2  # physics's, not vision's
+    assert not any(may_see(viewer(cfg, 2002, "someone", coordinators=lambda: {}), j) for j in jobs)
+    month = sentlog.utcnow().strftime("%Y-%m")
+    result = runner.send_monthly(cfg, engine, month=month, site=False)
+    assert result.sent == 1, result.lines  # vision: nobody leads it (and coordinators are not asked)
+    (rcpt, msg), = inbox.messages
+    assert rcpt == ["pi_smith@uni.example"] and msg["To"] == "pi_smith@uni.example"
+    assert "account physics" in msg["Subject"]
+
+
 def sacctmgr_on_path(tmp_path, monkeypatch, output: str, mode: str = "") -> None:
     """tests/fake_slurm_cmd.py as ``sacctmgr`` first on PATH, printing ``output`` (or failing: ``mode``)."""
     from test_seff_rawid import install_fake
@@ -213,7 +238,7 @@ def sacctmgr_on_path(tmp_path, monkeypatch, output: str, mode: str = "") -> None
 
 
 def test_monthly_summary_to_account_coordinators(tmp_path, smtp_server, monkeypatch):
-    """vision has no reports.leads: its Slurm coordinators (bob, carol) get it, addressed like card owners;
+    """vision has no [leads]: its Slurm coordinators (bob, carol) get it, addressed like card owners;
     physics keeps its configured lead although bob coordinates it too."""
     from test_slurmcmds import WITH_COORDS
 
@@ -225,12 +250,12 @@ def test_monthly_summary_to_account_coordinators(tmp_path, smtp_server, monkeypa
     off = mail_config(tmp_path, port, coordinators_as_leads=False)
     assert runner.send_monthly(off, engine, month=month, site=False).sent == 0  # no leads: nobody
     assert not (tmp_path / "calls").exists()  # and sacctmgr was not asked
-    cfg = mail_config(tmp_path, port, leads={"physics": "lead@uni.example"}, address_pattern="{user}@uni.example",
+    cfg = mail_config(tmp_path, port, leads={"physics": ["pi_smith"]}, address_pattern="{user}@uni.example",
                       addresses={"carol": "carol.c@uni.example"})
     result = runner.send_monthly(cfg, engine, month=month, site=False)
     assert result.sent == 2, result.lines
     by_to = {tuple(rcpt): m for rcpt, m in inbox.messages}
-    assert set(by_to) == {("lead@uni.example",), ("bob@uni.example", "carol.c@uni.example")}
+    assert set(by_to) == {("pi_smith@uni.example",), ("bob@uni.example", "carol.c@uni.example")}
     assert "account vision" in by_to[("bob@uni.example", "carol.c@uni.example")]["Subject"]
     assert (tmp_path / "calls").read_text().count("sacctmgr") == 1  # one call for all accounts
 
@@ -239,9 +264,11 @@ def test_monthly_summaries_survive_a_sacctmgr_failure(tmp_path, smtp_server, mon
     inbox, port = smtp_server
     sacctmgr_on_path(tmp_path, monkeypatch, "", mode="fail")
     engine = make_db(tmp_path, JOBS)
-    cfg = mail_config(tmp_path, port, leads={"physics": "lead@uni.example"}, admins=["admin@uni.example"])
+    cfg = mail_config(tmp_path, port, leads={"physics": ["pi_smith"]}, admins=["admin@uni.example"],
+                      address_pattern="{user}@uni.example")
     result = runner.send_monthly(cfg, engine, month=sentlog.utcnow().strftime("%Y-%m"))
     assert result.sent == 2  # physics's lead and the site summary; vision has nobody
+    assert {tuple(rcpt) for rcpt, _m in inbox.messages} == {("pi_smith@uni.example",), ("admin@uni.example",)}
     why = next(line for line in result.lines if "coordinators unknown" in line)
     assert "sacctmgr failed (exit 1)" in why and "Connection refused" in why
     assert "coordinators unknown" in caplog.text

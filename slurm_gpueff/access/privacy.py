@@ -4,7 +4,7 @@ A :class:`Viewer` is the person asking: ``seff-gpu``'s own user on its direct pa
 for on the service's API. The same pure rules decide on both paths:
 
 - a job's card is shown to its owner (by uid, else by user name), to those who lead its account
-  (``[privacy] leads``, and Slurm's account coordinators when ``[privacy] coordinators``), and to those
+  (``[leads]``, and Slurm's account coordinators when ``[privacy] coordinators``), and to those
   who see everything: root, the account the service runs as, ``[privacy] admins``, everyone when
   ``[privacy] enabled = false``;
 - a table (``-u``/``-A``) lists one's own jobs; another user's only for those who see everything, or
@@ -22,7 +22,7 @@ import pwd
 from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple, Protocol, TypeVar
 
-from ..config import PrivacyConfig
+from ..config import Config
 from ..errors import GpueffError
 
 EXIT_DENIED = 6
@@ -73,16 +73,18 @@ def user_name(uid: int) -> str | None:
         return None
 
 
-def viewer(privacy: PrivacyConfig, uid: int, name: str | None, service_uid: int | None = None,
+def viewer(config: Config, uid: int, name: str | None, service_uid: int | None = None,
            coordinators: Callable[[], Mapping[str, Sequence[str]]] | None = None) -> Viewer:
-    """The Viewer for ``uid``/``name``. ``service_uid``: the account the service runs as (it reads the whole
-    database anyway). ``coordinators``: Slurm's {account: [coordinator, ...]}, asked only when it matters
-    (privacy on, a user who does not see everything, ``[privacy] coordinators``)."""
+    """The Viewer for ``uid``/``name``, by ``[privacy]`` and ``[leads]``. ``service_uid``: the account the
+    service runs as (it reads the whole database anyway). ``coordinators``: Slurm's {account: [coordinator,
+    ...]}, asked only when it matters (privacy on, a user who does not see everything, ``[privacy]
+    coordinators``)."""
+    privacy = config.privacy
     if uid == 0 or uid == service_uid or not privacy.enabled or (name is not None and name in privacy.admins):
         return Viewer(uid, name, all=True)
     if name is None:
         return Viewer(uid, name)
-    leads: dict[str, Sequence[str]] = dict(privacy.leads)
+    leads: dict[str, Sequence[str]] = dict(config.leads)
     if privacy.coordinators and coordinators is not None:
         for account, users in coordinators().items():
             leads[account] = [*leads.get(account, ()), *users]
@@ -117,15 +119,15 @@ def table_scope(v: Viewer, user: str | None, account: str | None) -> tuple[str |
         if account is None or leads:
             return (None if leads else v.name), account
         raise Denied(f"only the leads and coordinators of account {account} may list its jobs; your own jobs in "
-                     f"it: -u {v.name or v.uid} -A {account} ([privacy] in the config)")
+                     f"it: -u {v.name or v.uid} -A {account} ([privacy] and [leads] in the config)")
     if user == v.name or leads:
         return user, account
     raise Denied(f"you may only list your own jobs (user {v.name or f'uid {v.uid}'}), or those of an account you "
-                 "lead with -A ACCOUNT; [privacy] in the config")
+                 "lead with -A ACCOUNT; [privacy] and [leads] in the config")
 
 
 def denied_message(spec: str, v: Viewer) -> str:
     who = v.name or f"uid {v.uid}"
     return (f"job {spec} belongs to another user: seff-gpu shows {who} only their own jobs and those of accounts "
             "they lead (like sacct with PrivateData=jobs). Ask the job's owner, or an administrator to add you to "
-            "[privacy] admins or leads.")
+            "[privacy] admins or to [leads].")

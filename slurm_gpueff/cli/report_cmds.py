@@ -23,16 +23,17 @@ if TYPE_CHECKING:
 def add_parsers(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     r = sub.add_parser("report", parents=[common], help="mail per-job efficiency cards and monthly summaries",
                        description="Per-job GPU efficiency cards for job owners and monthly GPU-hour waste "
-                                   "summaries for research leads, by SMTP ([mail]) with a sent-log in the "
-                                   "database; every message is archived under reports.dir.")
+                                   "summaries for research leads ([leads]), by SMTP ([mail]) with a sent-log in "
+                                   "the database; every message is archived under reports.dir.")
     rs = r.add_subparsers(dest="report_command", metavar="ACTION", required=True)
     c = rs.add_parser("cards", parents=[common], help="send the cards of jobs that ended recently")
     c.add_argument("--dry-run", action="store_true", help="write the messages to files instead of sending")
     c.add_argument("--limit", type=int, metavar="N", help="at most N cards this run")
     m = rs.add_parser("monthly", parents=[common], help="send monthly GPU-hour summaries to leads and admins")
     m.add_argument("--month", metavar="YYYY-MM", help="the month (default: last month, UTC)")
-    m.add_argument("--account", metavar="A", help="only this account's summary (default: every account with "
-                   "leads in reports.leads, plus the site-wide one for reports.admins)")
+    m.add_argument("--account", metavar="A", help="only this account's summary (default: every account, to "
+                   "the users [leads] names for it, else to its Slurm coordinators with "
+                   "reports.coordinators_as_leads; plus the site-wide one for reports.admins)")
     m.add_argument("--site", action="store_true", help="with --account: also the site-wide summary")
     m.add_argument("--dry-run", action="store_true", help="write the messages to files instead of sending")
     rs.add_parser("retry", parents=[common], help="re-send failed messages whose next try is due")

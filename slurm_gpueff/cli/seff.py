@@ -65,7 +65,8 @@ exit status:
   3 job unknown, 4 job still running or pending with no figures yet,
   5 job had no GPUs,
   6 another user's job (you see your own, your accounts' as their lead or
-    coordinator, every job as an admin; [privacy] in the config)
+    coordinator, every job as an admin; [privacy] and [leads] in the
+    config)
 
 Where the job database is private to the service account, seff-gpu asks
 `gpueff serve` for the answer, proving who you are with MUNGE.
@@ -255,7 +256,7 @@ def _own_viewer(config: Config) -> Viewer:
     except OSError:
         owner = None
     uid, name = current_user()
-    return viewer(config.privacy, uid, name, owner, lambda: coordinators(config))
+    return viewer(config, uid, name, owner, lambda: coordinators(config))
 
 
 def coordinators(config: Config) -> dict[str, list[str]]:

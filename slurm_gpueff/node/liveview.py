@@ -46,7 +46,7 @@ def live_answer(config: Config, req: dict[str, Any], uid: int) -> dict[str, Any]
     if saved is None or not isinstance(saved.get("job"), dict):
         return not_here  # not running here, or a Prolog of a version before live records
     ident = saved["job"]
-    who = viewer(config.privacy, uid, user_name(uid))
+    who = viewer(config, uid, user_name(uid))
     owner = SimpleNamespace(uid=ident.get("uid"), user=ident.get("user"), account=ident.get("account"))
     if not may_see(who, owner):  # before any reading: a refused user costs the agent nothing
         return failure(denied_message(str(spec), who), EXIT_DENIED).to_json()

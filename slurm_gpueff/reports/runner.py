@@ -10,9 +10,10 @@ users over the limit and users without an address get a ``skipped`` row with the
 not reconsidered on every run). A card waits until sacct enriched the job, so the state it mails is
 Slurm's final one (``queries.enrich_wait`` bounds the wait).
 
-Monthly summaries go to an account's ``reports.leads``, else (``reports.coordinators_as_leads``) to its
-Slurm account coordinators (``sacctmgr``), addressed like the cards' owners. A sacctmgr failure is logged
-and the configured leads are used alone: it never stops the summaries.
+Monthly summaries go to the users an account's ``[leads]`` names, else (``reports.coordinators_as_leads``)
+to its Slurm account coordinators (``sacctmgr``); either way addressed like the cards' owners
+(:func:`user_address`). A sacctmgr failure is logged and the configured leads are used alone: it never
+stops the summaries.
 """
 
 from __future__ import annotations
@@ -56,11 +57,12 @@ class RunResult:
                 f"failed {self.failed} (kept for retry), retried {self.retried}")
 
 
-def owner_address(job: Job, rep: ReportsConfig) -> str | None:
-    """addresses[user], else the pattern; None if unusable."""
-    if not job.user:
+def user_address(user: str | None, rep: ReportsConfig) -> str | None:
+    """A user's mail address: addresses[user], else the pattern; None if unusable. The one rule for everyone
+    mailed by user name: card owners, account leads and coordinators, alerted users."""
+    if not user:
         return None
-    return valid_address(rep.addresses.get(job.user) or rep.address_pattern.format(user=job.user))
+    return valid_address(rep.addresses.get(user) or rep.address_pattern.format(user=user))
 
 
 def valid_address(addr: str | None) -> str | None:
@@ -131,7 +133,7 @@ def send_cards(config: Config, engine: Engine, *, dry_run: bool | None = None, n
             subject = f"{job.cluster}:{job.job_id}"
             user = job.user or ""
             skip = None
-            addr = owner_address(job, rep)
+            addr = user_address(job.user, rep)
             if user in optouts:
                 skip = "opted out"
             elif addr is None:
@@ -187,12 +189,10 @@ def retry_failed(config: Config, engine: Engine, *, now: datetime | None = None)
     return result
 
 
-def _leads(rep: ReportsConfig, account: str, coordinators: dict[str, list[str]]) -> list[str]:
-    """reports.leads[account], else the account's Slurm coordinators' addresses."""
-    value = rep.leads.get(account) or []
-    if value:
-        return _valid([value] if isinstance(value, str) else value)
-    return _valid([rep.addresses.get(u) or rep.address_pattern.format(user=u) for u in coordinators.get(account, [])])
+def _leads(config: Config, account: str, coordinators: dict[str, list[str]]) -> list[str]:
+    """The addresses (each once) of the users ``[leads]`` names for the account, else of its Slurm coordinators."""
+    users = config.leads.get(account) or coordinators.get(account, [])
+    return list(dict.fromkeys(a for a in (user_address(u, config.reports) for u in users) if a))
 
 
 def account_coordinators(config: Config, result: RunResult) -> dict[str, list[str]]:
@@ -207,7 +207,7 @@ def account_coordinators(config: Config, result: RunResult) -> dict[str, list[st
     try:
         return coordinators(SlurmRunner.from_config(config), min(30.0, config.sacct.timeout_s))
     except SlurmCommandError as exc:
-        why = f"account coordinators unknown ({exc}): only reports.leads get account summaries"
+        why = f"account coordinators unknown ({exc}): only [leads] get account summaries"
         log.warning("monthly: %s", why)
         result.lines.append(why)
         return {}
@@ -226,19 +226,19 @@ def send_monthly(config: Config, engine: Engine, *, month: str | None = None, ac
     result = RunResult()
     with Session(engine) as session:
         targets: list[str | None] = [account] if account is not None else [
-            *sorted(queries.accounts_with_jobs(session, start, end) | set(rep.leads))]
-        coords = account_coordinators(config, result) if any(a not in rep.leads for a in targets if a) else {}
+            *sorted(queries.accounts_with_jobs(session, start, end) | set(config.leads))]
+        coords = account_coordinators(config, result) if any(a not in config.leads for a in targets if a) else {}
         if site or (site is None and account is None):
             targets.append(None)
         for acc in targets:
-            to = _leads(rep, acc, coords) if acc is not None else _valid(rep.admins)
+            to = _leads(config, acc, coords) if acc is not None else _valid(rep.admins)
             label = acc if acc is not None else "*"
             if not to and not dry:
                 result.lines.append(f"no recipients for {'account ' + acc if acc else 'the site summary'} "
-                                    f"({'reports.leads or coordinators' if acc else 'reports.admins'}); not sent")
+                                    f"({'[leads] or coordinators' if acc else 'reports.admins'}); not sent")
                 continue
             summary = build_summary(session, config, month, acc)
-            if summary.context["jobs"] == 0 and acc is not None and acc not in rep.leads:
+            if summary.context["jobs"] == 0 and acc is not None and acc not in config.leads:
                 continue
             row = sentlog.claim(session, kind="monthly", subject=f"{month}:{label}", dry_run=dry, now=now,
                                 recipients=",".join(to))

@@ -162,11 +162,11 @@ def cancel(config: Config, job: Job) -> str:
 def mail(config: Config, action: str, job: Job, seen: list[str], dry: bool) -> str:
     """The warning (or cancel notice) to the job's owner; written to the reports dir on a dry run."""
     from ..reports.message import Parts, build
-    from ..reports.runner import owner_address
+    from ..reports.runner import user_address
     from ..reports.smtp import DeliveryError, send
     from ..reports.templates import render, sentence
 
-    to = owner_address(job, config.reports)
+    to = user_address(job.user, config.reports)
     if to is None:
         return f"no usable address for user {job.user!r} (reports.address_pattern / addresses)"
     ctx = {"cluster": job.cluster, "job_label": job_label(job), "job_id": job.job_id, "user": job.user or "",

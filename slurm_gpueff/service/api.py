@@ -111,7 +111,7 @@ class Api:
             return known
 
     def viewer(self, uid: int) -> Viewer:
-        return viewer(self.config.privacy, uid, user_name(uid), os.getuid(), self.coordinators)
+        return viewer(self.config, uid, user_name(uid), os.getuid(), self.coordinators)
 
     def sender(self, authorization: str | None, body: bytes) -> Decoded:
         """Who munged says made this request's credential, which must be made for exactly this body."""

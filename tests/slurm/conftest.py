@@ -47,7 +47,7 @@ CLUSTER = "gpueffci"
 GPU_TYPE = "simh100"
 ACCOUNT = "research"
 USER = "alice"
-LEAD = "bob"  # [privacy] leads: sees the jobs of ACCOUNT
+LEAD = "bob"  # [leads]: sees the jobs of ACCOUNT
 COORDINATOR = "carol"  # Slurm's coordinator of ACCOUNT (sacctmgr add coordinator): sees its jobs too
 ADMIN = "dave"  # [privacy] admins: sees every job
 USERS = (USER, LEAD, COORDINATOR, ADMIN)
@@ -86,8 +86,10 @@ settle_s = {settle_s}
 [privacy]
 enabled = true
 admins = {admins}
-leads = {{ {account} = ["{lead}"] }}
 coordinators = true
+
+[leads]
+{account} = ["{lead}"]
 
 [service]
 # `gpueff serve` runs only the API through which the users read their jobs; the tests run each task themselves

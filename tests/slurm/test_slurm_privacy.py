@@ -1,7 +1,7 @@
 """Private by construction, on a real Slurm with its MUNGE: the job database is root's alone, and the users
 read their jobs through ``gpueff serve``'s API, which learns who they are from a MUNGE credential.
 
-Users (conftest.py): ``alice`` (a member of ``research``), ``bob`` (its lead in ``[privacy] leads``),
+Users (conftest.py): ``alice`` (a member of ``research``), ``bob`` (its lead in ``[leads]``),
 ``carol`` (its coordinator in Slurm's accounting), ``dave`` (in ``[privacy] admins``). Root runs one job in
 ``research`` and one in ``physics``. Nothing is mocked but the GPUs (the ``simulated`` backend).
 """
