@@ -74,9 +74,9 @@ class Site:
         wait_health(self.conn, self.proc, self.log)
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(sig)
-        self.proc.wait(30)
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(30)
 
     def spool(self) -> str:
         return os.path.join(self.base, "service", "spool")
@@ -287,7 +287,10 @@ def test_nothing_lost_or_doubled_across_service_kills_database_outages_and_forwa
         assert tuple(row) == (total, total, total)
         service_log = pathlib.Path(site.log).read_text()
         assert "503" in service_log or "unavailable" in service_log, service_log[-3000:]
-        site.kill(signal.SIGTERM)
         engine.dispose()
     finally:
+        if "site" in locals():
+            site.kill(signal.SIGTERM)
+        for p in locals().get("fwd", []):
+            p.kill()
         cluster.destroy()

@@ -96,3 +96,17 @@ def test_doctor_compares_site_cluster_with_clustername(tmp_path, monkeypatch, ve
     assert line["status"] == "WARN"
     assert "'testcluster'" in line["detail"] and "'hpc1'" in line["detail"]
     assert "set site.cluster = 'testcluster'" in line["detail"]
+
+
+def test_hook_keys_reads_every_slurm_generation_of_scontrol_show_config():
+    """22.05/24.11 print ``Prolog = PATH``; 26.05 lists each script, ``Prolog[0] = PATH`` (seen on the test
+    cluster), which doctor read as "not set"."""
+    from slurm_gpueff.slurm.commands import hook_keys
+
+    old = ["Prolog                  = /opt/slurm-gpueff/venv/bin/gpueff-prolog", "PrologFlags             = Alloc",
+           "ClusterName             = c1", "PrologEpilogTimeout     = 60"]
+    new = ["Epilog[0]               = /opt/e", "EpilogMsgTime           = 2000 usec", "Prolog[0]               = /opt/p",
+           "Prolog[1]               = /opt/p2", "PrologFlags             = Alloc", "ResvProlog              = (null)"]
+    assert hook_keys(old) == {"Prolog": "/opt/slurm-gpueff/venv/bin/gpueff-prolog", "PrologFlags": "Alloc",
+                              "ClusterName": "c1"}
+    assert hook_keys(new) == {"Epilog": "/opt/e", "Prolog": "/opt/p,/opt/p2", "PrologFlags": "Alloc"}

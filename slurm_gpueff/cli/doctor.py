@@ -475,8 +475,9 @@ def check_munge(rep: Report, cfg: Config) -> None:
                                                           if cfg.service.munge_socket else ""))
 
 
-def check_api(rep: Report, cfg: Config) -> None:
-    """The service's API answers here: seff-gpu on a host without the database reads through it."""
+def check_api(rep: Report, cfg: Config, starting_s: float = 0.0) -> None:
+    """The service's API answers here: seff-gpu on a host without the database reads through it. A refused
+    connection is asked again for ``starting_s`` (a service just started takes a moment to listen)."""
     from ..access.client import api_url, connection
 
     url = api_url(cfg.service)
@@ -484,28 +485,36 @@ def check_api(rep: Report, cfg: Config) -> None:
         rep.add(FAIL, "api", "no [service] api_url (nor api_listen): seff-gpu here cannot reach the service; set "
                              "api_url to the service host's address, e.g. http://gpueff.example.org:9820")
         return
-    try:
-        conn = connection(url, cfg.service.api_timeout_s)
+    deadline = time.monotonic() + starting_s
+    while True:
         try:
-            conn.request("GET", "/v1/health")
-            r = conn.getresponse()
-            status, body = r.status, r.read(16)
-        finally:
-            conn.close()
-    except (OSError, ValueError) as exc:
-        rep.add(FAIL, "api", f"{url} does not answer ({exc}): is `gpueff serve` running with [service] api_listen?")
-        return
+            conn = connection(url, cfg.service.api_timeout_s)
+            try:
+                conn.request("GET", "/v1/health")
+                r = conn.getresponse()
+                status, body = r.status, r.read(16)
+            finally:
+                conn.close()
+            break
+        except (OSError, ValueError) as exc:
+            if isinstance(exc, ConnectionRefusedError | FileNotFoundError) and time.monotonic() < deadline:
+                time.sleep(0.5)
+                continue
+            rep.add(FAIL, "api", f"{url} does not answer ({exc}): is `gpueff serve` running with [service] "
+                                 "api_listen?")
+            return
     ok = status == 200 and body.startswith(b"ok")
     rep.add(PASS if ok else FAIL, "api", f"{url} answers" if ok else f"{url}: /v1/health answered {status}")
 
 
 def check_api_served(rep: Report, cfg: Config) -> None:
-    """On the service host: the API where one is configured (api_listen), and munged with it."""
+    """On the service host: the API where one is configured (api_listen), and munged with it; right after
+    `systemctl enable --now gpueff-serve` the service may still be starting, so it is given a few seconds."""
     if not cfg.service.api_listen:
         rep.add(WARN, "api", "no [service] api_listen: users on other hosts cannot read their cards")
         return
     check_munge(rep, cfg)
-    check_api(rep, cfg)
+    check_api(rep, cfg, starting_s=15.0)
 
 
 def check_push(rep: Report, cfg: Config) -> None:

@@ -9,6 +9,8 @@ Stdlib only.
 
 from __future__ import annotations
 
+import re
+
 from collections.abc import Iterable
 from typing import NamedTuple
 
@@ -146,10 +148,13 @@ def show_config(slurm: SlurmRunner, timeout_s: float = CONFIG_TIMEOUT_S) -> dict
 
 
 def hook_keys(lines: Iterable[str]) -> dict[str, str]:
-    """:data:`HOOK_KEYS` from ``key = value`` lines (scontrol show config, or slurm.conf without comments)."""
-    out = {}
+    """:data:`HOOK_KEYS` from ``key = value`` lines (scontrol show config, or slurm.conf without comments).
+    Slurm 26.05's scontrol lists every script of a key, ``Prolog[0] = ...``, ``Prolog[1] = ...``: those come
+    back as one value, comma-separated, as slurm.conf writes them."""
+    out: dict[str, str] = {}
     for line in lines:
         k, sep, v = line.partition("=")
-        if sep and k.strip() in HOOK_KEYS:
-            out[k.strip()] = v.strip()
+        key = re.sub(r"\[\d+\]$", "", k.strip())
+        if sep and key in HOOK_KEYS:
+            out[key] = f"{out[key]},{v.strip()}" if key in out and k.strip() != key else v.strip()
     return out

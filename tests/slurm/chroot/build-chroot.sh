@@ -10,7 +10,15 @@ SUITE=${1:?usage: $0 trixie|sid [CHROOT]}
 CH=${2:-${CHROOT:-/srv/slurm-$SUITE}}
 PKGS=munge,slurmctld,slurmd,slurmdbd,slurm-client,slurm-wlm-basic-plugins,slurm-wlm-mysql-plugin,mariadb-server
 PKGS=$PKGS,iproute2,procps,python3    # python3: the project's hooks run under the chroot's slurmd
-[ -x "$CH/usr/sbin/slurmctld" ] && exit 0
+PKGS=$PKGS,python3-venv,ca-certificates  # the site test installs the package into a venv there, as on a GPU node
+if [ -x "$CH/usr/sbin/slurmctld" ]; then  # built: add what a newer recipe asks for, if an older build lacks it
+  if ! chroot "$CH" dpkg-query -W -f='${Status}' python3-venv 2>/dev/null | grep -q 'ok installed'; then
+    chroot "$CH" apt-get update -qq -o Acquire::Check-Valid-Until=false
+    chroot "$CH" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      python3-venv ca-certificates >/dev/null
+  fi
+  exit 0
+fi
 host_mirror() { # the Debian mirror this host's apt already uses (deb822 sources, else sources.list)
   awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/*.sources 2>/dev/null | head -n 1 | grep . ||
     awk '$1=="deb"{print $2; exit}' /etc/apt/sources.list 2>/dev/null

@@ -11,7 +11,8 @@
 # job output are read on the host where the chroot's daemons and hooks wrote them.
 # Env: BASE, PROLOG, EPILOG (required; host paths: the hooks run INSIDE the chroot, so their interpreter must
 #        exist there: /usr/bin/python3 is installed), RO_MOUNTS (host directories bind-mounted read-only at the
-#        same path, e.g. the checkout the hooks import from; the hooks' own directories are added),
+#        same path, e.g. the checkout the hooks import from; the hooks' own directories are added, unless
+#        HOOKS_IN_CHROOT=1: the hooks are installed inside the chroot, as on a real GPU node),
 #      CHROOT (/srv/slurm-SUITE), NGPUS (4), NNODES (1; nodes HOST-2.. are extra slurmds, slurmd -N, in the same
 #        chroot: het jobs need 2), NODE_CPUS (8), GPU_TYPE (simh100), CLUSTER (gpueffci), ACCOUNT (research),
 #      TEST_USERS (alice: created on the host too, with the host's uid/gid inside), PORT_BASE (trixie 6917,
@@ -85,7 +86,8 @@ mnt "$CH/sys" --bind /sys              # non-recursive: the host's cgroup mounts
 mnt "$CH/dev/pts" --bind /dev/pts
 mnt "$CH/dev/shm" -t tmpfs -o mode=1777 tmpfs
 # /dev is the chroot's own on-disk /dev: the fake GPUs go there, the host's /dev/nvidia* are not touched.
-for d in ${RO_MOUNTS:-} $(for h in "$PROLOG" "$EPILOG"; do dirname "$(readlink -f "$h")"; done | sort -u); do
+hook_dirs() { [ "${HOOKS_IN_CHROOT:-0}" = 1 ] || for h in "$PROLOG" "$EPILOG"; do dirname "$(readlink -f "$h")"; done | sort -u; }
+for d in ${RO_MOUNTS:-} $(hook_dirs); do
   d=$(readlink -f "$d")
   case "$d/" in "$BASE"/*) continue ;; esac   # inside BASE: visible through the BASE mount
   mountpoint -q "$CH$d" || { mnt "$CH$d" --bind "$d" && mount -o remount,bind,ro "$CH$d"; }

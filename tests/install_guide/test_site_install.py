@@ -1,0 +1,403 @@
+"""The README's site install guide, executed as written: its fenced blocks marked ``<!-- site: ROLE -->`` are
+extracted from README.md and run, in order, on the hosts of a real site:
+
+- the service host and a login node: this machine (Debian 12), its own munged and its /usr/bin/python3;
+- two GPU nodes: the real Slurm 26.05 of the Debian sid chroot (tests/slurm/chroot/), two slurmds with fake
+  GPUs (``NNODES=2``), the package installed *inside* the chroot with the chroot's own python3, as on a
+  GPU node of another OS release. The two slurmds share the chroot's file system, so one node spool and
+  one ``gpueff forward`` serve both; the records of both nodes go through it.
+
+One munge key on every host (the chroot's is the host's), users alice and bob (same uids everywhere),
+jobs by both, alice's ``seff-gpu`` from the login role (showing her job, refusing bob's), and the monthly
+summary sent through a real SMTP server on loopback.
+
+What cannot run here is stood in for, and only that: systemd (no systemd runs on this machine or in the
+chroot) by a ``systemctl`` on PATH that starts a unit's ``ExecStart`` with its ``Environment``
+(``enable --now``), and the edit of /etc/slurm-gpueff/gpueff.toml that the README asks the admin to make
+by hand, applied from the README's own TOML block plus the test site's values (its cluster name, the
+simulated collector on fake GPUs, the chroot's sacct client, the loopback SMTP server, fast schedules).
+Slurm's Prolog/Epilog are the README's paths, given to the cluster's slurm.conf as etc/slurm.conf.snippet
+says. Everything the guide installs into system paths is removed afterwards; the test refuses to run
+where an install it did not make exists.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.site, pytest.mark.slurm, pytest.mark.smtp, pytest.mark.process]
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+CHROOT = "/srv/slurm-sid"
+SYS_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+CLUSTER = "gpueffsite"
+ACCOUNT = "research"
+LEAD = "carol"  # [leads]: gets the account's monthly summary (an address, not a Slurm user)
+OPT, ETC = "/opt/slurm-gpueff", "/etc/slurm-gpueff"
+INSTALLED = [OPT, ETC, "/var/lib/slurm-gpueff", "/var/spool/slurm-gpueff", "/run/slurm-gpueff"]
+UNITS = ("gpueff-serve", "gpueff-agent", "gpueff-forward")
+BLOCK = re.compile(r"<!-- site: (\w+) -->\n```(\w+)\n(.*?)```", re.S)
+SHIM = """#!/bin/sh
+# systemctl where systemd does not run (tests/site): `enable [--now] UNIT...` / `start UNIT...` start the
+# unit's ExecStart with its Environment, detached; its pid and output under $SHIM_STATE.
+set -eu
+state=${SHIM_STATE:?}
+mkdir -p "$state"
+cmd=$1; shift
+now=0
+[ "${1:-}" = "--now" ] && { now=1; shift; }
+for unit in "$@"; do
+  u=${unit%.service}; f=/etc/systemd/system/$u.service
+  [ -f "$f" ] || { echo "Unit $u.service not found." >&2; exit 5; }
+  case $cmd in enable) [ $now = 1 ] || continue ;; start) ;; *) echo "shim: $cmd unsupported" >&2; exit 1 ;; esac
+  envs=$(sed -n 's/^Environment=//p' "$f"); exe=$(sed -n 's/^ExecStart=//p' "$f")
+  env $envs setsid sh -c "exec $exe" > "$state/$u.log" 2>&1 < /dev/null &
+  echo $! > "$state/$u.pid"
+done
+"""
+
+
+def readme_blocks() -> dict[str, list[tuple[str, str]]]:
+    """ROLE -> [(language, text)] of the README's marked blocks, in order."""
+    with open(os.path.join(ROOT, "README.md")) as fh:
+        text = fh.read()
+    out: dict[str, list[tuple[str, str]]] = {}
+    for role, lang, body in BLOCK.findall(text):
+        out.setdefault(role, []).append((lang, body))
+    return out
+
+
+def toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    raise TypeError(v)
+
+
+def edit_config(path: str, edits: dict[str, dict[str, Any]]) -> None:
+    """Set ``section.key = value`` in the annotated config in place, as an admin edits it."""
+    with open(path) as fh:
+        lines = fh.read().splitlines()
+    for section, keys in edits.items():
+        for key, value in keys.items():
+            line = f"{key} = {toml_value(value)}"
+            try:
+                start = lines.index(f"[{section}]")
+            except ValueError:
+                lines += ["", f"[{section}]", line]
+                continue
+            end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("[")), len(lines))
+            hit = next((i for i in range(start + 1, end) if re.match(rf"{re.escape(key)}\s*=", lines[i])), None)
+            if hit is None:
+                lines.insert(start + 1, line)
+            else:
+                lines[hit] = line
+    with open(path, "w") as fh:
+        fh.write("\n".join(lines) + "\n")
+    with open(path, "rb") as fh:
+        tomllib.load(fh)
+
+
+class Site:
+    def __init__(self, base: str):
+        self.base = base
+        self.src = os.path.join(base, "src")
+        self.cluster = base  # the Slurm cluster's directory, bind-mounted at the same path in the chroot
+        self.bin = os.path.join(self.cluster, "bin")
+        self.host = subprocess.run(["hostname", "-s"], capture_output=True, text=True, check=True).stdout.strip()
+        self.blocks = readme_blocks()
+        self.started_munged = False
+        self.made_units_dir: list[str] = []
+        ca = os.environ.get("PIP_CERT") or os.environ.get("SSL_CERT_FILE") or ""
+        self.ca = ca if ca and os.path.isfile(ca) else ""
+
+    def env(self, where: str, build: bool = False) -> dict[str, str]:
+        """The environment of a block: the system PATH with the systemctl stand-in (for the build, the test's
+        Python first: any Python with pip builds the wheel)."""
+        env = {"PATH": f"{os.path.dirname(sys.executable)}:{SYS_PATH}" if build else f"{self.base}/shim:{SYS_PATH}",
+               "HOME": "/root", "LANG": "C.UTF-8", "SHIM_STATE": f"{self.base}/units-{where}"}
+        for k in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_DEFAULT_TIMEOUT", "http_proxy", "https_proxy"):
+            if k in os.environ:
+                env[k] = os.environ[k]
+        if self.ca:
+            env["PIP_CERT"] = self.ca if where == "host" else "/etc/ssl/certs/gpueff-site-ca.crt"
+        return env
+
+    def run_block(self, role: str, where: str, *, user: str | None = None, timeout: float = 600,
+                  check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Every ``sh`` block of ROLE, as written, with bash -e in the checkout: on the host, or in the chroot."""
+        script = "set -e\n" + "".join(body for lang, body in self.blocks[role] if lang == "sh")
+        env = self.env(where, build=role == "build")
+        if where == "node":
+            argv = ["chroot", CHROOT, "env", "-i", *(f"{k}={v}" for k, v in env.items()), "bash", "-c",
+                    f"cd {self.src} && {script}"]
+        elif user:
+            argv = ["runuser", "-u", user, "--", "env", "-i", *(f"{k}={v}" for k, v in env.items()
+                                                               if k not in ("HOME", "SHIM_STATE")),
+                    "bash", "-c", script]
+        else:
+            argv = ["env", "-i", *(f"{k}={v}" for k, v in env.items()), "bash", "-c", script]
+        p = subprocess.run(argv, cwd=self.src if not user else "/tmp", capture_output=True, text=True,
+                           timeout=timeout)
+        if check:
+            assert p.returncode == 0, f"README block {role} ({where}) exited {p.returncode}:\n{script}\n" \
+                                      f"--- stdout\n{p.stdout[-4000:]}\n--- stderr\n{p.stderr[-4000:]}"
+        return p
+
+    def config_edits(self, where: str, smtp_port: int) -> dict[str, dict[str, Any]]:
+        """The README's TOML block with its example host name made this host's, and the test site's values."""
+        (lang, body), = self.blocks["config"]
+        assert lang == "toml"
+        edits: dict[str, dict[str, Any]] = tomllib.loads(body.replace("gpueff.example.org", self.host))
+        edits["site"]["cluster"] = CLUSTER
+        if where == "node":
+            edits["collector"] = {"backend": "simulated"}
+            return edits
+        edits["sacct"] = {"command": f"{self.bin}/sacct", "settle_s": 8.0}
+        edits["service"].update(ingest_interval_s=2.0, enrich_interval_s=4.0, rollup_interval_s=4.0,
+                                cards_interval_s=0.0, metrics_port=0)
+        edits["mail"] = {"host": "127.0.0.1", "port": smtp_port, "from_address": "gpueff@example.org"}
+        edits["reports"] = {"address_pattern": "{user}@example.org", "admins": ["hpc-admins@example.org"],
+                            "coordinators_as_leads": False}
+        edits["leads"] = {ACCOUNT: [LEAD]}
+        return edits
+
+    def in_chroot(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["chroot", CHROOT, "env", "-i", f"PATH={SYS_PATH}", *argv], capture_output=True,
+                              text=True, timeout=120, check=check)
+
+    def slurm(self, *argv: str, user: str | None = None) -> subprocess.CompletedProcess[str]:
+        cmd = [f"{self.bin}/{argv[0]}", *argv[1:]]
+        if user:
+            cmd = ["runuser", "-u", user, "--", *cmd]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd="/tmp", check=False)
+
+
+def refuse_foreign_install() -> None:
+    for root in ("", CHROOT):
+        for path in (OPT, ETC):
+            if os.path.exists(root + path) and not os.path.exists(os.path.join(root + path, ".gpueff-site-test")):
+                pytest.fail(f"{root + path} exists and was not made by this test: it will not touch an install")
+
+
+def mark_ours(root: str) -> None:
+    for path in (OPT, ETC):
+        os.makedirs(root + path, exist_ok=True)
+        Path(root + path, ".gpueff-site-test").touch()
+
+
+def ensure_host_munged(site: Site) -> None:
+    if subprocess.run("munge -n | unmunge", shell=True, capture_output=True).returncode == 0:
+        return
+    if not os.path.exists("/etc/munge/munge.key"):
+        subprocess.run(["mungekey", "--create", "--keyfile=/etc/munge/munge.key"], check=True)
+    subprocess.run("chown munge:munge /etc/munge/munge.key && chmod 600 /etc/munge/munge.key && mkdir -p /run/munge "
+                   "&& chown munge:munge /run/munge && chmod 755 /run/munge && rm -f /run/munge/munge.socket.2*",
+                   shell=True, check=True)
+    subprocess.run(["runuser", "-u", "munge", "--", "/usr/sbin/munged"], check=True)
+    site.started_munged = True
+    for _ in range(100):
+        if subprocess.run("munge -n | unmunge", shell=True, capture_output=True).returncode == 0:
+            return
+        time.sleep(0.1)
+    raise RuntimeError("munged did not start on the host")
+
+
+@pytest.fixture
+def site() -> Iterator[Site]:
+    if os.geteuid() != 0:
+        pytest.fail("the site test installs into /opt, /etc and a Slurm chroot: run it as root (CI does)")
+    refuse_foreign_install()
+    base = tempfile.mkdtemp(prefix="gpueff-site-", dir="/tmp")
+    os.chmod(base, 0o755)
+    s = Site(base)
+    files = subprocess.run(["git", "-C", ROOT, "ls-files", "-co", "--exclude-standard"], capture_output=True,
+                           text=True, check=True).stdout.split("\n")
+    for f in filter(None, files):
+        if os.path.isfile(os.path.join(ROOT, f)):
+            os.makedirs(os.path.dirname(os.path.join(s.src, f)), exist_ok=True)
+            shutil.copy2(os.path.join(ROOT, f), os.path.join(s.src, f))
+    os.makedirs(os.path.join(base, "shim"))
+    with open(os.path.join(base, "shim", "systemctl"), "w") as fh:
+        fh.write(SHIM)
+    os.chmod(os.path.join(base, "shim", "systemctl"), 0o755)
+    for root in ("", CHROOT):
+        d = root + "/etc/systemd/system"
+        if not os.path.isdir(d):
+            os.makedirs(d)
+            s.made_units_dir.append(d)
+    # The chroot sees this directory at the same path (the cluster's start script keeps a mount it finds),
+    # so the GPU nodes' steps run in the same checkout, and the systemctl stand-in is on their PATH too.
+    mnt = CHROOT + base
+    os.makedirs(mnt)
+    subprocess.run(["mount", "--bind", base, mnt], check=True)
+    try:
+        yield s
+    finally:
+        for where in ("host", "node"):
+            state = os.path.join(base, f"units-{where}")
+            for unit in UNITS:
+                pidfile = os.path.join(state, f"{unit}.pid")
+                if os.path.exists(pidfile):
+                    with contextlib.suppress(ProcessLookupError, ValueError):
+                        os.killpg(int(Path(pidfile).read_text()), signal.SIGTERM)
+        time.sleep(1)
+        stop = [os.path.join(ROOT, "tests", "slurm", "chroot", "stop-slurm-chroot.sh"), "sid", "--purge"]
+        subprocess.run(stop, env=dict(os.environ, BASE=s.cluster), capture_output=True, timeout=300)
+        subprocess.run(["umount", mnt], capture_output=True)
+        with contextlib.suppress(OSError):
+            os.rmdir(mnt)
+        for root in ("", CHROOT):
+            for path in INSTALLED:
+                shutil.rmtree(root + path, ignore_errors=True)
+            for name in ("seff-gpu", "gpueff"):
+                link = f"{root}/usr/local/bin/{name}"
+                if os.path.islink(link) and os.readlink(link).startswith(OPT):
+                    os.unlink(link)
+            for unit in UNITS:
+                for f in (f"{root}/etc/systemd/system/{unit}.service",
+                          f"{root}/etc/systemd/system/multi-user.target.wants/{unit}.service"):
+                    if os.path.lexists(f):
+                        os.unlink(f)
+        for d in s.made_units_dir:
+            shutil.rmtree(d, ignore_errors=True)
+        ca = f"{CHROOT}/etc/ssl/certs/gpueff-site-ca.crt"
+        if os.path.exists(ca):
+            os.unlink(ca)
+        if s.started_munged:
+            subprocess.run("kill $(cat /run/munge/munged.pid)", shell=True, capture_output=True)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def wait(cond, what: str, timeout: float = 180, every: float = 0.5) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        got = cond()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(every)
+
+
+def test_the_readme_site_guide_installs_a_working_site(site, smtp_server):
+    inbox, smtp_port = smtp_server
+    blocks = site.blocks
+    assert set(blocks) >= {"build", "every", "config", "service", "node", "login"}, sorted(blocks)
+    t0 = time.monotonic()
+    timings: dict[str, float] = {}
+
+    def step(name: str) -> None:
+        timings[name] = time.monotonic() - t0
+
+    # 1. the wheel, on the host
+    site.run_block("build", "host")
+    step("wheel")
+    # the GPU nodes' OS: the host's munge key (one key per cluster) and its CA bundle (for pip)
+    ensure_host_munged(site)
+    shutil.copy("/etc/munge/munge.key", f"{CHROOT}/etc/munge/munge.key")
+    site.in_chroot("chown", "munge:munge", "/etc/munge/munge.key")
+    if site.ca:
+        shutil.copy(site.ca, f"{CHROOT}/etc/ssl/certs/gpueff-site-ca.crt")
+    # 2.-3. the service host (and login node): package, config, service
+    mark_ours("")
+    site.run_block("every", "host")
+    edit_config(f"{ETC}/gpueff.toml", site.config_edits("host", smtp_port))
+    site.run_block("service", "host")
+    step("service host")
+    # 4. the GPU nodes, inside the chroot: the package and config first, then Slurm starts with their hooks
+    mark_ours(CHROOT)
+    site.run_block("every", "node")
+    edit_config(f"{CHROOT}{ETC}/gpueff.toml", site.config_edits("node", smtp_port))
+    # the cluster: Slurm 26.05, two nodes, the README's Prolog/Epilog (installed in the chroot above)
+    prolog, epilog = f"{OPT}/venv/bin/gpueff-prolog", f"{OPT}/venv/bin/gpueff-epilog"
+    env = dict(os.environ, BASE=site.cluster, PROLOG=prolog, EPILOG=epilog, HOOKS_IN_CHROOT="1", NNODES="2",
+               CLUSTER=CLUSTER, ACCOUNT=ACCOUNT, TEST_USERS="alice bob")
+    started = subprocess.run([os.path.join(ROOT, "tests", "slurm", "chroot", "start-slurm-chroot.sh"), "sid"],
+                             env=env, capture_output=True, text=True, timeout=600)
+    assert started.returncode == 0, started.stdout + started.stderr
+    step("slurm up")
+    node = site.run_block("node", "node", check=False)
+    assert "FAIL" not in node.stdout and node.returncode == 0, node.stdout + node.stderr
+    assert re.search(r"PASS\s+api\b", node.stdout), node.stdout  # the push target answers
+    step("gpu nodes")
+    # 5. the login role, as alice: doctor passes
+    login = site.run_block("login", "host", user="alice", check=False)
+    assert login.returncode == 0 and "FAIL" not in login.stdout, login.stdout + login.stderr
+
+    # jobs by alice and bob, one on each node
+    jobs = {}
+    for user, node_name in (("alice", site.host), ("bob", f"{site.host}-2")):
+        p = site.slurm("sbatch", "--parsable", "-w", node_name, "--gres=gpu:1", "-o", "/dev/null",
+                       "--wrap", "sleep 4", user=user)
+        assert p.returncode == 0, p.stderr
+        jobs[user] = int(p.stdout.strip().split(";")[0])
+    wait(lambda: not site.slurm("squeue", "-h", "-j", ",".join(map(str, jobs.values()))).stdout.strip(),
+         "the jobs to end", 120)
+    step("jobs ran")
+
+    # the records reach the service from the nodes and are enriched from Slurm's accounting
+    def card(user: str, job: int) -> dict[str, Any] | None:
+        p = subprocess.run(["seff-gpu", "--json", str(job)], capture_output=True, text=True,
+                           env={"PATH": SYS_PATH, "LANG": "C.UTF-8"}, timeout=60)
+        if p.returncode != 0:
+            return None
+        got = json.loads(p.stdout)["jobs"][0]["job"]
+        return got if got["state"] == "COMPLETED" and not got["state_pending"] else None
+
+    for user, job in jobs.items():
+        c = wait(lambda u=user, j=job: card(u, j), f"{user}'s job {job} stored and accounted", 180)
+        assert c["user"] == user, c
+    step("stored + enriched")
+
+    # alice on the login role: her job's card, not bob's
+    def seff_as(user: str, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["runuser", "-u", user, "--", "env", "-i", f"PATH={SYS_PATH}", "LANG=C.UTF-8",
+                               "seff-gpu", *args], capture_output=True, text=True, timeout=60, cwd="/tmp")
+
+    mine = seff_as("alice", str(jobs["alice"]))
+    assert mine.returncode == 0, mine.stdout + mine.stderr
+    assert f"Job ID: {jobs['alice']}" in mine.stdout or str(jobs["alice"]) in mine.stdout, mine.stdout
+    assert "alice" in mine.stdout and "simulated" in mine.stdout.lower(), mine.stdout
+    theirs = seff_as("alice", str(jobs["bob"]))
+    assert theirs.returncode in (3, 6), theirs.stdout + theirs.stderr
+    assert "bob" not in theirs.stdout + theirs.stderr, theirs.stdout + theirs.stderr
+    # the nodes hold no database credentials, and their records came by push, signed by root
+    with open(f"{CHROOT}{ETC}/gpueff.toml", "rb") as fh:
+        node_paths = tomllib.load(fh)["paths"]
+    assert node_paths["database_password_file"] == "" and "@" not in node_paths["database"], node_paths
+    assert "push credentials" not in node.stdout, node.stdout
+    serve_log = Path(f"{site.base}/units-host/gpueff-serve.log").read_text()
+    assert re.search(r"uid 0 node \S+: \d+ records, stored [1-9]", serve_log), serve_log[-3000:]
+
+    # the monthly summary, through the loopback SMTP server
+    month = datetime.now(UTC).strftime("%Y-%m")
+    p = subprocess.run(["gpueff", "report", "monthly", "--month", month], capture_output=True, text=True,
+                       env={"PATH": SYS_PATH, "LANG": "C.UTF-8", "HOME": "/root"}, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rcpts = {r for tos, _msg in inbox.messages for r in tos}
+    assert {f"{LEAD}@example.org", "hpc-admins@example.org"} <= rcpts, (rcpts, p.stdout)
+    step("monthly sent")
+    sys.stderr.write("\n[site] " + ", ".join(f"{k} at {v:.0f} s" for k, v in timings.items()) + "\n")
