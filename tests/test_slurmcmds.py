@@ -105,8 +105,9 @@ def test_hook_keys_reads_every_slurm_generation_of_scontrol_show_config():
 
     old = ["Prolog                  = /opt/slurm-gpueff/venv/bin/gpueff-prolog", "PrologFlags             = Alloc",
            "ClusterName             = c1", "PrologEpilogTimeout     = 60"]
-    new = ["Epilog[0]               = /opt/e", "EpilogMsgTime           = 2000 usec", "Prolog[0]               = /opt/p",
-           "Prolog[1]               = /opt/p2", "PrologFlags             = Alloc", "ResvProlog              = (null)"]
+    new = ["Epilog[0]               = /opt/e", "EpilogMsgTime           = 2000 usec",
+           "Prolog[0]               = /opt/p", "Prolog[1]               = /opt/p2",
+           "PrologFlags             = Alloc", "ResvProlog              = (null)"]
     assert hook_keys(old) == {"Prolog": "/opt/slurm-gpueff/venv/bin/gpueff-prolog", "PrologFlags": "Alloc",
                               "ClusterName": "c1"}
     assert hook_keys(new) == {"Epilog": "/opt/e", "Prolog": "/opt/p,/opt/p2", "PrologFlags": "Alloc"}

@@ -10,7 +10,6 @@ Stdlib only.
 from __future__ import annotations
 
 import re
-
 from collections.abc import Iterable
 from typing import NamedTuple
 
