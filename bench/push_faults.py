@@ -29,10 +29,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import synthetic  # noqa: I001 (tests/, put on sys.path by pushsite)
-from pushsite import ROOT, PushSite, fresh_pg, pending
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [_ROOT, os.path.join(_ROOT, "tests"), os.path.join(_ROOT, "bench")]  # synthetic, pushsite
 
-from slurm_gpueff import spool
+import synthetic  # noqa: E402
+from pushsite import ROOT, PushSite, fresh_pg, pending  # noqa: E402
+
+from slurm_gpueff import spool  # noqa: E402
 
 
 def main() -> int:

@@ -113,8 +113,9 @@ class Api:
     def viewer(self, uid: int) -> Viewer:
         return viewer(self.config, uid, user_name(uid), os.getuid(), self.coordinators)
 
-    def sender(self, authorization: str | None, body: bytes) -> Decoded:
-        """Who munged says made this request's credential, which must be made for exactly this body."""
+    def sender(self, authorization: str | None, path: str) -> Decoded:
+        """Who munged says made this request's credential, asked before its body is read (a push of someone
+        who may not push is refused without holding its body); :meth:`check_body` then binds it to the body."""
         scheme, _, credential = (authorization or "").partition(" ")
         if scheme != "MUNGE" or not credential.strip():
             raise HttpError(401, "missing credential: send Authorization: MUNGE <credential> (seff-gpu does)")
@@ -124,26 +125,32 @@ class Api:
             raise HttpError(401, str(exc)) from None
         except MungeError as exc:
             raise HttpError(503, f"the service cannot check credentials: {exc}") from None
-        if who.payload != body_digest(body):
-            raise HttpError(401, f"uid {who.uid}: the credential was made for another request")
+        if path == RECORDS:
+            if self.intake is None:
+                raise HttpError(404, "this service takes no records")
+            if who.uid not in self.pushers:
+                raise HttpError(401, f"uid {who.uid} may not push records: only root and [service] push_users may")
         return who
 
-    def push(self, authorization: str | None, body: bytes) -> tuple[int, bytes, str]:
+    @staticmethod
+    def check_body(who: Decoded, body: bytes) -> None:
+        """The credential must be made for exactly this body."""
+        if who.payload != body_digest(body):
+            raise HttpError(401, f"uid {who.uid}: the credential was made for another request")
+
+    def push(self, who: Decoded, body: bytes) -> tuple[int, bytes, str]:
         """(HTTP status, JSON reply, what to log) for one ``POST /v1/records``. HttpError on refusal."""
-        if self.intake is None:
-            raise HttpError(404, "this service takes no records")
-        who = self.sender(authorization, body)
-        if who.uid not in self.pushers:
-            raise HttpError(401, f"uid {who.uid} may not push records: only root and [service] push_users may")
+        assert self.intake is not None  # sender() refused the push otherwise
+        self.check_body(who, body)
         try:
             reply, what = self.intake.push(who.uid, body)
         except IntakeError as exc:
             raise HttpError(exc.status, str(exc)) from None
         return 200, json.dumps(reply).encode(), what
 
-    def seff(self, authorization: str | None, body: bytes) -> tuple[int, bytes, str]:
+    def seff(self, who: Decoded, body: bytes) -> tuple[int, bytes, str]:
         """(HTTP status, JSON answer, what to log) for one ``POST /v1/seff``. HttpError on refusal."""
-        who = self.sender(authorization, body)
+        self.check_body(who, body)
         query = parse_query(body)
         result = answer(query, self.config, self.viewer(who.uid))
         return 200, json.dumps(result.to_json()).encode(), f"uid {who.uid} {query.kind()} exit {result.exit_code}"
@@ -166,6 +173,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         t0 = time.monotonic()
         what = "seff" if self.path == PATH else "push"
         api = self.server.api
+        unread = 0  # body bytes to discard on a refusal, so the client reads the answer, not a broken pipe
         try:
             if self.path not in (PATH, RECORDS):
                 raise HttpError(404, "not found")
@@ -174,16 +182,18 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             except ValueError:
                 raise HttpError(411, "Content-Length required") from None
             limit = api.max_body(self.path)
+            unread = min(max(length, 0), 2 * limit)
             if length < 0 or length > limit:
-                self._discard(min(length, 2 * limit))  # so the client reads the answer, not a broken pipe
                 raise HttpError(413, f"the body must be at most {limit} bytes")
-            body = self.rfile.read(length)
+            who = api.sender(self.headers.get("Authorization"), self.path)
+            body, unread = self.rfile.read(length), 0
             if len(body) < length:
                 raise HttpError(400, "the body ended early")
             handle = api.seff if self.path == PATH else api.push
-            status, data, what = handle(self.headers.get("Authorization"), body)
+            status, data, what = handle(who, body)
             self._send(status, data, "application/json", what, t0)
         except HttpError as exc:
+            self._discard(unread)
             self.close_connection = True
             self._send(exc.status, f"{exc}\n".encode(), "text/plain", f"{what}: {exc}", t0)
         except Exception:  # a bug: the caller gets one line, the log the traceback (no job contents in it)
