@@ -6,7 +6,10 @@ spread over the nodes at random, for SECONDS.
 
 Ingest lag is, per record, the time from its file landing in a node's spool to its row appearing in the
 database (polled every 0.25 s). Printed: lag p50/p99/max; the service's CPU (seconds, and share of one
-core) and RSS (now and peak) over the run; the simulated nodes' CPU for comparison.
+core) and RSS (now and peak) over the run; the simulated nodes' CPU for comparison. Baseline, in the same
+run: the same number of the same records ingested by ``gpueff ingest`` from one spool into the same
+database (the shared-spool layout, no HTTP, no MUNGE); ratio = the service's CPU per pushed record / the
+ingest's CPU per record.
 
     python3 bench/push_scale.py [--nodes 2000] [--rate 40] [--seconds 600] [--procs 4] [--postgres URL]
 
@@ -21,8 +24,10 @@ import logging
 import multiprocessing as mp
 import os
 import random
+import re
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -67,6 +72,26 @@ def run_nodes(first: int, count: int, base: str, service: dict[str, object], sto
         t.join(60)
 
 
+def baseline(base: str, url: str, n: int) -> float:
+    """CPU seconds per record of ``gpueff ingest`` taking ``n`` records like the pushed ones from a spool."""
+    import resource
+
+    d = os.path.join(base, "baseline")
+    spool_dir = os.path.join(d, "spool")
+    for seq in range(1, n + 1):
+        spool.write_record(spool_dir, synthetic.record(seq, cluster="baseline", node=node_name(seq % 2000), gpus=1,
+                                                       timeline_points=60))
+    cfg = os.path.join(d, "gpueff.toml")
+    with open(cfg, "w") as fh:
+        fh.write(f'[site]\ncluster = "baseline"\n[paths]\nspool_dir = "{spool_dir}"\nstate_dir = "{d}/run"\n'
+                 f'database = "{url}"\n')
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run([sys.executable, "-m", "slurm_gpueff.cli.gpueff", "--config", cfg, "ingest", "--quiet"],
+                   cwd=_ROOT, check=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) / n
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, default=2000)
@@ -75,6 +100,7 @@ def main() -> int:
     ap.add_argument("--procs", type=int, default=4)
     ap.add_argument("--interval", type=float, default=15.0, help="[service] forward_interval_s (default 15)")
     ap.add_argument("--postgres", default="postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+    ap.add_argument("--keep", action="store_true", help="keep the site's directory (logs, spools)")
     a = ap.parse_args()
     from sqlalchemy import create_engine, text
 
@@ -133,11 +159,13 @@ def main() -> int:
         written[seq] = time.time()
         next_at += 1.0 / a.rate
         time.sleep(max(0.0, next_at - time.time()))
-        if seq % int(a.rate * 60) == 0:
-            lags = sorted(seen[j] - written[j] for j in seen if j in written)
-            print(f"[{time.time() - t0:5.0f} s] written {seq}, stored {len(seen)}, "
-                  f"lag p99 so far {lags[int(0.99 * (len(lags) - 1))] if lags else float('nan'):.1f} s, "
-                  f"service RSS {rss_mb(pid):.0f} MB", flush=True)
+        if seq % int(a.rate * 60) == 0:  # the minute before last: its records have had a minute to arrive
+            lo, hi = seq - 2 * int(a.rate * 60), seq - int(a.rate * 60)
+            lags = sorted(seen[j] - written[j] for j in range(max(1, lo), hi) if j in seen)
+            print(f"[{time.time() - t0:5.0f} s] written {seq}, stored {len(seen)}; records of the minute before "
+                  f"last: lag p50 {lags[len(lags) // 2] if lags else float('nan'):.1f} s, p99 "
+                  f"{lags[int(0.99 * (len(lags) - 1))] if lags else float('nan'):.1f} s; service RSS "
+                  f"{rss_mb(pid):.0f} MB, CPU {cpu_s(pid) - cpu0:.0f} s", flush=True)
     gen_s = time.time() - t0
     cpu1 = cpu_s(pid)
     nodes_cpu1 = sum(cpu_s(w.pid) for w in workers if w.pid)
@@ -162,11 +190,22 @@ def main() -> int:
     print(f"simulated nodes ({a.nodes} forwarders in {len(workers)} processes): CPU {nodes_cpu1 - nodes_cpu0:.1f} s "
           f"= {1000 * (nodes_cpu1 - nodes_cpu0) / gen_s / a.nodes:.2f} ms per node per second")
     log = Path(site.log).read_text()
+    ms = sorted(int(m) for m in re.findall(r"records, stored .* -> 200 in (\d+) ms", log))
     print(f"service log: {log.count(' -> 200 ')} pushes answered 200, {log.count(' -> 503 ')} 503, "
-          f"{log.count(' -> 401 ')} 401, {log.count(' -> 500 ')} 500")
+          f"{log.count(' -> 401 ')} 401, {log.count(' -> 500 ')} 500; push handling p50 {ms[len(ms) // 2]} ms, "
+          f"p99 {ms[int(0.99 * (len(ms) - 1))]} ms, max {ms[-1]} ms")
+    for line in re.findall(r".*task \w+: .*", log)[-6:]:
+        print("service task:", line)
     site.close()
+    base_cpu = baseline(base, url, len(written))
+    push_cpu = (cpu1 - cpu0) / max(1, len(lags))
+    print(f"baseline: gpueff ingest of {len(written)} such records from one spool: {base_cpu * 1000:.2f} ms CPU per "
+          f"record; the service while pushed: {push_cpu * 1000:.2f} ms per record; ratio {push_cpu / base_cpu:.2f}")
     eng.dispose()
-    shutil.rmtree(base, ignore_errors=True)
+    if a.keep:
+        print(f"kept {base}")
+    else:
+        shutil.rmtree(base, ignore_errors=True)
     return 0 if missing == 0 and q(0.99) < 60 else 1
 
 

@@ -130,8 +130,9 @@ class Site:
         self.blocks = readme_blocks()
         self.started_munged = False
         self.made_units_dir: list[str] = []
-        ca = os.environ.get("PIP_CERT") or os.environ.get("SSL_CERT_FILE") or ""
-        self.ca = ca if ca and os.path.isfile(ca) else ""
+        # the host's CA bundle, for pip in the chroot (a site's proxy CA lives there, not in pip's certifi)
+        ca = os.environ.get("PIP_CERT") or os.environ.get("SSL_CERT_FILE") or "/etc/ssl/certs/ca-certificates.crt"
+        self.ca = ca if os.path.isfile(ca) else ""
 
     def env(self, where: str, build: bool = False) -> dict[str, str]:
         """The environment of a block: the system PATH with the systemctl stand-in (for the build, the test's
