@@ -68,13 +68,13 @@ def write_records(conn: Connection, recs: list[Row]) -> None:
     with raw_errors(conn):
         db = _Sql(conn)
         db.insert_ids(_JOB, [row for k, row in plan.jobs.items() if k not in plan.old_jobs],
-                      ("cluster", "job_id", "run"))
+                      ("cluster", "job_id", "run"), by="job_id")
         db.update(_JOB, [plan.jobs[k] for k in plan.old_jobs if plan.jobs[k] != plan.old_jobs[k]])
         inserts, updates, gone = plan.gpu_changes()
         db.delete_in("job_gpu_timeline", "job_gpu_id", gone + sorted(r["id"] for r in updates))
         db.delete_in("job_gpu", "id", gone)  # after their timelines: no reliance on FK cascades
         db.update(_GPU, updates)
-        db.insert_ids(_GPU, inserts, ("job_pk", "node", "gpu_index"))
+        db.insert_ids(_GPU, inserts, ("job_pk", "node", "gpu_index"), by="job_pk")
         db.insert(_TIMELINE, plan.timeline_rows())
 
 
@@ -183,12 +183,15 @@ class _Sql:
         self.cur.executemany(f'INSERT INTO "{table.name}" ({t.quoted}) VALUES ({self.marks(len(t.cols))})',
                              [t.values(row) for row in rows])
 
-    def insert_ids(self, table: Table, rows: list[Row], key: tuple[str, ...]) -> None:
-        """Insert ``rows`` and set each one's "id" to the database's, read back by the natural key ``key``."""
+    def insert_ids(self, table: Table, rows: list[Row], key: tuple[str, ...], by: str) -> None:
+        """Insert ``rows`` and set each one's "id" to the database's, read back by the natural key ``key``.
+        The read-back selects on ``by``, an indexed column of the key that names few rows (a job id, a
+        job's pk): selecting on the key's first column (the cluster) would read every job of the cluster,
+        making each batch's cost grow with the database."""
         self.insert(table, rows)
         ids: dict[tuple[Any, ...], int] = {}
-        query = f'SELECT id, {", ".join(key)} FROM "{table.name}" WHERE "{key[0]}" IN'
-        for part in _chunks(sorted({r[key[0]] for r in rows})):
+        query = f'SELECT id, {", ".join(key)} FROM "{table.name}" WHERE "{by}" IN'
+        for part in _chunks(sorted({r[by] for r in rows})):
             self.cur.execute(f"{query} ({self.marks(len(part))})", part)
             ids.update((tuple(r[1:]), r[0]) for r in self.cur.fetchall())
         get = itemgetter(*key)
