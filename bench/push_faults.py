@@ -33,7 +33,7 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [_ROOT, os.path.join(_ROOT, "tests"), os.path.join(_ROOT, "bench")]  # synthetic, pushsite
 
 import synthetic  # noqa: E402
-from pushsite import ROOT, PushSite, fresh_pg, pending  # noqa: E402
+from pushsite import ROOT, fresh_pg, pending, start_site  # noqa: E402
 
 from slurm_gpueff import spool  # noqa: E402
 
@@ -56,7 +56,7 @@ def main() -> int:
     url = fresh_pg(a.postgres, "gpueff_push_faults")
     migrate.upgrade(make_engine(url, create=False))
     base = tempfile.mkdtemp(prefix="gpueff-push-faults-", dir="/tmp")
-    site = PushSite(base, url, forward_interval_s=a.interval, max_backoff_s=a.backoff)
+    site, munged = start_site(base, url, forward_interval_s=a.interval, max_backoff_s=a.backoff)
     nodes = [site.node(f"gpu{i:03d}") for i in range(a.nodes)]
     per_node = a.records // a.nodes
     early = per_node * 4 // 5
@@ -142,7 +142,8 @@ def main() -> int:
     print(f"service log: {log.count(' -> 200 ')} pushes answered 200, {log.count(' -> 503 ')} 503, "
           f"{log.count(' -> 401 ')} 401; forwarder logs: "
           f"{sum(Path(x).read_text().count('cannot reach') for x in logs)} unreachable passes")
-    site.close()
+    site.kill(signal.SIGTERM)
+    munged.kill()
     eng.dispose()
     shutil.rmtree(base, ignore_errors=True)
     return 0 if written == distinct == rows == jobs else 1

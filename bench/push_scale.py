@@ -26,6 +26,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -38,7 +39,7 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [_ROOT, os.path.join(_ROOT, "tests"), os.path.join(_ROOT, "bench")]  # synthetic, pushsite
 
 import synthetic  # noqa: E402
-from pushsite import PushSite, cpu_s, fresh_pg, pending, rss_mb  # noqa: E402
+from pushsite import cpu_s, fresh_pg, pending, rss_mb, start_site  # noqa: E402
 
 from slurm_gpueff import spool  # noqa: E402
 
@@ -110,7 +111,7 @@ def main() -> int:
     url = fresh_pg(a.postgres, "gpueff_push_scale")
     migrate.upgrade(make_engine(url, create=False))
     base = tempfile.mkdtemp(prefix="gpueff-push-scale-", dir="/tmp")
-    site = PushSite(base, url, forward_interval_s=a.interval, max_backoff_s=120.0)
+    site, munged = start_site(base, url, forward_interval_s=a.interval, max_backoff_s=120.0)
     pid = site.start()
     service = {"api_url": f"http://127.0.0.1:{site.port}", "munge_socket": site.sock,
                "forward_interval_s": a.interval, "forward_max_backoff_s": 120.0}
@@ -196,7 +197,8 @@ def main() -> int:
           f"p99 {ms[int(0.99 * (len(ms) - 1))]} ms, max {ms[-1]} ms")
     for line in re.findall(r".*task \w+: .*", log)[-6:]:
         print("service task:", line)
-    site.close()
+    site.kill(signal.SIGTERM)
+    munged.kill()
     base_cpu = baseline(base, url, len(written))
     push_cpu = (cpu1 - cpu0) / max(1, len(lags))
     print(f"baseline: gpueff ingest of {len(written)} such records from one spool: {base_cpu * 1000:.2f} ms CPU per "

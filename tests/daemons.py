@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import http.client
 import os
 import pathlib
+import signal
 import socket
 import subprocess
 import sys
@@ -61,3 +63,53 @@ def gpueff(config: str, *args: str, env: dict[str, str] | None = None, log: str 
     finally:
         if log:
             out.close()
+
+
+QUIET = "".join(f"{k} = 0\n" for k in ("enrich_interval_s", "rollup_interval_s", "rollup_full_interval_s",
+                                       "retention_interval_s", "cards_interval_s"))
+
+
+class PushSite:
+    """A service host (``gpueff serve`` with its API on a loopback port, its database and spool under
+    ``base``/service) and GPU-node configs beside it that point ``gpueff forward`` at it: the push tests'
+    and benchmarks' site. ``service`` and ``forward`` are more ``[service]`` keys for each side."""
+
+    def __init__(self, base: str, database: str, munge_socket: str, *, cluster: str = "push", service: str = "",
+                 forward: str = "forward_interval_s = 0.2\nforward_max_backoff_s = 1\n"):
+        self.base, self.database, self.sock, self.cluster = base, database, munge_socket, cluster
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+        self.log = os.path.join(base, "serve.log")
+        self.forward = forward
+        self.config = self.write("service", f'database = "{database}"\n',
+                                 f'api_listen = "127.0.0.1:{self.port}"\nmetrics_port = 0\n{QUIET}{service}')
+
+    def write(self, name: str, paths: str, service: str, munge_socket: str = "") -> str:
+        d = os.path.join(self.base, name)
+        os.makedirs(d, exist_ok=True)
+        path = os.path.join(d, "gpueff.toml")
+        with open(path, "w") as fh:
+            fh.write(f'[site]\ncluster = "{self.cluster}"\n[paths]\nspool_dir = "{d}/spool"\nstate_dir = "{d}/run"\n'
+                     f'{paths}[service]\nmunge_socket = "{munge_socket or self.sock}"\n{service}')
+        return path
+
+    def node(self, name: str, munge_socket: str = "") -> tuple[str, str]:
+        """(config, spool dir) of a GPU node: the service's address, no database."""
+        cfg = self.write(name, "", f'api_url = "http://127.0.0.1:{self.port}"\n{self.forward}', munge_socket)
+        return cfg, os.path.join(self.base, name, "spool")
+
+    def conn(self) -> http.client.HTTPConnection:
+        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+
+    def start(self) -> int:
+        self.proc = gpueff(self.config, "serve", log=self.log)
+        wait_health(self.conn, self.proc, self.log, 600)
+        return self.proc.pid
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(60)
+
+    def spool(self) -> str:
+        return os.path.join(self.base, "service", "spool")

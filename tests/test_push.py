@@ -8,7 +8,6 @@ mid-send; a push without a good root credential, or too large, writes nothing.
 from __future__ import annotations
 
 import hashlib
-import http.client
 import json
 import os
 import pathlib
@@ -22,7 +21,7 @@ from collections.abc import Iterator
 
 import pytest
 import synthetic
-from daemons import free_port, gpueff, start_munged, wait_health
+from daemons import PushSite, gpueff, start_munged
 from hooksite import make_record
 from pgutil import PrivateCluster
 from sqlalchemy import text
@@ -36,52 +35,6 @@ pytestmark = [pytest.mark.process, pytest.mark.skipif(
     os.geteuid() != 0 or not shutil.which("munged")
     or subprocess.run(["id", USER], capture_output=True).returncode != 0,
     reason="needs root, MUNGE and the user gpuser")]
-QUIET = "".join(f"{k} = 0\n" for k in ("ingest_interval_s", "enrich_interval_s", "rollup_interval_s",
-                                       "rollup_full_interval_s", "retention_interval_s", "cards_interval_s"))
-
-
-class Site:
-    """A service host (``gpueff serve`` on a TCP port, its database and spool) and node configs beside it."""
-
-    def __init__(self, base: str, database: str, munge_socket: str, extra: str = ""):
-        self.base, self.database, self.sock = base, database, munge_socket
-        self.port = free_port()
-        self.proc: subprocess.Popen | None = None
-        self.log = os.path.join(base, "serve.log")
-        self.config = self.write("service", f'database = "{database}"\n',
-                                 f'api_listen = "127.0.0.1:{self.port}"\nmetrics_port = 0\n{QUIET}{extra}')
-
-    def write(self, name: str, paths: str, service: str, munge_socket: str = "") -> str:
-        d = os.path.join(self.base, name)
-        os.makedirs(d, exist_ok=True)
-        path = os.path.join(d, "gpueff.toml")
-        with open(path, "w") as fh:
-            fh.write(f'[site]\ncluster = "push"\n[paths]\nspool_dir = "{d}/spool"\nstate_dir = "{d}/run"\n{paths}'
-                     f'[service]\nmunge_socket = "{munge_socket or self.sock}"\n{service}')
-        return path
-
-    def node(self, name: str, munge_socket: str = "") -> tuple[str, str]:
-        """(config, spool dir) of a GPU node: the service's address, no database."""
-        cfg = self.write(name, "", f'api_url = "http://127.0.0.1:{self.port}"\nforward_interval_s = 0.2\n'
-                                   "forward_max_backoff_s = 1\n", munge_socket)
-        return cfg, os.path.join(self.base, name, "spool")
-
-    def conn(self) -> http.client.HTTPConnection:
-        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
-
-    def start(self) -> None:
-        self.proc = gpueff(self.config, "serve", log=self.log)
-        wait_health(self.conn, self.proc, self.log)
-
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            self.proc.wait(30)
-
-    def spool(self) -> str:
-        return os.path.join(self.base, "service", "spool")
-
-
 @pytest.fixture
 def munge() -> Iterator[tuple[str, str, str]]:
     """(base dir, munged socket, another munged's socket: another key)."""
@@ -121,7 +74,7 @@ def sqlite_jobs(db: str) -> list[int]:
 def test_push_stores_acknowledges_and_quarantines_on_both_sides(munge):
     base, sock, _other = munge
     db = os.path.join(base, "service", "gpueff.db")
-    site = Site(base, f"sqlite:///{db}", sock)
+    site = PushSite(base, f"sqlite:///{db}", sock)
     site.start()
     try:
         node, node_spool = site.node("node01")
@@ -168,7 +121,7 @@ class _Tmp(str):
 def test_a_push_without_a_good_root_credential_or_too_large_writes_nothing(munge):
     base, sock, other = munge
     db = os.path.join(base, "service", "gpueff.db")
-    site = Site(base, f"sqlite:///{db}", sock, extra="push_max_mb = 1\n")
+    site = PushSite(base, f"sqlite:///{db}", sock, service="push_max_mb = 1\n")
     site.start()
 
     def body(job: int, pad: int = 0) -> bytes:
@@ -236,7 +189,7 @@ def test_nothing_lost_or_doubled_across_service_kills_database_outages_and_forwa
         from slurm_gpueff.storage import migrate
 
         migrate.upgrade(engine)
-        site = Site(base, cluster.url, sock)
+        site = PushSite(base, cluster.url, sock)
         nodes = [site.node(f"node{i:02d}") for i in range(4)]
         per_node = 400
         for i, (_cfg, node_spool) in enumerate(nodes):
