@@ -71,6 +71,11 @@ def _database(v: object, unit: str) -> str | None:
                 "named by paths.database_password_file, readable only by the service account")
     if sep and scheme == "sqlite" and rest.strip("/") in ("", ":memory:"):
         return f" = {v!r}: an in-memory database keeps nothing; name a file (sqlite:////PATH)"
+    if sep and scheme == "sqlite" and not rest.split("?", 1)[0].startswith("//"):
+        return (f" = {v!r}: a relative path (relative to whichever directory a command runs in); name the "
+                f"file by its absolute path: sqlite:////ABSOLUTE/PATH (four slashes)")
+    if not sep and not str(v).startswith("/") and str(v):
+        return f" = {v!r}: a relative path (relative to whichever directory a command runs in); use an absolute path"
     if not sep or scheme in DB_SCHEMES:  # a plain path, or a URL storage.db can open
         return _not_empty(v, unit)
     return (f" = {v!r}: unsupported database {scheme!r}; use a file path, sqlite:////PATH or "
@@ -90,6 +95,13 @@ def _address(url: bool) -> Check:
 
 
 _PCT = _range(0, 100, text=" = {v} is not a percentage (0-100)")
+def _all(*checks: Check) -> Check:
+    """Every check, the first problem found."""
+    return lambda v, unit: next((p for c in checks if (p := c(v, unit))), None)
+
+
+# mail headers and what goes into them: a CR or LF would end the header and start another
+_ONE_LINE = _must(("\n", "\r", "\0"), " must be one line (no CR, LF or NUL: it goes into a mail header)", False)
 _PORT_OR_OFF = _range(0, 65535, text=" = {v} is not a TCP port (0 = off)")
 _SCHEDULE = _range(1, YEAR, off=True)  # a task of ``gpueff serve``: 0 disables it; under 1 s is a busy loop
 
@@ -239,8 +251,8 @@ class MailConfig(Section):
     security: str = _key("none", _one_of(("none", "starttls", "ssl")))
     username: str = ""
     password_file: str = ""
-    from_address: str = "slurm-gpueff@localhost"
-    reply_to: str = ""
+    from_address: str = _key("slurm-gpueff@localhost", _ONE_LINE)
+    reply_to: str = _key("", _ONE_LINE)
     timeout_s: float = _key(30.0, _range(0, 600, above=True))
     retries: int = _key(3, _range(1, 10))
     backoff_s: float = _key(2.0, _range(0, 600))
@@ -259,8 +271,9 @@ class ReportsConfig(Section):
     MOVED = {"leads": _LEADS_MOVED}
     dir: str = _key("/var/lib/slurm-gpueff/reports", _not_empty)
     cards: bool = False
-    address_pattern: str = _key("{user}", _must(("{user}",), ' must contain {user}, e.g. "{user}@example.org"'))
-    addresses: dict[str, str] = _key({}, _must(("\n", "\r"), " must be one line", False), "one address (a string)")
+    address_pattern: str = _key("{user}", _all(_ONE_LINE, _must(("{user}",), ' must contain {user}, e.g. '
+                                                                '"{user}@example.org"')))
+    addresses: dict[str, str] = _key({}, _ONE_LINE, "one address (a string)")
     card_min_gpu_hours: float = _key(1.0, _range(0, None))
     card_only_unhealthy: bool = True
     card_max_per_user_per_day: int = _key(3, _range(0, 1000))
@@ -268,10 +281,10 @@ class ReportsConfig(Section):
     optout_file: str = ""
     monthly: bool = False
     coordinators_as_leads: bool = True
-    admins: list[str] = _key([], what="a list of addresses")
+    admins: list[str] = _key([], _ONE_LINE, "a list of addresses")
     price_per_gpu_hour: dict[str, float] = _key({}, _range(0, None), "a number >= 0")
     currency: str = "EUR"
-    contact: str = ""
+    contact: str = _key("", _ONE_LINE)
 
 
 class SacctConfig(Section):
@@ -542,8 +555,8 @@ def read(path: str) -> dict[str, object]:
         raise ConfigError(f"config file {path} cannot be read: {exc.strerror}") from None
     finally:
         os.close(fd)
-    try:
-        return tomllib.loads(raw.decode("utf-8"))
+    try:  # a byte-order mark (editors on Windows write one) is not TOML, but not the admin's mistake either
+        return tomllib.loads(raw.decode("utf-8").removeprefix("\ufeff"))
     except UnicodeDecodeError as exc:
         raise ConfigError(f"config file {path} is not UTF-8 text (byte {exc.start})") from None
     except tomllib.TOMLDecodeError as exc:

@@ -10,6 +10,7 @@ adds the reason.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Protocol
@@ -26,10 +27,27 @@ def _decimal(v: float) -> str:
     return f"{v:.1f}"
 
 
+# What must never reach a terminal, a page or a mail as itself: C0 and C1 control characters (ESC starts a
+# terminal escape sequence, BEL rings), DEL, the line and paragraph separators, and the bidirectional
+# controls that make text read in another order than it is stored. Text from records is untrusted.
+UNSEEN = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+
+
+def visible(text: str) -> str:
+    """``text`` with every :data:`UNSEEN` character written as its escape (``\\u001b``), line breaks and tabs
+    kept: what seff-gpu prints and writes, whatever a record held."""
+    return UNSEEN.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
 def one_line(text: str) -> str:
     """``text`` as one line, whatever it holds (a configured path or a driver's message may hold a line
     break): line breaks escaped, so an error stays one line in a terminal and in a log."""
     return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
+def plural(n: int, noun: str, nouns: str | None = None) -> str:
+    """``1 sample``, ``2 samples``: a count with its noun."""
+    return f"{n} {noun if n == 1 else nouns or noun + 's'}"
 
 
 def pct(fraction: float | None) -> str:

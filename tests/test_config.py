@@ -108,6 +108,11 @@ def test_config_is_frozen_and_typed():
         ("[paths]\ndatabase = 'postgresql+psycopg://u:pw9@h/db'", "paths.database must not hold a password"),
         ("[service]\napi_listen = 'localhost'", "service.api_listen = 'localhost': expected HOST:PORT"),
         ("[service]\napi_url = 'ftp://h'", "service.api_url = 'ftp://h': expected http://HOST:PORT"),
+        ("[paths]\ndatabase = 'sqlite:///relative.db'", "a relative path (relative to whichever directory"),
+        ("[paths]\ndatabase = 'jobs.db'", "'jobs.db': a relative path"),
+        ("[mail]\nfrom_address = \"a@b\\r\\nBcc: c@d\"", "mail.from_address must be one line"),
+        ("[mail]\nreply_to = \"a@b\\nX: y\"", "mail.reply_to must be one line"),
+        ("[reports]\naddress_pattern = \"{user}@x\\n\"", "reports.address_pattern must be one line"),
         # [leads]: account -> a non-empty list of user names
         ("[leads]\nphysics = 'bob'", "leads.physics must be a non-empty list of user names, got str ('bob')"),
         ("[leads]\nphysics = []", "leads.physics must be a non-empty list of user names, got []"),
@@ -145,7 +150,6 @@ def test_bad_config_is_a_clear_error(tmp_path, text, message):
     "data",
     [
         {"paths": {"database": "/var/lib/gpueff.db"}},  # a plain path is a SQLite file
-        {"paths": {"database": "sqlite:///relative.db"}},
         {"paths": {"database": "postgresql://gpueff@db/gpueff"}},
         {"paths": {"database": "postgresql+psycopg://gpueff@db:5432/gpueff", "database_password_file": "/etc/pw"}},
         {"service": {"api_listen": "unix:/run/slurm-gpueff/api.sock", "api_url": "http://svc:9818"}},
@@ -297,3 +301,12 @@ def test_a_database_password_in_the_config_is_refused_without_echoing_it(tmp_pat
     with pytest.raises(ConfigError) as err:
         config.load(path)
     assert "database_password_file" in str(err.value) and "Hunter2-xyz" not in str(err.value)
+
+
+def test_a_byte_order_mark_is_read_past(tmp_path):
+    """Editors on Windows start UTF-8 files with a BOM; tomllib calls it an invalid statement at 1:1."""
+    from slurm_gpueff.config import load
+
+    path = tmp_path / "gpueff.toml"
+    path.write_bytes(b'\xef\xbb\xbf[site]\ncluster = "bom"\n')
+    assert load(str(path)).site.cluster == "bom"

@@ -353,7 +353,7 @@ def test_the_jobs_table_lists_each_run_and_counts_the_job_once(tmp_path):
     with Session(engine) as s:
         jobs = list_jobs(s)
     text = render(jobs)
-    assert "8 (run 1)" in text and "Total (1 jobs)" in text
+    assert "8 (run 1)" in text and "Total (1 job)" in text
     doc = as_json(jobs, {})
     assert [j["run"] for j in doc["jobs"]] == [0, 1]
     assert doc["totals"]["gpu_hours"] == pytest.approx(sum(j.gpu_hours for j in jobs))

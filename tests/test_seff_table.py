@@ -66,7 +66,7 @@ def test_table_has_a_line_per_job_and_totals(site):
     if n:
         assert lines[1].startswith("JobID") and "Verdict" in lines[1] and "WasteGPU-h" in lines[1]
         assert len(lines) == 1 + 1 + 1 + n + 1 + 1  # title, head, rule, jobs, rule, totals
-        assert lines[-1].startswith(f"Total ({n} jobs)")
+        assert lines[-1].startswith(f"Total ({n} job{'' if n == 1 else 's'})")
     else:
         assert lines[-1] == "(none)"
 

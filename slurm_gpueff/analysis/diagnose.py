@@ -61,6 +61,6 @@ def assess(figures: JobFigures, thresholds: ThresholdSource = None) -> Diagnosis
         if not gpus:
             continue
         ctx.raised.append(rule.verdict(ctx, gpus))
-        if rule.name == "never_used":
+        if rule.name in ("never_used", "nearly_idle"):  # the later checks judge the GPUs that worked
             ctx.used = [g for g in ctx.used if all(g is not x for x in gpus)]
     return Diagnosis(ctx.raised, ctx.skipped)

@@ -25,7 +25,8 @@ LABELS = {
     "kernel_active": "kernel activity", "sm_active": "SM activity", "tensor_active": "tensor activity",
     "dram_active": "DRAM activity", "sm_occupancy": "SM occupancy", "fp32_active": "FP32 activity",
     "fp16_active": "FP16 activity", "fp64_active": "FP64 activity", "memory_fraction": "peak memory share",
-    "hmma_active": "FP16/BF16 tensor (HMMA) activity", "imma_active": "integer tensor (IMMA) activity",
+    "hmma_active": "floating-point tensor (HMMA: FP16/BF16/TF32/FP8) activity",
+    "imma_active": "integer tensor (IMMA) activity",
     "dfma_active": "FP64 tensor (DFMA) activity",
 }
 QUANTITIES = ("memory_used_peak_bytes", "memory_total_bytes", "energy_j", "power_mean_w")  # per GPU, as measured

@@ -12,7 +12,9 @@ from collections.abc import Mapping
 
 from ..fmt import pct
 
-PRECISIONS = (("hmma_active", "FP16/BF16 HMMA"), ("imma_active", "INT8 IMMA"), ("dfma_active", "FP64 DFMA"))
+# HMMA runs every floating-point matrix type below FP64 (FP16, BF16, TF32, FP8), not only FP16/BF16.
+PRECISIONS = (("hmma_active", "HMMA: FP16/BF16/TF32/FP8"), ("imma_active", "INT8 IMMA"),
+              ("dfma_active", "FP64 DFMA"))
 SHOWN_FROM = 0.0005  # a pipe below 0.05 % is not worth naming
 
 

@@ -109,9 +109,17 @@ def _refuse_conflicts(parser: argparse.ArgumentParser, args: argparse.Namespace)
         parser.error("--html writes a job's card: give a JOBID, not -u/-A")
     if args.jobid is not None and args.state:
         parser.error("-s/--state filters a table of jobs (-u/-A), not a JOBID's card")
-    if args.watch is not None and (args.jobid is None or args.json or args.html or not args.watch >= 2
-                                   or args.watch > 86400):
-        parser.error("--watch SECONDS (2 to 86400) refreshes a JOBID's text card: not with -u/-A, --json or --html")
+    if args.state:
+        from ..slurm.sacct_rows import ACTIVE_STATES, FINAL_STATES
+
+        unknown = [s for s in args.state.upper().split(",") if s.strip() not in FINAL_STATES | ACTIVE_STATES]
+        if unknown:
+            parser.error(f"-s/--state: {', '.join(repr(s.strip()) for s in unknown)} is not a Slurm job state; "
+                         f"ended: {', '.join(sorted(FINAL_STATES))}; not ended: RUNNING, PENDING, ...")
+    if args.watch is not None and not 2 <= args.watch <= 86400:
+        parser.error(f"--watch SECONDS: every 2 to 86400 seconds, got {args.watch:g}")
+    if args.watch is not None and (args.jobid is None or args.json or args.html):
+        parser.error("--watch refreshes a JOBID's text card: not with -u/-A, --json or --html")
 
 
 
@@ -207,19 +215,22 @@ def parse_time(text: str) -> datetime:
 
 
 def emit(result: Answer, html_path: str | None) -> int:
-    """Write the Answer's HTML pages (``FILE``; several: ``FILE-<job>.html``), then print it; its status."""
+    """Write the Answer's HTML pages (``FILE``; several: ``FILE-<job>.html``), then print it; its status.
+    Everything goes through :func:`fmt.visible`: a record's text cannot drive the terminal or reorder a line."""
+    from ..fmt import visible
+
     if html_path and result.html:
         stem, ext = os.path.splitext(html_path)
         try:
             for label, page in result.html:
-                out = html_path if len(result.html) == 1 else f"{stem}-{label}{ext or '.html'}"
+                out = html_path if len(result.html) == 1 else f"{stem}-{visible(label)}{ext or '.html'}"
                 with open(out, "w", encoding="utf-8") as fh:
-                    fh.write(page)
-                print(f"wrote {out}", file=sys.stderr)
+                    fh.write(visible(page))
+                print(f"wrote {visible(out)}", file=sys.stderr)
         except OSError as exc:
             raise CommandError(f"cannot write {html_path}: {exc.strerror or exc}", EXIT_ERROR) from None
-    sys.stderr.write(result.stderr)
-    sys.stdout.write(result.stdout)
+    sys.stderr.write(visible(result.stderr))
+    sys.stdout.write(visible(result.stdout))
     return result.exit_code
 
 

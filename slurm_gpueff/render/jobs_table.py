@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..analysis.cpu import cpu_figures
-from ..fmt import gpu_hours, hms, iso, job_label, pct
+from ..fmt import gpu_hours, hms, iso, job_label, pct, plural
 
 SCHEMA = "slurm-gpueff/seff-gpu-jobs"
 VERSION = 1
@@ -69,9 +69,9 @@ def render(jobs: Sequence[Any]) -> str:
                      gpu_hours(j.gpu_hours), pct(j.kernel_active), pct(j.sm_active), pct(j.tensor_active),
                      pct(_cpu(j)), gpu_hours(_waste(j)), verdict))
     t = totals(jobs)
-    foot = (f"Total ({t['jobs']} jobs)", "", "", str(sum(j.gpu_count for j in jobs)), gpu_hours(t["gpu_hours"]),
-            pct(t["kernel_active"]), pct(t["sm_active"]), pct(t["tensor_active"]), pct(t["cpu_efficiency"]),
-            gpu_hours(t["waste_gpu_hours"]), "")
+    foot = (f"Total ({plural(t['jobs'], 'job')})", "", "", str(sum(j.gpu_count for j in jobs)),
+            gpu_hours(t["gpu_hours"]), pct(t["kernel_active"]), pct(t["sm_active"]), pct(t["tensor_active"]),
+            pct(t["cpu_efficiency"]), gpu_hours(t["waste_gpu_hours"]), "")
     widths = [max(len(r[i]) for r in (head, *rows, foot)) for i in range(len(head))]
     right = {3, 4, 5, 6, 7, 8, 9}
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ..analysis.diagnose import Diagnosis
 from ..analysis.figures import JobFigures
 from ..analysis.precision import split
-from ..fmt import energy, gib, gpu_hours, hms, job_label, pct, sparkline, utc_seconds, watts
+from ..fmt import energy, gib, gpu_hours, hms, job_label, pct, plural, sparkline, utc_seconds, watts
 
 if TYPE_CHECKING:  # an ORM row or a plain row of storage.sqlite_read: only attributes are read
     from ..models import Job
@@ -208,7 +208,7 @@ def measured_by(job: Job, fig: JobFigures) -> list[str]:
             why = next((r for g in fig.gpus if g.source == b and (r := g.missing.get("kernel_active"))), None)
             text = f"nvml (the gpueff node agent measured nothing: {why or job.reason or 'no reading'})"
         if samples and b != "none":
-            text += f", {samples} samples"
+            text += f", {plural(samples, 'sample')}"
         out.append(text)
     return out
 

@@ -25,7 +25,7 @@ from .templates import Page, render, sentence
 
 CHART_CID = "activity-chart"
 TIMES = "\u00d7"
-_CONTROL = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]+")
+_CONTROL = re.compile(f"(?:[\\n\\t]|{fmt.UNSEEN.pattern})+")  # in mail: a space, for a name on one line
 
 
 def clean(text: str | None, limit: int = 80) -> str:

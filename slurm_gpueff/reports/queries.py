@@ -108,8 +108,10 @@ def worst_verdict_by(session: Session, by: str, start: datetime, end: datetime, 
 
 def most_wasteful(session: Session, start: datetime, end: datetime, account: str | None, limit: int = 10
                   ) -> list[tuple[Job, float]]:
-    """The jobs that lost the most GPU-hours, each with those hours."""
-    stmt = (select_model(Job, WASTED).where(*_where(start, end, account), col(Job.idle_gpu_hours).is_not(None))
+    """The jobs that lost the most GPU-hours, each with those hours: jobs that lost some, and not those
+    judged healthy (a healthy job's idle minutes are not a loss to act on)."""
+    stmt = (select_model(Job, WASTED).where(*_where(start, end, account), col(Job.idle_gpu_hours).is_not(None),
+                                            WASTED > 0, or_(col(Job.verdict).is_(None), col(Job.verdict) != "healthy"))
             .order_by(WASTED.desc(), col(Job.id)).limit(limit))
     return [(j, float(w)) for j, w in session.exec(stmt).all()]
 

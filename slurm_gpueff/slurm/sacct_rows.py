@@ -29,6 +29,9 @@ RESTARTS_FIELDS = (*PARSABLE_FIELDS[:-1], "Restarts", "JobName")  # Slurm 23.02 
 ACTIVE_STATES = frozenset({"PENDING", "RUNNING", "SUSPENDED", "REQUEUED", "RESIZING", "COMPLETING",
                            "CONFIGURING", "REQUEUE_FED", "REQUEUE_HOLD", "RESV_DEL_HOLD", "SPECIAL_EXIT",
                            "STAGE_OUT", "SIGNALING", "STOPPED"})
+# States of a job that has ended (sacct's codes BF, CA, CD, DL, F, NF, OOM, PR, TO).
+FINAL_STATES = frozenset({"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
+                          "PREEMPTED", "TIMEOUT"})
 # The state a requeued run keeps in ``sacct -D``: the job goes on, but that run is over once it has an end.
 REQUEUE_STATES = frozenset({"REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD"})
 _NONE_TEXT = {"", "None", "Unknown", "None assigned", "(null)"}

@@ -20,11 +20,13 @@ HEALTHY: dict[str, Any] = dict(kernel_active=0.97, sm_active=0.82, sm_occupancy=
                                energy_j=610.0 * 7200, power_mean_w=610.0)
 
 
-def build(*gpus: dict[str, Any], hours: float = 2.0, source: str = "nvml-gpm", node: str = "gpu01"):
+def build(*gpus: dict[str, Any], hours: float = 2.0, source: str = "nvml-gpm", node: str = "gpu01",
+          **job_fields: Any):
     """Job figures for one job whose GPUs have the given figures (a key set to None = not measured;
-    put reasons in ``missing``)."""
+    put reasons in ``missing``); ``job_fields`` set the job's own (e.g. alloc_cpus, total_cpu_s)."""
     end = START + timedelta(hours=hours)
-    job = Job(cluster="c", job_id=1, start_time=START, end_time=end, gpu_count=len(gpus), backend=source)
+    job = Job(cluster="c", job_id=1, start_time=START, end_time=end, gpu_count=len(gpus), backend=source,
+              **job_fields)
     rows = []
     for i, spec in enumerate(gpus):
         values = dict(HEALTHY)

@@ -32,8 +32,27 @@ def test_three_of_four_gpus_never_used(figures):
 
 def test_threshold_is_strict_and_configurable(figures):
     at = figures(dict(kernel_active=0.05))
-    assert "never_used" not in [v.name for v in assess(at).verdicts]
-    assert assess(at, {"never_used_kernel_pct": 6.0}).verdicts[0].name == "never_used"
+    assert not {"never_used", "nearly_idle"} & {v.name for v in assess(at).verdicts}
+    assert assess(at, {"never_used_kernel_pct": 6.0}).verdicts[0].name == "nearly_idle"
+
+
+def test_never_used_means_no_kernel_ever_ran(figures):
+    """A GPU with some kernel activity, however little, was used: it is "almost idle", not "never used"."""
+    zero = assess(figures(IDLE)).verdicts[0]
+    assert zero.name == "never_used" and "no kernel ever ran" in zero.why
+    nearly = assess(figures(dict(IDLE, kernel_active=0.00011, sm_active=0.002))).verdicts
+    assert [v.name for v in nearly] == ["nearly_idle"]  # not also starved
+    assert nearly[0].title == "GPU almost idle" and nearly[0].severity == "critical"
+    assert "never" not in nearly[0].title.lower() and "a kernel ran only" in nearly[0].why
+    assert "CPU efficiency is not known" in nearly[0].why  # no CPU figures: said so
+
+
+def test_almost_idle_says_what_the_cpus_did(figures):
+    busy = assess(figures(dict(IDLE, kernel_active=0.0002), alloc_cpus=8, total_cpu_s=8 * 7200 * 0.95)).verdicts[0]
+    assert busy.name == "nearly_idle" and busy.title == "GPU almost idle, work on the CPU"
+    assert "8 CPUs were busy 95.0%" in busy.why
+    idle = assess(figures(dict(IDLE, kernel_active=0.0002), alloc_cpus=8, total_cpu_s=8 * 7200 * 0.01)).verdicts[0]
+    assert idle.title == "GPU almost idle, CPUs idle too" and "busy only 1.0%" in idle.why
 
 
 def test_unmeasured_kernel_activity_is_not_assessed(figures):

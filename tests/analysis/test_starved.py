@@ -26,6 +26,8 @@ def test_one_of_two_gpus_starved_names_it(figures):
     assert "on 1 of 2 GPUs (gpu01:1)" in verdicts[0].why
 
 
-def test_never_used_gpus_are_not_also_starved(figures):
-    idle = dict(kernel_active=0.01, sm_active=0.0)
-    assert [v.name for v in assess(figures(idle, idle)).verdicts] == ["never_used"]
+def test_never_used_and_almost_idle_gpus_are_not_also_starved(figures):
+    nearly = dict(kernel_active=0.01, sm_active=0.0)
+    assert [v.name for v in assess(figures(nearly, nearly)).verdicts] == ["nearly_idle"]
+    never = dict(kernel_active=0.0, sm_active=0.0)
+    assert [v.name for v in assess(figures(never, never)).verdicts] == ["never_used"]

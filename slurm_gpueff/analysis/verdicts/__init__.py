@@ -6,12 +6,13 @@ from .base import Context, NotAssessed, Rule, Skipped, Thresholds, Verdict
 from .busy_not_working import BusyNotWorking
 from .healthy import Healthy
 from .memory_bound import MemoryBound
+from .nearly_idle import NearlyIdle
 from .never_used import NeverUsed
 from .oversized import Oversized
 from .starved import Starved
 from .tensor_idle import TensorIdle
 
-RULES: tuple[Rule, ...] = (NeverUsed(), Starved(), BusyNotWorking(), TensorIdle(), MemoryBound(),
+RULES: tuple[Rule, ...] = (NeverUsed(), NearlyIdle(), Starved(), BusyNotWorking(), TensorIdle(), MemoryBound(),
                            Oversized(), Healthy())
 
 
