@@ -57,7 +57,8 @@ class GpuWindow:
     def describe(self) -> str:
         sm = f"SM {100 * self.sm:.2f} %" if self.sm is not None else "SM n/a (no GPM: judged on kernel activity)"
         k = f"kernel {100 * self.kernel:.1f} %" if self.kernel is not None else "kernel n/a"
-        return f"GPU {self.index} on {self.node}: {k}, {sm} over {self.covered_s / 60:.0f} min measured"
+        span = f"{self.covered_s:.0f} s" if self.covered_s < 120 else f"{self.covered_s / 60:.1f} min"
+        return f"GPU {self.index} on {self.node}: {k}, {sm} over {span} measured"
 
 
 @dataclass(frozen=True)
@@ -79,10 +80,12 @@ class RunningJob:
 
 @dataclass(frozen=True)
 class Past:
-    """An earlier audit row of the same job."""
+    """An earlier audit row of the same job. ``delivered``: for a warning, whether it reached the owner (a
+    warning that failed to send is no warning: it is tried again, and nothing counts on it)."""
 
     at: datetime
     action: str
+    delivered: bool = True
 
 
 @dataclass(frozen=True)
@@ -154,7 +157,8 @@ def decide(job: RunningJob, past: Sequence[Past], cfg: AlertsConfig, now: dateti
         return Decision(None, f"within the grace period ({cfg.grace_min:g} min from the job's start)")
     idle, seen = judge(job, cfg)
     # the steps since the job last recovered
-    since = [p for p in past if p.action in (WARN, WARN_AGAIN, WOULD_CANCEL, CANCEL, RECOVERED)]
+    since = [p for p in past if p.action in (WARN, WARN_AGAIN, WOULD_CANCEL, CANCEL, RECOVERED)
+             and (p.delivered or p.action not in MAILS)]  # the owner was never warned by a failed mail
     last_reset = max((i for i, p in enumerate(since) if p.action == RECOVERED), default=-1)
     steps = since[last_reset + 1:]
     if idle is None:

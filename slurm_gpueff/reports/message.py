@@ -31,6 +31,7 @@ from .card import clean
 from .templates import Page
 
 FILE_MODE = 0o640
+_UNFOLDED = policy.SMTP.clone(max_line_length=998)
 
 
 class Parts(NamedTuple):
@@ -74,6 +75,9 @@ def build(parts: Parts, *, sender: str, to: Sequence[str], reply_to: str, extra_
     for cid, png in parts.images.items():
         html.add_related(png, maintype="image", subtype="png", cid=f"<{cid}>", disposition="inline",
                          filename=_image_name(cid))
+    # Headers written unfolded up to RFC 5322's 998: Python's folding at 78 can break a subject straight
+    # after "Subject:", and readers then show it with a leading space. The bodies are encoded already.
+    msg.policy = _UNFOLDED
     return msg
 
 

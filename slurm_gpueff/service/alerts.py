@@ -97,7 +97,7 @@ def run_alerts(engine: Engine, config: Config, *, dry_run: bool | None = None, n
         for r in session.exec(select(AlertLog).where(col(AlertLog.job_id).in_(sorted({j.job_id for j in jobs})),
                                                      AlertLog.dry_run == dry)
                               .order_by(col(AlertLog.at), col(AlertLog.id))).all():
-            audit.setdefault((r.cluster, r.job_id, r.run), []).append(idle.Past(r.at, r.action))
+            audit.setdefault((r.cluster, r.job_id, r.run), []).append(idle.Past(r.at, r.action, delivered(r)))
         for job in jobs:
             sj = slurm.get(job.job_id)
             if sj is None or sj.state != "RUNNING":
@@ -126,6 +126,14 @@ def run_alerts(engine: Engine, config: Config, *, dry_run: bool | None = None, n
     return res
 
 
+def delivered(row: AlertLog) -> bool:
+    """Whether an audited warning reached its owner: mailed, or in a dry run written as it would be. A mail
+    that failed, had no address, or was held back by [mail] dry_run warned nobody."""
+    if row.action not in idle.MAILS:
+        return True
+    return (row.outcome or "").startswith("mailed") or (row.dry_run and "(dry run)" in (row.outcome or ""))
+
+
 def _mails_today(session: Session, user: str | None, dry: bool, t: datetime) -> int:
     rows = session.exec(select(AlertLog).where(
         AlertLog.user == user, AlertLog.dry_run == dry, col(AlertLog.action).in_(idle.MAILS),
@@ -145,7 +153,8 @@ def perform(config: Config, action: str, job: Job, seen: list[str], dry: bool) -
 def cancel(config: Config, job: Job) -> str:
     """AdminComment (the reason, kept by Slurm's accounting), then scancel. The outcome in words."""
     why = (f"slurm-gpueff: cancelled, GPUs idle for {config.alerts.window_min:g} min "
-           f"(kernel < {config.alerts.kernel_pct:g} %, SM < {config.alerts.sm_pct:g} %) after two warnings")
+           f"(kernel < {config.alerts.kernel_pct:g} %, SM < {config.alerts.sm_pct:g} %) after two warnings mailed to "
+           "the owner")
     slurm = SlurmRunner.from_config(config)
     note = "reason recorded in AdminComment"
     try:
