@@ -151,3 +151,24 @@ def test_wheel_carries_the_templates(tmp_path):
     for t in ("card.html.j2", "card.txt.j2", "monthly.html.j2", "monthly.txt.j2", "_macros.html.j2", "_prose.j2",
               "advice.toml"):
         assert f"slurm_gpueff/reports/templates/{t}" in names, t
+
+
+@pytest.mark.smtp
+def test_no_summary_is_sent_for_a_month_without_jobs(tmp_path, smtp_server):
+    """A new install's service catches up last month at its first start: with no jobs there is nothing to
+    say, so nothing is mailed (and nothing claimed in the sent-log: a later backfill may still send it)."""
+    from slurm_gpueff.config import Config
+    from slurm_gpueff.reports.runner import send_monthly
+    from slurm_gpueff.storage.db import make_engine
+
+    inbox, port = smtp_server
+    engine = make_engine(str(tmp_path / "empty.db"))
+    cfg = Config({"mail": {"host": "127.0.0.1", "port": port}, "leads": {"physics": ["pi"]},
+                  "reports": {"dir": str(tmp_path / "reports"), "admins": ["admins@uni.example"],
+                              "address_pattern": "{user}@uni.example"}})
+    try:
+        res = send_monthly(cfg, engine, month="2026-10")
+    finally:
+        engine.dispose()
+    assert res.sent == 0 and inbox.messages == [], res
+    assert "monthly 2026-10 *: no jobs ended in the month; nothing sent" in res.lines, res.lines

@@ -55,6 +55,10 @@ model = "Simulated H100 80GB"
 
 [privacy]
 enabled = false         # the demo's jobs belong to made-up users; show them to whoever runs the demo
+
+[reports]
+dir = {reports}         # the monthly summary the demo writes (a dry run: nothing is mailed)
+admins = ["hpc-admins@example.org"]
 """
 
 
@@ -95,7 +99,8 @@ def prepare(root: str) -> str:
         path = os.path.join(root, "gpueff.toml")
         with open(path, "w", encoding="utf-8") as fh:
             fh.write(CONFIG.format(spool=toml_string(f"{root}/spool"), state=toml_string(f"{root}/run"),
-                                   database=toml_string(f"sqlite:///{root}/gpueff.db")))
+                                   database=toml_string(f"sqlite:///{root}/gpueff.db"),
+                                   reports=toml_string(f"{root}/reports")))
     except OSError as exc:  # a file where a folder must be, no permission, a read-only file system ...
         where = f" ({exc.filename})" if exc.filename and exc.filename != root else ""
         raise UsageError(f"cannot make the demo folder {root}{where}: {exc.strerror or exc}; choose another "
@@ -179,6 +184,27 @@ def summary(config: Config, job_ids: list[int]) -> str:
                       f"({pct(active / hours)}); {gpu_hours(hours - active)} GPU-hours idle or underfilled."])
 
 
+def monthly(config: Config) -> str:
+    """The site's monthly summary of the demo's own jobs, written as a dry run (what the admins would get
+    by mail on the 1st): its text part, and where the message lies."""
+    from datetime import UTC, datetime
+
+    from ..reports.runner import send_monthly
+    from .common import database
+
+    month = datetime.now(UTC).strftime("%Y-%m")
+    with database(config) as engine:
+        send_monthly(config, engine, month=month, site=True, dry_run=True)
+    folder = os.path.join(config.reports.dir, "dry-run", "monthly", month, "site")
+    try:
+        with open(os.path.join(folder, "summary.txt"), encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError:
+        return f"(no monthly summary written under {folder})\n"
+    return (f"The monthly summary the admins would get by mail ({month}, dry run; the message: "
+            f"{os.path.join(folder, 'message.eml')}):\n\n{text}\n")
+
+
 def run(args: Any) -> int:
     from ..service.summarize import summarize_pending
     from ..storage.enrich import enrich_jobs
@@ -202,6 +228,7 @@ def run(args: Any) -> int:
         print(f"\n$ seff-gpu {job_id}        # simulated profile: {profile}")
         seff.main(["--config", config_path, str(job_id)])
     print(f"\n{summary(config, [job_id for job_id, _ in ran])}\n")
+    print(monthly(config))
     print(f"Where the files are:\n  config    {config_path}\n  database  {config.paths.database}\n"
           f"  spool     {config.paths.spool_dir}  (empty after ingest; bad records go to quarantine/)")
     print(f"Try:  {shlex.join([*seff_command(), '--config', config_path, '--json', str(FIRST_JOB_ID)])}")

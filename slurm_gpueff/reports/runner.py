@@ -216,7 +216,8 @@ def account_coordinators(config: Config, result: RunResult) -> dict[str, list[st
 def send_monthly(config: Config, engine: Engine, *, month: str | None = None, account: str | None = None,
                  site: bool | None = None, dry_run: bool | None = None, now: datetime | None = None) -> RunResult:
     """Monthly summaries: one per account with leads or coordinators (or just ``account``), plus the
-    site-wide one for ``reports.admins``. In dry-run, accounts without leads are written too (addressed to nobody), so a
+    site-wide one for ``reports.admins``; none for a month without jobs (an empty summary tells nobody
+    anything). In dry-run, accounts without leads are written too (addressed to nobody), so a
     site can look at them before configuring leads."""
     dry = config.mail.dry_run if dry_run is None else dry_run
     now = now or sentlog.utcnow()
@@ -238,7 +239,8 @@ def send_monthly(config: Config, engine: Engine, *, month: str | None = None, ac
                                     f"({'[leads] or coordinators' if acc else 'reports.admins'}); not sent")
                 continue
             summary = build_summary(session, config, month, acc)
-            if summary.context["jobs"] == 0 and acc is not None and acc not in config.leads:
+            if summary.context["jobs"] == 0:  # nothing to say (a new install's first month): never an empty one
+                result.lines.append(f"monthly {month} {label}: no jobs ended in the month; nothing sent")
                 continue
             row = sentlog.claim(session, kind="monthly", subject=f"{month}:{label}", dry_run=dry, now=now,
                                 recipients=",".join(to))
