@@ -292,7 +292,7 @@ def render_card(job: Job, fig: JobFigures, diag: Diagnosis, runs: Runs = (),
         ("Tensor-active", _figure(fig, "tensor_active", na_) + _tensor_split(fig)),
         ("DRAM-active", _figure(fig, "dram_active", na_)),
         ("Peak GPU memory", _memory(fig, na_)), ("Energy", _energy(fig, na_)),
-        ("CPU", cpu_line(fig)),
+        *([("CPU", cpu)] if (cpu := cpu_line(fig)) else []),
         *([("Coverage", fig.coverage_note)] if fig.coverage_note else []),
     ]
     for key, value in fields:
@@ -307,9 +307,18 @@ def render_card(job: Job, fig: JobFigures, diag: Diagnosis, runs: Runs = (),
     return "\n".join(lines)
 
 
-def cpu_line(fig: JobFigures) -> str:
-    """``efficiency 93.0% of 8 CPUs (TotalCPU 02:10:05), peak host memory 12.3 GiB``, n/a parts with why."""
+def cpu_line(fig: JobFigures) -> str | None:
+    """``efficiency 93.0% of 8 CPUs (TotalCPU 02:10:05), peak host memory 12.3 GiB``, n/a parts with why.
+    Both unknown: one phrase, "not known yet" until Slurm's accounting is read; None (no line) where the
+    accounting has been read and holds neither, since they can then never be known."""
+    from ..analysis.cpu import PENDING
+
     c = fig.cpu
+    if c.efficiency is None and c.max_rss_bytes is None:
+        if c.missing.get("cpu_efficiency") == c.missing.get("max_rss_bytes") == PENDING:
+            return "not known yet: CPU time and peak host memory come from Slurm's accounting, read after the job"
+        if "cpu_efficiency" in c.missing and "max_rss_bytes" in c.missing:
+            return None
     eff = (f"efficiency {pct(c.efficiency)} of {c.alloc_cpus} CPUs (TotalCPU {hms(c.total_cpu_s)})"
            if c.efficiency is not None else f"efficiency {na(c.missing.get('cpu_efficiency'))}")
     rss = (f"peak host memory {gib(c.max_rss_bytes)} GiB" if c.max_rss_bytes is not None

@@ -117,7 +117,7 @@ def build_card(job: Job, fig: JobFigures, diag: Diagnosis, timelines: Sequence[S
             *([("Runs", runs_line(runs))] if len(runs) > 1 else []),
             *([("Tensor by precision", tensor_split)] if (tensor_split := split(fig.means)) else []),
             ("Peak GPU memory", _memory(fig)),
-            ("CPU", cpu_line(fig)),
+            *([("CPU", cpu)] if (cpu := cpu_line(fig)) else []),
             ("Energy", fmt.energy(fig.energy_j) if fig.energy_j is not None else na(fig.missing.get("energy_j"))),
             *([("Coverage", fig.coverage_note)] if fig.coverage_note else []),
         ],
