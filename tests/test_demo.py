@@ -34,7 +34,7 @@ def test_demo_runs_every_profile_through_hooks_ingest_and_seff(tmp_path):
     assert "56.00 GPU-hours allocated" in out
     # the simulated cluster's accounting is applied by the real enrichment: final states, never "pending"
     assert out.count("State: COMPLETED (exit code 0)") == 8 and out.count("State: FAILED (exit code 3)") == 1
-    assert "pending accounting" not in out
+    assert "not read from accounting yet" not in out and "ENDED" not in out
     root = tmp_path / "gpueff-demo"
     assert (root / "gpueff.toml").is_file() and (root / "gpueff.db").is_file()
     assert not list((root / "spool" / "incoming").glob("*.json"))  # everything ingested

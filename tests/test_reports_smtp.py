@@ -198,7 +198,7 @@ def test_cards_wait_for_enrichment_so_the_mail_has_the_real_state(tmp_path, smtp
     assert runner.send_cards(cfg, engine, now=later).sent == 1
     _, msg = inbox.messages[1]
     text, _, _ = parts_of(msg)
-    assert msg["X-Gpueff-Job"] == "c:102" and "final state pending accounting" in text
+    assert msg["X-Gpueff-Job"] == "c:102" and "final state not read from accounting yet" in " ".join(text.split())
     assert "COMPLETED" not in text
 
 

@@ -100,7 +100,7 @@ def test_unmeasured_figures_read_na_with_reason(site):
     assert f"SM-active: n/a ({NO_GPM})" in out
     assert "Tensor-active: n/a (as above)" in out
     assert "SM-active: 0" not in out
-    assert "State: n/a (" in out
+    assert "State: ENDED (" in out
     assert "Verdict: none (no problem found in what was measured" in out
     assert "Not assessed: Busy but not working, Tensor cores idle" in out
     assert "nvml (NVML without GPM" in out

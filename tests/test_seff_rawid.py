@@ -29,7 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.process  # its tests start real processes (CLI commands, hooks, services)
 FAKE = os.path.join(ROOT, "tests", "fake_slurm_cmd.py")
 CAPTURE = os.path.join(ROOT, "tests", "data", "slurmcmds", "sacct-product-P-24.11.5.psv")
-PENDING = "State: n/a (final state pending accounting; the Epilog saw exit code 0)"
+PENDING = "State: ENDED (the Epilog saw exit code 0; Slurm's final state not read from accounting yet)"
 
 
 def install_fake(bin_dir, *names: str) -> None:
@@ -88,7 +88,7 @@ def test_array_task_is_found_through_its_raw_id(site):
     p, took = seff(site, "2_0")
     assert p.returncode == 0, p.stderr
     assert "Job ID: 2_0 (raw id 9)" in p.stdout
-    assert PENDING in p.stdout and "COMPLETED" not in p.stdout
+    assert PENDING in " ".join(p.stdout.split()) and "COMPLETED" not in p.stdout
     assert calls(site) == [["sacct", "-X", "-n", "-P", "-o", "JobIDRaw,JobID", "-j", "2_0"]]  # one call
     assert took < 10, f"seff-gpu 2_0 took {took:.1f} s"
 
@@ -99,8 +99,8 @@ def test_het_component_is_found_through_its_raw_id(site):
     (doc,) = json.loads(p.stdout)["jobs"]
     job = doc["job"]
     assert (job["id"], job["job_id"], job["het_job_id"], job["het_job_offset"]) == ("6+1", 7, 6, 1)
-    assert job["state"] is None and job["state_pending"] is True
-    assert job["state_text"] == "n/a (final state pending accounting; the Epilog saw exit code 0)"
+    assert job["state"] == "ENDED" and job["state_pending"] is True
+    assert job["state_text"] == "ENDED (the Epilog saw exit code 0; Slurm's final state not read from accounting yet)"
 
 
 def test_a_pending_arrays_own_record_is_not_taken_for_the_task(site):
@@ -122,7 +122,7 @@ def test_timeout_job_reads_pending_then_timeout_once_enriched(site):
     """The Epilog of job 14 saw exit 0 (a TIMEOUT looks like success there): the card must not say
     COMPLETED. Enrichment writes accounting's record (the captured sacct line) and the card says TIMEOUT."""
     before, _ = seff(site, "14")
-    assert before.returncode == 0 and PENDING in before.stdout and "COMPLETED" not in before.stdout
+    assert before.returncode == 0 and PENDING in " ".join(before.stdout.split()) and "COMPLETED" not in before.stdout
     with open(CAPTURE) as fh:
         (sj,) = [j for j in parse_parsable(fh.read()) if j.job_id == 14]
     engine = make_engine(f"sqlite:///{site[0]}/jobs.db", create=False)

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..analysis.cpu import cpu_figures
 from ..fmt import gpu_hours, hms, iso, job_label, pct, plural
+from .text import state_word
 
 SCHEMA = "slurm-gpueff/seff-gpu-jobs"
 VERSION = 1
@@ -65,7 +66,7 @@ def render(jobs: Sequence[Any]) -> str:
     rows = []
     for j in jobs:
         verdict = j.verdict_title or j.verdict or ("(pending analysis)" if j.analyzed_at is None else "-")
-        rows.append((_label(j), j.state or "unknown", hms(j.elapsed_s), str(j.gpu_count),
+        rows.append((_label(j), state_word(j), hms(j.elapsed_s), str(j.gpu_count),
                      gpu_hours(j.gpu_hours), pct(j.kernel_active), pct(j.sm_active), pct(j.tensor_active),
                      pct(_cpu(j)), gpu_hours(_waste(j)), verdict))
     t = totals(jobs)
@@ -85,7 +86,7 @@ def render(jobs: Sequence[Any]) -> str:
 
 def as_json(jobs: Sequence[Any], query: dict[str, Any]) -> dict[str, Any]:
     out = [{"job_id": job_label(j), "raw_job_id": j.job_id, "run": j.run, "cluster": j.cluster, "user": j.user,
-            "account": j.account, "state": j.state, "end_time": iso(j.end_time),
+            "account": j.account, "state": state_word(j), "end_time": iso(j.end_time),
             "elapsed_s": j.elapsed_s, "gpus": j.gpu_count, "gpu_hours": j.gpu_hours,
             "kernel_active": j.kernel_active, "sm_active": j.sm_active, "tensor_active": j.tensor_active,
             "cpu_efficiency": _cpu(j), "alloc_cpus": j.alloc_cpus, "total_cpu_s": j.total_cpu_s,

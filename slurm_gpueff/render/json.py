@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from ..analysis.diagnose import Diagnosis
 from ..analysis.figures import MEANS, GpuFigures, JobFigures, Waste
 from ..fmt import iso, job_label
-from .text import Runs, Timelines, final_state, is_live, state_text
+from .text import Runs, Timelines, final_state, is_live, state_text, state_word
 
 if TYPE_CHECKING:  # an ORM row or a plain row of storage.sqlite_read: only attributes are read
     from ..models import Job
@@ -91,7 +91,7 @@ def job_document(job: Job, fig: JobFigures, diag: Diagnosis, runs: Runs = (),
             "array_job_id": job.array_job_id, "array_task_id": job.array_task_id,
             "het_job_id": job.het_job_id, "het_job_offset": job.het_job_offset,
             "user": job.user, "account": job.account, "partition": job.partition,
-            "state": "RUNNING" if is_live(job) else final_state(job),
+            "state": state_word(job),
             "state_pending": not getattr(job, "enriched", True) and not is_live(job),
             "running": is_live(job), "as_of": iso(job.end_time) if is_live(job) else None,
             "state_text": state_text(job), "exit_code": job.exit_code,

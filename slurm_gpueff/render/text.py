@@ -49,7 +49,8 @@ class _Na:
         return na(reason)
 
 
-PENDING_STATE = "final state pending accounting"
+PENDING_STATE = "Slurm's final state not read from accounting yet"
+ENDED = "ENDED"  # the job ended; which final state (COMPLETED, TIMEOUT, ...) only Slurm's accounting says
 
 
 def final_state(job: Job) -> str | None:
@@ -57,6 +58,16 @@ def final_state(job: Job) -> str | None:
     CANCELLED job exit 0 (checked on Slurm 22.05, 24.11 and 26.05), so its COMPLETED / FAILED is a guess
     that only enrichment from sacct replaces with the real state."""
     return job.state if getattr(job, "enriched", True) else None
+
+
+def state_word(job: Job) -> str:
+    """The one word every display uses for a job's state: RUNNING, Slurm's final state once accounting
+    was read, ENDED before (the Epilog saw the job end, but a TIMEOUT or CANCELLED job exits 0 there too)."""
+    if is_live(job):
+        return "RUNNING"
+    if not getattr(job, "enriched", True):
+        return ENDED
+    return job.state or "unknown"
 
 
 def is_live(job: Job) -> bool:
@@ -80,7 +91,7 @@ def state_text(job: Job) -> str:
         return f"{state} ({detail})" if detail else state
     if not getattr(job, "enriched", True):
         seen = f"signal {job.signal}" if job.signal else detail
-        return na(f"{PENDING_STATE}; the Epilog saw {seen}" if seen else PENDING_STATE)
+        return f"{ENDED} (the Epilog saw {seen}; {PENDING_STATE})" if seen else f"{ENDED} ({PENDING_STATE})"
     if job.signal:
         return na(f"{detail}; the final state comes from sacct, not fetched yet")
     return na("not recorded yet; it comes from sacct")
@@ -338,7 +349,7 @@ def render_table(items: Sequence[tuple[Job, JobFigures, Diagnosis]]) -> str:
     out = [head, "-" * len(head)]
     for job, fig, diag in items:
         v = diag.primary
-        state = final_state(job) or ("pending" if not getattr(job, "enriched", True) else "n/a")
+        state = state_word(job)
         out.append(f"{job_label(job):<14} {state[:10]:<10} {fig.gpu_count:>4} {gpu_hours(fig.hours):>7} "
                    f"{pct(fig.mean('kernel_active')):>6} {pct(fig.mean('sm_active')):>6}  "
                    f"{(v.title if v else 'none')[:36]}")

@@ -23,7 +23,8 @@ from ..models import Job, ReportLog, last_run_count
 # A job's card waits for sacct's enrichment (its real final state: the Epilog sees a TIMEOUT or CANCELLED
 # job exit 0) at most this long. The service enriches every few minutes (settle_s + enrich_interval_s,
 # 7 minutes by default); 6 hours also outlast a slurmdbd restart or upgrade. A job accounting never knows
-# (sacct absent on this host, another cluster's job) is then mailed with "final state pending accounting".
+# (sacct absent on this host, another cluster's job) is then mailed with "ENDED (... Slurm's final state not
+# read from accounting yet)".
 CARD_ENRICH_WAIT_H = 6.0
 PARTS = ("allocated", "idle", "underfilled", "active", "tensor", "unmeasured")
 WASTED = func.coalesce(col(Job.idle_gpu_hours), 0.0) + func.coalesce(col(Job.underfilled_gpu_hours), 0.0)
