@@ -124,11 +124,16 @@ def test_db_current_names_a_revision_from_elsewhere(made, tmp_path):
 
 
 @pytest.mark.parametrize("value", [":memory:", "file::memory:"])
-def test_a_relative_path_named_like_memory_is_a_file_not_created_by_reading(value, tmp_path):
+def test_a_relative_path_named_like_memory_is_refused_and_not_created(value, tmp_path):
     """Found by the database fuzzer: a bare path ending in ":memory:" was taken for an in-memory database,
-    so the read-only check was skipped and SQLite created the file."""
+    so the read-only check was skipped and SQLite created the file. A relative path is now refused by the
+    config itself (relative to whichever directory a command runs in), and nothing is created."""
     cfg = tmp_path / "g.toml"
     cfg.write_text(f'[paths]\ndatabase = "{value}"\nspool_dir = "{tmp_path}/s"\nstate_dir = "{tmp_path}/r"\n')
+    p = gpueff("--config", str(cfg), "db", "current", cwd=str(tmp_path))
+    assert p.returncode == 2 and "a relative path" in one_line(p) and sorted(os.listdir(tmp_path)) == ["g.toml"]
+    absolute = tmp_path / "sub" / value
+    cfg.write_text(f'[paths]\ndatabase = "{absolute}"\nspool_dir = "{tmp_path}/s"\nstate_dir = "{tmp_path}/r"\n')
     p = gpueff("--config", str(cfg), "db", "current", cwd=str(tmp_path))
     assert p.returncode == 1 and "does not exist" in one_line(p) and sorted(os.listdir(tmp_path)) == ["g.toml"]
 
