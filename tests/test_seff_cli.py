@@ -19,6 +19,7 @@ from sites import NO_GPM, job_site, sim_record, store
 from sqlmodel import Session
 
 from slurm_gpueff.access.client import api_url
+from slurm_gpueff.cli import seff
 from slurm_gpueff.config import Config
 from slurm_gpueff.models import Job
 from slurm_gpueff.reports.jobview import still_running
@@ -319,3 +320,20 @@ def test_another_users_job_that_squeue_shows_answers_like_any_other_path(tmp_pat
     assert parse_active("PENDING|alice|vision\nRUNNING|alice|vision\n") == ActiveJob("PENDING", "alice", "vision")
     assert parse_active("RUNNING\n") == ActiveJob("RUNNING", None, None)
     assert parse_active("COMPLETED|a|b\n") is None
+
+
+def test_watch_never_goes_back_to_older_figures(capsys, monkeypatch):
+    """When the job ends, the node's up-to-the-second card is gone and the database still holds an earlier
+    live row until the final record is ingested: --watch keeps the newer card and says the job ended."""
+    from slurm_gpueff.reports.jobview import Answer
+
+    answers = iter([Answer(0, "card as of 05:33:22\n", running=True, as_of="2026-11-27T05:33:22"),
+                    Answer(0, "card as of 05:20:35\n", running=True, as_of="2026-11-27T05:20:35"),
+                    Answer(0, "final card\n")])
+    monkeypatch.setattr("time.sleep", lambda s: None)
+    assert seff.watch(lambda: next(answers), 2) == 0
+    out = capsys.readouterr().out
+    assert "card as of 05:33:22" in out and "final card" in out and "05:20:35" not in out
+    assert "the job has ended (or left this node): its final figures follow" in out
+    assert Answer.from_json(Answer(0, "x", running=True, as_of="2026-11-27T05:33:22").to_json()).as_of == \
+        "2026-11-27T05:33:22"

@@ -176,13 +176,22 @@ def watch(ask: Callable[[], Answer], every_s: float) -> int:
     import time
 
     tty = sys.stdout.isatty()
+    shown: str | None = None  # as_of of the figures on screen: never replaced by older ones
     while True:
         result = ask()
-        if tty:
-            sys.stdout.write("\x1b[H\x1b[2J")
-        stamp = datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
-        sys.stdout.write(f"Every {every_s:g} s: seff-gpu (Ctrl-C to stop)  {stamp}\n\n")
-        code = emit(result, None)
+        older = result.running and shown is not None and result.as_of is not None and result.as_of < shown
+        if older:  # the node's up-to-the-second answer is gone (the job ended), the database still has an
+            # earlier live row: keep the card on screen and say why, until the final record arrives
+            stamp = datetime.now().astimezone().strftime("%H:%M:%S")
+            sys.stdout.write(f"[{stamp}] the job has ended (or left this node): its final figures follow once "
+                             "its record reaches the database\n")
+        else:
+            if tty:
+                sys.stdout.write("\x1b[H\x1b[2J")
+            stamp = datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
+            sys.stdout.write(f"Every {every_s:g} s: seff-gpu (Ctrl-C to stop)  {stamp}\n\n")
+            code = emit(result, None)
+            shown = result.as_of or shown
         sys.stdout.flush()
         if not result.running:
             return code

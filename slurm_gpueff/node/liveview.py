@@ -62,7 +62,8 @@ def live_answer(config: Config, req: dict[str, Any], uid: int) -> dict[str, Any]
     diag = assess(fig, config.analysis)
     out = (dumps([(job, fig, diag)], [[(job, fig)]], [tl]) if req.get("json") is True
            else render_card(job, fig, diag, (), tl))
-    return Answer(EXIT_OK, out + "\n", running=True).to_json()
+    as_of = job.end_time.isoformat() if job.end_time else None
+    return Answer(EXIT_OK, out + "\n", running=True, as_of=as_of).to_json()
 
 
 def rows_of(rec: dict[str, Any]) -> tuple[Any, list[Any], dict[tuple[str, int], Any]]:

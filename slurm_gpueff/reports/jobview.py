@@ -72,17 +72,19 @@ class SeffQuery(NamedTuple):
 class Answer(NamedTuple):
     """What seff-gpu prints (``stdout``, ``stderr`` as given), its exit status, and the HTML card pages
     to write as files: (job label, page); the label names the file when there are several. ``running``: a
-    card of a job still running (``--watch`` goes on refreshing it)."""
+    card of a job still running (``--watch`` goes on refreshing it); ``as_of``: then, the time its figures
+    reach (ISO, UTC), so that ``--watch`` never shows older figures than it already showed."""
 
     exit_code: int
     stdout: str = ""
     stderr: str = ""
     html: list[tuple[str, str]] = []
     running: bool = False
+    as_of: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"exit_code": self.exit_code, "stdout": self.stdout, "stderr": self.stderr,
-                "html": [list(p) for p in self.html], "running": self.running}
+                "html": [list(p) for p in self.html], "running": self.running, "as_of": self.as_of}
 
     @classmethod
     def from_json(cls, d: Any) -> Answer:
@@ -92,7 +94,9 @@ class Answer(NamedTuple):
             if not isinstance(d["exit_code"], int) or not isinstance(d["stdout"], str) or not isinstance(
                     d["stderr"], str):
                 raise TypeError
-            return cls(d["exit_code"], d["stdout"], d["stderr"], html, d.get("running") is True)
+            as_of = d.get("as_of")
+            return cls(d["exit_code"], d["stdout"], d["stderr"], html, d.get("running") is True,
+                       as_of if isinstance(as_of, str) else None)
         except (KeyError, TypeError, ValueError):
             raise ValueError("not a seff-gpu answer") from None
 
@@ -138,8 +142,10 @@ def _cards(query: SeffQuery, spec: JobSpec, config: Config, viewer: Viewer) -> A
     from ..render.text import is_live
 
     running = any(is_live(job) for job, _f, _d in cards)
+    as_of = max((job.end_time for job, _f, _d in cards if is_live(job) and job.end_time), default=None)
+    as_of_text = as_of.isoformat() if as_of else None
     if query.json:
-        return Answer(EXIT_OK, dumps(cards, runs, tls) + "\n", html=pages, running=running)
+        return Answer(EXIT_OK, dumps(cards, runs, tls) + "\n", html=pages, running=running, as_of=as_of_text)
     out: list[str] = []
     if len(cards) > 1:
         out += [f"{len(cards)} jobs match {spec}" + (f" ({skipped} without GPUs not shown)" if skipped else ""), ""]
@@ -150,7 +156,7 @@ def _cards(query: SeffQuery, spec: JobSpec, config: Config, viewer: Viewer) -> A
         if n:
             out += ["", "-" * 80]
         out.append(render_card(job, fig, diag, job_runs, tl))
-    return Answer(EXIT_OK, "\n".join(out) + "\n", html=pages, running=running)
+    return Answer(EXIT_OK, "\n".join(out) + "\n", html=pages, running=running, as_of=as_of_text)
 
 
 def by_job(items: list[tuple[Any, Any, Any]]) -> tuple[list[tuple[Any, Any, Any]], list[list[tuple[Any, Any]]]]:
