@@ -424,7 +424,8 @@ def _table(query: SeffQuery, config: Config, viewer: Viewer) -> Answer:
         return Answer(EXIT_OK, json.dumps(as_json(jobs, asked), indent=2) + "\n")
     who = " ".join(f"{k} {v}" for k, v in (("user", user), ("account", account)) if v) or "all users"
     if states == ["RUNNING"]:
-        head = f"Running GPU jobs of {who}, figures so far as of {utc(start)} to {utc(end)}\n"
+        head = (f"Running GPU jobs of {who}: figures so far, each as of its latest reading (readings from "
+                f"{utc(start)} to {utc(end)})\n")
     else:
         which = f" in state {', '.join(states)}" if states else ""
         head = f"GPU jobs of {who}{which} that ended {utc(start)} to {utc(end)} (running jobs: figures so far)\n"

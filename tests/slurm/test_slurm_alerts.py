@@ -102,6 +102,7 @@ def test_running_jobs_are_shown_and_an_idle_one_is_warned_then_cancelled(slurm, 
         assert doc["job"]["running"] is True and doc["gpus"][0]["kernel_active"] == 0.0
         table = c.seff(None, "-u", USER, "-s", "RUNNING", user=USER).stdout
         assert f"\n{ids['idle']} " in table and f"\n{ids['busy']} " in table and "RUNNING" in table, table
+        assert table.startswith(f"Running GPU jobs of user {USER}: figures so far, each as of its latest reading")
         # on the job's node, the agent answers up to the second, as the kernel says who asks
         db_as_of = c.rows("SELECT end_time FROM job WHERE job_id = ?", (ids["busy"],))[0]["end_time"]
         srv = subprocess.Popen([sys.executable, "-c", SERVE_LIVE, c.config_path], env=dict(c.env, PYTHONPATH=ROOT))
