@@ -91,8 +91,9 @@ def job_chart(timelines: Sequence[Sequence[Sequence[Any]]], gpu_count: int) -> b
     ax.plot(hours, s["kernel"], color=COLORS["kernel"], lw=1.6, ls=(0, (4, 2)),
             label='kernel-active ("GPU util")')
     ax.plot(hours, s["sm"], color=COLORS["sm"], lw=2.0, label="SM-active")
-    ax.plot(hours, s["tensor"], color=COLORS["tensor"], lw=1.4, label="tensor-active")
-    ax.set_ylim(0, 105)
+    # dotted and on top: where SM and tensor activity are equal (both 0 on an idle GPU), both stay visible
+    ax.plot(hours, s["tensor"], color=COLORS["tensor"], lw=1.6, ls=(0, (1, 1.5)), label="tensor-active", zorder=3)
+    ax.set_ylim(-3, 105)  # a line at 0 drawn above the axis, not hidden in it
     ax.set_xlim(0, max(hours[-1], 1e-9))
     ax.set_yticks([0, 25, 50, 75, 100], ["0", "25", "50", "75", "100%"])
     ax.set_xlabel("hours since the job started", labelpad=2)
