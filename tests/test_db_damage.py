@@ -84,6 +84,22 @@ def test_doctor_fails_a_bad_file(kind, made, tmp_path):
     assert p.returncode == 1 and any(c["status"] == "FAIL" for c in checks if c["check"] != "database files"), checks
 
 
+def test_doctor_fails_a_database_that_reads_but_cannot_be_written(made, tmp_path):
+    """A header whose write version is newer than this SQLite's makes the file read-only: it reads fine
+    (reachable, quick_check ok, schema at head) and every ingest fails. doctor now says so."""
+    db = copy(made, tmp_path / "db")
+    os.chmod(db, 0o600)
+    os.chmod(db.parent, 0o700)
+    with open(db, "r+b") as fh:
+        fh.seek(18)  # the file format's write version
+        fh.write(bytes([3]))
+    p = gpueff("--config", str(write_config(tmp_path, str(db))), "doctor", "--json")
+    checks = {c["check"]: c for c in json.loads(p.stdout)["checks"]}
+    assert checks["database"]["status"] == "PASS"  # it reads
+    assert checks["database writable"]["status"] == "FAIL" and "readonly" in checks["database writable"]["detail"]
+    assert p.returncode == 1
+
+
 @pytest.mark.parametrize("first", [2, 4])
 def test_ingest_on_a_corrupt_file_used_to_exit_0_with_a_sql_dump(first, made, tmp_path):
     """The issue's case: one line naming the file and the damage, exit 1, the records kept. From the third

@@ -75,7 +75,7 @@ def test_an_existing_database_readable_by_others_is_left_alone_and_doctor_fails_
     checks = json.loads(gpueff("--config", cfg, "doctor", "--json").stdout)["checks"]
     mine = {c["check"]: c["status"] for c in checks if c["check"].startswith("database")}
     assert mine == {"database files": "PASS", "database": "PASS", "database integrity": "PASS",
-                    "database schema": "PASS"}, checks
+                    "database schema": "PASS", "database writable": "PASS"}, checks
 
 
 def test_the_password_is_the_first_line_of_its_file_and_set_on_the_url(tmp_path):

@@ -301,6 +301,34 @@ def check_db(rep: Report, cfg: Config) -> None:
         _check_db_content(rep, cfg, engine, bool(path))
     finally:
         engine.dispose()
+    if path and (os.geteuid() == 0 or os.stat(path).st_uid == os.geteuid()):
+        check_db_writable(rep, path)
+
+
+def check_db_writable(rep: Report, path: str) -> None:
+    """Whether a writer can take the SQLite file's write lock (then let it go, changing nothing): a file whose
+    header says a newer format (read-only to this SQLite), on a read-only mount or without write permission
+    reads fine and fails every ingest."""
+    import sqlite3
+
+    try:
+        con = sqlite3.connect(path, timeout=5.0, isolation_level=None)
+        try:
+            con.execute("BEGIN IMMEDIATE")
+            con.execute("ROLLBACK")
+        finally:
+            con.close()
+    except sqlite3.OperationalError as exc:
+        if "locked" in str(exc) or "busy" in str(exc):
+            rep.add(WARN, "database writable", f"{path}: another writer holds the lock ({exc}); try again")
+        else:
+            rep.add(FAIL, "database writable", f"{path} cannot be written ({exc}): every ingest would fail; "
+                                               "check the mount, the file's permissions, or restore it from a backup")
+        return
+    except sqlite3.Error as exc:
+        rep.add(FAIL, "database writable", f"{path} cannot be written ({exc}): every ingest would fail")
+        return
+    rep.add(PASS, "database writable", f"{path}: a writer can take its lock")
 
 
 def _db_name(cfg: Config) -> str:
