@@ -145,6 +145,17 @@ class Rule:
         return ok
 
 
+def cpu_case(ctx: Context) -> str | None:
+    """What the job's CPUs did, for the verdicts whose text depends on it: "busy" (efficiency at least
+    ``starved_cpu_busy_pct``), "idle" (under ``starved_cpu_idle_pct``), None between or when unknown."""
+    eff, th = ctx.figures.cpu.efficiency, ctx.thresholds
+    if eff is not None and eff >= th.pct("starved_cpu_busy_pct"):
+        return "busy"
+    if eff is not None and eff < th.pct("starved_cpu_idle_pct"):
+        return "idle"
+    return None
+
+
 def _values(ctx: Context, involved: Sequence[GpuFigures]) -> dict[str, str]:
     """A message's placeholders over the involved GPUs: k, s, t, d, fp32, mem (as text) and the GPU phrase."""
     agg = combine(list(involved))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..figures import GpuFigures
-from .base import Context, Rule, Verdict
+from .base import Context, Rule, Verdict, cpu_case
 
 
 class NearlyIdle(Rule):
@@ -20,9 +20,5 @@ class NearlyIdle(Rule):
 
     def verdict(self, ctx: Context, gpus: Sequence[GpuFigures], variant: str | None = None) -> Verdict:
         """Which case, from the job's CPU efficiency (as Starved): CPUs busy (the work ran there), or idle."""
-        eff, th = ctx.figures.cpu.efficiency, ctx.thresholds
-        if eff is not None and eff >= th.pct("starved_cpu_busy_pct"):
-            variant = "cpu_busy"
-        elif eff is not None and eff < th.pct("starved_cpu_idle_pct"):
-            variant = "cpu_idle"
+        variant = {"busy": "cpu_busy", "idle": "cpu_idle"}.get(cpu_case(ctx) or "", variant)
         return super().verdict(ctx, gpus, variant)

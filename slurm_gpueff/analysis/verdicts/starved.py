@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..figures import GpuFigures
-from .base import Context, Rule, Verdict
+from .base import Context, Rule, Verdict, cpu_case
 
 
 class Starved(Rule):
@@ -19,9 +19,5 @@ class Starved(Rule):
 
     def verdict(self, ctx: Context, gpus: Sequence[GpuFigures], variant: str | None = None) -> Verdict:
         """Which case, from the job's CPU efficiency (analysis/cpu.py): CPUs saturated, or idle too."""
-        eff, th = ctx.figures.cpu.efficiency, ctx.thresholds
-        if eff is not None and eff >= th.pct("starved_cpu_busy_pct"):
-            variant = "saturated"
-        elif eff is not None and eff < th.pct("starved_cpu_idle_pct"):
-            variant = "idle"
+        variant = {"busy": "saturated", "idle": "idle"}.get(cpu_case(ctx) or "", variant)
         return super().verdict(ctx, gpus, variant)
