@@ -22,6 +22,12 @@ if TYPE_CHECKING:
     from ..config import ServiceConfig
 
 
+# The API's paths, for both ends (service/api.py serves them).
+SEFF_PATH = "/v1/seff"  # a seff-gpu query
+RECORDS_PATH = "/v1/records"  # a node's push
+HEALTH_PATH = "/v1/health"  # GET: 200 "ok"
+
+
 class Unreachable(GpueffError):
     """No answer from the service: no address configured, munged cannot sign, or the connection failed."""
 

@@ -506,7 +506,7 @@ def check_munge(rep: Report, cfg: Config) -> None:
 def check_api(rep: Report, cfg: Config, starting_s: float = 0.0) -> None:
     """The service's API answers here: seff-gpu on a host without the database reads through it. A refused
     connection is asked again for ``starting_s`` (a service just started takes a moment to listen)."""
-    from ..access.client import api_url, connection
+    from ..access.client import HEALTH_PATH, api_url, connection
 
     url = api_url(cfg.service)
     if not url:
@@ -518,7 +518,7 @@ def check_api(rep: Report, cfg: Config, starting_s: float = 0.0) -> None:
         try:
             conn = connection(url, cfg.service.api_timeout_s)
             try:
-                conn.request("GET", "/v1/health")
+                conn.request("GET", HEALTH_PATH)
                 r = conn.getresponse()
                 status, body = r.status, r.read(16)
             finally:
@@ -532,7 +532,7 @@ def check_api(rep: Report, cfg: Config, starting_s: float = 0.0) -> None:
                                  "api_listen?")
             return
     ok = status == 200 and body.startswith(b"ok")
-    rep.add(PASS if ok else FAIL, "api", f"{url} answers" if ok else f"{url}: /v1/health answered {status}")
+    rep.add(PASS if ok else FAIL, "api", f"{url} answers" if ok else f"{url}: {HEALTH_PATH} answered {status}")
 
 
 def check_api_served(rep: Report, cfg: Config) -> None:

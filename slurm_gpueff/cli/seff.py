@@ -35,7 +35,6 @@ if TYPE_CHECKING:
 __all__ = ["main"]
 
 TABLE_DAYS = 7  # -u/-A without -S: the jobs of the last week
-API_PATH = "/v1/seff"
 # Forces the service path (tests, benchmarks); not for users: a user who can read the database reads it.
 VIA_ENV = "GPUEFF_SEFF_VIA"
 
@@ -301,13 +300,13 @@ PRIVATE = ("the job database is private to the service account, and no seff-gpu 
 
 def ask_service(query: SeffQuery, service: ServiceConfig) -> Answer:
     """The Answer from ``gpueff serve``'s API, authenticated with a MUNGE credential bound to this query."""
-    from ..access.client import Unreachable, api_url, post_signed
+    from ..access.client import SEFF_PATH, Unreachable, api_url, post_signed
 
     if not api_url(service):
         raise CommandError(PRIVATE, EXIT_ERROR)
     body = json.dumps(query._asdict(), sort_keys=True).encode()
     try:
-        reply = post_signed(service, API_PATH, body, name="the seff-gpu service")
+        reply = post_signed(service, SEFF_PATH, body, name="the seff-gpu service")
     except Unreachable as exc:
         raise CommandError(str(exc), EXIT_ERROR) from None
     if reply.status != 200:

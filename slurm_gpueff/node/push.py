@@ -30,13 +30,12 @@ from dataclasses import dataclass, field
 import orjson
 
 from .. import spool
-from ..access.client import Reply, Unreachable, api_url, post_signed
+from ..access.client import RECORDS_PATH, Reply, Unreachable, api_url, post_signed
 from ..config import Config
 from ..errors import ConfigError, RecordError
 
 log = logging.getLogger("gpueff.forward")
 
-RECORDS_PATH = "/v1/records"
 BATCH = 500  # records per push: a few hundred kB for typical records
 _ENVELOPE = 256  # bytes of the body around its records, and per record around its JSON
 

@@ -36,6 +36,7 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
+from ..access.client import HEALTH_PATH, RECORDS_PATH, SEFF_PATH
 from ..access.munge import CredentialRefused, Decoded, MungeError, body_digest, decode
 from ..access.privacy import Viewer, user_name, viewer
 from ..config import Config
@@ -44,9 +45,6 @@ from .intake import Intake, IntakeError, push_uids
 
 log = logging.getLogger("gpueff.api")
 
-PATH = "/v1/seff"
-RECORDS = "/v1/records"
-HEALTH = "/v1/health"
 MAX_BODY = 16 * 1024  # a query is a few hundred bytes
 COORDINATORS_TTL_S = 300.0  # sacctmgr is asked at most this often
 _TEXT = ("jobid", "user", "account", "start", "end", "cluster", "state")
@@ -89,7 +87,7 @@ class Api:
         self.intake = Intake(engine, config.paths.spool_dir) if engine is not None else None
 
     def max_body(self, path: str) -> int:
-        return int(self.config.service.push_max_mb * 1024 * 1024) if path == RECORDS else MAX_BODY
+        return int(self.config.service.push_max_mb * 1024 * 1024) if path == RECORDS_PATH else MAX_BODY
 
     def coordinators(self) -> dict[str, list[str]]:
         """Slurm's account coordinators, cached a few minutes; a failure is logged and gives none."""
@@ -125,7 +123,7 @@ class Api:
             raise HttpError(401, str(exc)) from None
         except MungeError as exc:
             raise HttpError(503, f"the service cannot check credentials: {exc}") from None
-        if path == RECORDS:
+        if path == RECORDS_PATH:
             if self.intake is None:
                 raise HttpError(404, "this service takes no records")
             if who.uid not in self.pushers:
@@ -164,18 +162,18 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
         t0 = time.monotonic()
-        if self.path == HEALTH:
+        if self.path == HEALTH_PATH:
             self._send(200, b"ok\n", "text/plain", "health", t0)
         else:
             self._send(404, b"not found\n", "text/plain", "GET ?", t0)
 
     def do_POST(self) -> None:  # noqa: N802
         t0 = time.monotonic()
-        what = "seff" if self.path == PATH else "push"
+        what = "seff" if self.path == SEFF_PATH else "push"
         api = self.server.api
         unread = 0  # body bytes to discard on a refusal, so the client reads the answer, not a broken pipe
         try:
-            if self.path not in (PATH, RECORDS):
+            if self.path not in (SEFF_PATH, RECORDS_PATH):
                 raise HttpError(404, "not found")
             try:
                 length = int(self.headers.get("Content-Length", ""))
@@ -189,7 +187,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             body, unread = self.rfile.read(length), 0
             if len(body) < length:
                 raise HttpError(400, "the body ended early")
-            handle = api.seff if self.path == PATH else api.push
+            handle = api.seff if self.path == SEFF_PATH else api.push
             status, data, what = handle(who, body)
             self._send(status, data, "application/json", what, t0)
         except HttpError as exc:
