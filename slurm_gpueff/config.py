@@ -63,6 +63,11 @@ def _must(needles: tuple[str, ...], what: str, present: bool = True) -> Check:
     return lambda v, unit: None if not isinstance(v, str) or any(n in v for n in needles) is present else what
 
 
+def _all(*checks: Check) -> Check:
+    """Every check, the first problem found."""
+    return lambda v, unit: next((p for c in checks if (p := c(v, unit))), None)
+
+
 def _database(v: object, unit: str) -> str | None:
     scheme, sep, rest = str(v).partition("://")
     userinfo = rest.split("/", 1)[0].rpartition("@")[0]
@@ -95,11 +100,6 @@ def _address(url: bool) -> Check:
 
 
 _PCT = _range(0, 100, text=" = {v} is not a percentage (0-100)")
-def _all(*checks: Check) -> Check:
-    """Every check, the first problem found."""
-    return lambda v, unit: next((p for c in checks if (p := c(v, unit))), None)
-
-
 # mail headers and what goes into them: a CR or LF would end the header and start another
 _ONE_LINE = _must(("\n", "\r", "\0"), " must be one line (no CR, LF or NUL: it goes into a mail header)", False)
 _PORT_OR_OFF = _range(0, 65535, text=" = {v} is not a TCP port (0 = off)")

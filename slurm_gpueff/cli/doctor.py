@@ -15,6 +15,7 @@ import stat
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from ..config import Config
@@ -486,10 +487,6 @@ def check_install(rep: Report, cfg: Config, bad: str = FAIL) -> None:
                 "/usr/bin/python3 -m venv /opt/slurm-gpueff/venv)")
 
 
-def check_install_warn(rep: Report, cfg: Config) -> None:
-    check_install(rep, cfg, bad=WARN)
-
-
 def check_munge(rep: Report, cfg: Config) -> None:
     """A credential from this host's munged: seff-gpu proves who asks with it."""
     from ..access import munge
@@ -577,7 +574,7 @@ ROLES: dict[str, tuple[tuple[str, Callable[[Report, Config], None]], ...]] = {
     "node": (("install", check_install), ("nvml", check_nvml), ("driver ids", check_proc), ("dcgm", check_dcgm),
              ("backend", check_backend), ("agent", check_agent), ("slurm", check_slurm), ("dirs", check_dirs),
              ("spool", check_spool), ("push", check_push)),
-    "service": (("install", check_install_warn), ("dirs", check_dirs), ("spool", check_spool),
+    "service": (("install", partial(check_install, bad=WARN)), ("dirs", check_dirs), ("spool", check_spool),
                 ("database", check_db), ("metrics", check_metrics), ("api", check_api_served)),
     "login": (("install", check_install), ("munge", check_munge), ("api", check_api)),
 }

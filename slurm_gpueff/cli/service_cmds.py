@@ -134,15 +134,16 @@ def _db(config: Config, action: str, revision: str) -> int:
     if action == "upgrade" and not migrate.known(revision):
         raise UsageError(f"db upgrade: unknown revision {revision!r} (the newest is {migrate.head()})")
     path = sqlite_file(database_url(config.paths.database))
+    missing = False
     if path:
         try:
             os.stat(path)
-        except PermissionError:  # os.path.exists says False here too: a folder on the way is closed to us
+        except PermissionError:  # not "missing": a folder on the way is closed to us
             raise GpueffError(f"job database {path}: permission denied (it is private to the service account; "
                               "run this as that account or root)") from None
         except OSError:
-            pass
-    if path and not os.path.exists(path):
+            missing = True
+    if path and missing:
         if action == "current":
             raise GpueffError(f"job database {path} does not exist (yet): `gpueff ingest` or `gpueff db upgrade` "
                               "creates it")
