@@ -33,7 +33,7 @@ sys.path.insert(0, ROOT)
 
 from gpu_kernels import SPIN_SRC, clock_khz  # noqa: E402  (bench/, this script's own directory)
 
-WORKLOADS = ("idle", "spin", "tiny", "fp32", "copy", "bf16")  # the default set; also: fp64, int8
+WORKLOADS = ("idle", "spin", "tiny", "fp32", "copy", "bf16")  # the default set; also: fp64, int8, tf32, fp8
 # Expected on an H100 (GPU-APIS.md, 5 s windows): kernel, SM, tensor, DRAM, FP32 in %.
 EXPECTED = {
     "idle": "util 0",
@@ -44,6 +44,8 @@ EXPECTED = {
     "bf16": "util 87 / SM 82 / tensor 80 / DRAM 20",
     "fp64": "tensor 86 = DFMA (FP64 DGEMM)",
     "int8": "tensor 12 = IMMA (torch._int_mm)",
+    "tf32": "HMMA 75 (FP32 matmul, TF32 on)",
+    "fp8": "HMMA 72 (torch._scaled_mm, e4m3)",
 }
 
 # ------------------------------------------------------------------------------------------------
@@ -96,6 +98,25 @@ def child(workload: str, gpu: int) -> None:
         def step() -> None:
             for _ in range(10):
                 torch.matmul(x, y, out=out)
+            torch.cuda.synchronize()
+    elif workload == "tf32":  # FP32 tensors, TF32 matrix math: the HMMA pipe, as FP16/BF16
+        torch.backends.cuda.matmul.allow_tf32 = True
+        x = torch.randn(8192, 8192, device=dev)
+        y = torch.randn(8192, 8192, device=dev)
+        out = torch.empty(8192, 8192, device=dev)
+
+        def step() -> None:
+            for _ in range(10):
+                torch.matmul(x, y, out=out)
+            torch.cuda.synchronize()
+    elif workload == "fp8":  # FP8 matrix math (Hopper): the HMMA pipe too
+        a8 = torch.randn(8192, 8192, device=dev).to(torch.float8_e4m3fn)
+        b8 = torch.randn(8192, 8192, device=dev).to(torch.float8_e4m3fn).t()  # column-major, as _scaled_mm needs
+        one = torch.tensor(1.0, device=dev)
+
+        def step() -> None:
+            for _ in range(20):
+                torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
             torch.cuda.synchronize()
     elif workload == "fp64":
         a64 = torch.randn(8192, 8192, device=dev, dtype=torch.float64)
@@ -370,6 +391,12 @@ def checks(results: list[dict[str, Any]]) -> list[str]:
         g = by["int8"]
         need((g.get("imma_active") or 0) >= 0.05 and (g.get("hmma_active") or 0) < 0.02,
              f"int8: IMMA >= 5 %, HMMA < 2 % ({pct(g.get('imma_active'))} / {pct(g.get('hmma_active'))})")
+    for name in ("tf32", "fp8"):  # the card names the HMMA pipe "FP16/BF16/TF32/FP8": it must read there
+        if name in by:
+            g = by[name]
+            need((g.get("hmma_active") or 0) >= 0.5 and (g["tensor_active"] or 0) >= 0.5,
+                 f"{name}: HMMA >= 50 % and tensor-active >= 50 % ({pct(g.get('hmma_active'))} / "
+                 f"{pct(g['tensor_active'])})")
     if "bf16" in by and "hmma_active" in by["bf16"]:
         g = by["bf16"]
         need((g.get("hmma_active") or 0) >= 0.5, f"bf16: HMMA >= 50 % ({pct(g.get('hmma_active'))})")

@@ -289,6 +289,7 @@ class ReportsConfig(Section):
 
 class SacctConfig(Section):
     """[sacct]: the Slurm accounting reader behind enrich and backfill."""
+    accounting: bool = True
     command: str = _key("sacct", _not_empty)
     format: str = _key("auto", _one_of(("auto", "json", "parsable")))
     timeout_s: float = _key(60.0, _range(0, 3600, above=True))
@@ -318,6 +319,8 @@ class ServiceConfig(Section):
     timeline_retention_days: float = _key(180.0, _range(0, 36600))
     cards_interval_s: float = _key(300.0, _SCHEDULE)
     monthly_report_hour: int = _key(6, _range(0, 23))
+    integrity_interval_s: float = _key(86400.0, _SCHEDULE)
+    integrity_limit_s: float = _key(300.0, _range(1, DAY))
     misfire_grace_s: float = _key(3600.0, _range(0, DAY))
     plugins: list[str] = _key([], _not_empty, "a list of module names")
     metrics_address: str = "127.0.0.1"

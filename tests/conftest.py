@@ -12,7 +12,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from hypothesis import HealthCheck, settings  # noqa: E402
-from smtputil import smtp_server  # noqa: E402, F401 - the real SMTP server fixture, for every test that mails
+from smtputil import refusing_smtp_server, smtp_server  # noqa: E402, F401 - real SMTP servers, for tests that mail
 
 # Hypothesis profiles (README, "Development"). "ci", the default: about 1,000 cases per fuzz test, the same cases
 # on every run (derandomize), no example database, no deadline (a loaded 2-CPU CI machine). "deep": 10,000 fresh

@@ -5,7 +5,8 @@ real captured output (tests/data/slurmcmds/), as the real command would for the 
 Installed as ``<dir>/sacct`` / ``<dir>/sacctmgr`` (a copy of this file, run as a real process). Every call
 is appended to ``$FAKE_SLURM_LOG`` (one JSON list of argv per line). ``$FAKE_SLURM_MODE``: ``fail`` (exit 1
 with slurmdbd's connection error), ``slow`` (sleeps 60 s), ``pending`` (sacct: an array still pending,
-so only its own record ``2_[0-2]`` exists); ``$FAKE_SACCTMGR_FILE``: the sacctmgr output to print;
+so only its own record ``2_[0-2]`` exists), ``accounting-none`` (a site without slurmdbd);
+``$FAKE_SACCTMGR_FILE``: the sacctmgr output to print;
 ``$FAKE_SLURM_DATA``: tests/data/slurmcmds (where a copy elsewhere finds the captures).
 """
 
@@ -41,11 +42,16 @@ def main(argv: list[str]) -> int:
     delim = next((a.split("=", 1)[1] for a in argv if a.startswith("--delimiter=")), "|")
     with open(os.path.join(DATA, "sacct-product-P-24.11.5.psv")) as fh:
         rows = [dict(zip(FIELDS, line.rstrip("\n").split("|"), strict=True)) for line in fh if line.strip()]
+    if mode == "accounting-none":  # a site without slurmdbd
+        print(f"{name}: fatal: Slurm accounting storage is disabled", file=sys.stderr)
+        return 1
     if mode == "pending":
         rows = [dict(rows[0], JobIDRaw="2", JobID="2_[0-2]", State="PENDING")]
         hits = [r for r in rows if spec.startswith("2_")]
     else:
-        hits = [r for r in rows if spec in (r["JobID"], r["JobIDRaw"])]
+        # as sacct -j: a raw id or JobID names that job; an array's or het job's own id every task / component
+        hits = [r for r in rows
+                if spec in (r["JobID"], r["JobIDRaw"]) or r["JobID"].startswith((f"{spec}_", f"{spec}+"))]
     for r in hits:
         print(delim.join(r[f] for f in fields))
     return 0

@@ -21,6 +21,20 @@ class Inbox:
         return "250 OK"
 
 
+class RefusingInbox(Inbox):
+    """An Inbox that refuses every recipient (550) until ``accept`` is set: mail that cannot be delivered."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.accept = False
+
+    async def handle_RCPT(self, server, session, envelope, address, rcpt_options):  # noqa: N802 - aiosmtpd's
+        if not self.accept:
+            return "550 5.1.1 mailbox unavailable"
+        envelope.rcpt_tos.append(address)
+        return "250 OK"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -29,9 +43,18 @@ def free_port() -> int:
 
 @pytest.fixture
 def smtp_server():
+    yield from _serve(Inbox())
+
+
+@pytest.fixture
+def refusing_smtp_server():
+    """A real SMTP server that refuses every recipient until ``inbox.accept = True``."""
+    yield from _serve(RefusingInbox())
+
+
+def _serve(inbox: Inbox):
     from aiosmtpd.controller import Controller
 
-    inbox = Inbox()
     port = free_port()
     ctl = Controller(inbox, hostname="127.0.0.1", port=port)
     ctl.start()

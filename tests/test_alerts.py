@@ -167,37 +167,14 @@ def test_a_pass_mails_the_owner_audits_and_cancels_nothing_by_default(tmp_path, 
         engine.dispose()
 
 
-class _Refusing:
-    """A real SMTP server's handler (aiosmtpd) that refuses every recipient until told to accept."""
-
-    def __init__(self) -> None:
-        self.accept = False
-        self.delivered: list[list[str]] = []
-
-    async def handle_RCPT(self, server, session, envelope, address, rcpt_options):  # noqa: N802 (aiosmtpd's)
-        if not self.accept:
-            return "550 5.1.1 mailbox unavailable"
-        envelope.rcpt_tos.append(address)
-        return "250 OK"
-
-    async def handle_DATA(self, server, session, envelope):  # noqa: N802
-        self.delivered.append(list(envelope.rcpt_tos))
-        return "250 OK"
-
-
 @pytest.mark.smtp
-def test_a_job_whose_owner_was_not_warned_is_never_cancelled(tmp_path, monkeypatch):
+def test_a_job_whose_owner_was_not_warned_is_never_cancelled(tmp_path, monkeypatch, refusing_smtp_server):
     """With cancel on, through a real SMTP server on loopback that refuses the owner's address: every
     warning fails, so each pass warns again (no second warning, no cancel), and the audit says no mail
     reached anyone. Once mail goes through, the two warnings and then the cancel follow."""
-    from aiosmtpd.controller import Controller
-    from smtputil import free_port
-
     from slurm_gpueff.service import alerts
 
-    handler, port = _Refusing(), free_port()
-    ctl = Controller(handler, hostname="127.0.0.1", port=port)
-    ctl.start()
+    handler, port = refusing_smtp_server
     cancelled: list[int] = []
     monkeypatch.setattr(alerts, "cancel", lambda config, job: cancelled.append(job.job_id) or "cancelled")
     cfg = Config({"site": {"cluster": "testc"}, "mail": {"host": "127.0.0.1", "port": port, "retries": 1},
@@ -212,7 +189,7 @@ def test_a_job_whose_owner_was_not_warned_is_never_cancelled(tmp_path, monkeypat
         for k in range(4):
             r = run_alerts(engine, cfg, now=T + timedelta(minutes=2 * k), squeue=lambda ids: squeue)
             assert [a.split(": ")[1].split(" ")[0] for a in r.actions] == ["warn"], r
-        assert cancelled == [] and handler.delivered == []
+        assert cancelled == [] and handler.messages == []
         with Session(engine) as s:
             rows = s.exec(select(AlertLog).order_by(AlertLog.id)).all()
         assert [x.action for x in rows] == ["warn"] * 4
@@ -223,9 +200,8 @@ def test_a_job_whose_owner_was_not_warned_is_never_cancelled(tmp_path, monkeypat
             r = run_alerts(engine, cfg, now=T + timedelta(minutes=2 * k), squeue=lambda ids: squeue)
             steps += [a.split(": ")[1].split(" ")[0] for a in r.actions]
         assert steps == ["warn", "warn_again", "cancel"], steps
-        assert cancelled == [11] and len(handler.delivered) == 3  # two warnings, then the cancel notice
+        assert cancelled == [11] and len(handler.messages) == 3  # two warnings, then the cancel notice
     finally:
-        ctl.stop()
         engine.dispose()
 
 

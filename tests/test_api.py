@@ -4,8 +4,9 @@ configured), a database made by ``gpueff ingest`` of simulated records and reada
 ``seff-gpu`` run as the ordinary user ``gpuser`` through ``runuser``, with Debian's python3 and a copy of
 the package alone: the service path needs nothing beyond the standard library.
 
-Only Slurm is absent: no controller runs here, so the services find no ``sacctmgr``/``squeue`` (PATH
-without them), which leaves the coordinators empty (logged) exactly as a failing sacctmgr does.
+Only Slurm is absent: no controller runs here, so the services find no ``sacct``/``sacctmgr``/``squeue`` (PATH
+without them, and an absent ``[sacct] command``, also for seff-gpu's direct path), which leaves the
+coordinators empty (logged) exactly as a failing sacctmgr does.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def site():
         db = os.path.join(db_dir, "gpueff.db")
         uds = os.path.join(base, "run", "api.sock")
         port = free_port()
-        common = '[sacct]\ncommand = "sacct"\n'
+        common = f'[sacct]\ncommand = "{base}/bin/sacct"\n'  # absent on both paths, as the services' PATH has none
         intervals = "".join(f"{k} = 0\n" for k in ("ingest_interval_s", "enrich_interval_s", "rollup_interval_s",
                                                    "rollup_full_interval_s", "retention_interval_s",
                                                    "cards_interval_s"))

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import sqlite3
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -191,3 +194,109 @@ def test_ingests_starting_together_on_a_new_file_make_the_schema_once(processes,
         con.close()
         assert list(spool.pending(str(d / "spool"))) == []
         assert not os.listdir(d / "spool" / spool.QUARANTINE)
+
+
+def leaf_page(db: Path, table: str) -> int:
+    """A leaf page (1-based) of ``table`` that is not its root: damage there is met only by what reads it."""
+    with sqlite3.connect(db) as con:
+        pages = [p for (p,) in con.execute("SELECT pageno FROM dbstat WHERE name = ? AND pagetype = 'leaf' "
+                                           "ORDER BY pageno", (table,))]
+    con.close()
+    return pages[len(pages) // 2]
+
+
+def damage_page(db: Path, page: int) -> None:
+    size = sqlite3.connect(db).execute("PRAGMA page_size").fetchone()[0]
+    with open(db, "r+b") as fh:
+        fh.seek((page - 1) * size)
+        fh.write(bytes(range(256)) * (size // 256))
+
+
+def serve_once_damaged(cfg: str, timeout: float = 60) -> str:
+    """`gpueff serve` until its tasks have said they stop, then SIGTERM; its log."""
+    p = subprocess.Popen([sys.executable, "-m", "slurm_gpueff.cli.gpueff", "--config", cfg, "serve"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env={**os.environ, "PYTHONPATH": ROOT})
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout
+    assert p.stdout is not None
+    try:
+        for line in p.stdout:
+            lines.append(line)
+            if "task report_monthly stopped" in line or time.monotonic() > deadline:
+                break
+    finally:
+        p.send_signal(signal.SIGTERM)
+        rest, _ = p.communicate(timeout=30)
+    assert p.returncode == 0, "".join(lines) + rest
+    return "".join(lines) + rest
+
+
+def test_one_damaged_page_stops_the_service_and_every_command_until_restored(made, tmp_path):
+    """One damaged b-tree page of job_gpu: commands that do not read it used to run and exit 0 on a file that
+    was losing jobs. The service's integrity check (at start, then daily) finds it: every task says once
+    that it stops, no traceback; a mark beside the file stops every command with one line (the reports, the
+    rollups, ingest, which keeps its records, seff-gpu's card and table); doctor FAILs. A restored file runs
+    again once `gpueff db check` passes."""
+    db = copy(made, tmp_path / "db")
+    backup = tmp_path / "backup.db"
+    shutil.copy(db, backup)
+    damage_page(db, leaf_page(db, "job_gpu"))
+    cfg = str(write_config(tmp_path, str(db), extra=(
+        f'[service]\nmetrics_port = 0\n[reports]\ndir = "{tmp_path}/reports"\nadmins = ["root@localhost"]\n')))
+    log = serve_once_damaged(cfg)
+    assert "Traceback" not in log, log
+    damaged = [ln for ln in log.splitlines() if "is damaged" in ln and "every task stops" in ln]
+    assert len(damaged) == 1 and "restored from a backup" in damaged[0], log
+    for task in ("ingest", "rollups", "report_cards", "report_monthly"):
+        assert sum(f"task {task} stopped: job database" in ln for ln in log.splitlines()) == 1, (task, log)
+    assert "rollups refreshed" not in log and "task ingest: ingested" not in log
+    mark = Path(str(db) + "-damaged")
+    assert mark.exists() and mark.stat().st_mode & 0o777 == db.stat().st_mode & 0o644
+
+    add_records(tmp_path, 9000, 4)
+    before = sorted(spool.pending(str(tmp_path / "spool")))
+    for args in (("rollup",), ("rollup", "--full"), ("report", "status"), ("report", "monthly", "--month", "2023-11",
+                 "--dry-run"), ("report", "cards", "--dry-run"), ("ingest",), ("enrich",)):
+        p = gpueff("--config", cfg, *args)
+        line = one_line(p)
+        assert p.returncode == 1 and "damaged" in line and "found by the integrity check at" in line, (args, line)
+    assert sorted(spool.pending(str(tmp_path / "spool"))) == before  # kept for after the restore
+    for args in (("-u", "alice", "-S", "2023-01-01"), ("5",), ("5", "--json")):
+        p = subprocess.run([sys.executable, "-m", "slurm_gpueff.cli.seff", "--config", cfg, *args],
+                           capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT}, timeout=60)
+        line = one_line(p, "seff-gpu")
+        assert p.returncode == 1 and "damaged" in line and "integrity check" in line, (args, line)
+    p = gpueff("--config", cfg, "doctor", "--json")
+    checks = {c["check"]: c for c in json.loads(p.stdout)["checks"]}
+    assert p.returncode == 1 and checks["database damage mark"]["status"] == "FAIL"
+
+    p = gpueff("--config", cfg, "db", "check")  # checked again by hand: still damaged, the mark stays
+    assert p.returncode == 1 and "DAMAGED" in p.stdout and mark.exists()
+    tmp = tmp_path / "db" / "restoring"
+    shutil.copy(backup, tmp)
+    os.replace(tmp, db)  # restored from the backup
+    p = gpueff("--config", cfg, "db", "check")
+    assert p.returncode == 0 and "sound" in p.stdout and not mark.exists(), p.stdout + p.stderr
+    p = gpueff("--config", cfg, "ingest")
+    assert p.returncode == 0 and not list(spool.pending(str(tmp_path / "spool"))), p.stderr
+    assert gpueff("--config", cfg, "rollup").returncode == 0
+
+
+def test_the_service_checks_a_sound_database_at_start_and_runs(made, tmp_path):
+    db = copy(made, tmp_path / "db")
+    cfg = str(write_config(tmp_path, str(db), extra="[service]\nmetrics_port = 0\n"))
+    p = subprocess.Popen([sys.executable, "-m", "slurm_gpueff.cli.gpueff", "--config", cfg, "serve"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env={**os.environ, "PYTHONPATH": ROOT})
+    assert p.stdout is not None
+    lines = []
+    for line in p.stdout:
+        lines.append(line)
+        if "task ingest:" in line:
+            break
+    p.send_signal(signal.SIGTERM)
+    rest, _ = p.communicate(timeout=30)
+    log = "".join(lines) + rest
+    assert "task database_check: quick_check ok" in log and log.index("database_check") < log.index("task ingest")
+    assert not Path(str(db) + "-damaged").exists() and "stopped:" not in log

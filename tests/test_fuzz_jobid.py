@@ -11,6 +11,7 @@ the Hypothesis profile's count (1,000 in CI, 10,000 with ``deep``).
 
 from __future__ import annotations
 
+import contextlib
 import string
 
 import pytest
@@ -216,3 +217,37 @@ def test_option_like_id_is_one_line(site, capsys):
         seff.main(["-x1", "--config", cfg])
     _out, err = capsys.readouterr()
     assert info.value.code == 2 and len(err.splitlines()) == 1 and err.startswith("seff-gpu: "), err
+
+
+# What sacct -X -P -o JobIDRaw,JobID may answer, of any Slurm version or none: raw ids of every shape, JobIDs
+# as users type them (and as Slurm writes them: 4_[0-2], 13+1), more cells, any text between.
+SACCT_LINES = st.lists(st.one_of(
+    st.tuples(number(), st.one_of(JOB_IDS, st.sampled_from(["4_[0-2]", "4_[1,3-5%2]", "13+1", "7_0"])),
+              st.text(max_size=4)).map("|".join),
+    any_text()), max_size=6)
+
+
+@pytest.mark.fuzz
+def test_the_ids_sacct_answers_are_slurm_ids_or_nothing():
+    """seff-gpu labels records from sacct's answer before enrichment: each raw id it takes is a Slurm job id, each
+    JobID one line without a pending array's brackets, and reading the JobID back is a JobSpec or a JobIdError
+    (the record then keeps its raw id), never another exception."""
+    from slurm_gpueff.slurm.sacct_rows import job_ids_of
+
+    ran = {"n": 0, "ids": 0}
+
+    @FUZZ
+    @given(SACCT_LINES)
+    def check(lines: list[str]) -> None:
+        ran["n"] += 1
+        got = job_ids_of("\n".join(lines))
+        for raw, job_id in got.items():
+            assert type(raw) is int and 0 < raw <= MAX_ID and "[" not in job_id and "\n" not in job_id
+            with contextlib.suppress(JobIdError):
+                parse(job_id)
+        ran["ids"] += len(got)
+
+    check()
+    print(f"sacct job ids: {ran}")
+    assert ran["n"] >= CASES, ran
+    assert ran["ids"] >= CASES // 10, ran  # the strategy reaches lines that name jobs

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from slurm_gpueff.slurm.commands import SlurmCommandError, raw_id
+from slurm_gpueff.slurm.commands import SlurmCommandError, job_ids
 from slurm_gpueff.slurm.runner import SlurmRunner
 from slurm_gpueff.slurm.sacct import (
     PARSABLE_FIELDS,
@@ -26,7 +26,7 @@ from slurm_gpueff.slurm.sacct import (
     plugin_name,
     raw_id_of,
 )
-from slurm_gpueff.slurm.sacct_rows import last_runs, number_runs
+from slurm_gpueff.slurm.sacct_rows import job_ids_of, last_runs, number_runs
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "sacct")
 VERSIONS = ("22.05.8", "24.11.5", "26.05.5")
@@ -178,10 +178,17 @@ def test_typed_ids_resolve_to_raw_ids(replay, monkeypatch):
     assert [raw_id_of(text, s) for s in ("2_0", "3_3", "6+1", "6+0", "14", "99_1")] == [9, 3, 7, 6, 14, None]
     sacct = replay("26.05.5")
     slurm = SlurmRunner(sacct)
-    assert (raw_id(slurm, "2_1"), raw_id(slurm, "6+1"), raw_id(slurm, "99_1")) == (10, 7, None)
+    assert (job_ids(slurm, "2_1"), job_ids(slurm, "6+1"), job_ids(slurm, "99_1")) == ({10: "2_1"}, {7: "6+1"}, {})
     monkeypatch.setenv("PATH", "")  # no sacct beside the configured path nor on PATH
     with pytest.raises(SlurmCommandError, match="sacct not found"):
-        raw_id(SlurmRunner("/nonexistent/sacct"), "2_1")
+        job_ids(SlurmRunner("/nonexistent/sacct"), "2_1")
+
+
+def test_an_array_or_het_id_lists_its_jobs_and_a_pending_record_is_none():
+    text = read("24.11.5", "sacct-product-P.psv")
+    lines = [ln for ln in text.splitlines() if ln.split("|")[1].startswith(("2_", "6+"))]
+    assert job_ids_of("\n".join(lines)) == {9: "2_0", 10: "2_1", 2: "2_2", 6: "6+0", 7: "6+1"}
+    assert job_ids_of("2|2_[0-2]|x\n11|3_0|y\n") == {11: "3_0"}
 
 
 def test_number_unwraps_every_form():

@@ -1,8 +1,10 @@
-"""``seff-gpu 2_0`` / ``6+1`` right after the job ended, before enrichment, and the state such a card shows.
+"""``seff-gpu 2_0`` / ``6+1`` / ``2`` / ``6`` right after the job ended, before enrichment, and the state such
+a card shows, also at a site without Slurm accounting.
 
 The hooks on the nodes see only the raw job id (Slurm 22.05 to 26.05 give slurmd's Prolog/Epilog no
-SLURM_ARRAY_* and no het offset), so until ``gpueff enrich`` ran the record of task 2_0 is "job 9". seff-gpu
-then asks sacct for the raw id. ``sacct`` here is tests/fake_slurm_cmd.py, a real process on PATH standing
+SLURM_ARRAY_* and no het offset; a het component's hooks see SLURM_HET_JOB_ID), so until ``gpueff enrich``
+ran the record of task 2_0 is "job 9". seff-gpu then asks sacct which raw ids the typed id names. ``sacct``
+here is tests/fake_slurm_cmd.py, a real process on PATH standing
 in for Slurm (no slurmdbd runs for the unit tests): it answers from sacct output captured on a real Slurm
 24.11 cluster (tests/data/slurmcmds/), where 2_0 is raw id 9, 6+1 raw id 7 and job 14 hit its time limit.
 The records go through the real spool and ingest; the GPU figures come from the simulated collector.
@@ -49,17 +51,20 @@ def install_fake(bin_dir, *names: str) -> None:
 
 
 def hook_record(job_id: int, start: float, end: float, profile: str = "idle") -> dict:
-    """What the Epilog writes for raw job ``job_id`` (no array or het ids: the node does not see them)."""
+    """What the Epilog writes for raw job ``job_id``: no array ids nor het offset (the node does not see them),
+    a het component's het job id (SLURM_HET_JOB_ID, which slurmd's hooks do see)."""
     return sim_record(job_id, profile, 1, start=start, end=end, cluster="testcluster", node="vm",
-                      account="research", partition="debug")
+                      account="research", partition="debug", het_job_id=6 if job_id in (6, 7) else None)
 
 
 @pytest.fixture
 def site(tmp_path):
     # times from the capture: 2_0 ran 1795452978-79, 6+1 1795453005-06, 14 (TIMEOUT) 1795453011-95
-    times = ((9, 1795452978.0, 1795452979.0), (7, 1795453005.0, 1795453006.0), (14, 1795453011.0, 1795453095.0))
+    # and the array's other tasks 2_1 (raw 10), 2_2 (raw 2) and the het leader 6+0 (raw 6)
+    times = ((9, 1795452978.0, 1795452979.0), (7, 1795453005.0, 1795453006.0), (14, 1795453011.0, 1795453095.0),
+             (10, 1795452978.0, 1795452979.0), (2, 1795452978.0, 1795452979.0), (6, 1795453005.0, 1795453006.0))
     engine = make_engine(str(tmp_path / "jobs.db"))
-    assert ingest_records(engine, tmp_path / "spool", (hook_record(*t) for t in times)).ingested == 3
+    assert ingest_records(engine, tmp_path / "spool", (hook_record(*t) for t in times)).ingested == 6
     engine.dispose()
     install_fake(tmp_path / "bin", "sacct")
     (tmp_path / "run").mkdir()
@@ -136,4 +141,75 @@ def test_timeout_job_reads_pending_then_timeout_once_enriched(site):
     assert "State: TIMEOUT (exit code 0)" in after.stdout
     doc = json.loads(seff(site, "14", "--json")[0].stdout)["jobs"][0]["job"]
     assert (doc["state"], doc["state_pending"], doc["state_text"]) == ("TIMEOUT", False, "TIMEOUT (exit code 0)")
-    assert calls(site) == []  # a plain raw id never asks sacct
+    # a raw id asks sacct (is it an array's or a het job's?) only while its record is not enriched
+    assert calls(site) == [["sacct", "-X", "-n", "-P", "-o", "JobIDRaw,JobID", "-j", "14"]]
+
+
+def job_ids_shown(out: str) -> list[str]:
+    return [ln.split("Job ID: ", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Job ID: ")]
+
+
+def test_an_array_id_shows_every_task_before_accounting(site):
+    """The issue's case on 22.05 and 26.05: `seff-gpu ARRAYID` showed one task, labelled with the bare array
+    id (the task whose raw id equals it). sacct lists the array's tasks in one call; each is labelled."""
+    p, _ = seff(site, "2")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("3 jobs match 2\n")
+    assert job_ids_shown(p.stdout) == ["2_0 (raw id 9)", "2_1 (raw id 10)", "2_2 (raw id 2)"]
+    assert calls(site) == [["sacct", "-X", "-n", "-P", "-o", "JobIDRaw,JobID", "-j", "2"]]
+
+
+def test_a_het_job_before_accounting_is_labelled_by_component(site):
+    """The issue's case on 24.11 and 26.05: `seff-gpu 13+0` said "2 jobs match 13+0" and labelled the other
+    component 13+0 too (both records carry the het job id, neither an offset); `seff-gpu 13` labelled the
+    parts by their raw ids. Here het job 6 is raw ids 6 and 7."""
+    p, _ = seff(site, "6+0")
+    assert p.returncode == 0 and "jobs match" not in p.stdout, p.stdout
+    assert job_ids_shown(p.stdout) == ["6+0 (raw id 6)"]
+    (doc,) = json.loads(seff(site, "6+0", "--json")[0].stdout)["jobs"]
+    assert (doc["job"]["job_id"], doc["job"]["het_job_id"], doc["job"]["het_job_offset"]) == (6, 6, 0)
+    p, _ = seff(site, "6")
+    assert p.stdout.startswith("2 jobs match 6\n") and job_ids_shown(p.stdout) == ["6+0 (raw id 6)", "6+1 (raw id 7)"]
+
+
+def test_without_sacct_a_plain_id_says_what_it_cannot_show_yet(site):
+    p, _ = seff(site, "2", mode="fail")
+    assert p.returncode == 0 and job_ids_shown(p.stdout) == ["2"]
+    note = " ".join(p.stdout.split("\n\n", 1)[0].split())
+    assert max(len(line) for line in p.stdout.splitlines()) <= 80
+    assert note.startswith("Note: Slurm's accounting was not read yet (") and "2_TASK" in note and \
+        "once `gpueff enrich` has read accounting" in note, note
+    p, _ = seff(site, "2", "--json", mode="fail")
+    assert p.returncode == 0 and p.stderr.startswith("Note: ") and json.loads(p.stdout)["jobs"][0]["job"]["id"] == "2"
+
+
+def test_a_site_without_accounting_says_the_epilogs_view_is_final(site):
+    """[sacct] accounting = false (no slurmdbd): the card says what the Epilog saw is final, nothing waits for
+    accounting or asks it (sacct would fail: the stand-in answers as Slurm without accounting storage)."""
+    root, cfg = site
+    cfg.write_text(cfg.read_text().replace("[sacct]\n", "[sacct]\naccounting = false\n") +
+                   f'[reports]\ncards = true\ncard_min_gpu_hours = 0\ncard_lookback_h = 8760\ndir = "{root}/rep"\n'
+                   'address_pattern = "{user}@example.org"\n')
+    final = "State: ENDED (the Epilog saw exit code 0; final: this site keeps no Slurm accounting)"
+    p, _ = seff(site, "14", mode="accounting-none")
+    assert p.returncode == 0 and final in " ".join(p.stdout.split()), p.stdout
+    (doc,) = json.loads(seff(site, "14", "--json", mode="accounting-none")[0].stdout)["jobs"]
+    assert (doc["job"]["state"], doc["job"]["state_pending"]) == ("ENDED", False)
+    p, _ = seff(site, "2_0", mode="accounting-none")
+    assert p.returncode == 3 and "keeps no Slurm accounting" in p.stderr and "raw id" in p.stderr, p.stderr
+    env = dict(os.environ, PYTHONPATH=ROOT, PATH=f"{root}/bin:/usr/bin:/bin", FAKE_SLURM_LOG=str(root / "calls"),
+               FAKE_SLURM_MODE="accounting-none")
+    gpueff = [sys.executable, "-m", "slurm_gpueff.cli.gpueff", "--config", str(cfg)]
+    p = subprocess.run([*gpueff, "enrich"], capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode == 0 and "nothing to do: [sacct] accounting = false" in p.stdout, p.stdout + p.stderr
+    from slurm_gpueff import spool
+
+    now = time.time()  # a job that ended a minute ago: with accounting its card would wait for sacct
+    spool.write_record(str(root / "spool"), hook_record(15, now - 7200, now - 60, profile="one-sm-spin"))
+    assert subprocess.run([*gpueff, "ingest"], env=env, timeout=60).returncode == 0  # analyses the jobs
+    p = subprocess.run([*gpueff, "report", "cards", "--dry-run"], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    card = next((root / "rep").rglob("testcluster-15/message.eml")).read_text()  # sent now, no waiting
+    assert "final: this site keeps no Slurm accounting" in " ".join(card.split())
+    assert calls(site) == []  # neither seff-gpu nor the service asked sacct or sacctmgr

@@ -80,7 +80,7 @@ def load_config(args: argparse.Namespace) -> Config:
 
 
 @contextmanager
-def database(config: Config, create: bool = True, read_only: bool = False) -> Iterator[Engine]:
+def database(config: Config, create: bool = True, read_only: bool = False, checking: bool = False) -> Iterator[Engine]:
     """The job database for a ``with`` block (disposed of at its end), or a one-line error (exit 1) naming it
     without its password: also for a database error the block itself does not handle (the server down, a
     damaged or foreign file, a schema Alembic cannot migrate)."""
@@ -93,7 +93,7 @@ def database(config: Config, create: bool = True, read_only: bool = False) -> It
 
     name = safe_url(config.paths.database)
     try:
-        engine = engine_for(config.paths, create=create, read_only=read_only)
+        engine = engine_for(config.paths, create=create, read_only=read_only, checking=checking)
     except GpueffError as exc:
         raise GpueffError(f"cannot open the job database {name}: {exc}") from None
     except (sa_exc.SQLAlchemyError, OSError, ValueError) as exc:

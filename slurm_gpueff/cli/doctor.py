@@ -203,6 +203,7 @@ def check_slurm(rep: Report, cfg: Config) -> None:
         rep.add(WARN, "slurm", "no scontrol and no slurm.conf found: cannot check Prolog/Epilog and ClusterName")
         return
     _check_cluster(rep, cfg, source, conf.get("ClusterName"))
+    _check_accounting(rep, cfg, source, conf.get("AccountingStorageType"))
     for key in ("Prolog", "Epilog"):
         v = conf.get(key)
         if not v or v == "(null)":
@@ -217,6 +218,22 @@ def check_slurm(rep: Report, cfg: Config) -> None:
     else:
         rep.add(WARN, "slurm PrologFlags", f"{flags or '(none)'}: add Alloc so the Prolog runs at allocation, "
                                            "before the job")
+
+
+def _check_accounting(rep: Report, cfg: Config, source: str, storage: str | None) -> None:
+    """[sacct] accounting against whether Slurm keeps accounting at all (AccountingStorageType)."""
+    if not storage or storage == "(null)":
+        return
+    kept = not storage.endswith("/none")
+    if kept == cfg.sacct.accounting:
+        rep.add(PASS, "slurm accounting", f"{storage} ({source}); [sacct] accounting = {str(kept).lower()}")
+    elif kept:
+        rep.add(WARN, "slurm accounting", f"Slurm keeps accounting ({storage}, {source}) but [sacct] accounting = "
+                                          "false: cards never show a job's final state; set it true")
+    else:
+        rep.add(WARN, "slurm accounting", f"Slurm keeps no accounting ({storage}, {source}): set [sacct] accounting "
+                                          "= false, so that cards say what the Epilog saw is final and nothing "
+                                          "waits for sacct")
 
 
 def _check_cluster(rep: Report, cfg: Config, source: str, name: str | None) -> None:
@@ -294,10 +311,16 @@ def check_db(rep: Report, cfg: Config) -> None:
     if path:
         check_db_files(rep, path)
     try:
-        engine = engine_for(cfg.paths, create=False, read_only=True)
+        engine = engine_for(cfg.paths, create=False, read_only=True, checking=True)
     except Exception as exc:  # noqa: BLE001 - the password file refused or unreadable, a malformed URL
         rep.add(FAIL, "database", f"{_db_name(cfg)}: {_line(exc)}")
         return
+    if path:
+        from ..storage.integrity import found
+
+        damage = found(path)
+        if damage is not None:
+            rep.add(FAIL, "database damage mark", f"{path}: {damage.message(path)}")
     try:
         _check_db_content(rep, cfg, engine, bool(path))
     finally:
@@ -348,7 +371,8 @@ def _check_db_content(rep: Report, cfg: Config, engine: Any, sqlite: bool) -> No
     from sqlalchemy import text
 
     from ..storage import migrate
-    from ..storage.db import DatabaseDamaged, integrity
+    from ..storage.db import DatabaseDamaged
+    from ..storage.integrity import check
 
     name = _db_name(cfg)
     try:
@@ -356,7 +380,7 @@ def _check_db_content(rep: Report, cfg: Config, engine: Any, sqlite: bool) -> No
             conn.execute(text("SELECT 1"))
             rev, foreign = migrate.current(conn), migrate.foreign_tables(conn)
             rep.add(PASS, "database", f"{name} reachable")
-            state, detail = integrity(conn, 20.0) if sqlite or rev == migrate.head() else ("", "")
+            state, detail = check(conn, 20.0) if sqlite or rev == migrate.head() else ("", "")
     except DatabaseDamaged as exc:
         rep.add(FAIL, "database", f"{name}: {exc}; restore it from a backup")
         return

@@ -281,12 +281,10 @@ def _own_viewer(config: Config) -> Viewer:
 def coordinators(config: Config) -> dict[str, list[str]]:
     """Slurm's account coordinators (one bounded sacctmgr call); none when it fails."""
     from ..errors import SlurmCommandError
-    from ..slurm.commands import RESOLVE_TIMEOUT_S
-    from ..slurm.commands import coordinators as ask
-    from ..slurm.runner import SlurmRunner
+    from ..slurm.commands import RESOLVE_TIMEOUT_S, account_coordinators
 
     try:
-        return ask(SlurmRunner.from_config(config), min(RESOLVE_TIMEOUT_S, config.sacct.timeout_s))
+        return account_coordinators(config, min(RESOLVE_TIMEOUT_S, config.sacct.timeout_s))
     except SlurmCommandError:
         return {}
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import TYPE_CHECKING
 
 from ..errors import GpueffError
@@ -21,11 +22,16 @@ def add_parsers(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     i.add_argument("--workers", type=int, metavar="N",
                    help="no effect, accepted so that existing scripts keep working: ingest runs in one process")
     i.add_argument("--quiet", action="store_true", help="no progress bar and no summary unless errors")
-    db = sub.add_parser("db", parents=[common], help="database schema: upgrade (migrate) or show the revision",
+    db = sub.add_parser("db", parents=[common], help="the database: upgrade (migrate), show the revision, or "
+                        "check its integrity",
                         description="Alembic migrations. SQLite files are upgraded automatically when opened for "
-                                    "writing; a PostgreSQL database only by `gpueff db upgrade`.")
-    db.add_argument("action", choices=("upgrade", "current"))
+                                    "writing; a PostgreSQL database only by `gpueff db upgrade`. `db check` "
+                                    "checks the whole file (SQLite's quick_check) and sets or clears the damage "
+                                    "mark that stops every command (gpueff serve checks at start and daily).")
+    db.add_argument("action", choices=("upgrade", "current", "check"))
     db.add_argument("--revision", help="target revision for upgrade (default: head)")
+    db.add_argument("--limit-s", type=float, default=0.0, metavar="SECONDS",
+                    help="db check: stop after this long (default 0: no limit)")
     s = sub.add_parser("serve", parents=[common], help="the service: scheduled ingest, enrichment, rollups, "
                        "retention and reports, and Prometheus /metrics (until SIGTERM)")
     s.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -39,8 +45,10 @@ def add_parsers(sub: Subparsers, common: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.command == "db" and args.action == "current" and args.revision:
-        raise UsageError("db current: --revision applies to `db upgrade` only")
+    if args.command == "db" and args.action != "upgrade" and args.revision:
+        raise UsageError(f"db {args.action}: --revision applies to `db upgrade` only")
+    if args.command == "db" and (args.limit_s < 0 or (args.limit_s and args.action != "check")):
+        raise UsageError("--limit-s: `db check` only, 0 (no limit) or more seconds")
     if args.command == "ingest":
         at_least_one("--limit", args.limit)
         if args.workers is not None and not 0 <= args.workers <= 64:
@@ -52,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
         if args.workers is not None:
             err("--workers has no effect: ingest runs in one process")
         return _ingest(config, args.limit, args.quiet)
+    if args.command == "db" and args.action == "check":
+        return _db_check(config, args.limit_s)
     if args.command == "db":
         return _db(config, args.action, args.revision or "head")
     if args.command == "serve":
@@ -122,14 +132,48 @@ def _rollup(config: Config, full: bool) -> int:
     return 0
 
 
+def _db_check(config: Config, limit_s: float) -> int:
+    """Check the whole database now and leave (or take away) SQLite's damage mark: after a restore, or to
+    see for oneself what the service's daily check found. Exit 0 sound, 1 damaged or not finished."""
+    from ..storage import integrity
+    from ..storage.db import DatabaseDamaged
+    from ..storage.dburl import database_url, safe_url, sqlite_file
+
+    path = sqlite_file(database_url(config.paths.database))
+    name = safe_url(config.paths.database)
+    if path and not os.path.exists(path):
+        raise GpueffError(f"job database {path} does not exist (yet): nothing to check")
+    with database(config, create=False, read_only=not path, checking=True) as engine:
+        try:
+            with engine.connect() as conn:
+                state, detail = integrity.check(conn, limit_s or 1e9)
+        except DatabaseDamaged as exc:
+            state, detail = "damaged", str(exc.orig)
+    if path:
+        try:
+            integrity.record(path, state, detail)
+        except OSError as exc:
+            raise GpueffError(f"job database {path} checked {state} ({detail[:200]}), but its damage mark "
+                              f"cannot be {'written' if state == 'damaged' else 'removed'}: {exc.strerror or exc} "
+                              "(run this as the service account or root)") from None
+    if state == "ok":
+        print(f"{name}: sound ({detail})" + ("; the damage mark is gone" if path else ""))
+        return 0
+    if state == "damaged":
+        print(f"{name}: DAMAGED ({detail[:300]}): restore it from a backup" +
+              ("; every command stops on it until then" if path else ""))
+        return 1
+    print(f"{name}: not finished ({detail}); nothing changed")
+    return 1
+
+
 def _db(config: Config, action: str, revision: str) -> int:
     """Show or upgrade the schema; a SQLite file is checked first (``PRAGMA quick_check``): neither says
     "up to date" of, nor migrates, a damaged file, and another program's database is refused."""
-    import os
-
     from ..storage import migrate
-    from ..storage.db import create_private, integrity
+    from ..storage.db import create_private
     from ..storage.dburl import database_url, sqlite_file
+    from ..storage.integrity import check
 
     if action == "upgrade" and not migrate.known(revision):
         raise UsageError(f"db upgrade: unknown revision {revision!r} (the newest is {migrate.head()})")
@@ -153,7 +197,7 @@ def _db(config: Config, action: str, revision: str) -> int:
         try:
             with engine.connect() as conn:
                 if path:
-                    state, detail = integrity(conn, 120.0)
+                    state, detail = check(conn, 120.0)
                     if state == "damaged":
                         raise GpueffError(f"job database {url} is damaged ({detail}): restore it from a backup "
                                           "(or move it away and re-ingest)")

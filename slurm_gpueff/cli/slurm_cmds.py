@@ -63,6 +63,10 @@ def run(args: argparse.Namespace) -> int:
     if args.command == "enrich":
         at_least_one("--limit", args.limit)
     config = load_config(args)
+    if not config.sacct.accounting:
+        print(f"{args.command}: nothing to do: [sacct] accounting = false (this site keeps no Slurm accounting; "
+              "what the Epilog saw is final)")
+        return 0
     from ..slurm.sacct import SacctReader  # its SacctError reaches `gpueff` (exit 1): nothing was changed
 
     reader = SacctReader.from_config(config)

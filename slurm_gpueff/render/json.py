@@ -78,11 +78,12 @@ def _run(job: Job, fig: JobFigures) -> dict[str, Any]:
 
 
 def job_document(job: Job, fig: JobFigures, diag: Diagnosis, runs: Runs = (),
-                 timelines: Timelines | None = None) -> dict[str, Any]:
+                 timelines: Timelines | None = None, accounting: bool = True) -> dict[str, Any]:
     """One job's document (an element of ``jobs``). For a requeued job the figures are its last run's, and
     ``runs`` lists every run (``run`` < 0: not settled by accounting yet; docs/DESIGN.md, "Runs"); a job
     never requeued has no ``runs``, its document is as before runs were told apart. ``timelines`` give each
-    GPU's ``series`` (null without one)."""
+    GPU's ``series`` (null without one). ``accounting`` false: the site keeps no Slurm accounting, so what the
+    Epilog saw is final (``state_pending`` false, ``state_text`` says so)."""
     nodes = list(dict.fromkeys(g.node for g in fig.gpus)) or ([job.nodelist] if job.nodelist else [])
     models = list(dict.fromkeys(g.model for g in fig.gpus if g.model))
     return {
@@ -92,9 +93,9 @@ def job_document(job: Job, fig: JobFigures, diag: Diagnosis, runs: Runs = (),
             "het_job_id": job.het_job_id, "het_job_offset": job.het_job_offset,
             "user": job.user, "account": job.account, "partition": job.partition,
             "state": state_word(job),
-            "state_pending": not getattr(job, "enriched", True) and not is_live(job),
+            "state_pending": accounting and not getattr(job, "enriched", True) and not is_live(job),
             "running": is_live(job), "as_of": iso(job.end_time) if is_live(job) else None,
-            "state_text": state_text(job), "exit_code": job.exit_code,
+            "state_text": state_text(job, accounting), "exit_code": job.exit_code,
             "signal": job.signal,
             "nodes": nodes, "gpu_count": fig.gpu_count or job.gpu_count,
             "gpu_model": ", ".join(models) if models else job.gpu_type,
@@ -117,11 +118,11 @@ def job_document(job: Job, fig: JobFigures, diag: Diagnosis, runs: Runs = (),
 
 
 def dumps(items: Sequence[tuple[Job, JobFigures, Diagnosis]], runs: Sequence[Runs] = (),
-          timelines: Sequence[Timelines] = ()) -> str:
+          timelines: Sequence[Timelines] = (), accounting: bool = True) -> str:
     """The whole ``--json`` output: always a ``jobs`` list, even for one job, so the shape never varies;
     ``runs`` and ``timelines``: each item's (as :func:`job_document`), when given."""
     runs = runs or [()] * len(items)
     tls: Sequence[Timelines] = timelines or [{}] * len(items)
     doc = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION,
-           "jobs": [job_document(j, f, d, r, t) for (j, f, d), r, t in zip(items, runs, tls, strict=True)]}
+           "jobs": [job_document(j, f, d, r, t, accounting) for (j, f, d), r, t in zip(items, runs, tls, strict=True)]}
     return json.dumps(doc, indent=2, allow_nan=False)

@@ -50,6 +50,7 @@ class _Na:
 
 
 PENDING_STATE = "Slurm's final state not read from accounting yet"
+EPILOG_FINAL = "final: this site keeps no Slurm accounting"  # [sacct] accounting = false
 ENDED = "ENDED"  # the job ended; which final state (COMPLETED, TIMEOUT, ...) only Slurm's accounting says
 
 
@@ -75,9 +76,10 @@ def is_live(job: Job) -> bool:
     return getattr(job, "record_source", "hook") == "live"
 
 
-def state_text(job: Job) -> str:
-    """``COMPLETED (exit code 0)``, ``RUNNING (figures so far, as of ...)``, or n/a with the reason when
-    Slurm's state is not known yet."""
+def state_text(job: Job, accounting: bool = True) -> str:
+    """``COMPLETED (exit code 0)``, ``RUNNING (figures so far, as of ...)``, or ``ENDED`` with what the
+    Epilog saw: pending Slurm's final state, or final where the site keeps no accounting (``accounting``
+    false)."""
     if is_live(job):
         return f"RUNNING (figures so far, as of {utc_seconds(job.end_time)})"
     if job.signal:
@@ -91,7 +93,8 @@ def state_text(job: Job) -> str:
         return f"{state} ({detail})" if detail else state
     if not getattr(job, "enriched", True):
         seen = f"signal {job.signal}" if job.signal else detail
-        return f"{ENDED} (the Epilog saw {seen}; {PENDING_STATE})" if seen else f"{ENDED} ({PENDING_STATE})"
+        why = PENDING_STATE if accounting else EPILOG_FINAL
+        return f"{ENDED} (the Epilog saw {seen}; {why})" if seen else f"{ENDED} ({why})"
     if job.signal:
         return na(f"{detail}; the final state comes from sacct, not fetched yet")
     return na("not recorded yet; it comes from sacct")
@@ -275,9 +278,10 @@ def activity_lines(fig: JobFigures, timelines: Timelines) -> list[str]:
 
 
 def render_card(job: Job, fig: JobFigures, diag: Diagnosis, runs: Runs = (),
-                timelines: Timelines | None = None) -> str:
+                timelines: Timelines | None = None, accounting: bool = True) -> str:
     """The card of one job, as printed by ``seff-gpu``; with ``runs`` (a requeued job's, this one last) a
-    Runs line after the GPU-hours; with ``timelines``, a line of activity over time per GPU."""
+    Runs line after the GPU-hours; with ``timelines``, a line of activity over time per GPU; ``accounting``
+    false where the site keeps no Slurm accounting (:func:`state_text`)."""
     lines: list[str] = []
     if "simulated" in fig.backends:
         lines.append(SIM_BANNER)
@@ -295,7 +299,8 @@ def render_card(job: Job, fig: JobFigures, diag: Diagnosis, runs: Runs = (),
     fields = [
         ("Job ID", jid if jid == str(job.job_id) else f"{jid} (raw id {job.job_id})"),
         ("Cluster", job.cluster), ("User/Account", f"{job.user or 'n/a'}/{job.account or 'n/a'}"),
-        ("State", state_text(job)), ("Partition", job.partition or "n/a"), ("Nodes", _nodes_line(job, fig)),
+        ("State", state_text(job, accounting)), ("Partition", job.partition or "n/a"),
+        ("Nodes", _nodes_line(job, fig)),
         ("GPUs", gpus_line(job, fig)), ("Elapsed", hms(fig.elapsed_s)),
         ("GPU-hours allocated", gpu_hours(fig.hours) if fig.hours is not None else na(fig.missing.get("gpu_hours"))),
         *([("Runs", runs_line(runs))] if len(runs) > 1 else []),

@@ -111,7 +111,7 @@ def build_card(job: Job, fig: JobFigures, diag: Diagnosis, timelines: Sequence[S
             ("Job", label if label == str(job.job_id) else f"{label} (raw id {job.job_id})"),
             *([("Name", name)] if name else []),
             ("User / account", who), ("Cluster / partition", f"{clean(job.cluster)} / {clean(job.partition) or 'n/a'}"),
-            ("State", state_text(job)), ("Ran", ran),
+            ("State", state_text(job, config.sacct.accounting)), ("Ran", ran),
             ("GPUs", f"{gpus_line(job, fig, TIMES)} on {clean(job.nodelist, 200) or 'n/a'}"),
             ("GPU-hours allocated", fmt.gpu_hours(fig.hours) + (f" ({total_cost})" if total_cost else "")),
             *([("Runs", runs_line(runs))] if len(runs) > 1 else []),
@@ -128,7 +128,8 @@ def build_card(job: Job, fig: JobFigures, diag: Diagnosis, timelines: Sequence[S
     }
     # The terminal card is built from the same (sanitised-on-input) fields; strip control characters that
     # a job name could still carry into it.
-    seff = "\n".join(_CONTROL.sub(" ", line) for line in render_card(job, fig, diag, runs).splitlines())
+    terminal = render_card(job, fig, diag, runs, accounting=config.sacct.accounting)
+    seff = "\n".join(_CONTROL.sub(" ", line) for line in terminal.splitlines())
     return Page("card.html.j2", subject=sentence("card_subject", **ctx),
                 text=render("card.txt.j2", **ctx, seff=seff), chart=charts.job_chart(timelines, fig.gpu_count),
                 context=ctx)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import textwrap
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -26,6 +27,7 @@ from ..errors import GpueffError
 if TYPE_CHECKING:
     from ..config import Config
     from ..slurm.jobid import JobSpec
+    from ..storage.jobmatch import RawIds
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -124,7 +126,7 @@ def answer(query: SeffQuery, config: Config, viewer: Viewer) -> Answer:
 
 def _cards(query: SeffQuery, spec: JobSpec, config: Config, viewer: Viewer) -> Answer:
     """Assess each job with GPUs that ``spec`` names; their cards, a table or JSON."""
-    found, skipped = _inquire(spec, config, query.cluster, viewer)
+    found, skipped, note = _inquire(spec, config, query.cluster, viewer)
     from ..analysis import assess, job_figures
 
     items = []
@@ -145,8 +147,9 @@ def _cards(query: SeffQuery, spec: JobSpec, config: Config, viewer: Viewer) -> A
     as_of = max((job.end_time for job, _f, _d in cards if is_live(job) and job.end_time), default=None)
     as_of_text = as_of.isoformat() if as_of else None
     if query.json:
-        return Answer(EXIT_OK, dumps(cards, runs, tls) + "\n", html=pages, running=running, as_of=as_of_text)
-    out: list[str] = []
+        return Answer(EXIT_OK, dumps(cards, runs, tls, config.sacct.accounting) + "\n", html=pages, running=running,
+                      as_of=as_of_text, stderr=f"{note}\n" if note else "")
+    out: list[str] = [*textwrap.wrap(note, 80, break_on_hyphens=False), ""] if note else []
     if len(cards) > 1:
         out += [f"{len(cards)} jobs match {spec}" + (f" ({skipped} without GPUs not shown)" if skipped else ""), ""]
     if len(cards) > MAX_CARDS:
@@ -155,7 +158,7 @@ def _cards(query: SeffQuery, spec: JobSpec, config: Config, viewer: Viewer) -> A
     for n, ((job, fig, diag), job_runs, tl) in enumerate(zip(cards, runs, tls, strict=True)):
         if n:
             out += ["", "-" * 80]
-        out.append(render_card(job, fig, diag, job_runs, tl))
+        out.append(render_card(job, fig, diag, job_runs, tl, config.sacct.accounting))
     return Answer(EXIT_OK, "\n".join(out) + "\n", html=pages, running=running, as_of=as_of_text)
 
 
@@ -272,7 +275,7 @@ def _may_see_owner(viewer: Viewer, uid: object, user: object, account: object) -
     return may_see(viewer, SimpleNamespace(uid=uid, user=user, account=account))
 
 
-def lookup(config: Config, spec: JobSpec, cluster: str | None) -> list[tuple[Any, list[Any]]]:
+def lookup(config: Config, spec: JobSpec | RawIds, cluster: str | None) -> list[tuple[Any, list[Any]]]:
     """(job, its GPU rows) for every match. Raises RuntimeError with a clear message on DB problems.
 
     SQLite is read with the standard library (storage/sqlite_read.py: the same rows without importing
@@ -330,14 +333,15 @@ def _db_error(config: Config, exc: BaseException) -> str:
 
 
 def _inquire(spec: JobSpec, config: Config, cluster: str | None,
-             viewer: Viewer) -> tuple[list[tuple[Any, list[Any]]], int]:
-    """The jobs with GPUs ``viewer`` may see, and how many without GPUs were left out; else why there are none."""
-    error = None
+             viewer: Viewer) -> tuple[list[tuple[Any, list[Any]]], int, str | None]:
+    """The jobs with GPUs ``viewer`` may see, how many without GPUs were left out, and a note on what may not
+    show before accounting is read; else why there are none."""
+    error = note = None
     found: list[tuple[Any, list[Any]]] = []
     try:
         found = lookup(config, spec, cluster)
-        if not found and (spec.task is not None or spec.het_offset is not None):
-            found = _by_raw_id(spec, config, cluster)
+        if config.sacct.accounting and _before_accounting(spec, found):
+            found, note = _from_accounting(spec, config, cluster, found)
     except RuntimeError as exc:
         error = str(exc)
     found, hidden = shown(found, viewer)  # like sacct's PrivateData=jobs, plus account leads
@@ -352,42 +356,79 @@ def _inquire(spec: JobSpec, config: Config, cluster: str | None,
             raise Refused(error, EXIT_ERROR)
         from ..slurm.sacct import no_gpus_note  # CPU-only jobs have no record by design: ask accounting
 
-        note = no_gpus_note(str(spec), config)
+        note = no_gpus_note(str(spec), config) if config.sacct.accounting else None
         if note:
             raise Refused(note, EXIT_NO_GPUS)
         where = f" on cluster {cluster}" if cluster else ""
+        raw_only = ("; this site keeps no Slurm accounting, so records know only raw job ids: ask for an array task "
+                    "or het component by its raw id" if not config.sacct.accounting
+                    and (spec.task is not None or spec.het_offset is not None) else "")
         raise Refused(f"job {spec} is not in the GPU job database{where} (it had no GPUs, has not been ingested "
-                      "yet, or the id is wrong)", EXIT_UNKNOWN)
+                      f"yet, or the id is wrong{raw_only})", EXIT_UNKNOWN)
     with_gpus = [(j, g) for j, g in found if g or j.gpu_count]
     if not with_gpus:
         reasons = sorted({r for j, _g in found if (r := getattr(j, "reason", None))})
         why = f" ({'; '.join(reasons)})" if reasons else ""
         raise Refused(f"job {spec} had no GPUs allocated{why}: nothing to report", EXIT_NO_GPUS)
-    return with_gpus, len(found) - len(with_gpus)
+    return with_gpus, len(found) - len(with_gpus), note
 
 
-def _by_raw_id(spec: JobSpec, config: Config, cluster: str | None) -> list[tuple[Any, list[Any]]]:
-    """``123_4`` / ``123+1`` right after the job ended, before enrichment: the hooks recorded only the raw
-    id (the nodes see no array or het ids), so ask sacct for it (one call, bounded) and look that up. The
-    rows found lack the array/het ids sacct just gave: they are filled in for this display only (the
-    enrichment writes them). Any sacct problem just finds nothing (the caller then says why)."""
-    from ..errors import SlurmCommandError
-    from ..slurm.commands import RESOLVE_TIMEOUT_S, raw_id
-    from ..slurm.jobid import JobSpec
+def _before_accounting(spec: JobSpec, found: Sequence[tuple[Any, list[Any]]]) -> bool:
+    """Whether ``spec`` may name more, or other, jobs than the records show until accounting is read: a
+    task or component not found (its record has only the raw id), or a plain id whose ended records were not
+    enriched yet (it may be an array's id, or a het job's: the nodes never see those)."""
+    from ..render.text import is_live
+
+    if spec.task is not None or spec.het_offset is not None:
+        return not found
+    return not found or any(not getattr(job, "enriched", True) and not is_live(job) for job, _gpus in found)
+
+
+def _from_accounting(spec: JobSpec, config: Config, cluster: str | None,
+                     found: list[tuple[Any, list[Any]]]) -> tuple[list[tuple[Any, list[Any]]], str | None]:
+    """Right after a job ended, before enrichment: ask sacct which jobs ``spec`` names (one bounded call:
+    an array's tasks, a het job's components, or the one task ``123_4``), look them up by their raw ids and
+    label them as accounting does, for this display only (enrichment writes the ids). sacct failing leaves
+    ``found``, with a note for a plain id saying what it may not show yet."""
+    from ..errors import JobIdError, SlurmCommandError
+    from ..slurm.commands import RESOLVE_TIMEOUT_S, job_ids
+    from ..slurm.jobid import parse
     from ..slurm.runner import SlurmRunner
+    from ..storage.jobmatch import ORDER, RawIds
 
     try:
-        raw = raw_id(SlurmRunner.from_config(config), str(spec), cluster,
-                     min(RESOLVE_TIMEOUT_S, config.sacct.timeout_s))
-    except SlurmCommandError:
-        return []
-    found = lookup(config, JobSpec(raw), cluster) if raw is not None else []
-    for job, _gpus in found:
-        if spec.task is not None and job.array_task_id is None:
-            job.array_job_id, job.array_task_id = spec.job, spec.task
-        if spec.het_offset is not None and job.het_job_offset is None:
-            job.het_job_id, job.het_job_offset = spec.job, spec.het_offset
-    return found
+        ids = job_ids(SlurmRunner.from_config(config), str(spec), cluster,
+                      min(RESOLVE_TIMEOUT_S, config.sacct.timeout_s))
+    except SlurmCommandError as exc:
+        if spec.task is not None or spec.het_offset is not None:
+            return found, None
+        return found, (f"Note: Slurm's accounting was not read yet ({exc}): this shows the record whose raw id is "
+                       f"{spec.job}. If it is an array or a heterogeneous job, its other tasks or components show "
+                       f"once `gpueff enrich` has read accounting; ask for one as {spec.job}_TASK, "
+                       f"{spec.job}+OFFSET or by its raw id.")
+    if spec.task is not None or spec.het_offset is not None:
+        ids = {raw: text for raw, text in ids.items() if text == str(spec)}
+    if not ids:
+        return found, None
+    have = {job.id for job, _gpus in found}
+    merged = found + [(j, g) for j, g in lookup(config, RawIds(tuple(ids)), cluster) if j.id not in have]
+    for job, _gpus in merged:
+        if job.job_id in ids and not getattr(job, "enriched", True):
+            try:
+                named = parse(ids[job.job_id])
+            except JobIdError:  # a JobID no Slurm writes: the record keeps its raw id
+                continue
+            if named.task is not None:
+                job.array_job_id, job.array_task_id = named.job, named.task
+            if named.het_offset is not None:
+                job.het_job_id, job.het_job_offset = named.job, named.het_offset
+    if spec.task is not None or spec.het_offset is not None:
+        merged = [(j, g) for j, g in merged if j.job_id in ids]
+    return sorted(merged, key=lambda jg: tuple(_none_first(getattr(jg[0], c)) for c in ORDER)), None
+
+
+def _none_first(value: Any) -> tuple[bool, Any]:
+    return (value is not None, value if value is not None else 0)
 
 
 # -- tables -----------------------------------------------------------------------------------------------

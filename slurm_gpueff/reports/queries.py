@@ -124,7 +124,9 @@ def accounts_with_jobs(session: Session, start: datetime, end: datetime) -> set[
 
 def enrich_wait(config: Config) -> timedelta:
     """How long a card waits for a job's enrichment: CARD_ENRICH_WAIT_H, at most half the lookback so
-    that the job is still in it when the wait ends."""
+    that the job is still in it when the wait ends; not at all where Slurm keeps no accounting."""
+    if not config.sacct.accounting:
+        return timedelta(0)
     return timedelta(hours=min(CARD_ENRICH_WAIT_H, config.reports.card_lookback_h / 2))
 
 

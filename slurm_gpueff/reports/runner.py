@@ -201,11 +201,10 @@ def account_coordinators(config: Config, result: RunResult) -> dict[str, list[st
     if not config.reports.coordinators_as_leads:
         return {}
     from ..errors import SlurmCommandError
-    from ..slurm.commands import coordinators
-    from ..slurm.runner import SlurmRunner
+    from ..slurm.commands import account_coordinators
 
     try:
-        return coordinators(SlurmRunner.from_config(config), min(30.0, config.sacct.timeout_s))
+        return account_coordinators(config, min(30.0, config.sacct.timeout_s))
     except SlurmCommandError as exc:
         why = f"account coordinators unknown ({exc}): only [leads] get account summaries"
         log.warning("monthly: %s", why)

@@ -32,6 +32,7 @@ import socket
 import stat
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy.engine import Engine
@@ -79,8 +80,10 @@ def parse_query(body: bytes) -> SeffQuery:
 class Api:
     """The request logic, apart from HTTP: credential -> viewer -> answer."""
 
-    def __init__(self, config: Config, engine: Engine | None = None):
+    def __init__(self, config: Config, engine: Engine | None = None,
+                 damage: Callable[[], str | None] = lambda: None):
         self.config = config
+        self.damage = damage  # the service's integrity check: what it found wrong with the database, or None
         self._coordinators: tuple[float, dict[str, list[str]]] = (-COORDINATORS_TTL_S, {})
         self._lock = threading.Lock()
         self.pushers = push_uids(config.service.push_users)
@@ -92,16 +95,14 @@ class Api:
     def coordinators(self) -> dict[str, list[str]]:
         """Slurm's account coordinators, cached a few minutes; a failure is logged and gives none."""
         from ..errors import SlurmCommandError
-        from ..slurm.commands import RESOLVE_TIMEOUT_S
-        from ..slurm.commands import coordinators as ask
-        from ..slurm.runner import SlurmRunner
+        from ..slurm.commands import RESOLVE_TIMEOUT_S, account_coordinators
 
         with self._lock:
             at, known = self._coordinators
             if time.monotonic() - at < COORDINATORS_TTL_S:
                 return known
             try:
-                known = ask(SlurmRunner.from_config(self.config), min(RESOLVE_TIMEOUT_S, self.config.sacct.timeout_s))
+                known = account_coordinators(self.config, min(RESOLVE_TIMEOUT_S, self.config.sacct.timeout_s))
             except SlurmCommandError as exc:
                 log.warning("account coordinators unknown (none assumed): %s", exc)
                 known = {}
@@ -123,6 +124,9 @@ class Api:
             raise HttpError(401, str(exc)) from None
         except MungeError as exc:
             raise HttpError(503, f"the service cannot check credentials: {exc}") from None
+        damage = self.damage()
+        if damage is not None:  # a push is kept on its node, a question asked again once it is restored
+            raise HttpError(503, f"{damage}: the service reads and takes nothing until it is restored from a backup")
         if path == RECORDS_PATH:
             if self.intake is None:
                 raise HttpError(404, "this service takes no records")
@@ -163,7 +167,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
         t0 = time.monotonic()
         if self.path == HEALTH_PATH:
-            self._send(200, b"ok\n", "text/plain", "health", t0)
+            damage = self.server.api.damage()
+            self._send(503 if damage else 200, f"{damage or 'ok'}\n".encode(), "text/plain", "health", t0)
         else:
             self._send(404, b"not found\n", "text/plain", "GET ?", t0)
 
@@ -267,9 +272,11 @@ def _clear_stale(path: str) -> None:
     raise OSError(f"{path}: another service already listens there")
 
 
-def start(config: Config, engine: Engine | None = None) -> ApiServer:
+def start(config: Config, engine: Engine | None = None,
+          damage: Callable[[], str | None] = lambda: None) -> ApiServer:
     """Listen on ``[service] api_listen`` and serve in a daemon thread; OSError if it cannot listen. With
-    ``engine``, it also takes the nodes' pushed records into that database."""
+    ``engine``, it also takes the nodes' pushed records into that database. While ``damage()`` says what
+    is wrong with the database, every request but the health check is answered 503 with that line."""
     listen = config.service.api_listen
     server: ApiServer
     if listen.startswith("unix:"):
@@ -279,7 +286,7 @@ def start(config: Config, engine: Engine | None = None) -> ApiServer:
         host = host.strip("[]")
         cls = type("ApiServer6", (ApiServer,), {"address_family": socket.AF_INET6}) if ":" in host else ApiServer
         server = cls((host, int(port)), _Handler)
-    server.api = Api(config, engine)
+    server.api = Api(config, engine, damage)
     threading.Thread(target=server.serve_forever, name="gpueff-api", daemon=True).start()
     log.info("seff-gpu API on %s", listen)
     return server

@@ -7,7 +7,9 @@ Scheduling rules, the same for every task:
 - ``coalesce = True`` + ``misfire_grace_time``: runs missed while the process was busy or suspended are
   run once, not once per missed slot;
 - every task also runs once right after start (staggered by a few seconds): what was missed while the
-  service was down is caught up once (the monthly report too; its sent-log keeps it from repeating).
+  service was down is caught up once (the monthly report too; its sent-log keeps it from repeating);
+- the database's integrity check runs first, before any other task or the API: on a damaged database only
+  it runs, daily, until the file is sound again (tasks.database_check).
 
 With ``[service] api_listen`` set, the read-only API through which users read their jobs (service/api.py)
 runs in a thread beside the tasks; it stops with them.
@@ -25,7 +27,7 @@ from typing import Any
 
 from ..config import Config
 from ..errors import GpueffError
-from .tasks import REGISTRY, Context, Task, builtin_tasks, load_plugins, run_task
+from .tasks import CHECK, REGISTRY, Context, Task, builtin_tasks, load_plugins, run_task
 
 log = logging.getLogger("gpueff.serve")
 
@@ -43,6 +45,8 @@ def build_scheduler(ctx: Context, tasks: list[Task]) -> Any:
         trigger = (IntervalTrigger(seconds=task.interval_s) if task.interval_s
                    else CronTrigger(timezone="UTC", **(task.cron or {})))
         sched.add_job(run_task, trigger, args=(ctx, task), id=task.name, name=task.name, replace_existing=True)
+        if not task.at_start:
+            continue
         # and once soon after start, to catch up after a restart
         sched.add_job(run_task, "date", args=(ctx, task), id=f"{task.name}@start", name=f"{task.name}@start",
                       run_date=now + timedelta(seconds=1 + 2 * n))
@@ -55,13 +59,15 @@ def serve(config: Config) -> int:
     from ..storage.dburl import safe_url
 
     try:
-        engine = engine_for(config.paths)  # SQLite: migrated; server: checked
+        engine = engine_for(config.paths, checking=True)  # SQLite: migrated; server: checked
     except GpueffError:
         raise
     except Exception as exc:  # noqa: BLE001 - server down, damaged file: one line, not a traceback
         raise GpueffError(f"cannot open the job database {safe_url(config.paths.database)}: "
                           f"{first_line(exc)}") from None
     ctx = Context(config, engine)
+    if config.service.integrity_interval_s:
+        run_task(ctx, next(t for t in builtin_tasks(config) if t.name == CHECK))  # before anything reads or writes
     for problem in load_plugins(config):
         log.error(problem)
     tasks = builtin_tasks(config) + list(REGISTRY.values())
@@ -84,7 +90,7 @@ def serve(config: Config) -> int:
         from . import api as api_mod
 
         try:
-            api = api_mod.start(config, engine)
+            api = api_mod.start(config, engine, lambda: ctx.damage)
         except OSError as exc:
             if server is not None:
                 server.shutdown()

@@ -30,6 +30,8 @@ class Context:
     engine: Engine
     last_ok: dict[str, float] = field(default_factory=dict)  # task -> epoch of last success (metrics)
     last_error: dict[str, float] = field(default_factory=dict)
+    damage: str | None = None  # what the integrity check found wrong with the database; None: sound
+    stopped: set[str] = field(default_factory=set)  # tasks that said, once, that they stop for the damage
 
 
 @dataclass
@@ -40,6 +42,7 @@ class Task:
     func: Callable[[Context], str | None]
     interval_s: float | None = None
     cron: dict[str, Any] | None = None
+    at_start: bool = True  # also once right after start (the integrity check runs before anything instead)
 
 
 REGISTRY: dict[str, Task] = {}
@@ -54,6 +57,43 @@ def register_task(name: str, func: Callable[[Context], str | None], *, interval_
 
 
 # ------------------------------------------------------------------------------------------ built-ins
+CHECK = "database_check"  # the one task that still runs on a damaged database: it finds it sound again
+
+
+def database_check(ctx: Context) -> str:
+    """The whole database checked, bounded by ``[service] integrity_limit_s``: one damaged page is met only
+    by what reads it, so a command may run on a file that is losing jobs. On damage the other tasks stop
+    (:func:`run_task`) and the API answers 503, with one line, until a check finds the file sound again
+    (restored from a backup); SQLite's file also gets the mark that stops every command (storage/integrity.py)."""
+    from ..storage import integrity
+    from ..storage.db import DatabaseDamaged
+    from ..storage.dburl import database_url, safe_url, sqlite_file
+
+    name = safe_url(ctx.config.paths.database)
+    try:
+        with ctx.engine.connect() as conn:
+            state, detail = integrity.check(conn, ctx.config.service.integrity_limit_s)
+    except DatabaseDamaged as exc:
+        state, detail = "damaged", str(exc.orig)
+    path = sqlite_file(database_url(ctx.config.paths.database))
+    if path:
+        try:
+            integrity.record(path, state, detail)
+        except OSError as exc:
+            log.warning("database check: the damage mark beside %s cannot be changed: %s", path, exc)
+    if state == "damaged":
+        if ctx.damage is None:
+            ctx.damage = f"job database {name} is damaged ({detail[:300]})"
+            log.error("%s: every task stops and the API answers 503 until it is restored from a backup (then "
+                      "`gpueff db check`, or the next daily check)", ctx.damage)
+        return "damaged"
+    if ctx.damage is not None and state == "ok":
+        log.info("job database %s is sound again: the tasks resume", name)
+        ctx.damage = None
+        ctx.stopped.clear()
+    return detail
+
+
 def ingest(ctx: Context) -> str:
     from ..storage.ingest import configured_trust, ingest_spool
     from .summarize import summarize_pending
@@ -70,6 +110,8 @@ def enrich(ctx: Context) -> str:
     from ..storage.enrich import enrich_jobs
     from .summarize import summarize_pending
 
+    if not ctx.config.sacct.accounting:
+        return "skipped: [sacct] accounting = false (what the Epilog saw is final)"
     since = utcnow() - timedelta(days=ctx.config.sacct.enrich_window_days)
     res = enrich_jobs(ctx.engine, SacctReader.from_config(ctx.config), since=since,
                       settle_s=ctx.config.sacct.settle_s)
@@ -133,7 +175,8 @@ def alerts(ctx: Context) -> str:
 def builtin_tasks(config: Config) -> list[Task]:
     """The built-in tasks with the schedules from ``[service]`` (an interval of 0 disables a task)."""
     s = config.service
-    out = [Task("ingest", ingest, s.ingest_interval_s), Task("enrich", enrich, s.enrich_interval_s),
+    out = [Task(CHECK, database_check, s.integrity_interval_s, at_start=False),
+           Task("ingest", ingest, s.ingest_interval_s), Task("enrich", enrich, s.enrich_interval_s),
            Task("rollups", rollups, s.rollup_interval_s),
            Task("rollups_full", partial(rollups, full=True), s.rollup_full_interval_s),
            Task("retention", retention, s.retention_interval_s),
@@ -156,7 +199,13 @@ def load_plugins(config: Config) -> list[str]:
 
 
 def run_task(ctx: Context, task: Task) -> None:
-    """Run one task with logging and the bookkeeping /metrics exports; never raises."""
+    """Run one task with logging and the bookkeeping /metrics exports; never raises. On a damaged database
+    only the integrity check runs: the others say once that they stop."""
+    if ctx.damage is not None and task.name != CHECK:
+        if task.name not in ctx.stopped:
+            ctx.stopped.add(task.name)
+            log.error("task %s stopped: %s", task.name, ctx.damage)
+        return
     t0 = time.monotonic()
     try:
         summary = task.func(ctx)

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from .runner import SlurmCommandError, SlurmRunner
-from .sacct_rows import ACTIVE_STATES, raw_id_of
+from .sacct_rows import ACTIVE_STATES, job_ids_of
+
+if TYPE_CHECKING:
+    from ..config import Config
 
 RESOLVE_TIMEOUT_S = 5.0  # seff-gpu waits at most this long for sacct: a user is at the terminal
 SQUEUE_TIMEOUT_S = 5.0  # seff-gpu asking whether a job still runs: a user is at the terminal
@@ -22,18 +25,16 @@ ALERTS_TIMEOUT_S = 30.0  # the service's idle-GPU pass
 CONFIG_TIMEOUT_S = 10.0  # doctor reading the controller's configuration
 
 
-def raw_id(slurm: SlurmRunner, spec: str, cluster: str | None = None,
-           timeout_s: float = RESOLVE_TIMEOUT_S) -> int | None:
-    """The raw job id (JobIDRaw) of ``spec`` (``4_0``, ``15+1``) as accounting knows it, in one call; None
-    when accounting does not know it.
+def job_ids(slurm: SlurmRunner, spec: str, cluster: str | None = None,
+            timeout_s: float = RESOLVE_TIMEOUT_S) -> dict[int, str]:
+    """``{raw id: JobID}`` of the jobs ``spec`` names as accounting knows them, in one call: ``4`` of an
+    array gives its tasks (``4_0``, ...), of a het job its components (``13+0``, ...), ``4_0`` that task.
 
-    The hooks on the nodes see only the raw id (no SLURM_ARRAY_* nor het offset there), so right after
-    a task ends its record has no array id until enrichment. JobID is asked too and must equal ``spec``:
-    for a task still pending, sacct answers with the array's own record (``4_[0-2]``, raw id 4, which is
-    another task once it runs), and that must not be taken for this one (:func:`sacct_rows.raw_id_of`).
-    """
+    The hooks on the nodes see only the raw id (no SLURM_ARRAY_* nor het offset there), so right after a
+    job ends its record has no array id or het offset until enrichment. A task still pending is no job
+    here (:func:`sacct_rows.job_ids_of`)."""
     args = ["-X", "-n", "-P", "-o", "JobIDRaw,JobID", "-j", spec] + (["-M", cluster] if cluster else [])
-    return raw_id_of(slurm.run("sacct", args, timeout_s), spec)
+    return job_ids_of(slurm.run("sacct", args, timeout_s))
 
 
 def parse_coordinators(text: str) -> dict[str, list[str]]:
@@ -60,6 +61,14 @@ def parse_coordinators(text: str) -> dict[str, list[str]]:
             if cells[iu] not in users:
                 users.append(cells[iu])
     return out
+
+
+def account_coordinators(config: Config, timeout_s: float) -> dict[str, list[str]]:
+    """The site's account coordinators; none where Slurm keeps no accounting (``[sacct] accounting = false``:
+    sacctmgr has no slurmdbd to ask)."""
+    if not config.sacct.accounting:
+        return {}
+    return coordinators(SlurmRunner.from_config(config), timeout_s)
 
 
 def coordinators(slurm: SlurmRunner, timeout_s: float) -> dict[str, list[str]]:
@@ -138,7 +147,7 @@ def cancel(slurm: SlurmRunner, job_id: int, timeout_s: float = ALERTS_TIMEOUT_S)
     slurm.run("scancel", [str(job_id)], timeout_s)
 
 
-HOOK_KEYS = ("Prolog", "Epilog", "PrologFlags", "ClusterName")
+HOOK_KEYS = ("Prolog", "Epilog", "PrologFlags", "ClusterName", "AccountingStorageType")
 
 
 def show_config(slurm: SlurmRunner, timeout_s: float = CONFIG_TIMEOUT_S) -> dict[str, str]:

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .hookenv import parse_exit_text
+from .jobid import MAX_ID
 
 # The job fields asked of ``sacct -P``; JobName last because it may contain the delimiter.
 PARSABLE_FIELDS = ("JobIDRaw", "JobID", "Cluster", "User", "UID", "Account", "Partition", "QOS", "NodeList",
@@ -268,12 +269,23 @@ def _run_order(j: SacctJob) -> tuple[int, float]:
     return rc, j.start or j.submit or 0.0
 
 
-def raw_id_of(text: str, spec: str, delimiter: str = "|") -> int | None:
-    """The raw id (JobIDRaw) of the job the user typed as ``spec`` (``4_0``, ``15+1``, ``12``) in
-    ``sacct -X -P -n -o JobIDRaw,JobID`` output (more fields after these two are ignored); None if absent."""
-    spec = spec.strip()
+def job_ids_of(text: str, delimiter: str = "|") -> dict[int, str]:
+    """``{raw id: JobID}`` of the jobs in ``sacct -X -P -n -o JobIDRaw,JobID`` output (more fields after these
+    two are ignored): ``-j 4`` of an array lists its tasks (``4_0``, ...), of a het job its components
+    (``13+0``, ...). The record of an array's tasks not started yet (``4_[0-2]``, raw id 4, which is another
+    task once it runs) names no job and is left out, as is any line whose raw id is not a Slurm job id."""
+    out: dict[int, str] = {}
     for line in text.splitlines():
         cells = line.split(delimiter)
-        if len(cells) >= 2 and cells[0].strip().isdigit() and spec in (cells[1].strip(), cells[0].strip()):
-            return int(cells[0])
-    return None
+        raw = cells[0].strip()
+        if len(cells) >= 2 and raw.isascii() and raw.isdigit() and len(raw) <= 10 and 0 < int(raw) <= MAX_ID \
+                and "[" not in cells[1]:
+            out[int(raw)] = cells[1].strip()
+    return out
+
+
+def raw_id_of(text: str, spec: str, delimiter: str = "|") -> int | None:
+    """The raw id (JobIDRaw) of the job the user typed as ``spec`` (``4_0``, ``15+1``, ``12``) in
+    ``sacct -X -P -n -o JobIDRaw,JobID`` output; None if absent."""
+    spec = spec.strip()
+    return next((raw for raw, job_id in job_ids_of(text, delimiter).items() if spec in (job_id, str(raw))), None)

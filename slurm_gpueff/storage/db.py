@@ -18,14 +18,13 @@ import contextlib
 import json
 import os
 import sqlite3
-import time
 from typing import TYPE_CHECKING, Any
 
 import orjson
 from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.engine import URL, Connection, Engine, ExceptionContext, make_url
-from sqlmodel import SQLModel, create_engine
+from sqlalchemy.engine import URL, Engine, ExceptionContext, make_url
+from sqlmodel import create_engine
 
 from .. import models  # noqa: F401  (registers the tables on SQLModel.metadata)
 from ..config import read_secret
@@ -35,20 +34,24 @@ if TYPE_CHECKING:
     from ..config import PathsConfig
 
 
-def engine_for(paths: PathsConfig, create: bool = True, read_only: bool = False) -> Engine:
+def engine_for(paths: PathsConfig, create: bool = True, read_only: bool = False, checking: bool = False) -> Engine:
     """The engine of ``[paths] database`` with its password file: what every command opens."""
     return make_engine(paths.database, create=create, password_file=paths.database_password_file,
-                       read_only=read_only)
+                       read_only=read_only, checking=checking)
 
 
-def make_engine(value: str, create: bool = True, *, password_file: str = "", read_only: bool = False) -> Engine:
+def make_engine(value: str, create: bool = True, *, password_file: str = "", read_only: bool = False,
+                checking: bool = False) -> Engine:
     """The engine; with ``create``, SQLite's directory is created and the schema made current, and a server
     database raises ``migrate.SchemaError`` until ``gpueff db upgrade`` has run (storage/migrate.py).
     ``read_only``: for readers that never write; on SQLite also for a user who may read the file but not
-    write it or its directory (``sqlite_read.read_uri``)."""
+    write it or its directory (``sqlite_read.read_uri``). A SQLite file the integrity check marked damaged
+    raises :class:`DatabaseDamaged` (storage/integrity.py), unless ``checking`` (opened to check it again)."""
     url = database_url(value)
     sqlite = url.startswith("sqlite")
     path = sqlite_file(url)
+    if path and not checking:
+        refuse_marked(path)
     if read_only and path:
         from .sqlite_read import read_uri
 
@@ -115,6 +118,15 @@ class DatabaseDamaged(sa_exc.OperationalError):
         return f"the database file is damaged or not a database ({text})"
 
 
+def refuse_marked(path: str) -> None:
+    """Raise :class:`DatabaseDamaged` for a file the last integrity check found damaged."""
+    from .integrity import found
+
+    damage = found(path)
+    if damage is not None:
+        raise DatabaseDamaged(None, None, sqlite3.DatabaseError(damage.message(path)))
+
+
 def damaged(exc: BaseException) -> bool:
     """Whether a DBAPI error (or SQLAlchemy's wrapper of one) says the SQLite file is damaged: sqlite3
     raises its base ``DatabaseError`` for exactly these (every other failure has a subclass)."""
@@ -151,34 +163,6 @@ def first_line(exc: BaseException) -> str:
         return str(exc)
     text = str(getattr(exc, "orig", None) or exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
-
-
-def integrity(conn: Connection, limit_s: float) -> tuple[str, str]:
-    """A quick integrity check: (``"ok"``, what was checked), (``"damaged"``, the first problems) or
-    (``"unfinished"``, why). SQLite: ``PRAGMA quick_check`` (every page and record, not the indexes'
-    contents), stopped after ``limit_s`` seconds; a server: one row read from each table."""
-    from sqlalchemy import text
-
-    if conn.dialect.name != "sqlite":
-        for table in sorted(SQLModel.metadata.tables):
-            conn.execute(text(f'SELECT 1 FROM "{table}" LIMIT 1')).all()
-        return "ok", f"one row read from each of {len(SQLModel.metadata.tables)} tables"
-    raw: Any = conn.connection.dbapi_connection
-    deadline = time.monotonic() + limit_s
-    raw.set_progress_handler(lambda: int(time.monotonic() > deadline), 10_000)
-    try:
-        rows = [str(r[0]) for r in raw.execute("PRAGMA quick_check(5)").fetchall()]
-    except sqlite3.OperationalError as exc:
-        if "interrupt" in str(exc):
-            return "unfinished", f"quick_check stopped after {limit_s:g} s (a large database: run it by hand)"
-        raise
-    except sqlite3.DatabaseError as exc:
-        return "damaged", str(exc)
-    finally:
-        raw.set_progress_handler(None, 0)
-    if rows == ["ok"]:
-        return "ok", "quick_check ok"
-    return "damaged", "; ".join(r.replace("\n", " ") for r in rows[:5])
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:

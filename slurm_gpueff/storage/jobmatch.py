@@ -13,17 +13,29 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 Cond = tuple[str, int]  # (job column, value): column == value
+_CHUNK = 400  # raw ids per query: with the cluster, below SQLite's smallest limit of bound variables (999)
 ORDER = ("cluster", "array_task_id", "het_job_offset", "job_id", "run")  # a requeued job's runs together
 # run(any_of, all_of): the rows (job columns as attributes) where at least one ``any_of`` and every
 # ``all_of`` equality holds, in ORDER; storage/queries.py and storage/sqlite_read.py each supply one.
 Run = Callable[[Sequence[Cond], Sequence[Cond]], list[Any]]
 
 
+class RawIds(NamedTuple):
+    """Jobs named by their raw ids alone: the tasks or components accounting listed for an id whose records
+    do not carry their array or het ids yet."""
+
+    ids: tuple[int, ...]
+
+
 def find(spec: Any, run: Run) -> list[Any]:
-    """Rows matching a parsed job id (:class:`slurm_gpueff.slurm.jobid.JobSpec`); empty list when none."""
+    """Rows matching a parsed job id (:class:`slurm_gpueff.slurm.jobid.JobSpec`) or :class:`RawIds`; empty
+    list when none."""
+    if isinstance(spec, RawIds):
+        return [row for i in range(0, len(spec.ids), _CHUNK)
+                for row in run([("job_id", raw) for raw in spec.ids[i:i + _CHUNK]], [])]
     j = spec.job
     if spec.task is not None:
         return run([("array_job_id", j), ("job_id", j)], [("array_task_id", spec.task)])

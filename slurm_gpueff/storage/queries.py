@@ -12,10 +12,10 @@ from sqlmodel import Session, col, select
 
 from ..models import Job, JobGpu, JobGpuTimeline
 from ..slurm.jobid import JobSpec
-from .jobmatch import ORDER, Cond, find, run_order
+from .jobmatch import ORDER, Cond, RawIds, find, run_order
 
 
-def find_jobs(session: Session, spec: JobSpec, cluster: str | None = None) -> list[Job]:
+def find_jobs(session: Session, spec: JobSpec | RawIds, cluster: str | None = None) -> list[Job]:
     """Jobs matching a parsed job id, in ``cluster`` or in every cluster; empty list when none."""
 
     def run(any_of: Sequence[Cond], all_of: Sequence[Cond]) -> list[Job]:

@@ -20,6 +20,7 @@ from urllib.parse import quote
 
 from orjson import loads as _json_loads
 
+from .integrity import found
 from .jobmatch import ORDER, Cond, find
 
 # Declared column type of job and job_gpu -> the value SQLAlchemy gives for a stored one (NULL stays None).
@@ -51,7 +52,10 @@ def read_uri(path: str) -> str:
 
 def lookup(path: str, spec: Any, cluster: str | None = None) -> list[tuple[SimpleNamespace, list[SimpleNamespace]]]:
     """(job, its GPU rows by node and index) for every job ``spec`` names, as storage.queries would give.
-    sqlite3.Error on any database problem."""
+    sqlite3.Error on any database problem, and on a file the integrity check marked damaged."""
+    damage = found(path)
+    if damage is not None:
+        raise sqlite3.DatabaseError(f"the database file is damaged ({damage.message(path)})")
     with contextlib.closing(sqlite3.connect(read_uri(path), uri=True, timeout=30)) as con:
         columns = {t: _columns(con, t) for t in ("job", "job_gpu")}
 

@@ -27,6 +27,7 @@ and its dependencies copied into a world-readable folder, run by a same-version 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -361,7 +362,14 @@ def _start_serve(c: SlurmCluster) -> subprocess.Popen[str]:
 @pytest.fixture(scope="package", params=VERSIONS, ids=lambda v: f"slurm-{v}")
 def slurm(request: pytest.FixtureRequest) -> Iterator[SlurmCluster]:
     """One real cluster per Slurm version; pytest finishes one version's tests (and this fixture) first."""
-    version = request.param
+    with running_cluster(request.param) as c:
+        yield c
+
+
+@contextlib.contextmanager
+def running_cluster(version: str, nnodes: int = 1) -> Iterator[SlurmCluster]:
+    """A started cluster of ``version`` with ``nnodes`` slurmds (more than one: the chroot versions only),
+    stopped and removed at the end of the block."""
     if version not in SUITES:
         pytest.fail(f"GPUEFF_SLURM_VERSIONS names {version!r}; known: {', '.join(SUITES)}")
     if os.geteuid() != 0:
@@ -381,7 +389,9 @@ def slurm(request: pytest.FixtureRequest) -> Iterator[SlurmCluster]:
     prolog, epilog = install_hooks(c.hooks_dir, config_path=c.config_path,
                                    python="/usr/bin/python3" if c.chroot else None)
     env = dict(c.env, BASE=base, PROLOG=prolog, EPILOG=epilog, CLUSTER=CLUSTER, GPU_TYPE=GPU_TYPE,
-               ACCOUNT=ACCOUNT, TEST_USERS=" ".join(USERS), RO_MOUNTS=ROOT)
+               ACCOUNT=ACCOUNT, TEST_USERS=" ".join(USERS), RO_MOUNTS=ROOT, NNODES=str(nnodes))
+    if nnodes > 1 and not c.suite:
+        pytest.fail(f"slurm-{version}: more than one node only in a chroot (24.11, 26.05)")
     if c.suite:
         start = [os.path.join(HERE, "chroot", "start-slurm-chroot.sh"), c.suite]
         stop = [os.path.join(HERE, "chroot", "stop-slurm-chroot.sh"), c.suite, "--purge"]

@@ -159,3 +159,47 @@ def test_running_jobs_are_shown_and_an_idle_one_is_warned_then_cancelled(slurm, 
             c.wait_state(list(ids.values()), FINAL)
         c.write_config()
         c.gpueff("ingest", check=False)
+
+
+def test_a_job_whose_owner_was_never_warned_is_never_cancelled(slurm, refusing_smtp_server):
+    """Cancel on from the start, and a real SMTP server that refuses the owner's address: every pass warns
+    again (each warning fails), the job runs on, the audit says no mail reached anyone. Once mail goes
+    through: the first warning, the second, then the cancel, whose AdminComment in Slurm's accounting says
+    both warnings were mailed, which is now true by construction."""
+    c = slurm
+    inbox, port = refusing_smtp_server
+    _config(c, port, cancel=True)
+    j = None
+    try:
+        j = _submit(c, "idle", user=USER)
+        c.wait_state([j], {"RUNNING"})
+        deadline = time.monotonic() + 90
+        while sum(a["action"] == "warn" for a in _audit(c) if a["job_id"] == j) < 3:
+            assert time.monotonic() < deadline, _audit(c)
+            time.sleep(2.0)
+            _pass(c)
+        rows = [a for a in _audit(c) if a["job_id"] == j]
+        assert {a["action"] for a in rows} == {"warn"}, rows
+        assert all(a["outcome"].startswith(f"mail to {USER}@cluster.example failed") for a in rows), rows
+        assert inbox.messages == [] and c.job_info(j).get("JobState") == "RUNNING"
+
+        inbox.accept = True
+        deadline = time.monotonic() + 90
+        while not any(a["action"] == "cancel" for a in _audit(c) if a["job_id"] == j):
+            assert time.monotonic() < deadline, _audit(c)
+            time.sleep(2.0)
+            _pass(c)
+        steps = [a["action"] for a in _audit(c) if a["job_id"] == j][len(rows):]
+        assert steps == ["warn", "warn_again", "cancel"], steps
+        assert c.wait_state([j], FINAL)[j] == "CANCELLED"
+        c.wait_accounted([j])
+        acct = c.run(["sacct", "-X", "-n", "-P", "-o", "AdminComment", "-j", str(j)], check=True).stdout
+        assert "after two warnings mailed to the owner" in acct, acct
+        subjects = [m["Subject"].split("]")[1].split(":")[0].strip() for _r, m in inbox.messages]
+        assert subjects == ["Warning", "Second warning", "Cancelled"], subjects
+    finally:
+        if j is not None:
+            c.run(["scancel", str(j)])
+            c.wait_state([j], FINAL)
+        c.write_config()
+        c.gpueff("ingest", check=False)

@@ -280,7 +280,9 @@ def test_backfill_records_gpu_jobs_the_hooks_missed(slurm, jobs):
 def test_seff_gpu_finds_an_array_task_right_after_it_ends(slurm, jobs):
     """Right after a task ends, before enrichment, its record has only the raw id (slurmd's hooks see no
     array ids): ``seff-gpu <array>_<task>`` asks sacct for the raw id and answers within seconds, saying
-    the final state is pending accounting. After enrichment the card has Slurm's state.
+    the final state is pending accounting; ``seff-gpu <array>`` shows every task (it used to show the one
+    task whose raw id is the array's, labelled with the bare array id). After enrichment the card has
+    Slurm's state.
 
     Last in this module: it leaves its tasks for its own enrich run, not for the enrich counts above."""
     c = slurm
@@ -307,6 +309,11 @@ def test_seff_gpu_finds_an_array_task_right_after_it_ends(slurm, jobs):
         assert not c.job_row(raw)["enriched"]  # seff-gpu only reads
     sys.stderr.write(f"\n[slurm] seff-gpu {array}_<task> answered {answers} s after the tasks ended\n")
     assert max(answers.values()) < 30
+    # the array's own id names every task, before accounting too (sacct lists them; each labelled as Slurm does)
+    every = _card(c.seff(array, user=USER))
+    assert every.startswith(f"2 jobs match {array}\n"), every
+    shown = [ln.split("Job ID: ", 1)[1] for ln in every.splitlines() if ln.startswith("Job ID: ")]
+    assert shown == [f"{array}_{t} (raw id {raw})" for t, raw in sorted(tasks.items())], every
     c.wait_accounted(list(tasks.values()))
     c.settle()
     c.gpueff("enrich", "--since", "now-1d")
