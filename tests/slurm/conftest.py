@@ -46,6 +46,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 CLUSTER = "gpueffci"
 GPU_TYPE = "simh100"
+SHARDS_PER_GPU = 4  # gres/shard on every fake GPU: jobs ask --gres=gpu:N or --gres=shard:N
 ACCOUNT = "research"
 USER = "alice"
 LEAD = "bob"  # [leads]: sees the jobs of ACCOUNT
@@ -377,6 +378,7 @@ def running_cluster(version: str, nnodes: int = 1) -> Iterator[SlurmCluster]:
     from slurm_gpueff.node.hook_install import install_hooks
 
     t0 = time.monotonic()
+    key = version if nnodes == 1 else f"{version}-{nnodes}nodes"  # the tests' id names it: slurm-26.05-2nodes
     base = tempfile.mkdtemp(prefix="gpueff-slurm-")
     os.chmod(base, 0o755)  # alice reads the config and the database below it
     c = SlurmCluster(base, version)
@@ -389,7 +391,8 @@ def running_cluster(version: str, nnodes: int = 1) -> Iterator[SlurmCluster]:
     prolog, epilog = install_hooks(c.hooks_dir, config_path=c.config_path,
                                    python="/usr/bin/python3" if c.chroot else None)
     env = dict(c.env, BASE=base, PROLOG=prolog, EPILOG=epilog, CLUSTER=CLUSTER, GPU_TYPE=GPU_TYPE,
-               ACCOUNT=ACCOUNT, TEST_USERS=" ".join(USERS), RO_MOUNTS=ROOT, NNODES=str(nnodes))
+               ACCOUNT=ACCOUNT, TEST_USERS=" ".join(USERS), RO_MOUNTS=ROOT, NNODES=str(nnodes),
+               SHARDS=str(SHARDS_PER_GPU))
     if nnodes > 1 and not c.suite:
         pytest.fail(f"slurm-{version}: more than one node only in a chroot (24.11, 26.05)")
     if c.suite:
@@ -410,7 +413,7 @@ def running_cluster(version: str, nnodes: int = 1) -> Iterator[SlurmCluster]:
         _accounts(c)
         serve = _start_serve(c)
         c.startup_s = time.monotonic() - t0  # type: ignore[attr-defined]
-        STARTED[version] = f"Slurm {got}{' in ' + c.chroot if c.chroot else ''}, cluster up in {c.startup_s:.1f} s"
+        STARTED[key] = f"Slurm {got}{' in ' + c.chroot if c.chroot else ''}, cluster up in {c.startup_s:.1f} s"
         sys.stderr.write(f"\n[slurm] {got} cluster up in {c.startup_s:.1f} s\n{started.stdout}")
         yield c
     finally:
@@ -422,8 +425,8 @@ def running_cluster(version: str, nnodes: int = 1) -> Iterator[SlurmCluster]:
                 serve.kill()
         stopped = subprocess.run(stop, env=env, capture_output=True, text=True, timeout=300)
         sys.stderr.write(f"\n[slurm] {version} {stopped.stdout}{stopped.stderr}")
-        if version in STARTED:
-            STARTED[version] += f", {time.monotonic() - t0:.0f} s from start to stop"
+        if key in STARTED:
+            STARTED[key] += f", {time.monotonic() - t0:.0f} s from start to stop"
         shutil.rmtree(base, ignore_errors=True)
 
 
@@ -432,10 +435,14 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     if not STARTED:
         return
     terminalreporter.section("slurm versions")
-    for version, line in STARTED.items():
-        tags = (f"[slurm-{version}]", f"[slurm-{version}-")  # the second: a test with parameters of its own
-        counts = {kind: len({r.nodeid for r in terminalreporter.stats.get(kind, ())
-                             if any(t in getattr(r, "nodeid", "") for t in tags)})
+    for key, line in STARTED.items():
+        def mine(nodeid: str, key: str = key) -> bool:
+            """This cluster's tests: ``[slurm-26.05]``, ``[slurm-26.05-<own params>]``; ``-2nodes`` ones apart."""
+            if "nodes" in key:
+                return f"[slurm-{key}]" in nodeid
+            return f"[slurm-{key}]" in nodeid or (f"[slurm-{key}-" in nodeid and "nodes]" not in nodeid)
+
+        counts = {kind: len({r.nodeid for r in terminalreporter.stats.get(kind, ()) if mine(getattr(r, "nodeid", ""))})
                   for kind in ("passed", "failed", "error", "skipped", "xfailed")}
-        terminalreporter.write_line(f"slurm-{version}: {line}; " +
+        terminalreporter.write_line(f"slurm-{key}: {line}; " +
                                     ", ".join(f"{n} {kind}" for kind, n in counts.items() if n))

@@ -19,6 +19,7 @@ export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 ETC=/etc/slurm                      # Debian's compiled-in default: clients need no SLURM_CONF
 H=$(hostname -s)
 NGPUS=${NGPUS:-4}
+SHARDS=${SHARDS:-0}
 CLUSTER=${CLUSTER:-gpueffci}
 ACCOUNT=${ACCOUNT:-research}
 TEST_USERS=${TEST_USERS:-alice}
@@ -129,17 +130,19 @@ PrologEpilogTimeout=60
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=$H
 AccountingStoragePort=6819
-AccountingStorageTRES=gres/gpu,gres/gpu:$GPU_TYPE
+AccountingStorageTRES=gres/gpu,gres/gpu:$GPU_TYPE$([ "$SHARDS" -gt 0 ] && echo ",gres/shard")
 JobAcctGatherType=jobacct_gather/linux
 JobAcctGatherFrequency=task=1
-GresTypes=gpu
-NodeName=$H CPUs=$NODE_CPUS Boards=1 SocketsPerBoard=1 CoresPerSocket=$NODE_CPUS ThreadsPerCore=1 RealMemory=1000 Gres=gpu:$GPU_TYPE:$NGPUS State=UNKNOWN
+GresTypes=gpu$([ "$SHARDS" -gt 0 ] && echo ",shard")
+NodeName=$H CPUs=$NODE_CPUS Boards=1 SocketsPerBoard=1 CoresPerSocket=$NODE_CPUS ThreadsPerCore=1 RealMemory=1000 Gres=gpu:$GPU_TYPE:$NGPUS$([ "$SHARDS" -gt 0 ] && echo ",shard:$((NGPUS * SHARDS))") State=UNKNOWN
 PartitionName=debug Nodes=$H Default=YES MaxTime=INFINITE State=UP
 EOC
 conf_changed=0
 cmp -s "$ETC/slurm.conf.new" "$ETC/slurm.conf" || conf_changed=1
 mv "$ETC/slurm.conf.new" "$ETC/slurm.conf"
 echo "Name=gpu Type=$GPU_TYPE File=/dev/nvidia[0-$((NGPUS - 1))]" > "$ETC/gres.conf"
+# gres/shard: SHARDS per GPU, the same device files (a GPU's shards and the whole GPU are never given at once)
+[ "$SHARDS" -gt 0 ] && echo "Name=shard Count=$((NGPUS * SHARDS)) File=/dev/nvidia[0-$((NGPUS - 1))]" >> "$ETC/gres.conf"
 chmod 644 "$ETC/slurm.conf" "$ETC/gres.conf"
 ts "config written ($ETC/slurm.conf, gres.conf)"
 

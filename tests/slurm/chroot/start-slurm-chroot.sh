@@ -35,6 +35,7 @@ esac
 : "${EPILOG:?EPILOG must name the Epilog}"
 CH=${CHROOT:-/srv/slurm-$SUITE}
 NGPUS=${NGPUS:-4}
+SHARDS=${SHARDS:-0}
 NNODES=${NNODES:-1}
 NODE_CPUS=${NODE_CPUS:-8}
 GPU_TYPE=${GPU_TYPE:-simh100}
@@ -167,11 +168,11 @@ PrologEpilogTimeout=60
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=$H
 AccountingStoragePort=$((PORT + 2))
-AccountingStorageTRES=gres/gpu,gres/gpu:$GPU_TYPE
+AccountingStorageTRES=gres/gpu,gres/gpu:$GPU_TYPE$([ "$SHARDS" -gt 0 ] && echo ",gres/shard")
 JobAcctGatherType=jobacct_gather/linux
 JobAcctGatherFrequency=task=1
-GresTypes=gpu
-NodeName=DEFAULT CPUs=$NODE_CPUS Boards=1 SocketsPerBoard=1 CoresPerSocket=$NODE_CPUS ThreadsPerCore=1 RealMemory=1000 Gres=gpu:$GPU_TYPE:$NGPUS State=UNKNOWN
+GresTypes=gpu$([ "$SHARDS" -gt 0 ] && echo ",shard")
+NodeName=DEFAULT CPUs=$NODE_CPUS Boards=1 SocketsPerBoard=1 CoresPerSocket=$NODE_CPUS ThreadsPerCore=1 RealMemory=1000 Gres=gpu:$GPU_TYPE:$NGPUS$([ "$SHARDS" -gt 0 ] && echo ",shard:$((NGPUS * SHARDS))") State=UNKNOWN
 NodeName=$H
 $(for ((k = 2; k <= NNODES; k++)); do echo "NodeName=$H-$k NodeAddr=127.0.0.1 Port=$((PORT + 1 + k))"; done)
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
@@ -180,6 +181,8 @@ conf_changed=0
 cmp -s "$ETC/slurm.conf.new" "$ETC/slurm.conf" || conf_changed=1
 mv "$ETC/slurm.conf.new" "$ETC/slurm.conf"
 echo "Name=gpu Type=$GPU_TYPE File=/dev/nvidia[0-$((NGPUS - 1))]" > "$ETC/gres.conf"
+# gres/shard: SHARDS per GPU, the same device files (a GPU's shards and the whole GPU are never given at once)
+[ "$SHARDS" -gt 0 ] && echo "Name=shard Count=$((NGPUS * SHARDS)) File=/dev/nvidia[0-$((NGPUS - 1))]" >> "$ETC/gres.conf"
 # 24.11+ slurmd always initialises a cgroup plugin; in the chroot /sys/fs/cgroup is empty -> disable it
 echo "CgroupPlugin=disabled" > "$ETC/cgroup.conf"
 chmod 644 "$ETC/slurm.conf" "$ETC/gres.conf" "$ETC/cgroup.conf"
