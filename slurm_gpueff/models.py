@@ -147,6 +147,10 @@ class JobGpu(SQLModel, table=True):
     window_s: float | None = None
     measured_s: float | None = None
     window: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
+    # A shared GPU (Slurm gres/shard): the shards the job held and how many the GPU has, from accounting
+    # and the node's configuration (storage/enrich.py); NULL for a GPU held whole.
+    shards: int | None = None
+    shard_count: int | None = None
 
 
 class JobGpuTimeline(SQLModel, table=True):

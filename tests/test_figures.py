@@ -143,3 +143,17 @@ def test_from_record_matches_the_record():
     assert f.gpus[0].label == "n9:2"
     assert f.missing["sm_active"] == "no GPM"
     assert f.memory_fraction == pytest.approx(0.25)
+
+
+def test_a_shared_gpu_counts_the_jobs_share_and_never_the_devices_activity_as_its_own():
+    """3 of a GPU's 4 shards (Slurm gres/shard) for 2 hours: 1.5 GPU-hours; what the GPU measured is every
+    job's on it, so no activity, memory or energy is the job's own and its waste is not known."""
+    f = job_figures(job(), [gpu(shards=3, shard_count=4)])
+    assert f.hours == pytest.approx(1.5)
+    assert f.mean("kernel_active") is None and f.energy_j is None and f.memory_used_peak_bytes is None
+    assert f.waste.idle_h is None and f.gpus[0].shards == 3 and f.gpus[0].shard_count == 4
+    assert f.missing["kernel_active"].startswith("the shared GPU's as a whole (3 of its 4 shards")
+    unknown = job_figures(job(), [gpu(shards=3, shard_count=None)])
+    assert unknown.hours is None and "shard count is unknown" in unknown.missing["gpu_hours"]
+    whole = job_figures(job(), [gpu()])
+    assert whole.hours == pytest.approx(2.0) and whole.gpus[0].shards is None  # a GPU held whole: as before

@@ -26,7 +26,7 @@ from slurm_gpueff.slurm.sacct import (
     plugin_name,
     raw_id_of,
 )
-from slurm_gpueff.slurm.sacct_rows import job_ids_of, last_runs, number_runs
+from slurm_gpueff.slurm.sacct_rows import job_ids_of, last_runs, number_runs, parse_shards
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "sacct")
 VERSIONS = ("22.05.8", "24.11.5", "26.05.5")
@@ -214,3 +214,9 @@ def test_public_23_02_capture():
         "COMPLETED", 0, 0, "alpine", ["c3cpu-a2-u1-1"], 0)
     assert (j.start, j.end, j.elapsed_s, j.submit) == (1741667820.0, 1741668146.0, 326.0, 1741662974.0)
     assert j.alloc_tres == "billing=9,cpu=10,mem=38400,node=1" and j.restart_count is None and j.sluid is None
+
+
+def test_shards_in_alloc_tres():
+    assert parse_shards("billing=1,cpu=1,gres/shard=3,node=1") == 3  # as 22.05 to 26.05 write it
+    assert parse_shards("cpu=1,gres/shard:h100=2,gres/shard:a100=1") == 3
+    assert parse_shards("cpu=1,gres/gpu=1,gres/gpu:simh100=1") is None and parse_shards(None) is None

@@ -13,7 +13,7 @@ from test_seff_rawid import install_fake
 
 from slurm_gpueff.cli import doctor
 from slurm_gpueff.config import Config
-from slurm_gpueff.slurm.commands import SlurmCommandError, coordinators, parse_coordinators
+from slurm_gpueff.slurm.commands import SlurmCommandError, coordinators, parse_coordinators, parse_shard_counts
 from slurm_gpueff.slurm.runner import SlurmRunner
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "slurmcmds")
@@ -111,3 +111,14 @@ def test_hook_keys_reads_every_slurm_generation_of_scontrol_show_config():
     assert hook_keys(old) == {"Prolog": "/opt/slurm-gpueff/venv/bin/gpueff-prolog", "PrologFlags": "Alloc",
                               "ClusterName": "c1"}
     assert hook_keys(new) == {"Epilog": "/opt/e", "Prolog": "/opt/p,/opt/p2", "PrologFlags": "Alloc"}
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_each_gpus_shard_count_from_scontrol_show_node(version):
+    """Captured with a shard:3 job and a gpu:1 job running (4 GPUs of 4 shards): 24.11+ list each GPU's count in
+    GresUsed (26.05 writes -/4 for the GPU given whole), 22.05 only the indexes in use, so its count is the
+    configured total spread over the GPUs."""
+    with open(os.path.join(DATA, f"scontrol-show-node-d-shards-{version}.txt")) as fh:
+        assert parse_shard_counts(fh.read()) == {0: 4, 1: 4, 2: 4, 3: 4}
+    assert parse_shard_counts("NodeName=n Gres=gpu:a100:4(S:0-1) GresUsed=gpu:a100:0(IDX:N/A)") == {}
+    assert parse_shard_counts("NodeName=n Gres=gpu:3,shard:10 GresUsed=gpu:0(IDX:N/A),shard:0(IDX:N/A)") == {}

@@ -66,6 +66,8 @@ class GpuFigures:
     window_s: float | None = None  # the seconds from the reading at job start to the one at job end
     measured_s: float | None = None  # the part of it the figures cover, where the backend knows (else None)
     coverage_note: str | None = None  # what of the window is not covered, and why (analysis/coverage.py)
+    shards: int | None = None  # a shared GPU (Slurm gres/shard): the shards the job held ...
+    shard_count: int | None = None  # ... of the GPU's (None: unknown)
 
     @property
     def label(self) -> str:
@@ -146,6 +148,9 @@ def gpu_figures(job: Job, gpu: JobGpu) -> GpuFigures:
     if hours is None:
         missing.setdefault("gpu_hours", "job start/end time unknown")
     raw: dict[str, Any] = {name: getattr(gpu, name) for name in (*MEANS, *QUANTITIES)}
+    shards, count = getattr(gpu, "shards", None), getattr(gpu, "shard_count", None)
+    if shards:
+        hours, raw = _shared(hours, raw, shards, count, missing)
     for name, v in raw.items():
         if v is None:
             missing[name] = missing.get(name) or NOT_MEASURED
@@ -157,7 +162,26 @@ def gpu_figures(job: Job, gpu: JobGpu) -> GpuFigures:
                       efficiency=_efficiency(k, s, missing), waste=split(hours, k, s, missing), missing=missing,
                       window_s=window_s, measured_s=measured,
                       coverage_note=describe(getattr(gpu, "window", None), window_s, measured),
-                      **{q: raw[q] for q in QUANTITIES})
+                      shards=shards, shard_count=count, **{q: raw[q] for q in QUANTITIES})
+
+
+def _shared(hours: float | None, raw: dict[str, Any], shards: int, count: int | None,
+            missing: dict[str, str]) -> tuple[float | None, dict[str, Any]]:
+    """A GPU the job held ``shards`` of ``count`` shards of: its share of the GPU-hours, so that a GPU's hours
+    are counted once across the jobs sharing it. What the GPU measured is the whole device's, every job's on
+    it: never shown as this job's own (its own share of the activity needs per-process attribution)."""
+    if count:
+        hours = hours * min(1.0, shards / count) if hours is not None else None
+    else:
+        hours = None
+        missing["gpu_hours"] = missing.get("shards") or "the shared GPU's shard count is unknown"
+    whose = f"the shared GPU's as a whole ({shards} of its {count or '?'} shards were this job's), not this job's own"
+    out = dict(raw)
+    for name in (*MEANS, "memory_used_peak_bytes", "energy_j", "power_mean_w"):
+        if out[name] is not None:
+            out[name] = None
+            missing[name] = whose
+    return hours, out
 
 
 def split(hours: float | None, k: float | None, s: float | None, missing: dict[str, str]) -> Waste:

@@ -95,12 +95,15 @@ def run(args: argparse.Namespace) -> int:
 def _enrich(engine: Engine, reader: SacctReader, config: Config, since: float | None, limit: int | None,
             bar: ProgressBar) -> tuple[list[str], str]:
     """The errors and the summary line of one enrich run."""
+    from ..slurm.commands import shard_counter
+    from ..slurm.runner import SlurmRunner
     from ..storage.enrich import enrich_jobs
 
     if since is None:
         since = time.time() - config.sacct.enrich_window_days * 86400
     since_dt = datetime.fromtimestamp(since, UTC).replace(tzinfo=None)
-    res = enrich_jobs(engine, reader, since=since_dt, limit=limit, progress=bar, settle_s=config.sacct.settle_s)
+    res = enrich_jobs(engine, reader, since=since_dt, limit=limit, progress=bar, settle_s=config.sacct.settle_s,
+                      shard_counts=shard_counter(SlurmRunner.from_config(config)))
     return res.errors, (f"enriched {res.enriched} of {res.checked} job(s) checked; {res.not_final} not finished "
                         f"in sacct yet, {res.settling} ended less than {config.sacct.settle_s:g} s ago, "
                         f"{res.not_found} unknown to sacct (retried next run)")

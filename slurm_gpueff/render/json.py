@@ -69,7 +69,8 @@ def _gpu(g: GpuFigures, timelines: Timelines) -> dict[str, Any]:
             "memory_total_bytes": g.memory_total_bytes, "energy_j": _num(g.energy_j, 1),
             "power_mean_w": _num(g.power_mean_w, 1), "waste": _waste(g.waste, g.hours),
             "window_s": _num(g.window_s, 3), "measured_s": _num(g.measured_s, 3), "coverage": g.coverage_note,
-            "missing": dict(sorted(g.missing.items())), "series": series(timelines.get((g.node, g.index)))}
+            "missing": dict(sorted(g.missing.items())), "series": series(timelines.get((g.node, g.index)))} | (
+                {"shards": g.shards, "shard_count": g.shard_count} if g.shards else {})  # a GPU held whole: as before
 
 
 def _run(job: Job, fig: JobFigures) -> dict[str, Any]:

@@ -122,7 +122,9 @@ def gpus_line(job: Job, fig: JobFigures, times: str = "x") -> str:
     if not fig.gpus:
         return f"{job.gpu_count} {times} {job.gpu_type or 'unknown model'}" if job.gpu_count else "0"
     counts = Counter(g.model or job.gpu_type or "unknown model" for g in fig.gpus)
-    return ", ".join(f"{n} {times} {m}" for m, n in counts.items())
+    text = ", ".join(f"{n} {times} {m}" for m, n in counts.items())
+    shared = [f"{g.shards} of {g.shard_count or '?'} shards" for g in fig.gpus if g.shards]
+    return f"{text}, shared ({'; '.join(shared)})" if shared else text
 
 
 def _nodes_line(job: Job, fig: JobFigures) -> str:

@@ -106,6 +106,8 @@ def ingest(ctx: Context) -> str:
 
 
 def enrich(ctx: Context) -> str:
+    from ..slurm.commands import shard_counter
+    from ..slurm.runner import SlurmRunner
     from ..slurm.sacct import SacctReader
     from ..storage.enrich import enrich_jobs
     from .summarize import summarize_pending
@@ -114,7 +116,8 @@ def enrich(ctx: Context) -> str:
         return "skipped: [sacct] accounting = false (what the Epilog saw is final)"
     since = utcnow() - timedelta(days=ctx.config.sacct.enrich_window_days)
     res = enrich_jobs(ctx.engine, SacctReader.from_config(ctx.config), since=since,
-                      settle_s=ctx.config.sacct.settle_s)
+                      settle_s=ctx.config.sacct.settle_s,
+                      shard_counts=shard_counter(SlurmRunner.from_config(ctx.config)))
     for e in res.errors:
         log.warning("enrich: %s", e)
     analysed = summarize_pending(ctx.engine, ctx.config.analysis)

@@ -10,7 +10,7 @@ Stdlib only.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, NamedTuple
 
 from .runner import SlurmCommandError, SlurmRunner
@@ -148,6 +148,51 @@ def cancel(slurm: SlurmRunner, job_id: int, timeout_s: float = ALERTS_TIMEOUT_S)
 
 
 HOOK_KEYS = ("Prolog", "Epilog", "PrologFlags", "ClusterName", "AccountingStorageType")
+
+
+_SHARDS_USED = re.compile(r"(?:^|,)shard(?::[^:(,=\s]+)?:\d+\(([0-9/,-]+)\)")
+_CONFIGURED = re.compile(r"(?:^|,)(gpu|shard)(?::[^:(,=\s]+)?:(\d+)")
+
+
+def parse_shard_counts(text: str) -> dict[int, int]:
+    """``{GPU index: shards it has}`` from ``scontrol show node -d``. 24.11 and later list, in ``GresUsed``,
+    each GPU's shards in use and its count, in index order (``shard:simh100:3(3/4,0/4,0/4,0/4)``; 26.05
+    writes ``-/4`` for a GPU given whole). 22.05 lists only the indexes in use (``shard:simh100:1(IDX:0)``):
+    there the configured ``Gres=gpu:T:4,shard:T:16`` gives each GPU an equal part, as Slurm spreads a shard
+    count over the GPUs of its File= (an uneven spread is not told: {}). Empty when the node has no shards."""
+    fields = dict(tok.partition("=")[::2] for tok in text.split() if "=" in tok)
+    m = _SHARDS_USED.search(fields.get("GresUsed", ""))
+    if m:
+        pairs = [p.split("/") for p in m.group(1).split(",")]
+        return {i: int(p[1]) for i, p in enumerate(pairs) if len(p) == 2 and p[1].isdigit()}
+    configured: dict[str, int] = {}
+    for kind, n in _CONFIGURED.findall(fields.get("Gres", "")):
+        configured[kind] = configured.get(kind, 0) + int(n)
+    gpus, shards = configured.get("gpu", 0), configured.get("shard", 0)
+    if gpus and shards and shards % gpus == 0:
+        return dict.fromkeys(range(gpus), shards // gpus)
+    return {}
+
+
+def shard_counts(slurm: SlurmRunner, node: str, timeout_s: float = CONFIG_TIMEOUT_S) -> dict[int, int]:
+    """How many shards each GPU of ``node`` has (``scontrol show node -d``): what a job's shards are a share of."""
+    return parse_shard_counts(slurm.run("scontrol", ["show", "node", "-d", node], timeout_s))
+
+
+def shard_counter(slurm: SlurmRunner) -> Callable[[str], dict[int, int]]:
+    """:func:`shard_counts` of a node, asked once per node for the life of the returned function (one enrich
+    pass); a node Slurm cannot answer for gives {} (its jobs' shares stay unknown)."""
+    known: dict[str, dict[int, int]] = {}
+
+    def counts(node: str) -> dict[int, int]:
+        if node not in known:
+            try:
+                known[node] = shard_counts(slurm, node)
+            except SlurmCommandError:
+                known[node] = {}
+        return known[node]
+
+    return counts
 
 
 def show_config(slurm: SlurmRunner, timeout_s: float = CONFIG_TIMEOUT_S) -> dict[str, str]:

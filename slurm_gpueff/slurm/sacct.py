@@ -213,7 +213,7 @@ def no_gpus_note(spec: str, config: Config, timeout_s: float = 5.0) -> str | Non
         jobs = _quick_reader(config, timeout_s)._query(["-j", spec], None)
     except SacctError:
         return None
-    if jobs and all(j.final and not j.gpu_count for j in jobs):
+    if jobs and all(j.final and not j.gpu_count and not j.shards for j in jobs):  # shards are of GPUs
         tres = jobs[0].alloc_tres or "nothing allocated"
         return f"job {spec} had no GPUs allocated (sacct AllocTRES: {tres}): nothing to report"
     return None

@@ -20,7 +20,7 @@ import json
 from typing import Any
 
 from ..errors import SlurmCommandError
-from .sacct_rows import SacctJob, epoch, parse_tres, state_word, text_or_none, to_int
+from .sacct_rows import SacctJob, epoch, parse_shards, parse_tres, state_word, text_or_none, to_int
 
 # Plugins (last part of the name) whose exit_code says SUCCESS / 0 for every normal exit, 3 included:
 # 22.05's openapi/dbv0.0.3x (seen in the 22.05.8 capture) and 23.02's data_parser/v0.0.39 (its
@@ -141,6 +141,7 @@ def _job_from_json(j: dict[str, Any], plugin: str | None) -> SacctJob:
             parts.append(f"{t['type']}/{t['name']}={count}" if t.get("name") else f"{t['type']}={count}")
     job.alloc_tres = ",".join(sorted(parts))  # sorted by name, as sacct -P prints AllocTRES
     job.gpu_count, job.gpu_type = parse_tres(job.alloc_tres)
+    job.shards = parse_shards(job.alloc_tres)
     job.submit, job.start, job.end = (epoch(number(times.get(k))) for k in ("submission", "start", "end"))
     elapsed = number(times.get("elapsed"))
     job.elapsed_s = float(elapsed) if elapsed is not None else None

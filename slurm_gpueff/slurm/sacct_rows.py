@@ -59,6 +59,7 @@ class SacctJob:
     job_name: str | None = None
     nodelist: str | None = None      # Slurm's compressed host list ("gpu[01-02]"), see expand_hostlist
     gpu_count: int = 0
+    shards: int | None = None  # gres/shard: the job held shares of shared GPUs, not whole ones
     gpu_type: str | None = None
     submit: float | None = None
     start: float | None = None
@@ -123,6 +124,24 @@ def parse_tres(text: str | None) -> tuple[int, str | None]:
         total = sum(typed.values())
     types = [t for t, n in typed.items() if n > 0]
     return total, (",".join(sorted(types)) if types else None)
+
+
+def parse_shards(text: str | None) -> int | None:
+    """Shards of shared GPUs (``gres/shard``) in a TRES string: the untyped total, else the typed entries summed
+    (``gres/shard:h100=3``, as 24.11+ name typed shards); None when the job held none."""
+    total: int | None = None
+    typed = 0
+    for part in (text or "").split(","):
+        key, sep, value = part.strip().partition("=")
+        count = to_int(value) if sep else None
+        if count is None:
+            continue
+        if key == "gres/shard":
+            total = count
+        elif key.startswith("gres/shard:"):
+            typed += count
+    total = total if total is not None else typed
+    return total or None
 
 
 def expand_hostlist(text: str | None) -> list[str]:
@@ -216,6 +235,7 @@ def parse_parsable(text: str, delimiter: str = "|", fields: Sequence[str] = PARS
         job.nodelist = text_or_none(row["NodeList"])
         job.alloc_tres = row["AllocTRES"].strip()
         job.gpu_count, job.gpu_type = parse_tres(job.alloc_tres)
+        job.shards = parse_shards(job.alloc_tres)
         job.submit, job.start, job.end = epoch(row["Submit"]), epoch(row["Start"]), epoch(row["End"])
         elapsed = to_int(row["ElapsedRaw"])
         job.elapsed_s = float(elapsed) if elapsed is not None else None

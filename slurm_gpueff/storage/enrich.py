@@ -116,11 +116,13 @@ def apply_sacct(job: Job, sj: SacctJob) -> datetime | None:
 
 def enrich_jobs(engine: Engine, reader: Any, *, since: datetime | None = None, limit: int | None = None,
                 progress: Callable[[int, int], None] | None = None, settle_s: float = SacctConfig.settle_s,
-                now: float | None = None) -> EnrichResult:
+                now: float | None = None, shard_counts: Callable[[str], dict[int, int]] | None = None) -> EnrichResult:
     """Enrich every unenriched job run (ended since ``since``) from ``reader``, committing batch by batch; runs
     that ended less than ``settle_s`` before ``now`` (epoch; default: the clock) wait for the next run. Each
     row is matched to its own run in ``sacct -D`` (:func:`match_run`). Never raises for sacct or database
-    trouble: the run stops and says why in ``errors``; what was committed stays, the next run retries the rest."""
+    trouble: the run stops and says why in ``errors``; what was committed stays, the next run retries the rest.
+    ``shard_counts``: a node's GPUs' shard counts (slurm.commands.shard_counter), for the share of a shared
+    GPU a job held (:func:`apply_shards`)."""
     res = EnrichResult()
     batch = max(1, int(getattr(reader, "batch_size", SacctConfig.batch_size)))
     clock = now if now is not None else time.time()
@@ -174,6 +176,8 @@ def enrich_jobs(engine: Engine, reader: Any, *, since: datetime | None = None, l
                         if job.enriched:  # folded into a row of its run that accounting had already filled
                             continue
                         moved.append(apply_sacct(job, sj))
+                        if sj.shards:
+                            apply_shards(session, job, sj.shards, shard_counts or (lambda _node: {}))
                         res.enriched += 1
                     if any(moved):  # accounting moved these end times to another month: redo those rollups
                         note_moved(session.connection(), moved)
@@ -185,6 +189,23 @@ def enrich_jobs(engine: Engine, reader: Any, *, since: datetime | None = None, l
             if progress is not None:
                 progress(done, len(todo))
     return res
+
+
+def apply_shards(session: Session, job: Job, shards: int, counts: Callable[[str], dict[int, int]]) -> None:
+    """A job that held ``shards`` shards of a shared GPU (accounting's gres/shard) rather than whole GPUs:
+    the GPU it was recorded on gets those shards and the GPU's own count, its share. Slurm's hooks cannot
+    tell a shard job from a whole-GPU one (the same SLURM_JOB_GPUS), so until now the record claimed the
+    whole GPU. Spread over several GPUs (a flag Slurm allows), how many came from each is not in
+    accounting: their counts stay unknown and so do the job's GPU-hours (analysis/figures.py)."""
+    gpus = list(session.exec(select(JobGpu).where(JobGpu.job_pk == job.id)).all())
+    for gpu in gpus:
+        gpu.shards = shards
+        gpu.shard_count = counts(gpu.node).get(gpu.gpu_index) if len(gpus) == 1 else None
+        if gpu.shard_count is None:
+            why = (f"the job's {shards} shards came from {len(gpus)} GPUs in proportions accounting does not keep"
+                   if len(gpus) > 1 else f"how many shards GPU {gpu.gpu_index} of {gpu.node} has is unknown "
+                   "(scontrol show node -d did not say)")
+            gpu.missing = {**(gpu.missing or {}), "shards": why}
 
 
 def runs_by_job(sacct_jobs: Iterable[SacctJob]) -> dict[int, list[SacctJob]]:
