@@ -26,8 +26,8 @@ def _gpu_rows(c: SlurmCluster, job_id: int) -> list:
 
 def test_shard_jobs_on_one_gpu_get_their_share_of_its_hours(slurm: SlurmCluster):
     c = slurm
-    held = {c.sbatch("--gres=shard:1", "-J", "shard1", "--wrap", "sleep 8", user=USER): 1,
-            c.sbatch("--gres=shard:3", "-J", "shard3", "--wrap", "sleep 8", user=USER): 3}
+    held = {c.sbatch("--gres=shard:1", "-J", "shard1", "--wrap", "sleep 5", user=USER): 1,
+            c.sbatch("--gres=shard:3", "-J", "shard3", "--wrap", "sleep 5", user=USER): 3}
     ids = sorted(held)
     c.wait_state(ids, {"RUNNING"}, timeout=60)  # side by side: 1 + 3 shards of the 4 of one GPU
     assert all(s == "COMPLETED" for s in c.wait_state(ids).values())

@@ -49,7 +49,8 @@ def test_a_het_job_on_two_nodes_is_labelled_by_component_before_accounting(two_n
     nodes = c.rows("SELECT DISTINCT g.node FROM job_gpu g JOIN job j ON j.id = g.job_pk WHERE j.het_job_id = ?", (het,))
     assert len(nodes) == 2, [n["node"] for n in nodes]  # a component on each node
 
-    for user in (None, USER):
+    assert shown_ids(c.seff(het).stdout) == [f"{het}+0 (raw id {het})", f"{het}+1 (raw id {het + 1})"]  # root
+    for user in (USER,):  # and the job's owner, through the service
         one = c.seff(f"{het}+0", user=user)
         assert one.returncode == 0 and "jobs match" not in one.stdout, one.stdout + one.stderr
         assert shown_ids(one.stdout) == [f"{het}+0 (raw id {het})"], one.stdout
