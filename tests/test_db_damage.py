@@ -277,7 +277,8 @@ def test_one_damaged_page_stops_the_service_and_every_command_until_restored(mad
     shutil.copy(backup, tmp)
     os.replace(tmp, db)  # restored from the backup
     p = gpueff("--config", cfg, "db", "check")
-    assert p.returncode == 0 and "sound" in p.stdout and not mark.exists(), p.stdout + p.stderr
+    assert p.returncode == 0 and "sound" in p.stdout and "damage mark is removed" in p.stdout and not mark.exists(), \
+        p.stdout + p.stderr
     p = gpueff("--config", cfg, "ingest")
     assert p.returncode == 0 and not list(spool.pending(str(tmp_path / "spool"))), p.stderr
     assert gpueff("--config", cfg, "rollup").returncode == 0

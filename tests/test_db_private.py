@@ -10,7 +10,10 @@ import contextlib
 import json
 import os
 import pwd
+import shutil
 import stat
+import sys
+import tempfile
 
 import pytest
 from dbfiles import gpueff, one_line, real_database, write_config
@@ -134,3 +137,47 @@ def test_a_password_file_the_user_cannot_read_is_one_clear_error(tmp_path):
         msg = fh.read()
     os.waitpid(pid, 0)
     assert msg == f"cannot read paths.database_password_file {pw}: Permission denied"
+
+
+@pytest.mark.parametrize("action", ["current", "check"])
+def test_a_database_private_to_the_service_is_permission_denied_not_missing(action):
+    """As gpuser (a forked child that drops root, running gpueff's own main): `db current` and `db check` on a
+    database in a 0700 folder said "does not exist (yet)"; they say permission denied, exit 1."""
+    from slurm_gpueff.cli import gpueff as cli
+    from slurm_gpueff.cli import service_cmds  # noqa: F401 - loaded here: the child may not read /root's files
+    from slurm_gpueff.storage import integrity  # noqa: F401
+
+    user = pwd.getpwnam("gpuser") if os.geteuid() == 0 else None
+    if user is None:
+        pytest.skip("needs root to become gpuser")
+    base = tempfile.mkdtemp(prefix="gpueff-private-")  # pytest's tmp_path lies in a folder only root may enter
+    os.chmod(base, 0o755)
+    database = os.path.join(base, "db", "gpueff.db")
+    make_engine(database).dispose()  # 0600 in a 0700 folder, root's
+    cfg = os.path.join(base, "g.toml")
+    with open(cfg, "w") as fh:
+        fh.write(f'[paths]\ndatabase = "{database}"\nspool_dir = "{base}/s"\nstate_dir = "{base}/r"\n')
+    os.chmod(cfg, 0o644)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: become gpuser, run the command with stderr into the pipe
+        os.close(r)
+        sys.stderr = os.fdopen(w, "w")  # what gpueff prints to stderr goes to the parent
+        code = 99
+        try:
+            os.setgid(user.pw_gid)
+            os.setuid(user.pw_uid)
+            code = cli.main(["--config", cfg, "db", action])
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 98
+        finally:
+            sys.stderr.flush()
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r) as fh:
+        err = fh.read()
+    _, status = os.waitpid(pid, 0)
+    shutil.rmtree(base)
+    assert os.waitstatus_to_exitcode(status) == 1, err
+    assert err == (f"gpueff: job database {database}: permission denied (it is private to the service account; "
+                   "run this as that account or root)\n"), err

@@ -132,6 +132,18 @@ def _rollup(config: Config, full: bool) -> int:
     return 0
 
 
+def _db_file_exists(path: str) -> bool:
+    """Whether the SQLite file is there; a folder on the way closed to us is said as such, not as "missing"."""
+    try:
+        os.stat(path)
+    except PermissionError:
+        raise GpueffError(f"job database {path}: permission denied (it is private to the service account; "
+                          "run this as that account or root)") from None
+    except OSError:
+        return False
+    return True
+
+
 def _db_check(config: Config, limit_s: float) -> int:
     """Check the whole database now and leave (or take away) SQLite's damage mark: after a restore, or to
     see for oneself what the service's daily check found. Exit 0 sound, 1 damaged or not finished."""
@@ -141,8 +153,9 @@ def _db_check(config: Config, limit_s: float) -> int:
 
     path = sqlite_file(database_url(config.paths.database))
     name = safe_url(config.paths.database)
-    if path and not os.path.exists(path):
+    if path and not _db_file_exists(path):
         raise GpueffError(f"job database {path} does not exist (yet): nothing to check")
+    marked = path is not None and os.path.exists(integrity.mark_of(path))
     with database(config, create=False, read_only=not path, checking=True) as engine:
         try:
             with engine.connect() as conn:
@@ -157,7 +170,7 @@ def _db_check(config: Config, limit_s: float) -> int:
                               f"cannot be {'written' if state == 'damaged' else 'removed'}: {exc.strerror or exc} "
                               "(run this as the service account or root)") from None
     if state == "ok":
-        print(f"{name}: sound ({detail})" + ("; the damage mark is gone" if path else ""))
+        print(f"{name}: sound ({detail})" + ("; its damage mark is removed" if marked else ""))
         return 0
     if state == "damaged":
         print(f"{name}: DAMAGED ({detail[:300]}): restore it from a backup" +
@@ -178,16 +191,7 @@ def _db(config: Config, action: str, revision: str) -> int:
     if action == "upgrade" and not migrate.known(revision):
         raise UsageError(f"db upgrade: unknown revision {revision!r} (the newest is {migrate.head()})")
     path = sqlite_file(database_url(config.paths.database))
-    missing = False
-    if path:
-        try:
-            os.stat(path)
-        except PermissionError:  # not "missing": a folder on the way is closed to us
-            raise GpueffError(f"job database {path}: permission denied (it is private to the service account; "
-                              "run this as that account or root)") from None
-        except OSError:
-            missing = True
-    if path and missing:
+    if path and not _db_file_exists(path):
         if action == "current":
             raise GpueffError(f"job database {path} does not exist (yet): `gpueff ingest` or `gpueff db upgrade` "
                               "creates it")
