@@ -347,3 +347,39 @@ def test_serve_stops_cleanly_and_a_stale_socket_is_replaced(site):
     finally:
         p.send_signal(signal.SIGTERM)
         assert p.wait(30) == 0
+
+
+def test_a_damaged_database_is_one_line_503_for_every_request_but_the_health_check_says_so_too(tmp_path):
+    """While the service's integrity check says the database is damaged (service/tasks.database_check), the
+    API answers every request 503 with that line, after checking who asks: a node keeps its records for later
+    and seff-gpu prints the line. Real munged, the API in this process on a Unix socket; the damage is the
+    check's finding handed in, as `gpueff serve` does."""
+    from slurm_gpueff.access.client import HEALTH_PATH, RECORDS_PATH, SEFF_PATH, connection, post_signed
+    from slurm_gpueff.config import Config
+    from slurm_gpueff.service import api as api_mod
+
+    munged, munge_sock = start_munged(str(tmp_path), "munge")
+    found: list[str | None] = ["job database sqlite:////x/gpueff.db is damaged (database disk image is malformed)"]
+    cfg = Config({"paths": {"database": f"{tmp_path}/db/gpueff.db", "spool_dir": f"{tmp_path}/spool",
+                            "state_dir": f"{tmp_path}/state"},
+                  "service": {"api_listen": f"unix:{tmp_path}/api.sock", "munge_socket": munge_sock}})
+    server = api_mod.start(cfg, None, lambda: found[0])
+    try:
+        def health() -> tuple[int, str]:
+            conn = connection(f"unix:{tmp_path}/api.sock", 10)
+            conn.request("GET", HEALTH_PATH)
+            reply = conn.getresponse()
+            return reply.status, reply.read().decode().strip()
+
+        assert health() == (503, found[0])
+        for path, body in ((SEFF_PATH, b'{"jobid": "1"}'), (RECORDS_PATH, b'{"node": "n1", "records": []}')):
+            reply = post_signed(cfg.service, path, body)
+            assert reply.status == 503, (path, reply)
+            assert reply.reason() == f"{found[0]}: the service reads and takes nothing until it is restored from a " \
+                                     "backup", reply.reason()
+        found[0] = None  # the next check finds the file sound (restored)
+        assert health() == (200, "ok")
+    finally:
+        api_mod.stop(server)
+        munged.terminate()
+        munged.wait(10)
