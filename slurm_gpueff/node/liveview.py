@@ -40,7 +40,7 @@ def live_answer(config: Config, req: dict[str, Any], uid: int) -> dict[str, Any]
     except GpueffError as exc:
         return failure(str(exc), exc.exit_code).to_json()
     not_here = failure(f"job {spec} is not running on this node", NOT_HERE).to_json()
-    if spec.task is not None or spec.het_offset is not None:
+    if spec.one_part:
         return not_here  # the node knows raw ids only
     saved, _problem = jobstate.load(jobstate.path(config.paths.state_dir, spec.job))
     if saved is None or not isinstance(saved.get("job"), dict):

@@ -361,8 +361,7 @@ def _inquire(spec: JobSpec, config: Config, cluster: str | None,
             raise Refused(note, EXIT_NO_GPUS)
         where = f" on cluster {cluster}" if cluster else ""
         raw_only = ("; this site keeps no Slurm accounting, so records know only raw job ids: ask for an array task "
-                    "or het component by its raw id" if not config.sacct.accounting
-                    and (spec.task is not None or spec.het_offset is not None) else "")
+                    "or het component by its raw id" if spec.one_part and not config.sacct.accounting else "")
         raise Refused(f"job {spec} is not in the GPU job database{where} (it had no GPUs, has not been ingested "
                       f"yet, or the id is wrong{raw_only})", EXIT_UNKNOWN)
     with_gpus = [(j, g) for j, g in found if g or j.gpu_count]
@@ -379,7 +378,7 @@ def _before_accounting(spec: JobSpec, found: Sequence[tuple[Any, list[Any]]]) ->
     enriched yet (it may be an array's id, or a het job's: the nodes never see those)."""
     from ..render.text import is_live
 
-    if spec.task is not None or spec.het_offset is not None:
+    if spec.one_part:
         return not found
     return not found or any(not getattr(job, "enriched", True) and not is_live(job) for job, _gpus in found)
 
@@ -400,13 +399,13 @@ def _from_accounting(spec: JobSpec, config: Config, cluster: str | None,
         ids = job_ids(SlurmRunner.from_config(config), str(spec), cluster,
                       min(RESOLVE_TIMEOUT_S, config.sacct.timeout_s))
     except SlurmCommandError as exc:
-        if spec.task is not None or spec.het_offset is not None:
+        if spec.one_part:
             return found, None
         return found, (f"Note: Slurm's accounting was not read yet ({exc}): this shows the record whose raw id is "
                        f"{spec.job}. If it is an array or a heterogeneous job, its other tasks or components show "
                        f"once `gpueff enrich` has read accounting; ask for one as {spec.job}_TASK, "
                        f"{spec.job}+OFFSET or by its raw id.")
-    if spec.task is not None or spec.het_offset is not None:
+    if spec.one_part:
         ids = {raw: text for raw, text in ids.items() if text == str(spec)}
     if not ids:
         return found, None
@@ -422,7 +421,7 @@ def _from_accounting(spec: JobSpec, config: Config, cluster: str | None,
                 job.array_job_id, job.array_task_id = named.job, named.task
             if named.het_offset is not None:
                 job.het_job_id, job.het_job_offset = named.job, named.het_offset
-    if spec.task is not None or spec.het_offset is not None:
+    if spec.one_part:
         merged = [(j, g) for j, g in merged if j.job_id in ids]
     return sorted(merged, key=lambda jg: tuple(_none_first(getattr(jg[0], c)) for c in ORDER)), None
 

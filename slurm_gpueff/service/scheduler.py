@@ -66,11 +66,13 @@ def serve(config: Config) -> int:
         raise GpueffError(f"cannot open the job database {safe_url(config.paths.database)}: "
                           f"{first_line(exc)}") from None
     ctx = Context(config, engine)
-    if config.service.integrity_interval_s:
-        run_task(ctx, next(t for t in builtin_tasks(config) if t.name == CHECK))  # before anything reads or writes
+    builtin = builtin_tasks(config)
+    for task in builtin:  # the integrity check (when scheduled at all) before anything reads or writes
+        if task.name == CHECK:
+            run_task(ctx, task)
     for problem in load_plugins(config):
         log.error(problem)
-    tasks = builtin_tasks(config) + list(REGISTRY.values())
+    tasks = builtin + list(REGISTRY.values())
     sched = build_scheduler(ctx, tasks)
     stop = threading.Event()
     server = None

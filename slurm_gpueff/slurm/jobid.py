@@ -26,6 +26,11 @@ class JobSpec(NamedTuple):
     task: int | None = None
     het_offset: int | None = None
 
+    @property
+    def one_part(self) -> bool:
+        """A task (``123_4``) or a het component (``123+1``): one part of a job, not the id of a whole one."""
+        return self.task is not None or self.het_offset is not None
+
     def __str__(self) -> str:
         if self.task is not None:
             return f"{self.job}_{self.task}"
