@@ -151,6 +151,9 @@ class JobGpu(SQLModel, table=True):
     # and the node's configuration (storage/enrich.py); NULL for a GPU held whole.
     shards: int | None = None
     shard_count: int | None = None
+    # Shared with other jobs while it ran (record.py ``shared``): with whom, how the job's own part of the
+    # figures above was measured, its time-weighted share; NULL for a GPU the job held alone.
+    shared: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
 
 
 class JobGpuTimeline(SQLModel, table=True):

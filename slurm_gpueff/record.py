@@ -55,7 +55,13 @@ BACKENDS = ("nvml-gpm", "nvml", "dcgm", "simulated", "none")
 OPTIONAL_INTS = ("xid_errors", "mig_gi_id", "mig_ci_id")
 OPTIONAL_STRS = ("mig_uuid", "mig_profile")
 OPTIONAL_SECONDS = ("window_s", "measured_s")
-OPTIONAL_GPU = OPTIONAL_INTS + OPTIONAL_STRS + OPTIONAL_SECONDS + ("throttle_s", "processes", "window")
+OPTIONAL_GPU = OPTIONAL_INTS + OPTIONAL_STRS + OPTIONAL_SECONDS + ("throttle_s", "processes", "window", "shared")
+# shared = {"with": [job id, ...] (at most MAX_WITH), "with_count": int, "method": str, "share": fraction|null
+# (the time-weighted 1/n of the GPU the job held), "shared_s": seconds held with other jobs, "unattributed":
+# fraction|null (of the GPU's kernel time, what no job's process accounted for), "unmeasured_s": seconds no
+# job's part could be measured (MPS)}: the GPU was shared during
+# the job, and its figures are the job's own part (collectors/nvml.py, node/attribution.py).
+MAX_WITH = 64
 # window = {"start": epoch, "end": epoch (the readings' times), "start_offset_s", "end_offset_s": seconds the
 # reading was taken before the Prolog / Epilog (0 for an immediate reading), "start_exact", "end_exact": bool
 # (a reading taken on the hook's request), "gaps": [[from, to, why], ...] (agent down), "break": str|null
@@ -190,10 +196,36 @@ def _validate_optional(where: str, gpu: dict[str, Any]) -> None:
         if v is not None and (not _is_number(v) or not 0 <= v <= MAX_TIME):
             raise RecordError(f"{where}.{k} must be a non-negative number of seconds or null, got {v!r}")
     _validate_window(where, gpu.get("window"))
+    _validate_shared(where, gpu.get("shared"))
     procs = gpu.get("processes")
     if procs is not None and (not isinstance(procs, list) or any(
             not isinstance(p, int) or isinstance(p, bool) or p <= 0 for p in procs)):
         raise RecordError(f"{where}.processes must be a list of process ids, got {procs!r}")
+
+
+def _validate_shared(where: str, sh: object) -> None:
+    if sh is None:
+        return
+    if not isinstance(sh, dict):
+        raise RecordError(f"{where}.shared must be an object or null, got {sh!r}")
+    others = sh.get("with", [])
+    if others.__class__ is not list or len(others) > MAX_WITH or not all(
+            isinstance(j, str) and j.isascii() and j.isdigit() and len(j) <= 20 for j in others):
+        raise RecordError(f"{where}.shared.with must be a list of at most {MAX_WITH} job ids")
+    n = sh.get("with_count", len(others))
+    if n.__class__ is not int or not len(others) <= n <= INT32:
+        raise RecordError(f"{where}.shared.with_count must be an integer of at least len(with), got {n!r}")
+    method = sh.get("method")
+    if method is not None and (not isinstance(method, str) or len(method) > 512):
+        raise RecordError(f"{where}.shared.method must be a string of at most 512 characters or null")
+    for k in ("share", "unattributed"):
+        v = sh.get(k)
+        if v is not None and (not _is_number(v) or not 0 <= v <= 1 + 1e-6):
+            raise RecordError(f"{where}.shared.{k} must be a fraction in [0, 1] or null, got {v!r}")
+    for k in ("shared_s", "unmeasured_s"):
+        v = sh.get(k)
+        if v is not None and (not _is_number(v) or not 0 <= v <= MAX_TIME):
+            raise RecordError(f"{where}.shared.{k} must be a non-negative number of seconds or null, got {v!r}")
 
 
 def _validate_window(where: str, w: object) -> None:

@@ -12,7 +12,7 @@ import math
 import os
 from typing import Any
 
-from slurm_gpueff.collectors.nvml_sampler import GPM_METRICS, NO_GPM_REASON, GpuInfo, GpuSample
+from slurm_gpueff.collectors.nvml_sampler import GPM_METRICS, NO_GPM_REASON, GpuInfo, GpuSample, ProcSample
 from slurm_gpueff.config import Config
 
 GiB = 1024**3
@@ -66,6 +66,10 @@ class FakeSampler:
         self.energy_reads = 0
         self.calls = 0
         self.closed = False
+        # Per GPU: its compute processes' SM utilization (percent, one sample a second) and memory.
+        self.procs: dict[str, dict[str, dict[int, Any]]] = {g.uuid: {"sm": {}, "memory": {}} for g in gpus}
+        self.prev_t: float | None = None  # the full reading before the last one
+        self.proc_calls: list[set[str]] = []
 
     def open(self) -> list[GpuInfo]:
         if self.fail_open:
@@ -93,12 +97,16 @@ class FakeSampler:
             out.append(s)
         self.energy_reads += int(read_energy)
         self.calls += 1
+        self.prev_t = self.last_t
         self.last_t = self.gpm_last_t = t
         return out
 
     def _gpm(self, g: GpuInfo, s: GpuSample) -> None:
         if g.gpm_supported and self.gpm_last_t is not None:
-            s.gpm = {m: self.values[g.uuid]["gpm"].get(m) for m in GPM_METRICS}
+            gpm = self.values[g.uuid]["gpm"]
+            s.gpm = {m: gpm.get(m) for m in GPM_METRICS}
+            if "kernel_active" in gpm:  # GPM's GRAPHICS_UTIL, as NvmlSampler reads kernel activity on GPM GPUs
+                s.gpm["kernel_active"] = gpm["kernel_active"]
             s.gpm_dt = s.t - self.gpm_last_t
 
     def sample_gpm(self) -> list[GpuSample]:
@@ -111,6 +119,22 @@ class FakeSampler:
             out.append(s)
         self.gpm_calls += 1
         self.gpm_last_t = t
+        return out
+
+    def set_procs(self, uuid: str, sm: dict[int, float], memory: dict[int, int | None]) -> None:
+        self.procs[uuid] = {"sm": dict(sm), "memory": dict(memory)}
+
+    def sample_processes(self, uuids: set[str], since: float) -> dict[str, ProcSample]:
+        """As NvmlSampler's: each process's SM percent summed over one sample a second since the previous
+        reading (``since``, a wall time, stands for it; the fake counts from its previous ``sample``)."""
+        t = self.clock.mono
+        self.proc_calls.append(set(uuids))
+        out = {}
+        for u in uuids:
+            n = max(0, round(t - (self.prev_t if self.prev_t is not None else t)))
+            p = self.procs[u]
+            out[u] = ProcSample(uuid=u, sm={pid: pct * n for pid, pct in p["sm"].items() if pct * n > 0},
+                                memory=dict(p["memory"]))
         return out
 
     def close(self) -> None:

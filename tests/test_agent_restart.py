@@ -6,6 +6,8 @@ file, a second real agent resumes from it, and the real hook-side collector diff
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from fake_gpus import FakeSampler, close, hopper
 from test_nvml_collector import U0, Node, _as_record, _job
@@ -105,6 +107,7 @@ def test_a_reboot_or_gpu_reset_breaks_continuity_and_the_card_says_which(tmp_pat
     assert g["kernel_active"] is None and g["energy_j"] is None and g["sm_active"] is None
     assert words in g["missing"]["kernel_active"] and "continuity lost" in g["missing"]["kernel_active"]
     assert words in g["window"]["break"]
+    os.unlink(os.path.join(n.cfg.paths.state_dir, "jobs", f"{job.job_id}.json"))  # as its Epilog does
     # A job that starts after the break is measured normally.
     job2 = _job(n, [0], job_id=1002)
     st2 = n.prolog(job2)

@@ -30,6 +30,9 @@ LABELS = {
     "dfma_active": "FP64 tensor (DFMA) activity",
 }
 QUANTITIES = ("memory_used_peak_bytes", "memory_total_bytes", "energy_j", "power_mean_w")  # per GPU, as measured
+# The means that are shares of time (a shared GPU's job part of them is its own); SM occupancy is not one.
+FRACTIONS_OF_TIME = tuple(m for m in MEANS if m != "sm_occupancy")
+SHARED_OCCUPANCY = "SM occupancy is the shared GPU's, every job's on it; it has no per-job part"
 NOT_MEASURED = "not measured"
 NO_GPUS = "job had no GPUs"
 
@@ -68,6 +71,11 @@ class GpuFigures:
     coverage_note: str | None = None  # what of the window is not covered, and why (analysis/coverage.py)
     shards: int | None = None  # a shared GPU (Slurm gres/shard): the shards the job held ...
     shard_count: int | None = None  # ... of the GPU's (None: unknown)
+    # Shared with other jobs and measured per job (record.py ``shared``): with whom, how, the job's share; its
+    # means are then relative to that share, and ``own`` holds them as fractions of the whole GPU's time.
+    shared: dict[str, Any] | None = None
+    own: dict[str, float | None] | None = None
+    share: float | None = None  # of the GPU the job held: shards / count, else the measured time share
 
     @property
     def label(self) -> str:
@@ -149,8 +157,14 @@ def gpu_figures(job: Job, gpu: JobGpu) -> GpuFigures:
         missing.setdefault("gpu_hours", "job start/end time unknown")
     raw: dict[str, Any] = {name: getattr(gpu, name) for name in (*MEANS, *QUANTITIES)}
     shards, count = getattr(gpu, "shards", None), getattr(gpu, "shard_count", None)
-    if shards:
+    shared = getattr(gpu, "shared", None) if isinstance(getattr(gpu, "shared", None), dict) else None
+    own: dict[str, float | None] | None = None
+    share: float | None = None
+    if shared is not None:
+        hours, raw, own, share = _measured_share(hours, raw, shards, count, shared, missing)
+    elif shards:
         hours, raw = _shared(hours, raw, shards, count, missing)
+        share = min(1.0, shards / count) if count else None
     for name, v in raw.items():
         if v is None:
             missing[name] = missing.get(name) or NOT_MEASURED
@@ -162,7 +176,8 @@ def gpu_figures(job: Job, gpu: JobGpu) -> GpuFigures:
                       efficiency=_efficiency(k, s, missing), waste=split(hours, k, s, missing), missing=missing,
                       window_s=window_s, measured_s=measured,
                       coverage_note=describe(getattr(gpu, "window", None), window_s, measured),
-                      shards=shards, shard_count=count, **{q: raw[q] for q in QUANTITIES})
+                      shards=shards, shard_count=count, shared=shared, own=own, share=share,
+                      **{q: raw[q] for q in QUANTITIES})
 
 
 def _shared(hours: float | None, raw: dict[str, Any], shards: int, count: int | None,
@@ -182,6 +197,35 @@ def _shared(hours: float | None, raw: dict[str, Any], shards: int, count: int | 
             out[name] = None
             missing[name] = whose
     return hours, out
+
+
+def _measured_share(hours: float | None, raw: dict[str, Any], shards: int | None, count: int | None,
+                    shared: dict[str, Any], missing: dict[str, str]
+                    ) -> tuple[float | None, dict[str, Any], dict[str, float | None], float | None]:
+    """A GPU shared with other jobs whose own part the node agent measured (its figures are fractions of the
+    whole GPU's time that were this job's, node/attribution.py). Its GPU-hours are its share of the GPU's:
+    Slurm's shards where accounting gives them, else the measured time share (1/n while n jobs held it), so
+    a GPU's hours are counted once across its jobs. Its means become relative to that share (40 % of the
+    GPU's time at a half share reads 80 %), capped at 100 %: a job that used more than its share took time
+    its neighbours left idle, and it is not charged idle time for it. ``own`` keeps the whole-GPU fractions."""
+    measured = shared.get("share")
+    share = (min(1.0, shards / count) if shards and count else
+             float(measured) if isinstance(measured, int | float) and not isinstance(measured, bool) and measured > 0
+             else None)
+    own = {m: raw[m] for m in MEANS}
+    out = dict(raw)
+    if share is None:
+        hours = None
+        missing["gpu_hours"] = missing.get("shards") or "the job's share of the shared GPU is unknown"
+        return hours, out, own, share
+    hours = hours * share if hours is not None else None
+    for m in MEANS:
+        if m in FRACTIONS_OF_TIME and out[m] is not None:
+            out[m] = min(1.0, float(out[m]) / share)
+        elif m not in FRACTIONS_OF_TIME and out[m] is not None:
+            out[m] = own[m] = None
+            missing[m] = SHARED_OCCUPANCY
+    return hours, out, own, share
 
 
 def split(hours: float | None, k: float | None, s: float | None, missing: dict[str, str]) -> Waste:

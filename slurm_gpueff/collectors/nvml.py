@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 GPM_MIG_METRICS = tuple(GPM_METRICS)
+# How the node agent mapped a shared GPU's processes to jobs (node/proc_jobs.py), in the card's words.
+SHARE_HOW = {"cgroup": "processes mapped to jobs by their Slurm cgroup",
+             "environment": "processes mapped to jobs by their SLURM_JOB_ID (owner checked)"}
 WHOLE_GPU_ONLY = ("kernel_active", "energy_j", "power_mean_w")
 
 
@@ -88,7 +91,8 @@ class NvmlCollector(Collector):
 
     @staticmethod
     def _snapshot(g: dict[str, Any]) -> dict[str, Any]:
-        return {k: g.get(k) for k in ("sum", "covered_s", "count", "ticks", "energy_est_mj", "energy_mj", "series")}
+        return {k: g.get(k) for k in ("sum", "covered_s", "count", "ticks", "energy_est_mj", "energy_mj", "series",
+                                      "unattributed")}
 
     def _read_now(self) -> tuple[dict[str, Any] | None, str | None, dict[str, Any]]:
         """Ask the agent for a reading now, then read its state: (state, why unusable, the reading's
@@ -139,6 +143,8 @@ class NvmlCollector(Collector):
                     out["uuids"].append(u)
                     if err is None:
                         entry["snapshot"] = self._snapshot(state["gpus"][u])
+                        share = (state["gpus"][u].get("shares") or {}).get(str(job.job_id))
+                        entry["snapshot"]["share"] = share if isinstance(share, dict) else None
             out["gpus"][str(idx)] = entry
         return out
 
@@ -257,10 +263,64 @@ class NvmlCollector(Collector):
         if gpm and all(gpu[m] is None for m in GPM_METRICS):
             gpu["source"] = "nvml"
         gpu["missing"] = missing
-        if samples > 0:
+        end_share = (ag.get("shares") or {}).get(str(job.job_id))
+        if isinstance(end_share, dict) and _number(end_share.get("shared_s")) > _number((snap.get("share") or {})
+                                                                                       .get("shared_s")):
+            _own_part(gpu, missing, snap, ag, end_share)
+        elif samples > 0:
             gpu["timeline"] = read_job_timeline(self.state_dir, ident["uuid"], {"series": snap.get("series")},
                                                 job.start_time, start_state, snap, state, ag)
         return gpu
+
+
+def _number(v: object) -> float:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0.0
+
+
+def _own_part(gpu: dict[str, Any], missing: dict[str, str], snap: dict[str, Any], ag: dict[str, Any],
+              end: dict[str, Any]) -> None:
+    """The GPU was shared with other jobs during this one: its figures become the job's own part, which the
+    agent attributed by processes (node/attribution.py), and ``shared`` says with whom and how. The device's
+    timeline is every job's, so it is left out."""
+    start: dict[str, Any] = snap["share"] if isinstance(snap.get("share"), dict) else dict(integrals.new_counters())
+    lost = _number(end.get("unmeasured_s")) - _number(start.get("unmeasured_s"))
+    unmeasured = (str(end.get("unmeasured_why") or "this job's part could not be measured") + f" ({lost:.0f} s)"
+                  if lost > 0 else None)
+    for m in integrals.METRICS:
+        key = "power_mean_w" if m == "power_w" else m
+        if gpu.get(key) is None:
+            continue  # the device did not measure it: nothing to split, its reason stands
+        mean, _cov, _n = integrals.window(start, end, m)
+        if mean is None or unmeasured:  # the measured rest of the window is its edges, not the job: n/a
+            gpu[key] = None
+            missing[key] = unmeasured or "no reading of the shared GPU fell inside the job's part of it"
+        else:
+            gpu[key] = round(mean, 3) if m == "power_w" else round(integrals.clamp_fraction(mean), 6)
+    if gpu.get("energy_j") is not None and unmeasured:
+        gpu["energy_j"] = None  # a part of the window's energy is nobody's to give: no sum is this job's
+        missing["energy_j"] = unmeasured
+    elif gpu.get("energy_j") is not None:
+        gpu["energy_j"] = round(max(0.0, _number(end.get("energy_mj")) - _number(start.get("energy_mj"))) / 1000.0, 3)
+    peak = end.get("memory_peak_bytes")
+    gpu["memory_used_peak_bytes"] = peak if isinstance(peak, int) and not isinstance(peak, bool) else None
+    if gpu["memory_used_peak_bytes"] is None:
+        missing["memory_used_peak_bytes"] = "NVML listed none of this job's processes on the shared GPU"
+    tracked = _number(end.get("tracked_s")) - _number(start.get("tracked_s"))
+    held = _number(end.get("held_s")) - _number(start.get("held_s"))
+    un0: dict[str, Any] = (snap["unattributed"] if isinstance(snap.get("unattributed"), dict)
+                           else dict(integrals.new_counters()))
+    un1 = ag.get("unattributed") if isinstance(ag.get("unattributed"), dict) else None
+    stray, _cov, _n = integrals.window(un0, un1, "kernel_active") if un1 is not None else (None, 0.0, 0)
+    how = [h for h in end.get("how") or [] if h in SHARE_HOW]
+    others = [str(j) for j in end.get("with") or [] if isinstance(j, str)]
+    gpu["shared"] = {
+        "with": others[:64], "with_count": max(len(others), int(_number(end.get("with_count")))),
+        "method": "split by NVML's per-process SM utilization, " + (
+            " and ".join(SHARE_HOW[h] for h in sorted(how)) if how else "none of this job's processes was found"),
+        "share": round(min(1.0, held / tracked), 6) if tracked > 0 else None,
+        "shared_s": round(_number(end.get("shared_s")) - _number(start.get("shared_s")), 3),
+        "unmeasured_s": round(max(lost, 0.0), 3),
+        "unattributed": round(integrals.clamp_fraction(stray), 6) if stray is not None else None}
 
 
 def _start_reading(start_state: dict[str, Any]) -> dict[str, Any]:

@@ -37,6 +37,10 @@ GPM_METRICS: dict[str, str] = {
     "imma_active": "NVML_GPM_METRIC_IMMA_TENSOR_UTIL",
     "dfma_active": "NVML_GPM_METRIC_DFMA_TENSOR_UTIL",
 }
+# Kernel activity on a GPM GPU: GRAPHICS_UTIL, the share of time any kernel ran, exact over the same GPM sample
+# pair as the figures above (it tracks utilization.gpu: docs/gpu-validation). It spares the utilization
+# ring buffer, the costliest NVML call of a reading; GPUs without GPM keep the ring buffer.
+GPM_KERNEL = ("kernel_active", "NVML_GPM_METRIC_GRAPHICS_UTIL")
 NO_GPM_REASON = "GPU has no GPM metrics (pre-Hopper); kernel activity only"
 # GPM samples closer than about this give zeros and NaN (docs/gpu-validation): the agent spaces the readings
 # it takes on request at least GPM_MIN_S from the previous one. A reading closer than GPM_SKIP_S to the
@@ -111,6 +115,17 @@ class GpuSample:
     mig: dict[int, MigSample] | None = None
 
 
+@dataclass
+class ProcSample:
+    """One GPU's processes since the previous look: NVML's per-process SM-utilization samples summed per pid
+    (percent x samples), each compute process's used memory, and why a part could not be read."""
+
+    uuid: str
+    sm: dict[int, float] = field(default_factory=dict)
+    memory: dict[int, int | None] = field(default_factory=dict)
+    error: str | None = None
+
+
 class Sampler(Protocol):
     """What the agent needs from the GPU side. Tests implement it with a fake (the GPU mock)."""
 
@@ -122,6 +137,10 @@ class Sampler(Protocol):
 
     def sample_gpm(self) -> list[GpuSample]:
         """GPM only (``t``, ``gpm``, ``gpm_dt``) of every GPU that has it, between full readings."""
+
+    def sample_processes(self, uuids: set[str], since: float) -> dict[str, ProcSample]:
+        """The compute processes of these GPUs and their utilization samples taken after ``since`` (the
+        previous reading's wall time) and after the previous call."""
 
     def close(self) -> None:
         ...
@@ -163,6 +182,7 @@ class _Dev(_GpmBuf):
     handle: object  # pynvml's device handle
     info: GpuInfo
     util_ts: int = 0  # last seen utilization-sample timestamp (us)
+    proc_ts: int = 0  # last seen per-process utilization-sample timestamp (us; CPU clock, as NVML's)
     util_buffer_ok: bool = True
     mem_v2: bool = True
     gpm_capable: bool = False  # the GPU supports GPM (even if device-level sampling is refused)
@@ -178,6 +198,7 @@ class NvmlSampler:
         self._nvml: Any = None  # the pynvml module once open (untyped)
         self._devs: list[_Dev] = []
         self._gpm_ids: list[tuple[str, int]] = []
+        self._gpm_kernel = False  # this pynvml knows GRAPHICS_UTIL
 
     def open(self) -> list[GpuInfo]:
         import pynvml as nv  # noqa: PLC0415 - lazy on purpose (hook path stays stdlib-only)
@@ -187,7 +208,7 @@ class NvmlSampler:
         except nv.NVMLError as exc:
             raise CollectorError(explain_nvml_error(nv, exc)) from None
         self._nvml = nv
-        self._gpm_ids = [(m, getattr(nv, c)) for m, c in GPM_METRICS.items() if hasattr(nv, c)]
+        self._gpm_ids = [(m, getattr(nv, c)) for m, c in (*GPM_METRICS.items(), GPM_KERNEL) if hasattr(nv, c)]
         try:
             count = nv.nvmlDeviceGetCount()
         except nv.NVMLError as exc:
@@ -216,6 +237,7 @@ class NvmlSampler:
             infos.append(info)
         if not infos:
             raise CollectorError("NVML sees no usable GPU on this node")
+        self._gpm_kernel = hasattr(nv, GPM_KERNEL[1])
         return infos
 
     def _try(self, fn: Callable[..., Any], *args: object) -> Any:
@@ -431,7 +453,8 @@ class NvmlSampler:
         out = []
         for dev in self._devs:
             s = GpuSample(uuid=dev.info.uuid, t=time.monotonic())
-            s.kernel_pct = self._kernel_pct(dev)
+            if not (dev.info.gpm_supported and self._gpm_kernel):  # else GPM's kernel_active (GPM_KERNEL)
+                s.kernel_pct = self._kernel_pct(dev)
             s.memory_used_bytes = self._memory_used(dev)
             try:
                 s.power_mw = float(nv.nvmlDeviceGetPowerUsage(dev.handle))
@@ -457,6 +480,39 @@ class NvmlSampler:
                 s = GpuSample(uuid=dev.info.uuid, t=time.monotonic())
                 self._gpm(dev, s, functools.partial(nv.nvmlGpmSampleGet, dev.handle))
                 out.append(s)
+        return out
+
+    def sample_processes(self, uuids: set[str], since: float) -> dict[str, ProcSample]:
+        nv = self._nvml
+        out = {}
+        for dev in self._devs:
+            if dev.info.uuid not in uuids:
+                continue
+            ps = out[dev.info.uuid] = ProcSample(uuid=dev.info.uuid)
+            try:
+                for p in nv.nvmlDeviceGetComputeRunningProcesses(dev.handle):
+                    used = getattr(p, "usedGpuMemory", None)  # None: not available (pynvml's translation)
+                    ps.memory[int(p.pid)] = int(used) if isinstance(used, int) else None
+            except nv.NVMLError as exc:
+                ps.error = f"NVML could not list the GPU's processes: {exc}"
+            dev.proc_ts = max(dev.proc_ts, int(since * 1e6))  # NVML's sample times: CPU clock, microseconds
+            try:
+                samples = nv.nvmlDeviceGetProcessUtilization(dev.handle, dev.proc_ts)
+            except nv.NVMLError_NotFound:
+                continue  # no sample newer than the last one: no process had kernels since
+            except nv.NVMLError as exc:
+                ps.error = f"NVML per-process utilization failed: {exc}"
+                continue
+            newest = dev.proc_ts
+            for smp in samples:
+                ts = int(smp.timeStamp)
+                if ts <= dev.proc_ts:
+                    continue
+                newest = max(newest, ts)
+                v = float(smp.smUtil)
+                if 0 < v <= 100:  # NVML reports unknown as a huge value
+                    ps.sm[int(smp.pid)] = ps.sm.get(int(smp.pid), 0.0) + v
+            dev.proc_ts = newest
         return out
 
     def close(self) -> None:

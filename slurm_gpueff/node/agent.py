@@ -33,10 +33,13 @@ from ..collectors.nvml_sampler import (
     GpuSample,
     MigInfo,
     MigSample,
+    ProcSample,
     Sampler,
 )
-from . import resume
+from . import attribution, resume
+from .attribution import UNATTRIBUTED, JobShare
 from .job_metrics import GpuNow, JobFile, job_series, read_job_file
+from .proc_jobs import ProcessJobs
 
 if TYPE_CHECKING:
 
@@ -105,6 +108,18 @@ class _Gpu(_Series):
         self.power_since_energy_mj = 0.0
         self.energy_error: str | None = None
         self.mig: dict[int, _Slice] = {}  # GPU instance id -> slice (MIG mode only)
+        self._new_shares()
+
+    def _new_shares(self) -> None:
+        """Who holds the GPU and their part of it (:mod:`.attribution`), from the current counters on."""
+        self.shares: dict[str, JobShare] = {}  # job id -> its part, while its Prolog's job file names this GPU
+        self.unattributed = integrals.new_counters()
+        self.unattributed_energy_mj = 0.0
+        self.unmapped: dict[int, str] = {}  # at the last split: pid -> why it is no running job's
+        self.share_error: str | None = None
+        self.base = attribution.delta(self.counters, integrals.new_counters())  # a copy, to difference
+        self.base_t = self.last_t
+        self.base_energy = self.energy_est_mj()
 
     def published(self) -> dict[str, Any]:
         i = self.info
@@ -115,7 +130,12 @@ class _Gpu(_Series):
                "energy_mj": self.energy_mj, "energy_read_at": self.energy_read_at,
                "energy_est_mj": _r(self.energy_est_mj()), "energy_error": self.energy_error,
                "mig_enabled": i.mig_enabled, "series": self.series, "series_since": self.series_since,
-               "series_why": self.series_why}
+               "series_why": self.series_why,
+               "shares": {j: js.published() for j, js in self.shares.items()},
+               "unattributed": {**_counters_state(self.unattributed, integrals.METRICS),
+                                "energy_mj": _r(self.unattributed_energy_mj),
+                                "why": {str(p): w for p, w in sorted(self.unmapped.items())[:16]},
+                                "error": self.share_error}}
         if i.mig_enabled:
             out["mig"] = {str(gi): sl.published() for gi, sl in sorted(self.mig.items())}
         return out
@@ -136,6 +156,17 @@ class _Gpu(_Series):
         self.energy_mj = int(energy) if isinstance(energy, int | float) else None  # until the next read
         mig = prev.get("mig")
         self.mig_prev = mig if isinstance(mig, dict) else {}
+        self._new_shares()
+        shares = prev.get("shares")
+        for j, published in (shares.items() if isinstance(shares, dict) else ()):
+            js = JobShare.resumed(published)
+            if js is not None:
+                self.shares[str(j)] = js
+        un = prev.get("unattributed")
+        counters = resume.counters_of(un, integrals.METRICS) if isinstance(un, dict) else None
+        if counters is not None and isinstance(un, dict):
+            self.unattributed = counters  # type: ignore[assignment]  # the Counters shape
+            self.unattributed_energy_mj = float(un.get("energy_mj") or 0.0)
         return True
 
     def restart_series(self, why: str, since: float) -> None:
@@ -144,6 +175,7 @@ class _Gpu(_Series):
         self.series, self.series_since, self.series_why = resume.new_series(), since, why
         self.power_since_energy_mj = 0.0
         self.mig, self.mig_prev = {}, {}
+        self._new_shares()
 
 
 class Agent:
@@ -151,7 +183,8 @@ class Agent:
     both to drive uneven intervals deterministically."""
 
     def __init__(self, config: Config, sampler: Sampler, *, wall_clock: Callable[[], float] = time.time,
-                 energy_interval_s: float | None = None, host: str | None = None) -> None:
+                 energy_interval_s: float | None = None, host: str | None = None,
+                 proc_jobs: ProcessJobs | None = None) -> None:
         self.sampler = sampler
         self.clock = wall_clock
         self.interval_s = float(config.agent.interval_s)
@@ -175,9 +208,14 @@ class Agent:
         self.tick_cpu_s: float | None = None  # cost of the previous tick (published for bench/ and ops)
         self.tick_wall_s: float | None = None
         self.boot = resume.boot_id()
+        # A job file older than the boot belongs to a job the reboot killed (no Epilog ran to remove it): it
+        # holds no GPU, or every later job on its GPUs would be split with a ghost.
+        self.booted_at = resume.booted_at()
         self.gaps: list[list[Any]] = []  # [from, to, why]: times without readings (agent down or stalled)
         self.down_since: tuple[float, str] | None = None  # an earlier agent's last reading: a gap to close
         self.last_sample_mono: float | None = None
+        self.proc_jobs = proc_jobs or ProcessJobs()  # tests give a stand-in /proc
+        self.prev_reading_wall = self.started  # per-process samples after it belong to the current reading
 
     def open(self) -> None:
         infos = self.sampler.open()
@@ -224,6 +262,7 @@ class Agent:
                        or now_mono - self.last_energy_t >= self.energy_interval_s - self.interval_s / 2)
         self.last_sample_mono = time.monotonic()
         before = self.updated
+        self.prev_reading_wall = before if before is not None else self.clock()
         samples = self.sampler.sample(read_energy)
         for s in samples:
             g = self.gpus.get(s.uuid)
@@ -239,6 +278,7 @@ class Agent:
         elif before is not None and now - before > GAP_INTERVALS * self.interval_s:
             resume.add_gap(self.gaps, before, now, f"agent stalled (no reading for {now - before:.0f} s)")
         self._track_jobs()
+        self._attribute()
         self.write_state()  # publishes the previous tick's cost
         self._maybe_timeline(now)
         self.tick_cpu_s = time.process_time() - cpu0
@@ -357,6 +397,69 @@ class Agent:
             if job_id not in seen:
                 del self.job_files[job_id]
                 self.job_peaks.pop(job_id, None)
+
+    def _attribute(self) -> None:
+        """Give each GPU's growth since the previous reading to the jobs holding it (:mod:`.attribution`);
+        processes are looked at only on GPUs that more than one job holds."""
+        holders: dict[str, list[str]] = {}
+        users: dict[str, str] = {}
+        for job_id, jf in self.job_files.items():
+            if self.booted_at is not None and jf.mtime_ns < self.booted_at * 1e9:
+                continue
+            users[job_id] = jf.labels[1]
+            for u in jf.uuids:
+                if u in self.gpus:
+                    holders.setdefault(u, []).append(job_id)
+        shared = {u for u, js in holders.items() if len(js) > 1}
+        procs: dict[str, ProcSample] = {}
+        if shared:
+            try:
+                procs = self.sampler.sample_processes(shared, self.prev_reading_wall)
+            except Exception as exc:  # noqa: BLE001 - a split lost is unattributed, never a dead agent
+                log.warning("cannot read the processes of shared GPUs: %s", exc)
+        for u, g in self.gpus.items():
+            self._split(g, sorted(holders.get(u, [])), procs.get(u) if u in shared else None, users)
+
+    def _split(self, g: _Gpu, holders: list[str], procs: ProcSample | None,
+               users: dict[str, str]) -> None:
+        d = attribution.delta(g.counters, g.base)
+        e_now = g.energy_est_mj()
+        de = e_now - g.base_energy if e_now is not None and g.base_energy is not None else 0.0
+        dt = g.last_t - g.base_t if g.last_t is not None and g.base_t is not None else 0.0
+        g.base, g.base_t, g.base_energy = attribution.delta(g.counters, integrals.new_counters()), g.last_t, e_now
+        for j in [j for j in g.shares if j not in holders]:  # its Epilog has read it: the job is over here
+            del g.shares[j]
+        if not holders:
+            return
+        if len(holders) > 1 and procs is None:
+            procs = ProcSample(uuid=g.info.uuid, error="the processes could not be read")
+        sp = attribution.split(holders, procs, lambda pid: self.proc_jobs.owner(pid, users))
+        de = max(de, 0.0)
+        for j in holders:
+            js = g.shares.get(j)
+            if js is None:
+                js = g.shares[j] = JobShare()
+            if sp.unmeasured is None:
+                attribution.add(js, d, sp.activity.get(j, 0.0), sp.energy.get(j, 0.0))
+                js.energy_mj += de * sp.energy.get(j, 0.0)
+            else:  # nobody's part is known: these seconds are not covered, the job's figures skip them
+                js.unmeasured_s += max(dt, 0.0)
+                js.unmeasured_why = sp.unmeasured
+            js.tracked_s += max(dt, 0.0)
+            js.held_s += max(dt, 0.0) / len(holders)
+            used = g.memory_used if len(holders) == 1 else sp.memory.get(j)
+            if used is not None:
+                js.memory_peak = max(js.memory_peak or 0, used)
+            if len(holders) > 1:
+                js.shared_s += max(dt, 0.0)
+                js.others.update(h for h in holders if h != j)
+                if j in sp.how:
+                    js.how.add(sp.how[j])
+        if len(holders) > 1 and sp.unmeasured is None:
+            attribution.add(g.unattributed, d, sp.activity.get(UNATTRIBUTED, 0.0), sp.energy.get(UNATTRIBUTED, 0.0))
+            g.unattributed_energy_mj += de * sp.energy.get(UNATTRIBUTED, 0.0)
+            g.unmapped = sp.unmapped
+            g.share_error = procs.error if procs is not None else None
 
     def state(self, stopped: bool = False) -> dict[str, Any]:
         inventory = {d.uuid: {"parent_uuid": d.parent_uuid, "parent_minor": g.info.minor, "gi_id": d.gi_id,

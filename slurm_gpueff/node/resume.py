@@ -37,6 +37,18 @@ def boot_id(path: str = BOOT_ID_PATH) -> str | None:
         return None
 
 
+def booted_at(path: str = "/proc/stat") -> float | None:
+    """When this node booted (epoch seconds, the kernel's ``btime``), or None where unreadable."""
+    try:
+        with open(path) as fh:
+            for line in fh:
+                if line.startswith("btime "):
+                    return float(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def new_series() -> str:
     return uuidlib.uuid4().hex[:12]
 

@@ -70,7 +70,9 @@ def _gpu(g: GpuFigures, timelines: Timelines) -> dict[str, Any]:
             "power_mean_w": _num(g.power_mean_w, 1), "waste": _waste(g.waste, g.hours),
             "window_s": _num(g.window_s, 3), "measured_s": _num(g.measured_s, 3), "coverage": g.coverage_note,
             "missing": dict(sorted(g.missing.items())), "series": series(timelines.get((g.node, g.index)))} | (
-                {"shards": g.shards, "shard_count": g.shard_count} if g.shards else {})  # a GPU held whole: as before
+                {"shards": g.shards, "shard_count": g.shard_count} if g.shards else {}) | (  # held whole: as before
+                {"shared": {**g.shared, "share": _num(g.share),
+                            "own": {m: _num(v) for m, v in (g.own or {}).items()}}} if g.shared else {})
 
 
 def _run(job: Job, fig: JobFigures) -> dict[str, Any]:

@@ -127,6 +127,33 @@ def gpus_line(job: Job, fig: JobFigures, times: str = "x") -> str:
     return f"{text}, shared ({'; '.join(shared)})" if shared else text
 
 
+def shared_lines(fig: JobFigures) -> list[tuple[str, str]]:
+    """One ``Shared GPU`` line per GPU that other jobs held too and whose part of it was measured: with whom,
+    this job's share and its own part of the GPU's time, what no job accounted for, and how it was measured."""
+    out = []
+    one_node = len({g.node for g in fig.gpus}) == 1
+    for g in fig.gpus:
+        sh = g.shared
+        if not sh:
+            continue
+        others = [str(j) for j in sh.get("with") or []]
+        more = int(sh.get("with_count") or len(others)) - len(others)
+        whom = ", ".join(others) + (f" and {more} more" if more > 0 else "")
+        k = (g.own or {}).get("kernel_active")
+        parts = [f"with job{'s' if len(others) + max(more, 0) > 1 else ''} {whom or 'n/a'}",
+                 f"this job's share {pct(g.share)}" if g.share is not None else "this job's share n/a"]
+        if k is not None:
+            parts.append(f"its kernels ran {pct(k)} of the GPU's time, {pct(g.mean('kernel_active'))} of its share")
+        if isinstance(sh.get("unmeasured_s"), int | float) and sh["unmeasured_s"] > 0:
+            parts.append(f"its own part could not be measured for {hms(sh['unmeasured_s'])} (MPS)")
+        if isinstance(sh.get("unattributed"), int | float) and sh["unattributed"] > 0:
+            parts.append(f"{pct(sh['unattributed'])} of the GPU's kernel time was no running job's")
+        label = f"GPU {g.index}" if one_node else g.label
+        out.append((f"Shared {label}", f"{'; '.join(parts)}. The activity figures are this job's own part, "
+                    f"relative to its share ({sh.get('method') or 'measured per job'})."))
+    return out
+
+
 def _nodes_line(job: Job, fig: JobFigures) -> str:
     nodes = list(dict.fromkeys(g.node for g in fig.gpus))
     if not nodes:
@@ -303,7 +330,7 @@ def render_card(job: Job, fig: JobFigures, diag: Diagnosis, runs: Runs = (),
         ("Cluster", job.cluster), ("User/Account", f"{job.user or 'n/a'}/{job.account or 'n/a'}"),
         ("State", state_text(job, accounting)), ("Partition", job.partition or "n/a"),
         ("Nodes", _nodes_line(job, fig)),
-        ("GPUs", gpus_line(job, fig)), ("Elapsed", hms(fig.elapsed_s)),
+        ("GPUs", gpus_line(job, fig)), *shared_lines(fig), ("Elapsed", hms(fig.elapsed_s)),
         ("GPU-hours allocated", gpu_hours(fig.hours) if fig.hours is not None else na(fig.missing.get("gpu_hours"))),
         *([("Runs", runs_line(runs))] if len(runs) > 1 else []),
         ("Kernel-active", kernel), ("SM-active", sm),
