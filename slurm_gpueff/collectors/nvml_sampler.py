@@ -53,6 +53,14 @@ GPM_SKIP_S = 0.5
 # sample every GPM_STEP_S between its full readings, so that the few intervals spanning a job's idle/busy
 # edges are short; its time integral weights each interval by wall time.
 GPM_STEP_S = 1.0
+# Taking a GPM sample is cheap; turning two into figures (nvmlGpmMetricsGet) costs about 1.5 ms of CPU a call
+# whatever the number of metrics (docs/gpu-validation). So the 1-s steps only take samples, and each reading
+# turns them into figures: with one call over the whole span when the SM clock stayed within GPM_STEADY_CLOCK
+# of itself at every step (cycle weighting is then time weighting), else one call per step. At most
+# GPM_MAX_STEPS samples wait; more (a long interval) are turned into figures early.
+GPM_STEADY_CLOCK = 1.10
+GPM_MAX_STEPS = 32
+GPM_POOL = 8  # free sample buffers kept per GPU
 
 
 @dataclass
@@ -108,6 +116,9 @@ class GpuSample:
     # there is no previous sample yet (first tick) or the GPU has no GPM.
     gpm: dict[str, float | None] | None = None
     gpm_dt: float | None = None
+    # The GPU's GPM figures since its previous reading as (means, seconds) steps, oldest first; ``gpm`` and
+    # ``gpm_dt`` are then the newest step's. None where a sample carries one mean only (``gpm``).
+    gpm_steps: list[tuple[dict[str, float | None], float]] | None = None
     errors: dict[str, str] = field(default_factory=dict)
     # MIG mode only (None otherwise): the MIG devices that exist at this tick, and per GPU instance id
     # its reading. A GPU instance missing here was destroyed since the previous tick.
@@ -175,6 +186,15 @@ class _GpmBuf:
     key: frozenset[str] = frozenset()  # MIG: the GPU instance's device UUIDs (new set = new GI)
 
 
+@dataclass(eq=False, slots=True)
+class _Step:
+    """A GPM sample taken and not yet turned into figures, when, and the SM clock then (MHz; None unread)."""
+
+    buf: object
+    t: float
+    clock: float | None
+
+
 @dataclass(eq=False, slots=True, kw_only=True)
 class _Dev(_GpmBuf):
     """Per-GPU handle and state of the real sampler, with the GPU's own GPM sample buffers."""
@@ -189,6 +209,11 @@ class _Dev(_GpmBuf):
     mig_gpm_reason: str | None = None  # why GPU instances get no GPM, when they do not
     mig_bufs: dict[int, _GpmBuf] = field(default_factory=dict)  # GPU instance id -> its GPM buffers
     mig_cache: dict[str, MigInfo] = field(default_factory=dict)  # MIG device UUID -> identity (asked once)
+    # The GPU's own GPM (not MIG): gpm_prev is the anchor, the last sample figures were computed to.
+    anchor_clock: float | None = None
+    steps: list[_Step] = field(default_factory=list)
+    pool: list[object] = field(default_factory=list)  # free sample buffers
+    done: list[tuple[dict[str, float | None], float]] = field(default_factory=list)  # figures not yet returned
 
 
 class NvmlSampler:
@@ -267,6 +292,9 @@ class NvmlSampler:
             dev.gpm_prev = dev.gpm_cur = None
             return
         info.gpm_supported = True
+        dev.anchor_clock = self._clock(dev)
+        dev.pool.append(dev.gpm_cur)
+        dev.gpm_cur = None
 
     def _prime(self, buf: _GpmBuf, take: Callable[[object], object]) -> str | None:
         """Allocate both GPM buffers and take the first sample (figures start at the next one); why not."""
@@ -342,27 +370,91 @@ class NvmlSampler:
         t = time.monotonic()
         dt = t - dev.gpm_prev_t if dev.gpm_prev_t is not None else None
         try:
-            mg = nv.c_nvmlGpmMetricsGet_t()
-            mg.version = nv.NVML_GPM_METRICS_GET_VERSION
-            mg.numMetrics = len(self._gpm_ids)
-            mg.sample1 = dev.gpm_prev
-            mg.sample2 = dev.gpm_cur
-            for i, (_, mid) in enumerate(self._gpm_ids):
-                mg.metrics[i].metricId = mid
-            nv.nvmlGpmMetricsGet(mg)
-            values: dict[str, float | None] = {}
-            for i, (name, _) in enumerate(self._gpm_ids):
-                m = mg.metrics[i]
-                v = float(m.value)
-                values[name] = v if m.nvmlReturn == nv.NVML_SUCCESS and math.isfinite(v) else None
-            out.gpm = values
-            out.gpm_dt = dt
-        except nv.NVMLError as exc:
-            out.errors["gpm"] = f"GPM metrics failed: {exc}"
+            values = self._metrics(dev.gpm_prev, dev.gpm_cur, out.errors)
+            if values is not None:
+                out.gpm = values
+                out.gpm_dt = dt
         finally:
             # The current sample becomes the previous one either way.
             dev.gpm_prev, dev.gpm_cur = dev.gpm_cur, dev.gpm_prev
             dev.gpm_prev_t = t
+
+    def _metrics(self, s1: object, s2: object, errors: dict[str, str]) -> dict[str, float | None] | None:
+        """The GPM figures between two samples (NaN or a per-metric error: None); None when the call fails."""
+        nv = self._nvml
+        try:
+            mg = nv.c_nvmlGpmMetricsGet_t()
+            mg.version = nv.NVML_GPM_METRICS_GET_VERSION
+            mg.numMetrics = len(self._gpm_ids)
+            mg.sample1, mg.sample2 = s1, s2
+            for i, (_, mid) in enumerate(self._gpm_ids):
+                mg.metrics[i].metricId = mid
+            nv.nvmlGpmMetricsGet(mg)
+        except nv.NVMLError as exc:
+            errors["gpm"] = f"GPM metrics failed: {exc}"
+            return None
+        values: dict[str, float | None] = {}
+        for i, (name, _) in enumerate(self._gpm_ids):
+            m = mg.metrics[i]
+            v = float(m.value)
+            values[name] = v if m.nvmlReturn == nv.NVML_SUCCESS and math.isfinite(v) else None
+        return values
+
+    def _clock(self, dev: _Dev) -> float | None:
+        nv = self._nvml
+        try:
+            return float(nv.nvmlDeviceGetClockInfo(dev.handle, nv.NVML_CLOCK_SM))
+        except (nv.NVMLError, AttributeError):
+            return None
+
+    def _step(self, dev: _Dev, errors: dict[str, str]) -> None:
+        """Take one GPM sample of the GPU (not closer than GPM_SKIP_S to the previous one) for later figures."""
+        nv = self._nvml
+        last = dev.steps[-1].t if dev.steps else dev.gpm_prev_t
+        if last is not None and time.monotonic() - last < GPM_SKIP_S:
+            return
+        try:
+            buf = dev.pool.pop() if dev.pool else nv.nvmlGpmSampleAlloc()
+        except nv.NVMLError as exc:
+            errors["gpm"] = f"GPM sample buffer: {exc}"
+            return
+        try:
+            nv.nvmlGpmSampleGet(dev.handle, buf)
+        except nv.NVMLError as exc:
+            dev.pool.append(buf)
+            errors["gpm"] = f"GPM sample failed: {exc}"
+            return
+        dev.steps.append(_Step(buf, time.monotonic(), self._clock(dev)))
+        if len(dev.steps) >= GPM_MAX_STEPS:
+            self._figures(dev, errors)
+
+    def _figures(self, dev: _Dev, errors: dict[str, str]) -> None:
+        """Turn the waiting samples into figures (``done``); the newest sample becomes the anchor."""
+        if not dev.steps or dev.gpm_prev_t is None:
+            return
+        points = [_Step(dev.gpm_prev, dev.gpm_prev_t, dev.anchor_clock), *dev.steps]
+        clocks = [p.clock for p in points]
+        lo, hi = min((c or 0.0) for c in clocks), max((c or 0.0) for c in clocks)
+        steady = lo > 0 and hi <= GPM_STEADY_CLOCK * lo
+        for a, b in [(points[0], points[-1])] if steady else zip(points, points[1:], strict=False):
+            values = self._metrics(a.buf, b.buf, errors)
+            if values is not None:
+                dev.done.append((values, b.t - a.t))
+        dev.pool.append(dev.gpm_prev)
+        dev.pool.extend(p.buf for p in dev.steps[:-1])
+        while len(dev.pool) > GPM_POOL:  # a long interval's buffers: keep what a default interval reuses
+            with contextlib.suppress(self._nvml.NVMLError):
+                self._nvml.nvmlGpmSampleFree(dev.pool.pop())
+        dev.gpm_prev, dev.gpm_prev_t, dev.anchor_clock = dev.steps[-1].buf, dev.steps[-1].t, dev.steps[-1].clock
+        dev.steps = []
+
+    def _gpm_reading(self, dev: _Dev, s: GpuSample) -> None:
+        """A full reading's GPM: a sample now, and every waiting sample turned into figures (``gpm_steps``)."""
+        self._step(dev, s.errors)
+        self._figures(dev, s.errors)
+        if dev.done:
+            s.gpm_steps, dev.done = dev.done, []
+            s.gpm, s.gpm_dt = s.gpm_steps[-1]
 
     def _mig_enabled(self, handle: object) -> bool:
         """MIG mode is on now (changing it needs a GPU reset, so once at open is enough)."""
@@ -466,21 +558,21 @@ class NvmlSampler:
                 except nv.NVMLError as exc:
                     s.errors["energy"] = str(exc)
             if dev.info.gpm_supported:
-                self._gpm(dev, s, functools.partial(nv.nvmlGpmSampleGet, dev.handle))
+                self._gpm_reading(dev, s)
             if dev.info.mig_enabled:
                 self._sample_mig(dev, s)
             out.append(s)
         return out
 
     def sample_gpm(self) -> list[GpuSample]:
-        nv = self._nvml
-        out = []
+        """Samples only: their figures come with the next reading (GPM_STEADY_CLOCK)."""
         for dev in self._devs:
             if dev.info.gpm_supported:
-                s = GpuSample(uuid=dev.info.uuid, t=time.monotonic())
-                self._gpm(dev, s, functools.partial(nv.nvmlGpmSampleGet, dev.handle))
-                out.append(s)
-        return out
+                errors: dict[str, str] = {}
+                self._step(dev, errors)
+                if errors:
+                    log.debug("GPU %s: %s", dev.info.uuid, errors["gpm"])
+        return []
 
     def sample_processes(self, uuids: set[str], since: float) -> dict[str, ProcSample]:
         nv = self._nvml
@@ -521,6 +613,10 @@ class NvmlSampler:
             return
         for dev in self._devs:
             self._free(dev)
+            for smp in [*dev.pool, *(st.buf for st in dev.steps)]:
+                with contextlib.suppress(nv.NVMLError):
+                    nv.nvmlGpmSampleFree(smp)
+            dev.pool, dev.steps = [], []
             for buf in dev.mig_bufs.values():
                 self._free(buf)
         self._devs = []

@@ -317,8 +317,10 @@ class Agent:
             g.energy_error = s.errors["energy"]
         g.memory_used = s.memory_used_bytes
         g.last = {"kernel_active": kernel, "power_w": power_w}
-        if s.gpm is not None:
-            g.last.update(_add_gpm(c, s.gpm, s.gpm_dt))
+        steps: list[tuple[dict[str, float | None], float | None]] = (
+            list(s.gpm_steps) if s.gpm_steps else [(s.gpm, s.gpm_dt)] if s.gpm is not None else [])
+        for gpm, gpm_dt in steps:
+            g.last.update(_add_gpm(c, gpm, gpm_dt))
         g.errors = dict(s.errors)
         g.last_t = s.t
         if dt is not None:

@@ -1,0 +1,143 @@
+"""The real NvmlSampler's GPM steps: samples every step, figures at readings, one NVML call when it may.
+
+The GPU mock is a stand-in ``pynvml`` for one H100 without MIG (only the calls NvmlSampler makes, with
+nvidia-ml-py's names): its GPM samples hold cumulative busy and elapsed *cycles*, so a figure between two
+samples is cycle-weighted as the real GPM's is, and the SM clock is what the test sets. Over a span where the
+clock stayed put one metrics call is exact; where the GPU clocked down while idle only per-step figures
+weighted by time are, which is what the sampler must then give.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import pytest
+
+from slurm_gpueff.collectors import nvml_sampler
+from slurm_gpueff.collectors.nvml_sampler import GPM_MAX_STEPS, NvmlSampler
+
+UUID = "GPU-11111111-2222-3333-4444-555555555555"
+
+
+class Gpu:
+    def __init__(self) -> None:
+        self.t = 1000.0
+        self.clock = 1980.0
+        self.busy = 0.0  # fraction of cycles busy from now on
+        self.cycles = 0.0
+        self.busy_cycles = 0.0
+        self.metric_calls = 0
+
+    def run(self, seconds: float) -> None:
+        c = self.clock * 1e6 * seconds
+        self.cycles += c
+        self.busy_cycles += c * self.busy
+        self.t += seconds
+
+
+class NVMLError(Exception):
+    pass
+
+
+def fake_pynvml(gpu: Gpu) -> types.ModuleType:
+    nv = types.ModuleType("pynvml")
+    nv.NVMLError = NVMLError
+    nv.NVMLError_NotFound = nv.NVMLError_NotSupported = type("NVMLError_NotFound", (NVMLError,), {})
+    nv.NVML_SUCCESS, nv.NVML_GPM_METRICS_GET_VERSION, nv.NVML_CLOCK_SM = 0, 1, 1
+    nv.NVML_GPU_UTILIZATION_SAMPLES, nv.NVML_VALUE_TYPE_DOUBLE = 1, 0
+    for i, name in enumerate(("GRAPHICS_UTIL", "SM_UTIL", "ANY_TENSOR_UTIL")):
+        setattr(nv, f"NVML_GPM_METRIC_{name}", i + 1)
+    nv.nvmlInit = nv.nvmlShutdown = lambda: None
+    nv.nvmlDeviceGetCount = lambda: 1
+    nv.nvmlDeviceGetHandleByIndex = lambda i: "h0"
+    nv.nvmlDeviceGetUUID = lambda h: UUID
+    nv.nvmlDeviceGetMinorNumber = lambda h: 0
+    nv.nvmlDeviceGetPciInfo = lambda h: types.SimpleNamespace(busId="00000000:18:00.0")
+    nv.nvmlDeviceGetName = lambda h: "NVIDIA H100 80GB HBM3"
+    nv.nvmlDeviceGetMemoryInfo = lambda h, version=None: types.SimpleNamespace(total=80 << 30, used=1 << 30)
+
+    def unsupported(*_a: Any) -> Any:
+        raise nv.NVMLError_NotSupported("Not Supported")
+
+    nv.nvmlDeviceGetMigMode = nv.nvmlDeviceGetSamples = nv.nvmlDeviceGetUtilizationRates = unsupported
+    nv.nvmlGpmQueryDeviceSupport = lambda h: types.SimpleNamespace(isSupportedDevice=1)
+    nv.nvmlGpmSampleAlloc = lambda: {}
+    nv.nvmlGpmSampleFree = lambda smp: None
+
+    def sample_get(h: Any, smp: dict) -> None:
+        smp.update(cycles=gpu.cycles, busy=gpu.busy_cycles)
+
+    nv.nvmlGpmSampleGet = sample_get
+    nv.nvmlDeviceGetClockInfo = lambda h, kind: gpu.clock
+    nv.nvmlDeviceGetPowerUsage = lambda h: 300_000
+    nv.nvmlDeviceGetTotalEnergyConsumption = lambda h: 1_000_000
+
+    class Metric:
+        def __init__(self) -> None:
+            self.metricId, self.nvmlReturn, self.value = 0, 0, 0.0
+
+    class MetricsGet:
+        def __init__(self) -> None:
+            self.metrics = [Metric() for _ in range(16)]
+
+    def metrics_get(mg: Any) -> None:
+        gpu.metric_calls += 1
+        d = mg.sample2["cycles"] - mg.sample1["cycles"]
+        for m in mg.metrics[: mg.numMetrics]:
+            m.value = 100.0 * (mg.sample2["busy"] - mg.sample1["busy"]) / d if d else float("nan")
+
+    nv.c_nvmlGpmMetricsGet_t = MetricsGet
+    nv.nvmlGpmMetricsGet = metrics_get
+    return nv
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    g = Gpu()
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", fake_pynvml(g))
+    monkeypatch.setattr(nvml_sampler, "time", types.SimpleNamespace(monotonic=lambda: g.t, time=lambda: g.t))
+    return g
+
+
+def steps(gpu: Gpu, sampler: NvmlSampler, parts: list[tuple[float, float, float]]) -> Any:
+    """Run (seconds, busy fraction, SM clock) parts with a GPM step a second, then a reading."""
+    for seconds, busy, clock in parts:
+        gpu.busy, gpu.clock = busy, clock
+        for _ in range(int(seconds)):
+            gpu.run(1.0)
+            sampler.sample_gpm()
+    gpu.metric_calls = 0
+    (s,) = sampler.sample(False)
+    return s
+
+
+def weighted(s: Any, metric: str) -> float:
+    return sum(v[metric] * dt for v, dt in s.gpm_steps) / sum(dt for _v, dt in s.gpm_steps)
+
+
+def test_a_steady_clock_takes_one_metrics_call_for_the_whole_interval(gpu):
+    smp = NvmlSampler()
+    smp.open()
+    s = steps(gpu, smp, [(5, 0.8, 1980.0)])
+    assert gpu.metric_calls == 1 and len(s.gpm_steps) == 1
+    assert s.gpm_steps[0][1] == pytest.approx(5.0) and s.gpm["sm_active"] == pytest.approx(80.0)
+    assert s.kernel_pct is None and s.gpm["kernel_active"] == pytest.approx(80.0)  # GRAPHICS_UTIL, no ring buffer
+
+
+def test_a_gpu_that_clocked_down_gets_per_step_figures_weighted_by_time(gpu):
+    smp = NvmlSampler()
+    smp.open()
+    s = steps(gpu, smp, [(2, 0.0, 345.0), (2, 1.0, 1980.0)])
+    assert gpu.metric_calls == 4 and len(s.gpm_steps) == 4
+    assert weighted(s, "sm_active") == pytest.approx(50.0)  # one call over the span would read 85 %
+    later = steps(gpu, smp, [(5, 1.0, 1980.0)])  # the anchor moved on: the next span starts where this ended
+    assert gpu.metric_calls == 1 and later.gpm["sm_active"] == pytest.approx(100.0)
+
+
+def test_a_long_interval_turns_samples_into_figures_before_they_pile_up(gpu):
+    smp = NvmlSampler()
+    smp.open()
+    s = steps(gpu, smp, [(GPM_MAX_STEPS + 3, 0.5, 1980.0)])
+    assert sum(dt for _v, dt in s.gpm_steps) == pytest.approx(GPM_MAX_STEPS + 3)
+    assert not smp._devs[0].steps and len(smp._devs[0].pool) <= nvml_sampler.GPM_POOL
