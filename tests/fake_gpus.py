@@ -81,7 +81,7 @@ class FakeSampler:
     def set(self, uuid: str, **values: Any) -> None:
         self.values[uuid].update(values)
 
-    def sample(self, read_energy: bool) -> list[GpuSample]:
+    def sample(self, read_energy: bool, gpm_for: set[str] | None = None) -> list[GpuSample]:
         t = self.clock.mono
         dt = t - self.last_t if self.last_t is not None else None
         out = []

@@ -54,7 +54,7 @@ class FakeMigSampler(FakeSampler):
         for key in [k for k in self.slice_last_t if k[0] == parent]:
             del self.slice_last_t[key]
 
-    def sample(self, read_energy: bool) -> list[GpuSample]:
+    def sample(self, read_energy: bool, gpm_for: set[str] | None = None) -> list[GpuSample]:
         out = super().sample(read_energy)
         t = self.clock.mono
         for s in out:

@@ -141,3 +141,20 @@ def test_a_long_interval_turns_samples_into_figures_before_they_pile_up(gpu):
     s = steps(gpu, smp, [(GPM_MAX_STEPS + 3, 0.5, 1980.0)])
     assert sum(dt for _v, dt in s.gpm_steps) == pytest.approx(GPM_MAX_STEPS + 3)
     assert not smp._devs[0].steps and len(smp._devs[0].pool) <= nvml_sampler.GPM_POOL
+
+
+def test_a_reading_without_figures_keeps_the_samples_for_the_next_one(gpu):
+    """The agent asks for GPM figures at the energy counter's pace: a reading in between takes a sample only,
+    and the next reading that asks gets the whole span, time-weighted."""
+    smp = NvmlSampler()
+    smp.open()
+    for busy, clock in ((0.0, 345.0), (1.0, 1980.0)):
+        gpu.busy, gpu.clock = busy, clock
+        for _ in range(3):
+            gpu.run(1.0)
+            smp.sample_gpm()
+        gpu.run(1.0)
+        (between,) = smp.sample(False, set())
+        assert between.gpm is None and between.gpm_steps is None
+    (s,) = smp.sample(False, None)
+    assert sum(dt for _v, dt in s.gpm_steps) == pytest.approx(8.0) and weighted(s, "sm_active") == pytest.approx(50.0)

@@ -70,13 +70,14 @@ def test_real_sampler_reads_identity_and_metrics(node):
     assert info.uuid.startswith("GPU-") and info.minor is not None and info.memory_total_bytes > 0
     agent.tick()
     _ticks(agent, 2.5)
+    agent.tick(requested=True)  # as a hook's reading: GPM figures come at requested readings (and every 30 s)
     with open(os.path.join(agent.state_dir, "agent", "state.json")) as fh:
         st = json.load(fh)
     g = st["gpus"][info.uuid]
-    assert g["count"]["kernel_active"] >= 2 and g["count"]["power_w"] >= 2
+    assert g["count"]["kernel_active"] >= 1 and g["count"]["power_w"] >= 2
     assert g["memory_used_bytes"] is not None and g["energy_mj"] is not None and g["energy_mj"] > 0
     if info.gpm_supported:
-        assert g["count"]["sm_active"] >= 2
+        assert g["count"]["sm_active"] >= 1 and g["covered_s"]["sm_active"] >= 2.5
 
 
 @pytest.mark.skipif(not _gpm_gpu0(), reason="GPU 0 has no GPM (pre-Hopper) or NVML absent")
@@ -91,9 +92,11 @@ def test_spin_kernel_is_kernel_active_but_not_sm_active(node):
     agent.tick()
     _ticks(agent, 2.2)  # warm: the window starts with the kernel already running
     job = JobContext(77, "n", "c", [slurm_idx], start_time=time.time())
+    agent.tick(requested=True)  # the reading the Prolog asks the agent for (no socket here)
     st = coll.start(job)
     assert st["uuids"] == [info.uuid]
     _ticks(agent, 4.2)
+    agent.tick(requested=True)  # and the Epilog's
     m = coll.stop(job, st)
     cp.cuda.Device(0).synchronize()
     g = m.gpus[0]

@@ -54,10 +54,10 @@ GPM_SKIP_S = 0.5
 # edges are short; its time integral weights each interval by wall time.
 GPM_STEP_S = 1.0
 # Taking a GPM sample is cheap; turning two into figures (nvmlGpmMetricsGet) costs about 1.5 ms of CPU a call
-# whatever the number of metrics (docs/gpu-validation). So the 1-s steps only take samples, and each reading
-# turns them into figures: with one call over the whole span when the SM clock stayed within GPM_STEADY_CLOCK
-# of itself at every step (cycle weighting is then time weighting), else one call per step. At most
-# GPM_MAX_STEPS samples wait; more (a long interval) are turned into figures early.
+# whatever the number of metrics (docs/gpu-validation). So the 1-s steps only take samples, and a reading that
+# asks for figures turns them into figures: with one call over the whole span when the SM clock stayed within
+# GPM_STEADY_CLOCK of itself at every step (cycle weighting is then time weighting), else one call per step.
+# At most GPM_MAX_STEPS samples wait; more (a long interval) are turned into figures early.
 GPM_STEADY_CLOCK = 1.10
 GPM_MAX_STEPS = 32
 GPM_POOL = 8  # free sample buffers kept per GPU
@@ -143,8 +143,9 @@ class Sampler(Protocol):
     def open(self) -> list[GpuInfo]:
         """Initialise; return the node's GPUs. Raise CollectorError with a clear sentence if impossible."""
 
-    def sample(self, read_energy: bool) -> list[GpuSample]:
-        """Read every GPU once; ``energy_mj`` only when ``read_energy`` (it is the expensive call)."""
+    def sample(self, read_energy: bool, gpm_for: set[str] | None = None) -> list[GpuSample]:
+        """Read every GPU once; ``energy_mj`` only when ``read_energy`` (it is the expensive call). GPM figures
+        for the GPUs in ``gpm_for`` only (None: all); the others' GPM samples wait for a later reading."""
 
     def sample_gpm(self) -> list[GpuSample]:
         """GPM only (``t``, ``gpm``, ``gpm_dt``) of every GPU that has it, between full readings."""
@@ -540,7 +541,7 @@ class NvmlSampler:
                     nv.nvmlGpmSampleFree(smp)
         buf.gpm_prev = buf.gpm_cur = None
 
-    def sample(self, read_energy: bool) -> list[GpuSample]:
+    def sample(self, read_energy: bool, gpm_for: set[str] | None = None) -> list[GpuSample]:
         nv = self._nvml
         out = []
         for dev in self._devs:
@@ -557,8 +558,10 @@ class NvmlSampler:
                     s.energy_mj = int(nv.nvmlDeviceGetTotalEnergyConsumption(dev.handle))
                 except nv.NVMLError as exc:
                     s.errors["energy"] = str(exc)
-            if dev.info.gpm_supported:
+            if dev.info.gpm_supported and (gpm_for is None or dev.info.uuid in gpm_for):
                 self._gpm_reading(dev, s)
+            elif dev.info.gpm_supported:
+                self._step(dev, s.errors)
             if dev.info.mig_enabled:
                 self._sample_mig(dev, s)
             out.append(s)

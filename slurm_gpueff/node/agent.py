@@ -7,7 +7,9 @@ can ask for a reading at once (:mod:`slurm_gpueff.collectors.tickwire`), so a jo
 to its Epilog; a restarted agent resumes its counters (:mod:`.resume`). Of jobs it knows only their peak
 memory and who runs them (for the per-job /metrics, :mod:`.job_metrics`), while a Prolog's
 ``jobs/<job_id>.json`` exists (:mod:`slurm_gpueff.jobstate`). The energy counter is NVML's slowest call:
-read every ``ENERGY_INTERVAL_S`` and at every requested reading, extended in between by the power integral.
+read every ``ENERGY_INTERVAL_S`` and at every requested reading, extended in between by the power integral;
+GPM samples are turned into figures at the same pace (and at every reading of a GPU that jobs share), since
+that is NVML's other costly call (:mod:`slurm_gpueff.collectors.nvml_sampler`).
 """
 
 from __future__ import annotations
@@ -263,7 +265,9 @@ class Agent:
         self.last_sample_mono = time.monotonic()
         before = self.updated
         self.prev_reading_wall = before if before is not None else self.clock()
-        samples = self.sampler.sample(read_energy)
+        # GPM figures (a costly NVML call) at the energy counter's pace and at every requested reading; every
+        # reading for a shared GPU, whose split needs them interval by interval (:mod:`.attribution`).
+        samples = self.sampler.sample(read_energy, None if read_energy else self._shared_gpus())
         for s in samples:
             g = self.gpus.get(s.uuid)
             if g is not None:
@@ -399,6 +403,15 @@ class Agent:
             if job_id not in seen:
                 del self.job_files[job_id]
                 self.job_peaks.pop(job_id, None)
+
+    def _shared_gpus(self) -> set[str]:
+        """The GPUs that more than one running job's Prolog named at the last reading."""
+        seen: set[str] = set()
+        shared: set[str] = set()
+        for jf in self.job_files.values():
+            for u in jf.uuids:
+                (shared if u in seen else seen).add(u)
+        return shared
 
     def _attribute(self) -> None:
         """Give each GPU's growth since the previous reading to the jobs holding it (:mod:`.attribution`);

@@ -37,6 +37,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("slurm_gpueff.agent")
 
 
+# How often the agent's socket servers look for a shutdown request (their connections are answered at once):
+# each look costs CPU all day, a slower one only delays the agent's stop by that much.
+SERVER_POLL_S = 2.0
+
+
 def serve_metrics(agent: Agent, address: str, port: int) -> tuple[WSGIServer, threading.Thread]:
     """Start the /metrics HTTP server in a daemon thread, with the agent as its only collector."""
     from prometheus_client import start_http_server
@@ -123,7 +128,7 @@ def _serve_live(state_dir: str, answer: Answerer) -> LiveServer | None:
     except OSError as exc:
         log.error("cannot listen on %s (%s): seff-gpu on this node reads the database instead", path, exc)
         return None
-    threading.Thread(target=server.serve_forever, name="gpueff-live", daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(SERVER_POLL_S,), name="gpueff-live", daemon=True).start()
     return server
 
 
@@ -262,5 +267,6 @@ def serve_readings(path: str, readings: Readings, answer_within_s: float,
     except OSError as exc:
         log(f"cannot listen on {path} ({exc}): jobs' windows fall back to the last reading")
         return None
-    threading.Thread(target=server.serve_forever, name="gpueff-readings", daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(SERVER_POLL_S,), name="gpueff-readings",
+                     daemon=True).start()
     return server
