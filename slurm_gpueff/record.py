@@ -59,7 +59,8 @@ OPTIONAL_GPU = OPTIONAL_INTS + OPTIONAL_STRS + OPTIONAL_SECONDS + ("throttle_s",
 # shared = {"with": [job id, ...] (at most MAX_WITH), "with_count": int, "method": str, "share": fraction|null
 # (the time-weighted 1/n of the GPU the job held), "shared_s": seconds held with other jobs, "unattributed":
 # fraction|null (of the GPU's kernel time, what no job's process accounted for), "unmeasured_s": seconds no
-# job's part could be measured (MPS)}: the GPU was shared during
+# job's part could be measured (MPS), "gpu_kernel_active": fraction|null (the whole GPU's kernel activity over
+# the window, every job's)}: the GPU was shared during
 # the job, and its figures are the job's own part (collectors/nvml.py, node/attribution.py).
 MAX_WITH = 64
 # window = {"start": epoch, "end": epoch (the readings' times), "start_offset_s", "end_offset_s": seconds the
@@ -218,7 +219,7 @@ def _validate_shared(where: str, sh: object) -> None:
     method = sh.get("method")
     if method is not None and (not isinstance(method, str) or len(method) > 512):
         raise RecordError(f"{where}.shared.method must be a string of at most 512 characters or null")
-    for k in ("share", "unattributed"):
+    for k in ("share", "unattributed", "gpu_kernel_active"):
         v = sh.get(k)
         if v is not None and (not _is_number(v) or not 0 <= v <= 1 + 1e-6):
             raise RecordError(f"{where}.shared.{k} must be a fraction in [0, 1] or null, got {v!r}")

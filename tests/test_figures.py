@@ -157,3 +157,34 @@ def test_a_shared_gpu_counts_the_jobs_share_and_never_the_devices_activity_as_it
     assert unknown.hours is None and "shard count is unknown" in unknown.missing["gpu_hours"]
     whole = job_figures(job(), [gpu()])
     assert whole.hours == pytest.approx(2.0) and whole.gpus[0].shards is None  # a GPU held whole: as before
+
+
+def _shared(own_k: float, own_s: float, gpu_busy: float, **kw) -> JobGpu:
+    return gpu(kernel_active=own_k, sm_active=own_s, tensor_active=0.0, hmma_active=0.0, **kw,
+               shared={"with": ["1002"], "with_count": 1, "method": "split by NVML's per-process SM utilization",
+                       "share": 0.5, "shared_s": 7200.0, "unattributed": 0.0, "gpu_kernel_active": gpu_busy})
+
+
+def test_a_measured_share_counts_its_hours_and_reads_its_means_relative_to_it():
+    f = job_figures(job(), [_shared(0.4, 0.3, 0.8)])
+    g = f.gpus[0]
+    assert f.hours == pytest.approx(1.0) and g.share == 0.5  # 2 h at half the GPU: the GPU's hours once
+    assert g.mean("kernel_active") == pytest.approx(0.8) and g.own["kernel_active"] == pytest.approx(0.4)
+    assert g.mean("sm_occupancy") is None and "no per-job part" in g.missing["sm_occupancy"]
+    assert f.waste.idle_h == pytest.approx(0.2)  # its 1 GPU-hour x (1 - 0.8)
+
+
+def test_on_a_shared_gpu_oversized_says_fewer_shards_and_starved_names_the_neighbours():
+    from slurm_gpueff.analysis.diagnose import assess
+
+    small = job_figures(job(), [_shared(0.04, 0.02, 0.3, shards=8, shard_count=16,
+                                        memory_used_peak_bytes=2 * GiB)])
+    titles = [v.title for v in assess(small).verdicts]
+    v = next(v for v in assess(small).verdicts if v.name == "oversized")
+    assert v.title == "Oversized: a smaller share would do", titles
+    assert "8 of the GPU's 16 shards" in v.why and "1 shard (--gres=shard:1)" in v.why
+    crowded = job_figures(job(), [_shared(0.1, 0.09, 0.97)])
+    s = next(v for v in assess(crowded).verdicts if v.name == "starved")
+    assert s.title == "Starved: the shared GPU was busy with other jobs" and "1002" in s.why and "97.0%" in s.why
+    alone = job_figures(job(), [gpu(kernel_active=0.2)])
+    assert next(v for v in assess(alone).verdicts if v.name == "starved").title == "Starved: GPU mostly waiting"

@@ -86,6 +86,7 @@ def test_slurm_cgroup_layouts_name_the_job():
     assert job_of_cgroup("3:cpuset:/slurm_node7/uid_0/job_15/step_0\n") == "15"
     assert job_of_cgroup(STRAY) is None
     assert job_of_cgroup("0::/user.slice/job_12/x\n") is None  # a job_N not below Slurm's directory
+    assert job_of_cgroup("0::/slurm/job_\u0663/x\n") is None  # ASCII digits only, as Slurm writes them
     assert job_of_environ(b"PATH=/bin\0SLURM_JOB_ID=31\0HOME=/x\0") == "31"
     assert job_of_environ(b"XSLURM_JOB_ID=31\0") is None
 

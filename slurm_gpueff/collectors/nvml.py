@@ -282,6 +282,7 @@ def _own_part(gpu: dict[str, Any], missing: dict[str, str], snap: dict[str, Any]
     """The GPU was shared with other jobs during this one: its figures become the job's own part, which the
     agent attributed by processes (node/attribution.py), and ``shared`` says with whom and how. The device's
     timeline is every job's, so it is left out."""
+    device_kernel = gpu.get("kernel_active")  # the whole GPU's, before it becomes the job's part
     start: dict[str, Any] = snap["share"] if isinstance(snap.get("share"), dict) else dict(integrals.new_counters())
     lost = _number(end.get("unmeasured_s")) - _number(start.get("unmeasured_s"))
     unmeasured = (str(end.get("unmeasured_why") or "this job's part could not be measured") + f" ({lost:.0f} s)"
@@ -320,7 +321,8 @@ def _own_part(gpu: dict[str, Any], missing: dict[str, str], snap: dict[str, Any]
         "share": round(min(1.0, held / tracked), 6) if tracked > 0 else None,
         "shared_s": round(_number(end.get("shared_s")) - _number(start.get("shared_s")), 3),
         "unmeasured_s": round(max(lost, 0.0), 3),
-        "unattributed": round(integrals.clamp_fraction(stray), 6) if stray is not None else None}
+        "unattributed": round(integrals.clamp_fraction(stray), 6) if stray is not None else None,
+        "gpu_kernel_active": device_kernel}
 
 
 def _start_reading(start_state: dict[str, Any]) -> dict[str, Any]:

@@ -22,7 +22,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-_JOB = re.compile(r"job_(\d{1,10})")
+_JOB = re.compile(r"job_([0-9]{1,10})")
 _ENV = re.compile(rb"(?:^|\0)SLURM_JOB_ID=(\d{1,10})(?:\0|$)")
 CACHE_MAX = 4096
 MPS_SERVER = "nvidia-cuda-mps"  # nvidia-cuda-mps-server as /proc/PID/comm holds it (15 characters); of the

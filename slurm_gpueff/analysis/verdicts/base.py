@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -183,7 +184,34 @@ def _values(ctx: Context, involved: Sequence[GpuFigures]) -> dict[str, str]:
     vals["Gpus"] = phrase[0].upper() + phrase[1:]
     vals["gpus_title"] = "GPU" if n_all == 1 else vals["Gpus"]
     vals["on_gpus"] = "" if len(involved) == n_all else f" on {phrase} ({vals['gpu_list']})"
+    vals.update(_shared_values(involved))
     return vals
+
+
+def shared_gpus(gpus: Sequence[GpuFigures]) -> list[GpuFigures]:
+    """The GPUs the job held a share of (Slurm shards, or measured with other jobs on them)."""
+    return [g for g in gpus if g.share is not None and g.share < 1.0 - 1e-9]
+
+
+def _shared_values(involved: Sequence[GpuFigures]) -> dict[str, str]:
+    """Placeholders of the shared-GPU variants: the share held (in shards where Slurm gave them), the shards
+    its work would fit in, and how busy the whole GPU was."""
+    g = next(iter(shared_gpus(involved)), None)
+    if g is None:
+        return {}
+    own = g.own or {}
+    held = (f"{g.shards} of the GPU's {g.shard_count} shards" if g.shards and g.shard_count
+            else f"{pct(g.share)} of the GPU")
+    need = max(own.get("sm_active") or 0.0, own.get("kernel_active") or 0.0, g.memory_fraction or 0.0)
+    if g.shard_count:
+        n = max(1, math.ceil(need * g.shard_count))
+        fit = f"{n} shard{'s' if n > 1 else ''} (--gres=shard:{n})"
+    else:
+        fit = f"{pct(max(need, 0.01))} of a GPU"
+    busy = (g.shared or {}).get("gpu_kernel_active")
+    return {"held": held, "fit": fit,
+            "gpu_busy": pct(busy) if isinstance(busy, int | float) and not isinstance(busy, bool) else "n/a",
+            "with": ", ".join(str(j) for j in (g.shared or {}).get("with") or []) or "other jobs"}
 
 
 def _missing_reason(g: GpuFigures, metric: str) -> str:
