@@ -38,7 +38,8 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from gpu_validate import slurm_index_for, start_agent, stop_agent  # noqa: E402  (bench/)
+from gpu_validate import end_child as end  # noqa: E402  (bench/)
+from gpu_validate import slurm_index_for, start_agent, stop_agent  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 LOADS = {"A": "bf16", "B": "fp32"}
@@ -93,15 +94,6 @@ def start_child(load: str, gpu: int, windows: list[tuple[float, float]], job_id:
         proc.kill()
         raise SystemExit(f"load {load} did not start (rc={proc.wait()})")
     return proc
-
-
-def end(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 # ------------------------------------------------------------------------------------------------

@@ -158,3 +158,26 @@ def test_a_reading_without_figures_keeps_the_samples_for_the_next_one(gpu):
         assert between.gpm is None and between.gpm_steps is None
     (s,) = smp.sample(False, None)
     assert sum(dt for _v, dt in s.gpm_steps) == pytest.approx(8.0) and weighted(s, "sm_active") == pytest.approx(50.0)
+
+
+def test_the_agents_gauges_keep_the_last_gpm_figures_between_readings_that_compute_them(gpu, tmp_path):
+    """Between the readings that turn GPM samples into figures, /metrics keeps the last figures (a gauge that
+    vanished four ticks in five would break every dashboard); the counters get the whole span when it comes."""
+    from slurm_gpueff.config import Config
+    from slurm_gpueff.node.agent import Agent
+
+    ag = Agent(Config({"paths": {"state_dir": str(tmp_path)}}), NvmlSampler(), wall_clock=lambda: gpu.t)
+    ag.open()
+    gpu.busy = 0.6
+    seen = []
+    for _ in range(8):  # 5-s readings, GPM steps each second; figures at the first and then every 30 s
+        for _ in range(5):
+            gpu.run(1.0)
+            ag.gpm_tick()
+        ag.tick()
+        g = next(iter(ag.gpus.values()))
+        seen.append(g.last.get("sm_active"))
+    assert all(v == pytest.approx(0.6) for v in seen[1:]), seen
+    assert g.counters["covered_s"]["sm_active"] < 40.0  # the last readings' span waits for the next figures
+    ag.tick(requested=True)  # a hook's reading: everything up to now
+    assert g.counters["covered_s"]["sm_active"] == pytest.approx(40.0)

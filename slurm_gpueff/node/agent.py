@@ -320,11 +320,16 @@ class Agent:
         elif read_energy and "energy" in s.errors:
             g.energy_error = s.errors["energy"]
         g.memory_used = s.memory_used_bytes
-        g.last = {"kernel_active": kernel, "power_w": power_w}
+        # A new dict each tick (a scrape reads one whole). GPM figures come only at some readings: until the next,
+        # the gauges keep the last ones rather than vanish; a GPM failure drops them (unread is no series).
+        last = {**({} if "gpm" in s.errors else g.last), "power_w": power_w}
+        if kernel is not None or not g.info.gpm_supported:
+            last["kernel_active"] = kernel
         steps: list[tuple[dict[str, float | None], float | None]] = (
             list(s.gpm_steps) if s.gpm_steps else [(s.gpm, s.gpm_dt)] if s.gpm is not None else [])
         for gpm, gpm_dt in steps:
-            g.last.update(_add_gpm(c, gpm, gpm_dt))
+            last.update(_add_gpm(c, gpm, gpm_dt))
+        g.last = last
         g.errors = dict(s.errors)
         g.last_t = s.t
         if dt is not None:
