@@ -31,6 +31,16 @@ def new_counters() -> Counters:
             "count": dict.fromkeys(METRICS, 0)}
 
 
+def published(counters: Mapping[str, Any], metrics: tuple[str, ...]) -> dict[str, Any]:
+    """The counters of ``metrics`` as the agent publishes them (sums and seconds rounded to 6 places)."""
+    def r(v: float) -> float | None:
+        return round(v, 6) if math.isfinite(v) else None
+
+    return {"sum": {m: r(counters["sum"][m]) for m in metrics},
+            "covered_s": {m: r(counters["covered_s"][m]) for m in metrics},
+            "count": {m: counters["count"][m] for m in metrics}}
+
+
 def add(counters: Counters, metric: str, value: float | None, dt: float | None) -> bool:
     """Add ``value`` held for ``dt`` seconds; None, NaN, infinities and non-positive dt are skipped."""
     if value is None or dt is None or not (dt > 0) or not math.isfinite(value) or not math.isfinite(dt):

@@ -73,7 +73,7 @@ class _Series:
         self.errors: dict[str, str] = {}
 
     def published(self) -> dict[str, Any]:
-        return {**_counters_state(self.counters, integrals.METRICS), "ticks": self.ticks,
+        return {**integrals.published(self.counters, integrals.METRICS), "ticks": self.ticks,
                 "memory_used_bytes": self.memory_used, "last": {m: _r(v) for m, v in self.last.items()},
                 "errors": self.errors}
 
@@ -134,7 +134,7 @@ class _Gpu(_Series):
                "mig_enabled": i.mig_enabled, "series": self.series, "series_since": self.series_since,
                "series_why": self.series_why,
                "shares": {j: js.published() for j, js in self.shares.items()},
-               "unattributed": {**_counters_state(self.unattributed, integrals.METRICS),
+               "unattributed": {**integrals.published(self.unattributed, integrals.METRICS),
                                 "energy_mj": _r(self.unattributed_energy_mj),
                                 "why": {str(p): w for p, w in sorted(self.unmapped.items())[:16]},
                                 "error": self.share_error}}
@@ -210,9 +210,7 @@ class Agent:
         self.tick_cpu_s: float | None = None  # cost of the previous tick (published for bench/ and ops)
         self.tick_wall_s: float | None = None
         self.boot = resume.boot_id()
-        # A job file older than the boot belongs to a job the reboot killed (no Epilog ran to remove it): it
-        # holds no GPU, or every later job on its GPUs would be split with a ghost.
-        self.booted_at = resume.booted_at()
+        self.booted_at = resume.booted_at()  # job files older than this hold no GPU (_holders)
         self.gaps: list[list[Any]] = []  # [from, to, why]: times without readings (agent down or stalled)
         self.down_since: tuple[float, str] | None = None  # an earlier agent's last reading: a gap to close
         self.last_sample_mono: float | None = None
@@ -267,7 +265,8 @@ class Agent:
         self.prev_reading_wall = before if before is not None else self.clock()
         # GPM figures (a costly NVML call) at the energy counter's pace and at every requested reading; every
         # reading for a shared GPU, whose split needs them interval by interval (:mod:`.attribution`).
-        samples = self.sampler.sample(read_energy, None if read_energy else self._shared_gpus())
+        samples = self.sampler.sample(read_energy, None if read_energy else
+                                      {u for u, js in self._holders().items() if len(js) > 1})
         for s in samples:
             g = self.gpus.get(s.uuid)
             if g is not None:
@@ -409,27 +408,27 @@ class Agent:
                 del self.job_files[job_id]
                 self.job_peaks.pop(job_id, None)
 
-    def _shared_gpus(self) -> set[str]:
-        """The GPUs that more than one running job's Prolog named at the last reading."""
-        seen: set[str] = set()
-        shared: set[str] = set()
-        for jf in self.job_files.values():
+    def _live_files(self) -> dict[str, JobFile]:
+        """The Prolog job files of jobs running now. One older than the boot belongs to a job the reboot killed
+        (no Epilog ran to remove it): it holds nothing, or every later job on its GPUs would be split with a
+        ghost."""
+        return {j: jf for j, jf in self.job_files.items()
+                if self.booted_at is None or jf.mtime_ns >= self.booted_at * 1e9}
+
+    def _holders(self) -> dict[str, list[str]]:
+        """GPU UUID -> the running jobs whose Prolog named it, sorted."""
+        holders: dict[str, list[str]] = {}
+        for job_id, jf in sorted(self._live_files().items()):
             for u in jf.uuids:
-                (shared if u in seen else seen).add(u)
-        return shared
+                if u in self.gpus:
+                    holders.setdefault(u, []).append(job_id)
+        return holders
 
     def _attribute(self) -> None:
         """Give each GPU's growth since the previous reading to the jobs holding it (:mod:`.attribution`);
         processes are looked at only on GPUs that more than one job holds."""
-        holders: dict[str, list[str]] = {}
-        users: dict[str, str] = {}
-        for job_id, jf in self.job_files.items():
-            if self.booted_at is not None and jf.mtime_ns < self.booted_at * 1e9:
-                continue
-            users[job_id] = jf.labels[1]
-            for u in jf.uuids:
-                if u in self.gpus:
-                    holders.setdefault(u, []).append(job_id)
+        holders = self._holders()
+        users = {job_id: jf.labels[1] for job_id, jf in self._live_files().items()}
         shared = {u for u, js in holders.items() if len(js) > 1}
         procs: dict[str, ProcSample] = {}
         if shared:
@@ -438,23 +437,20 @@ class Agent:
             except Exception as exc:  # noqa: BLE001 - a split lost is unattributed, never a dead agent
                 log.warning("cannot read the processes of shared GPUs: %s", exc)
         for u, g in self.gpus.items():
-            self._split(g, sorted(holders.get(u, [])), procs.get(u) if u in shared else None, users)
+            self._split(g, holders.get(u, []), procs.get(u) if u in shared else None, users)
 
     def _split(self, g: _Gpu, holders: list[str], procs: ProcSample | None,
                users: dict[str, str]) -> None:
         d = attribution.delta(g.counters, g.base)
         e_now = g.energy_est_mj()
-        de = e_now - g.base_energy if e_now is not None and g.base_energy is not None else 0.0
-        dt = g.last_t - g.base_t if g.last_t is not None and g.base_t is not None else 0.0
+        de = max(e_now - g.base_energy, 0.0) if e_now is not None and g.base_energy is not None else 0.0
+        dt = max(g.last_t - g.base_t, 0.0) if g.last_t is not None and g.base_t is not None else 0.0
         g.base, g.base_t, g.base_energy = attribution.delta(g.counters, integrals.new_counters()), g.last_t, e_now
         for j in [j for j in g.shares if j not in holders]:  # its Epilog has read it: the job is over here
             del g.shares[j]
         if not holders:
             return
-        if len(holders) > 1 and procs is None:
-            procs = ProcSample(uuid=g.info.uuid, error="the processes could not be read")
         sp = attribution.split(holders, procs, lambda pid: self.proc_jobs.owner(pid, users))
-        de = max(de, 0.0)
         for j in holders:
             js = g.shares.get(j)
             if js is None:
@@ -463,15 +459,15 @@ class Agent:
                 attribution.add(js, d, sp.activity.get(j, 0.0), sp.energy.get(j, 0.0))
                 js.energy_mj += de * sp.energy.get(j, 0.0)
             else:  # nobody's part is known: these seconds are not covered, the job's figures skip them
-                js.unmeasured_s += max(dt, 0.0)
+                js.unmeasured_s += dt
                 js.unmeasured_why = sp.unmeasured
-            js.tracked_s += max(dt, 0.0)
-            js.held_s += max(dt, 0.0) / len(holders)
+            js.tracked_s += dt
+            js.held_s += dt / len(holders)
             used = g.memory_used if len(holders) == 1 else sp.memory.get(j)
             if used is not None:
                 js.memory_peak = max(js.memory_peak or 0, used)
             if len(holders) > 1:
-                js.shared_s += max(dt, 0.0)
+                js.shared_s += dt
                 js.others.update(h for h in holders if h != j)
                 if j in sp.how:
                     js.how.add(sp.how[j])
@@ -479,7 +475,7 @@ class Agent:
             attribution.add(g.unattributed, d, sp.activity.get(UNATTRIBUTED, 0.0), sp.energy.get(UNATTRIBUTED, 0.0))
             g.unattributed_energy_mj += de * sp.energy.get(UNATTRIBUTED, 0.0)
             g.unmapped = sp.unmapped
-            g.share_error = procs.error if procs is not None else None
+            g.share_error = procs.error if procs is not None else "the processes could not be read"
 
     def state(self, stopped: bool = False) -> dict[str, Any]:
         inventory = {d.uuid: {"parent_uuid": d.parent_uuid, "parent_minor": g.info.minor, "gi_id": d.gi_id,
@@ -512,7 +508,7 @@ class Agent:
             series += [(mig_key(u, gi), sl.counters, {"gen": sl.gen}) for gi, sl in g.mig.items()]
         for u, c, extra in series:
             line = {"t": round(now, 3), "instance": self.instance, **extra,
-                    **_counters_state(c, integrals.TIMELINE_METRICS)}
+                    **integrals.published(c, integrals.TIMELINE_METRICS)}
             path = timeline_path(self.state_dir, u)
             try:
                 with open(path, "a") as fh:
@@ -603,11 +599,6 @@ def _add_gpm(c: Counters, gpm: dict[str, float | None], dt: float | None) -> dic
 
 def _fraction(v: float | None) -> float | None:
     return integrals.clamp_fraction(v) if v is not None and math.isfinite(v) else None
-
-
-def _counters_state(c: Counters, metrics: tuple[str, ...]) -> dict[str, Any]:
-    return {"sum": {m: _r(c["sum"][m]) for m in metrics}, "covered_s": {m: _r(c["covered_s"][m]) for m in metrics},
-            "count": {m: c["count"][m] for m in metrics}}
 
 
 def _r(v: float | None) -> float | None:

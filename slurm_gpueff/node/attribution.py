@@ -58,42 +58,40 @@ class Split:
 
 
 def split(holders: list[str], procs: ProcSample | None, owner: Callable[[int], Owner]) -> Split:
-    """The interval's split among ``holders`` (the jobs whose Prolog named this GPU). ``procs`` None (one
-    holder, or the processes could not be read) gives everything to a single holder, else nothing is split."""
+    """The interval's split among ``holders`` (the jobs whose Prolog named this GPU). One holder gets everything
+    and ``procs`` is not looked at; for several, ``procs`` None (the processes could not be read) is a GPU with
+    no process seen: its activity unattributed, its energy even among the holders."""
     if len(holders) == 1:
         return Split({holders[0]: 1.0}, {holders[0]: 1.0}, {}, {}, {})
+    sm = procs.sm if procs is not None else {}
+    used_by = procs.memory if procs is not None else {}
     weights: dict[str, float] = {}
     memory: dict[str, int] = {}
     how: dict[str, str] = {}
     unmapped: dict[int, str] = {}
     mps = False
-    pids = set(procs.sm) | set(procs.memory) if procs is not None else set()
-    for pid in sorted(pids):
-        assert procs is not None
+    for pid in sorted(set(sm) | set(used_by)):
         o = owner(pid)
-        mps = mps or (o.mps_server and (procs.sm.get(pid) or 0.0) > 0)
+        mps = mps or (o.mps_server and (sm.get(pid) or 0.0) > 0)
         who = o.job if o.job is not None and o.job in holders else UNATTRIBUTED
         if who == UNATTRIBUTED:
             unmapped[pid] = o.how if o.job is None else f"Slurm job {o.job} does not hold this GPU"
         else:
             how[who] = o.how
-        w = procs.sm.get(pid, 0.0)
+        w = sm.get(pid, 0.0)
         if w > 0 and math.isfinite(w):
             weights[who] = weights.get(who, 0.0) + w
-        used = procs.memory.get(pid)
+        used = used_by.get(pid)
         if used is not None and who != UNATTRIBUTED:
             memory[who] = memory.get(who, 0) + used
-    total = sum(weights.values())
     if mps:
         return Split({}, {}, memory, how, unmapped, unmeasured=MPS_UNMEASURED)
-    if procs is None:
-        activity: dict[str, float] = {}
-    elif total > 0:
-        activity = {who: w / total for who, w in weights.items()}
-    else:  # nothing any process reported: whatever the device measured belongs to no known job
-        activity = {UNATTRIBUTED: 1.0}
-    energy = dict(activity) if total > 0 else {j: 1.0 / len(holders) for j in holders}
-    return Split(activity, energy, memory, how, unmapped)
+    total = sum(weights.values())
+    if total > 0:
+        shares = {who: w / total for who, w in weights.items()}
+        return Split(shares, dict(shares), memory, how, unmapped)
+    # nothing any process reported: what the device measured belongs to no known job; holding it cost energy
+    return Split({UNATTRIBUTED: 1.0}, {j: 1.0 / len(holders) for j in holders}, memory, how, unmapped)
 
 
 class JobShare:
@@ -115,9 +113,7 @@ class JobShare:
         self.unmeasured_why: str | None = None
 
     def published(self) -> dict[str, Any]:
-        return {"sum": {m: _r(v) for m, v in self.counters["sum"].items()},
-                "covered_s": {m: _r(v) for m, v in self.counters["covered_s"].items()},
-                "count": dict(self.counters["count"]), "energy_mj": _r(self.energy_mj),
+        return {**integrals.published(self.counters, integrals.METRICS), "energy_mj": _r(self.energy_mj),
                 "tracked_s": _r(self.tracked_s), "held_s": _r(self.held_s), "shared_s": _r(self.shared_s),
                 "with": sorted(self.others)[:MAX_WITH], "with_count": len(self.others),
                 "memory_peak_bytes": self.memory_peak, "how": sorted(self.how),
