@@ -157,14 +157,15 @@ def gpu_figures(job: Job, gpu: JobGpu) -> GpuFigures:
         missing.setdefault("gpu_hours", "job start/end time unknown")
     raw: dict[str, Any] = {name: getattr(gpu, name) for name in (*MEANS, *QUANTITIES)}
     shards, count = getattr(gpu, "shards", None), getattr(gpu, "shard_count", None)
-    shared = getattr(gpu, "shared", None) if isinstance(getattr(gpu, "shared", None), dict) else None
+    shared = getattr(gpu, "shared", None)
+    shared = shared if isinstance(shared, dict) else None
+    slurm_share = min(1.0, shards / count) if shards and count else None
     own: dict[str, float | None] | None = None
-    share: float | None = None
+    share: float | None = slurm_share
     if shared is not None:
-        hours, raw, own, share = _measured_share(hours, raw, shards, count, shared, missing)
+        hours, raw, own, share = _measured_share(hours, raw, slurm_share, shared, missing)
     elif shards:
         hours, raw = _shared(hours, raw, shards, count, missing)
-        share = min(1.0, shards / count) if count else None
     for name, v in raw.items():
         if v is None:
             missing[name] = missing.get(name) or NOT_MEASURED
@@ -199,8 +200,8 @@ def _shared(hours: float | None, raw: dict[str, Any], shards: int, count: int | 
     return hours, out
 
 
-def _measured_share(hours: float | None, raw: dict[str, Any], shards: int | None, count: int | None,
-                    shared: dict[str, Any], missing: dict[str, str]
+def _measured_share(hours: float | None, raw: dict[str, Any], slurm_share: float | None, shared: dict[str, Any],
+                    missing: dict[str, str]
                     ) -> tuple[float | None, dict[str, Any], dict[str, float | None], float | None]:
     """A GPU shared with other jobs whose own part the node agent measured (its figures are fractions of the
     whole GPU's time that were this job's, node/attribution.py). Its GPU-hours are its share of the GPU's:
@@ -209,9 +210,9 @@ def _measured_share(hours: float | None, raw: dict[str, Any], shards: int | None
     GPU's time at a half share reads 80 %), capped at 100 %: a job that used more than its share took time
     its neighbours left idle, and it is not charged idle time for it. ``own`` keeps the whole-GPU fractions."""
     measured = shared.get("share")
-    share = (min(1.0, shards / count) if shards and count else
-             float(measured) if isinstance(measured, int | float) and not isinstance(measured, bool) and measured > 0
-             else None)
+    share = slurm_share if slurm_share is not None else (
+        float(measured) if isinstance(measured, int | float) and not isinstance(measured, bool) and measured > 0
+        else None)
     own = {m: raw[m] for m in MEANS}
     out = dict(raw)
     if share is None:
@@ -220,9 +221,11 @@ def _measured_share(hours: float | None, raw: dict[str, Any], shards: int | None
         return hours, out, own, share
     hours = hours * share if hours is not None else None
     for m in MEANS:
-        if m in FRACTIONS_OF_TIME and out[m] is not None:
+        if out[m] is None:
+            continue
+        if m in FRACTIONS_OF_TIME:
             out[m] = min(1.0, float(out[m]) / share)
-        elif m not in FRACTIONS_OF_TIME and out[m] is not None:
+        else:
             out[m] = own[m] = None
             missing[m] = SHARED_OCCUPANCY
     return hours, out, own, share
