@@ -70,6 +70,7 @@ class FakeSampler:
         self.procs: dict[str, dict[str, dict[int, Any]]] = {g.uuid: {"sm": {}, "memory": {}} for g in gpus}
         self.prev_t: float | None = None  # the full reading before the last one
         self.proc_calls: list[set[str]] = []
+        self.util_calls: list[set[str]] = []  # the GPUs whose per-process utilization was read, per call
 
     def open(self) -> list[GpuInfo]:
         if self.fail_open:
@@ -124,14 +125,18 @@ class FakeSampler:
     def set_procs(self, uuid: str, sm: dict[int, float], memory: dict[int, int | None]) -> None:
         self.procs[uuid] = {"sm": dict(sm), "memory": dict(memory)}
 
-    def sample_processes(self, uuids: set[str], since: float) -> dict[str, ProcSample]:
+    def sample_processes(self, uuids: set[str], since: float, busy: set[str] | None = None) -> dict[str, ProcSample]:
         """As NvmlSampler's: each process's SM percent summed over one sample a second since the previous
-        reading (``since``, a wall time, stands for it; the fake counts from its previous ``sample``)."""
+        reading (``since``, a wall time, stands for it; the fake counts from its previous ``sample``), for the
+        GPUs in ``busy`` only (None: all)."""
         t = self.clock.mono
         self.proc_calls.append(set(uuids))
+        self.util_calls.append(set(uuids) if busy is None else set(uuids) & busy)
         out = {}
         for u in uuids:
             n = max(0, round(t - (self.prev_t if self.prev_t is not None else t)))
+            if busy is not None and u not in busy:
+                n = 0
             p = self.procs[u]
             out[u] = ProcSample(uuid=u, sm={pid: pct * n for pid, pct in p["sm"].items() if pct * n > 0},
                                 memory=dict(p["memory"]))

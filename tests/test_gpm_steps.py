@@ -3,8 +3,8 @@
 The GPU mock is a stand-in ``pynvml`` for one H100 without MIG (only the calls NvmlSampler makes, with
 nvidia-ml-py's names): its GPM samples hold cumulative busy and elapsed *cycles*, so a figure between two
 samples is cycle-weighted as the real GPM's is, and the SM clock is what the test sets. Over a span where the
-clock stayed put one metrics call is exact; where the GPU clocked down while idle only per-step figures
-weighted by time are, which is what the sampler must then give.
+clock stayed put one metrics call is exact; across a clock change (the GPU clocked down while idle) only
+per-step figures weighted by time are, which is what the sampler must then give.
 """
 
 from __future__ import annotations
@@ -133,6 +133,28 @@ def test_a_gpu_that_clocked_down_gets_per_step_figures_weighted_by_time(gpu):
     assert weighted(s, "sm_active") == pytest.approx(50.0)  # one call over the span would read 85 %
     later = steps(gpu, smp, [(5, 1.0, 1980.0)])  # the anchor moved on: the next span starts where this ended
     assert gpu.metric_calls == 1 and later.gpm["sm_active"] == pytest.approx(100.0)
+
+
+def test_busy_and_idle_stretches_take_one_call_each_and_their_edges_one_step_each(gpu):
+    """Jobs that take turns on a GPU (a shared GPU's usual reading): a call per steady stretch, not per step."""
+    smp = NvmlSampler()
+    smp.open()
+    s = steps(gpu, smp, [(5, 1.0, 1980.0), (5, 0.0, 345.0), (5, 1.0, 1980.0)])
+    assert gpu.metric_calls == 5 and [round(dt) for _v, dt in s.gpm_steps] == [5, 1, 4, 1, 4]
+    assert weighted(s, "sm_active") == pytest.approx(100.0 * 10 / 15)  # one call over the span: 91.7 %
+
+
+@pytest.mark.parametrize(("clocks", "runs"), [
+    ([1980.0, 1980.0], [(0, 1)]),
+    ([1980.0, 1900.0, 1800.0, 1980.0], [(0, 3)]),  # within 10 % of each other throughout
+    ([1980.0, 1790.0, 1980.0], [(0, 1), (1, 2)]),  # 1980 > 1.1 x 1790
+    ([None, 1980.0, 1980.0, None, 1980.0], [(0, 1), (1, 2), (2, 3), (3, 4)]),  # an unread clock: step by step
+    ([345.0, 345.0, 1980.0, 1980.0, 1980.0], [(0, 1), (1, 2), (2, 4)]),
+    ([0.0, 1980.0], [(0, 1)]),
+    ([1980.0], []),
+])
+def test_steady_runs_cover_every_step_once(clocks, runs):
+    assert nvml_sampler.steady_runs(clocks) == runs
 
 
 def test_a_long_interval_turns_samples_into_figures_before_they_pile_up(gpu):

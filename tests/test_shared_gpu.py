@@ -259,3 +259,56 @@ def test_under_mps_no_job_gets_the_servers_kernel_time(tmp_path):
     assert g["kernel_active"] is None and "MPS server" in g["missing"]["kernel_active"]
     assert g["energy_j"] is None and "MPS" in g["missing"]["energy_j"]
     assert g["memory_used_peak_bytes"] == 3 * GiB and g["shared"]["unmeasured_s"] == pytest.approx(20.0)
+
+
+def _job_series(agent):
+    """The agent's per-job /metrics samples: (metric name, job id) -> value."""
+    return {(s.name, s.labels["job_id"]): s.value for fam in agent.collect() for s in fam.samples
+            if s.name.startswith("gpueff_job_gpu_")}
+
+
+def test_per_job_metrics_of_a_shared_gpu_add_up_to_the_gpu(tmp_path):
+    """Two jobs' live series on one GPU carry their parts of the last split, not the GPU's whole reading each;
+    under MPS no part is measurable, so they carry no activity or power sample (never a made-up split)."""
+    n = SharedNode(tmp_path)
+    fake_proc(n.proc, 501, V2.format(1001))
+    fake_proc(n.proc, 502, V2.format(1002))
+    os.makedirs(os.path.join(n.cfg.paths.state_dir, "jobs"))
+    n.prolog(1001)
+    n.prolog(1002)
+    n.fake.set_procs(U0, sm={501: 75, 502: 25}, memory={501: 4 * GiB, 502: 2 * GiB})
+    n.ticks(2, **BUSY)
+    got = _job_series(n.agent)
+    assert got[("gpueff_job_gpu_kernel_active_ratio", "1001")] == pytest.approx(0.75)
+    assert got[("gpueff_job_gpu_sm_active_ratio", "1002")] == pytest.approx(0.8 * 0.25)
+    assert got[("gpueff_job_gpu_power_watts", "1001")] + got[("gpueff_job_gpu_power_watts", "1002")] == \
+        pytest.approx(400.0)
+    assert got[("gpueff_job_gpu_memory_used_bytes", "1002")] == 2 * GiB
+    fake_proc(n.proc, 600, "0::/system.slice/nvidia-mps.service\n", comm="nvidia-cuda-mps")
+    n.fake.set_procs(U0, sm={600: 99}, memory={600: 64 << 20, 501: 4 * GiB, 502: 2 * GiB})
+    n.ticks(1, **BUSY)
+    got = _job_series(n.agent)
+    assert not [k for k in got if k[0] != "gpueff_job_gpu_memory_used_bytes"]
+    assert got[("gpueff_job_gpu_memory_used_bytes", "1001")] == 4 * GiB
+
+
+def test_an_idle_shared_gpu_reads_no_process_utilization(tmp_path):
+    """The per-process utilization call is the costly one; an interval with no kernel has nothing to split.
+    The idle power is the price of holding the GPU: split evenly, and each job keeps its own memory."""
+    n = SharedNode(tmp_path)
+    fake_proc(n.proc, 501, V2.format(1001))
+    fake_proc(n.proc, 502, V2.format(1002))
+    os.makedirs(os.path.join(n.cfg.paths.state_dir, "jobs"))
+    a, sta = n.prolog(1001)
+    b, stb = n.prolog(1002)
+    n.fake.set_procs(U0, sm={}, memory={501: 4 * GiB, 502: 2 * GiB})
+    idle = {"kernel_pct": None, "power_mw": 70_000.0, "gpm": {"kernel_active": 0, "sm_active": 0, "tensor_active": 0}}
+    n.fake.util_calls.clear()
+    n.ticks(4, **idle)
+    assert n.fake.util_calls and all(c == set() for c in n.fake.util_calls)
+    n.fake.set_procs(U0, sm={501: 50, 502: 50}, memory={501: 4 * GiB, 502: 2 * GiB})
+    n.ticks(2, **BUSY)
+    assert n.fake.util_calls[-1] == {U0}
+    g = n.epilog(b, stb)
+    assert g["memory_used_peak_bytes"] == 2 * GiB and g["shared"]["unattributed"] == pytest.approx(0.0)
+    assert close(g["kernel_active"], (4 * 0 + 2 * 0.5) / 6, 1e-6)

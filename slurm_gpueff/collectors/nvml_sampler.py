@@ -55,8 +55,8 @@ GPM_SKIP_S = 0.5
 GPM_STEP_S = 1.0
 # Taking a GPM sample is cheap; turning two into figures (nvmlGpmMetricsGet) costs about 1.5 ms of CPU a call
 # whatever the number of metrics (docs/gpu-validation). So the 1-s steps only take samples, and a reading that
-# asks for figures turns them into figures: with one call over the whole span when the SM clock stayed within
-# GPM_STEADY_CLOCK of itself at every step (cycle weighting is then time weighting), else one call per step.
+# asks for figures turns them into figures: one call per run of steps over which the SM clock stayed within
+# GPM_STEADY_CLOCK of itself (cycle weighting is then time weighting), and one per step across a clock change.
 # At most GPM_MAX_STEPS samples wait; more (a long interval) are turned into figures early.
 GPM_STEADY_CLOCK = 1.10
 GPM_MAX_STEPS = 32
@@ -150,9 +150,9 @@ class Sampler(Protocol):
     def sample_gpm(self) -> list[GpuSample]:
         """GPM only (``t``, ``gpm``, ``gpm_dt``) of every GPU that has it, between full readings."""
 
-    def sample_processes(self, uuids: set[str], since: float) -> dict[str, ProcSample]:
-        """The compute processes of these GPUs and their utilization samples taken after ``since`` (the
-        previous reading's wall time) and after the previous call."""
+    def sample_processes(self, uuids: set[str], since: float, busy: set[str] | None = None) -> dict[str, ProcSample]:
+        """The compute processes of these GPUs, and for those in ``busy`` (None: all) their utilization samples
+        taken after ``since`` (the previous reading's wall time) and after the previous call."""
 
     def close(self) -> None:
         ...
@@ -194,6 +194,27 @@ class _Step:
     buf: object
     t: float
     clock: float | None
+
+
+def steady_runs(clocks: list[float | None]) -> list[tuple[int, int]]:
+    """Split GPM sample points into runs ``(first, last)`` that share an end, each as long as the SM clock read
+    at every point of it stayed within GPM_STEADY_CLOCK of itself (an unread clock ends a run): one metrics
+    call per run is then time-weighted, and a step across a clock change is a run of its own."""
+    runs = []
+    a = 0
+    while a < len(clocks) - 1:
+        b = a + 1
+        lo = hi = clocks[a] or 0.0
+        while lo > 0 and b < len(clocks):
+            c = clocks[b] or 0.0
+            lo, hi = min(lo, c), max(hi, c)
+            if lo <= 0 or hi > GPM_STEADY_CLOCK * lo:
+                break
+            b += 1
+        b = max(b - 1, a + 1)  # the last point that kept the run steady; one step at least
+        runs.append((a, b))
+        a = b
+    return runs
 
 
 @dataclass(eq=False, slots=True, kw_only=True)
@@ -434,13 +455,10 @@ class NvmlSampler:
         if not dev.steps or dev.gpm_prev_t is None:
             return
         points = [_Step(dev.gpm_prev, dev.gpm_prev_t, dev.anchor_clock), *dev.steps]
-        clocks = [p.clock for p in points]
-        lo, hi = min((c or 0.0) for c in clocks), max((c or 0.0) for c in clocks)
-        steady = lo > 0 and hi <= GPM_STEADY_CLOCK * lo
-        for a, b in [(points[0], points[-1])] if steady else zip(points, points[1:], strict=False):
-            values = self._metrics(a.buf, b.buf, errors)
+        for a, b in steady_runs([p.clock for p in points]):
+            values = self._metrics(points[a].buf, points[b].buf, errors)
             if values is not None:
-                dev.done.append((values, b.t - a.t))
+                dev.done.append((values, points[b].t - points[a].t))
         dev.pool.append(dev.gpm_prev)
         dev.pool.extend(p.buf for p in dev.steps[:-1])
         while len(dev.pool) > GPM_POOL:  # a long interval's buffers: keep what a default interval reuses
@@ -577,7 +595,7 @@ class NvmlSampler:
                     log.debug("GPU %s: %s", dev.info.uuid, errors["gpm"])
         return []
 
-    def sample_processes(self, uuids: set[str], since: float) -> dict[str, ProcSample]:
+    def sample_processes(self, uuids: set[str], since: float, busy: set[str] | None = None) -> dict[str, ProcSample]:
         nv = self._nvml
         out = {}
         for dev in self._devs:
@@ -591,6 +609,8 @@ class NvmlSampler:
             except nv.NVMLError as exc:
                 ps.error = f"NVML could not list the GPU's processes: {exc}"
             dev.proc_ts = max(dev.proc_ts, int(since * 1e6))  # NVML's sample times: CPU clock, microseconds
+            if busy is not None and dev.info.uuid not in busy:
+                continue  # no kernel ran: nothing to split, and this is the costlier call of the two
             try:
                 samples = nv.nvmlDeviceGetProcessUtilization(dev.handle, dev.proc_ts)
             except nv.NVMLError_NotFound:

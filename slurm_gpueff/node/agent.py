@@ -40,7 +40,7 @@ from ..collectors.nvml_sampler import (
 )
 from . import attribution, resume
 from .attribution import UNATTRIBUTED, JobShare
-from .job_metrics import GpuNow, JobFile, job_series, read_job_file
+from .job_metrics import GpuNow, JobFile, JobPart, job_series, read_job_file
 from .proc_jobs import ProcessJobs
 
 if TYPE_CHECKING:
@@ -58,6 +58,7 @@ ENERGY_INTERVAL_S = 30.0
 # intervals (agent stalled, host suspended) we do not pretend to know what happened.
 GAP_INTERVALS = 3.0
 PRUNE_EVERY_S = 3600.0
+IDLE_KERNEL = 0.001  # a shared GPU whose kernels ran at most this part of the time since the last split is idle
 LABELS = ("minor", "uuid", "model")  # of the /metrics series
 ACTIVITIES = ("kernel_active", *GPM_METRICS)  # fractions 0-1 in the agent's ``last`` readings
 
@@ -118,6 +119,7 @@ class _Gpu(_Series):
         self.unattributed = integrals.new_counters()
         self.unattributed_energy_mj = 0.0
         self.unmapped: dict[int, str] = {}  # at the last split: pid -> why it is no running job's
+        self.parts: dict[str, JobPart] = {}  # at the last split of a shared GPU: each job's part (per-job /metrics)
         self.share_error: str | None = None
         self.base = attribution.delta(self.counters, integrals.new_counters())  # a copy, to difference
         self.base_t = self.last_t
@@ -144,6 +146,13 @@ class _Gpu(_Series):
 
     def energy_est_mj(self) -> float | None:
         return None if self.energy_mj is None else self.energy_mj + self.power_since_energy_mj
+
+    def kernels_ran(self) -> bool:
+        """Kernels ran (or may have: unread) since the last split. An idle shared GPU, the usual state of one
+        that notebooks share, has no activity to split, so its processes' utilization is not read."""
+        d = attribution.delta(self.counters, self.base)
+        covered = d["covered_s"]["kernel_active"]
+        return not covered or d["sum"]["kernel_active"] > IDLE_KERNEL * covered
 
     def resume(self, prev: dict[str, Any]) -> bool:
         """Continue an earlier agent's series of this GPU (same boot); False when its counters are unusable."""
@@ -432,8 +441,9 @@ class Agent:
         shared = {u for u, js in holders.items() if len(js) > 1}
         procs: dict[str, ProcSample] = {}
         if shared:
+            busy = {u for u in shared if self.gpus[u].kernels_ran()}
             try:
-                procs = self.sampler.sample_processes(shared, self.prev_reading_wall)
+                procs = self.sampler.sample_processes(shared, self.prev_reading_wall, busy)
             except Exception as exc:  # noqa: BLE001 - a split lost is unattributed, never a dead agent
                 log.warning("cannot read the processes of shared GPUs: %s", exc)
         for u, g in self.gpus.items():
@@ -448,9 +458,14 @@ class Agent:
         g.base, g.base_t, g.base_energy = attribution.delta(g.counters, integrals.new_counters()), g.last_t, e_now
         for j in [j for j in g.shares if j not in holders]:  # its Epilog has read it: the job is over here
             del g.shares[j]
+        g.parts = {}
         if not holders:
             return
         sp = attribution.split(holders, procs, lambda pid: self.proc_jobs.owner(pid, users))
+        if len(holders) > 1:
+            measured = sp.unmeasured is None
+            g.parts = {j: JobPart(sp.activity.get(j, 0.0) if measured else None,
+                                  sp.energy.get(j, 0.0) if measured else None, sp.memory.get(j)) for j in holders}
         for j in holders:
             js = g.shares.get(j)
             if js is None:
@@ -569,8 +584,8 @@ class Agent:
                     fam.add_metric(labels, v)
         yield from act.values()
         yield from (power, used, total, energy)
-        gpus = {u: GpuNow(g.info, g.last, g.memory_used) for u, g in list(self.gpus.items())}
-        yield from job_series(list(self.job_files.values()), gpus)
+        gpus = {u: GpuNow(g.info, g.last, g.memory_used, g.parts) for u, g in list(self.gpus.items())}
+        yield from job_series(dict(self.job_files), gpus)
         yield CounterMetricFamily("gpueff_agent_ticks", "Sampling ticks since the agent started", value=self.ticks)
         if self.updated is not None:
             yield GaugeMetricFamily("gpueff_agent_last_tick_timestamp_seconds", "When the last tick ended",
