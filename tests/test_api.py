@@ -383,3 +383,49 @@ def test_a_damaged_database_is_one_line_503_for_every_request_but_the_health_che
         api_mod.stop(server)
         munged.terminate()
         munged.wait(10)
+
+
+def test_a_push_beyond_the_slots_is_told_busy_and_keeps_its_records(tmp_path, monkeypatch):
+    """After an outage every node pushes at once; the service stores PUSH_SLOTS pushes at a time and tells the
+    rest "busy" (503) within PUSH_WAIT_S, rather than taking them all and answering each after the node stopped
+    waiting. A node told busy keeps its records and stores them at its next pass. Real munged, real forwarder
+    process; the API in this process on a Unix socket, its slots held by the test as a herd of pushes would."""
+    from slurm_gpueff.config import Config
+    from slurm_gpueff.service import api as api_mod
+    from slurm_gpueff.storage.db import make_engine
+
+    monkeypatch.setattr(api_mod, "PUSH_WAIT_S", 0.3)
+    munged, munge_sock = start_munged(str(tmp_path), "munge")
+    db = f"{tmp_path}/db/gpueff.db"
+    os.makedirs(os.path.dirname(db))
+    engine = make_engine(db)
+    svc = {"api_listen": f"unix:{tmp_path}/api.sock", "munge_socket": munge_sock}
+    cfg = Config({"paths": {"database": db, "spool_dir": f"{tmp_path}/spool", "state_dir": f"{tmp_path}/state"},
+                  "service": svc})
+    node_cfg = tmp_path / "node.toml"
+    node_cfg.write_text(f'[site]\ncluster = "c"\n[paths]\nspool_dir = "{tmp_path}/node"\nstate_dir = "{tmp_path}/ns"\n'
+                        f'[service]\napi_url = "unix:{tmp_path}/api.sock"\nmunge_socket = "{munge_sock}"\n')
+    for i in range(3):
+        spool.write_record(f"{tmp_path}/node", sim_record(7000 + i))
+    server = api_mod.start(cfg, engine)
+    forward = [sys.executable, "-m", "slurm_gpueff.cli.gpueff", "--config", str(node_cfg), "forward", "--once"]
+    try:
+        for _ in range(api_mod.PUSH_SLOTS):
+            assert server.api.push_slots.acquire(timeout=1)
+        busy = subprocess.run(forward, capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert busy.returncode == 1 and "HTTP 503" in busy.stderr and "busy" in busy.stderr, busy.stderr
+        assert len(os.listdir(f"{tmp_path}/node/incoming")) == 3
+        for _ in range(api_mod.PUSH_SLOTS):
+            server.api.push_slots.release()
+        done = subprocess.run(forward, capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert done.returncode == 0, done.stderr
+        assert os.listdir(f"{tmp_path}/node/incoming") == []
+        with engine.connect() as c:
+            from sqlalchemy import text
+
+            assert sorted(r[0] for r in c.execute(text("SELECT job_id FROM job"))) == [7000, 7001, 7002]
+    finally:
+        api_mod.stop(server)
+        engine.dispose()
+        munged.terminate()
+        munged.wait(10)

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import synthetic
+from pgutil import pg_url  # noqa: F401  (fixture)
 from sites import ingest_records, site_config
 
 from slurm_gpueff.config import Config
@@ -75,3 +76,55 @@ def test_bad_time_and_missing_arguments_are_usage_errors(site):
     cfg, _engine = site
     assert seff(cfg, "-u", "x", "-S", "yesterday").returncode == 2
     assert seff(cfg).returncode == 2
+
+
+def test_a_long_table_shows_the_newest_lines_and_totals_over_all(tmp_path):
+    """A year of an account is half a million jobs: the table prints the newest --limit lines (and says so) while
+    its totals line and the JSON totals stay over every job, the same figures as the whole table's."""
+    cfg = str(site_config(tmp_path, tmp_path / "g.db", cluster=None, extra="[privacy]\nenabled = false\n"))
+    engine = make_engine(str(tmp_path / "g.db"))
+    ingest_records(engine, tmp_path / "spool", ({**synthetic.record(i + 1, gpus=1 + i % 3, timeline_points=2,
+                                                                    end=1704067200 + i * 3600), "account": "big"}
+                                                for i in range(12)))
+    summarize_pending(engine, Config().analysis)
+    window = ("-S", "2023-12-31", "-E", "2024-01-03")
+    whole = json.loads(seff(cfg, "-A", "big", *window, "--json", "--limit", "0").stdout)
+    n = len(whole["jobs"])
+    assert n > 3 and whole["totals"]["rows"] == n
+    cut = json.loads(seff(cfg, "-A", "big", *window, "--json", "--limit", "3").stdout)
+    assert [j["raw_job_id"] for j in cut["jobs"]] == [j["raw_job_id"] for j in whole["jobs"]][-3:]
+    for key, value in whole["totals"].items():
+        assert cut["totals"][key] == pytest.approx(value), key
+    text = seff(cfg, "-A", "big", *window, "--limit", "3")
+    lines = text.stdout.splitlines()
+    assert text.returncode == 0, text.stderr
+    assert f"The newest 3 of {n} lines" in lines[1] and len(lines) == 2 + 2 + 3 + 2
+    assert lines[-1].startswith(f"Total ({whole['totals']['jobs']} jobs)")
+    assert seff(cfg, "-u", "x", "--limit", "-1").returncode == 2
+    engine.dispose()
+
+
+@pytest.mark.postgres
+def test_postgres_totals_are_the_rows_totals(pg_url, tmp_path):  # noqa: F811
+    """The database's totals (what a cut table shows) equal the ones computed from every row, NULLs included."""
+    from datetime import datetime
+
+    from sqlmodel import Session
+
+    from slurm_gpueff.render.jobs_table import totals
+    from slurm_gpueff.storage import migrate
+    from slurm_gpueff.storage.queries import list_jobs, table_totals
+
+    engine = make_engine(pg_url, create=False)
+    migrate.upgrade(engine)
+    ingest_records(engine, tmp_path / "spool", (synthetic.record(i + 1, gpus=1 + i % 3, timeline_points=2,
+                                                                 end=1704067200 + i * 3600) for i in range(60)))
+    summarize_pending(engine, Config().analysis)
+    with Session(engine) as s:
+        scope = {"start": datetime(2023, 12, 31), "end": datetime(2024, 1, 9)}
+        rows = list_jobs(s, **scope)
+        got = table_totals(s, **scope)
+    assert rows and got["rows"] == len(rows)
+    for key, value in totals(rows).items():
+        assert got[key] == pytest.approx(value), key
+    engine.dispose()

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
-from ..reports.jobview import EXIT_DENIED, EXIT_ERROR, EXIT_UNKNOWN, Answer, SeffQuery
+from ..reports.jobview import EXIT_DENIED, EXIT_ERROR, EXIT_UNKNOWN, MAX_LIMIT, TABLE_LIMIT, Answer, SeffQuery
 from .common import CONFIG_HELP, CONFIG_NOTE, CommandError, OneLineParser, UsageError, run_command
 
 if TYPE_CHECKING:
@@ -87,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "separated, e.g. RUNNING or COMPLETED,FAILED (default: all)")
     p.add_argument("--watch", type=float, metavar="SECONDS", help="a running job's card: show it again every "
                    "SECONDS (at least 2) until the job ends or Ctrl-C")
+    p.add_argument("--limit", type=_limit, default=TABLE_LIMIT, metavar="N",
+                   help=f"a table's lines: the newest N jobs (default {TABLE_LIMIT}; 0: every job); its totals are "
+                   "over every job either way")
     p.add_argument("--json", action="store_true", help="print a machine-readable JSON document instead")
     p.add_argument("--html", metavar="FILE", help="also write the card as an HTML page (the mailed card, one "
                    "self-contained file; several jobs: FILE-<jobid>.html)")
@@ -138,7 +141,7 @@ def _run(args: argparse.Namespace) -> int:
         parse(args.jobid)  # a bad id is refused before the config is read
     config = load(args.config)
     query = SeffQuery(args.jobid, args.user, args.account, *_times(args), args.cluster, args.json, bool(args.html),
-                      args.state)
+                      args.state, args.limit)
     if args.watch is not None:
         return watch(lambda: _ask(query, config), args.watch)
     return emit(_ask(query, config), args.html)
@@ -198,6 +201,16 @@ def watch(ask: Callable[[], Answer], every_s: float) -> int:
             time.sleep(every_s)
         except KeyboardInterrupt:
             return 0
+
+
+def _limit(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if not 0 <= n <= MAX_LIMIT:
+        raise argparse.ArgumentTypeError(f"{text!r}: a whole number of lines, 0 for all")
+    return n
 
 
 def _times(args: argparse.Namespace) -> tuple[str | None, str | None]:

@@ -35,7 +35,9 @@ def _label(job: Any) -> str:
 
 
 def totals(jobs: Sequence[Any]) -> dict[str, Any]:
-    """Sums and GPU-hour-weighted means over the jobs (each over the jobs where it was measured)."""
+    """Sums and GPU-hour-weighted means over the jobs (each over the jobs where it was measured); a table cut
+    to its newest lines gets the same figures over all its jobs from the database
+    (storage.queries.table_totals)."""
     def wmean(getter: Callable[[Any], float | None]) -> float | None:
         num = den = 0.0
         for j in jobs:
@@ -49,6 +51,8 @@ def totals(jobs: Sequence[Any]) -> dict[str, Any]:
     hours = [j.gpu_hours for j in jobs if j.gpu_hours is not None]
     wastes = [w for w in map(_waste, jobs) if w is not None]
     return {
+        "rows": len(jobs),
+        "gpus": sum(j.gpu_count for j in jobs),
         "jobs": len({(j.cluster, j.job_id) for j in jobs}),
         "gpu_hours": sum(hours) if hours else None,
         "kernel_active": wmean(lambda j: None if j.idle_gpu_hours is None else j.gpu_hours - j.idle_gpu_hours),
@@ -60,7 +64,8 @@ def totals(jobs: Sequence[Any]) -> dict[str, Any]:
     }
 
 
-def render(jobs: Sequence[Any]) -> str:
+def render(jobs: Sequence[Any], total: dict[str, Any] | None = None) -> str:
+    """The table's lines and its totals line (``total``: over more jobs than the lines, else over them)."""
     head = ("JobID", "State", "Elapsed", "GPUs", "GPU-h", "Kernel%", "SM%", "Tensor%", "CPU%", "WasteGPU-h",
             "Verdict")
     rows = []
@@ -69,8 +74,8 @@ def render(jobs: Sequence[Any]) -> str:
         rows.append((_label(j), state_word(j), hms(j.elapsed_s), str(j.gpu_count),
                      gpu_hours(j.gpu_hours), pct(j.kernel_active), pct(j.sm_active), pct(j.tensor_active),
                      pct(_cpu(j)), gpu_hours(_waste(j)), verdict))
-    t = totals(jobs)
-    foot = (f"Total ({plural(t['jobs'], 'job')})", "", "", str(sum(j.gpu_count for j in jobs)),
+    t = total if total is not None else totals(jobs)
+    foot = (f"Total ({plural(t['jobs'], 'job')})", "", "", str(t["gpus"]),
             gpu_hours(t["gpu_hours"]), pct(t["kernel_active"]), pct(t["sm_active"]), pct(t["tensor_active"]),
             pct(t["cpu_efficiency"]), gpu_hours(t["waste_gpu_hours"]), "")
     widths = [max(len(r[i]) for r in (head, *rows, foot)) for i in range(len(head))]
@@ -84,7 +89,8 @@ def render(jobs: Sequence[Any]) -> str:
     return "\n".join([line(head), sep, *map(line, rows), sep, line(foot)])
 
 
-def as_json(jobs: Sequence[Any], query: dict[str, Any]) -> dict[str, Any]:
+def as_json(jobs: Sequence[Any], query: dict[str, Any], total: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The table as JSON; ``totals.rows`` says how many lines there are in all when ``jobs`` are the newest."""
     out = [{"job_id": job_label(j), "raw_job_id": j.job_id, "run": j.run, "cluster": j.cluster, "user": j.user,
             "account": j.account, "state": state_word(j), "end_time": iso(j.end_time),
             "elapsed_s": j.elapsed_s, "gpus": j.gpu_count, "gpu_hours": j.gpu_hours,
@@ -94,4 +100,5 @@ def as_json(jobs: Sequence[Any], query: dict[str, Any]) -> dict[str, Any]:
             "underfilled_gpu_hours": j.underfilled_gpu_hours,
             "waste_gpu_hours": _waste(j), "energy_j": j.energy_j, "verdict": j.verdict,
             "verdict_title": j.verdict_title, "analyzed": j.analyzed_at is not None} for j in jobs]
-    return {"schema": SCHEMA, "schema_version": VERSION, "query": query, "jobs": out, "totals": totals(jobs)}
+    return {"schema": SCHEMA, "schema_version": VERSION, "query": query, "jobs": out,
+            "totals": total if total is not None else totals(jobs)}

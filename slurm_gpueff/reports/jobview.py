@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import textwrap
+import threading
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -49,6 +50,10 @@ class Refused(GpueffError):
         self.exit_code = exit_code
 
 
+TABLE_LIMIT = 100  # a table's default lines: what a user reads; the totals still cover every job
+MAX_LIMIT = 10**9
+
+
 class SeffQuery(NamedTuple):
     """One seff-gpu question. ``jobid`` (text as typed) asks for cards; else a table of the jobs of
     ``user``/``account`` that ended (or, running, were last measured) in [``start``, ``end``) (ISO, naive UTC:
@@ -64,6 +69,7 @@ class SeffQuery(NamedTuple):
     json: bool = False
     html: bool = False
     state: str | None = None  # a table's Slurm states, comma-separated ("RUNNING", "COMPLETED,FAILED")
+    limit: int = TABLE_LIMIT  # a table's lines: the newest this many jobs (0: all); its totals are over all
 
     def kind(self) -> str:
         """For log lines: what was asked, never which job or whose."""
@@ -225,7 +231,7 @@ def _read_timelines(config: Config, gpus: list[Any]) -> dict[int, list[Any]]:
     except SQLAlchemyError as exc:
         raise Refused(_db_error(config, exc), EXIT_ERROR) from None
     finally:
-        engine.dispose()
+        _done(engine)
 
 
 def still_running(spec: JobSpec, config: Config, timeout: float | None = None,
@@ -310,19 +316,45 @@ def lookup(config: Config, spec: JobSpec | RawIds, cluster: str | None) -> list[
     except SQLAlchemyError as exc:
         raise RuntimeError(_db_error(config, exc)) from None
     finally:
-        engine.dispose()
+        _done(engine)
+
+
+_KEPT: dict[str, Any] = {}  # database URL -> its engine, in a process that keeps them (keep_engines)
+_KEEP = threading.Lock()
+_keeping = False
+
+
+def keep_engines() -> None:
+    """From now on this process keeps its read-only engines: ``gpueff serve`` answers many queries, and a kept
+    engine reuses its pooled connections and compiled statements, where a new engine per answer paid a
+    connection and a compilation of every statement each time. seff-gpu answers once, so it makes one and
+    disposes of it."""
+    global _keeping  # noqa: PLW0603 - one switch for the process's life
+    _keeping = True
 
 
 def _engine(config: Config) -> Any:
-    """A read-only engine of the configured database (with its password file); Refused if it cannot open."""
+    """A read-only engine of the configured database (with its password file); Refused if it cannot open.
+    Give it back with :func:`_done`."""
     from ..storage.db import engine_for
     from ..storage.dburl import database_url
 
-    try:
-        return engine_for(config.paths, create=False, read_only=True)
-    except Exception as exc:  # bad URL, missing driver, unreadable password file
-        raise Refused(f"cannot open the job database {database_url(config.paths.database)}: {exc}",
-                      EXIT_ERROR) from None
+    url = database_url(config.paths.database)
+    with _KEEP:
+        if _keeping and url in _KEPT:
+            return _KEPT[url]
+        try:
+            engine = engine_for(config.paths, create=False, read_only=True)
+        except Exception as exc:  # bad URL, missing driver, unreadable password file
+            raise Refused(f"cannot open the job database {url}: {exc}", EXIT_ERROR) from None
+        if _keeping:
+            _KEPT[url] = engine
+        return engine
+
+
+def _done(engine: Any) -> None:
+    if engine not in _KEPT.values():
+        engine.dispose()
 
 
 def _db_error(config: Config, exc: BaseException) -> str:
@@ -439,7 +471,7 @@ def _table(query: SeffQuery, config: Config, viewer: Viewer) -> Answer:
 
     from ..fmt import iso, utc
     from ..render.jobs_table import as_json, render
-    from ..storage.queries import list_jobs
+    from ..storage.queries import list_jobs, table_totals
 
     try:
         start, end = datetime.fromisoformat(query.start or ""), datetime.fromisoformat(query.end or "")
@@ -453,15 +485,17 @@ def _table(query: SeffQuery, config: Config, viewer: Viewer) -> Answer:
     try:
         with Session(engine) as session:
             jobs = list_jobs(session, user=user, account=account, start=start, end=end, cluster=query.cluster,
-                             states=states)
+                             states=states, limit=query.limit or None)
+            totals = table_totals(session, user=user, account=account, start=start, end=end, cluster=query.cluster,
+                                  states=states)
     except SQLAlchemyError as exc:
         raise Refused(_db_error(config, exc), EXIT_ERROR) from None
     finally:
-        engine.dispose()
+        _done(engine)
     if query.json:
         asked = {"user": user, "account": account, "cluster": query.cluster, "states": states,
                  "start_utc": iso(start), "end_utc": iso(end)}
-        return Answer(EXIT_OK, json.dumps(as_json(jobs, asked), indent=2) + "\n")
+        return Answer(EXIT_OK, json.dumps(as_json(jobs, asked, totals), indent=2) + "\n")
     who = " ".join(f"{k} {v}" for k, v in (("user", user), ("account", account)) if v) or "all users"
     if states == ["RUNNING"]:
         head = (f"Running GPU jobs of {who}: figures so far, each as of its latest reading (readings from "
@@ -469,4 +503,7 @@ def _table(query: SeffQuery, config: Config, viewer: Viewer) -> Answer:
     else:
         which = f" in state {', '.join(states)}" if states else ""
         head = f"GPU jobs of {who}{which} that ended {utc(start)} to {utc(end)} (running jobs: figures so far)\n"
-    return Answer(EXIT_OK, head + (render(jobs) if jobs else "(none)") + "\n")
+    if len(jobs) < totals["rows"]:
+        head += (f"The newest {len(jobs):,} of {totals['rows']:,} lines; the totals are over all of them "
+                 "(--limit N for more, --limit 0 for all, --json for a program)\n")
+    return Answer(EXIT_OK, head + (render(jobs, totals) if jobs else "(none)") + "\n")

@@ -18,7 +18,8 @@ from datetime import datetime, timedelta
 from html import escape
 from typing import TYPE_CHECKING
 
-from sqlalchemy import delete
+from sqlalchemy import delete, insert
+from sqlalchemy import select as rows_of
 from sqlmodel import Session, col, select
 
 from ..analysis import idle
@@ -54,24 +55,31 @@ def record_samples(session: Session, jobs: list[Job]) -> dict[int, dict[tuple[st
     """Store each live job GPU's newest cumulative figures (once per live record); every sample by job."""
     pks = [j.id for j in jobs if j.id is not None]
     session.connection().execute(delete(LiveSample).where(col(LiveSample.job_pk).not_in(pks)))  # jobs that have ended
-    stored = list(session.exec(select(LiveSample).where(col(LiveSample.job_pk).in_(pks))).all())
-    have = {(s.job_pk, s.node, s.gpu_index, s.as_of) for s in stored}
+    cols = (col(LiveSample.job_pk), col(LiveSample.node), col(LiveSample.gpu_index), col(LiveSample.as_of),
+            col(LiveSample.covered_s), col(LiveSample.kernel_s), col(LiveSample.sm_s))
+    samples: list[tuple[int, str, int, idle.Sample]] = [  # plain rows, not ORM objects: thousands at a large site
+        (pk, node, index, idle.Sample(as_of, cov, kernel_s, sm_s)) for pk, node, index, as_of, cov, kernel_s, sm_s
+        in session.connection().execute(rows_of(*cols).where(col(LiveSample.job_pk).in_(pks)))]
+    have = {(pk, node, index, smp.as_of) for pk, node, index, smp in samples}
     end_of = {j.id: j.end_time for j in jobs}
-    for g in session.exec(select(JobGpu).where(col(JobGpu.job_pk).in_(pks))).all():
-        as_of = end_of.get(g.job_pk)
-        cov = g.measured_s if g.measured_s is not None else (
-            (g.end_time - g.start_time).total_seconds() if g.end_time and g.start_time else None)
-        if as_of is None or cov is None or (g.job_pk, g.node, g.gpu_index, as_of) in have:
+    new: list[tuple[int, str, int, idle.Sample]] = []
+    gcols = (col(JobGpu.job_pk), col(JobGpu.node), col(JobGpu.gpu_index), col(JobGpu.measured_s),
+             col(JobGpu.start_time), col(JobGpu.end_time), col(JobGpu.kernel_active), col(JobGpu.sm_active))
+    for pk, node, index, measured, start, end, kernel, sm in session.connection().execute(
+            rows_of(*gcols).where(col(JobGpu.job_pk).in_(pks))):
+        as_of = end_of.get(pk)
+        cov = measured if measured is not None else (end - start).total_seconds() if end and start else None
+        if as_of is None or cov is None or (pk, node, index, as_of) in have:
             continue
-        new = LiveSample(job_pk=g.job_pk, node=g.node, gpu_index=g.gpu_index, as_of=as_of, covered_s=cov,
-                         kernel_s=None if g.kernel_active is None else g.kernel_active * cov,
-                         sm_s=None if g.sm_active is None else g.sm_active * cov)
-        session.add(new)
-        stored.append(new)
+        new.append((pk, node, index, idle.Sample(as_of, cov, None if kernel is None else kernel * cov,
+                                                 None if sm is None else sm * cov)))
+    if new:
+        session.connection().execute(insert(LiveSample), [
+            {"job_pk": pk, "node": node, "gpu_index": index, "as_of": smp.as_of, "covered_s": smp.covered_s,
+             "kernel_s": smp.kernel_s, "sm_s": smp.sm_s} for pk, node, index, smp in new])
     out: dict[int, dict[tuple[str, int], list[idle.Sample]]] = {}
-    for s in stored:
-        out.setdefault(s.job_pk, {}).setdefault((s.node, s.gpu_index), []).append(
-            idle.Sample(s.as_of, s.covered_s, s.kernel_s, s.sm_s))
+    for pk, node, index, smp in [*samples, *new]:
+        out.setdefault(pk, {}).setdefault((node, index), []).append(smp)
     return out
 
 
@@ -83,7 +91,9 @@ def run_alerts(engine: Engine, config: Config, *, dry_run: bool | None = None, n
     dry = cfg.dry_run if dry_run is None else dry_run
     t = now or utcnow()
     res = AlertsResult()
-    with Session(engine) as session:
+    # Not expired on commit: the pass reads every running job's row after committing the samples, and an
+    # expired row is one more query each (thousands at a large site).
+    with Session(engine, expire_on_commit=False) as session:
         jobs = list(session.exec(select(Job).where(col(Job.record_source) == "live")).all())
         samples = record_samples(session, jobs)
         session.commit()

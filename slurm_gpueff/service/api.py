@@ -32,7 +32,7 @@ import socket
 import stat
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from sqlalchemy.engine import Engine
@@ -41,7 +41,7 @@ from ..access.client import HEALTH_PATH, RECORDS_PATH, SEFF_PATH
 from ..access.munge import CredentialRefused, Decoded, MungeError, body_digest, decode
 from ..access.privacy import Viewer, user_name, viewer
 from ..config import Config
-from ..reports.jobview import SeffQuery, answer
+from ..reports.jobview import MAX_LIMIT, TABLE_LIMIT, SeffQuery, answer, keep_engines
 from .intake import Intake, IntakeError, push_uids
 
 log = logging.getLogger("gpueff.api")
@@ -64,8 +64,11 @@ def parse_query(body: bytes) -> SeffQuery:
         d = json.loads(body)
     except ValueError:
         raise HttpError(400, "the body is not JSON") from None
-    if not isinstance(d, dict) or not set(d) <= {*_TEXT, *_FLAGS}:
-        raise HttpError(400, f"the body must be an object with keys among {', '.join((*_TEXT, *_FLAGS))}")
+    if not isinstance(d, dict) or not set(d) <= {*_TEXT, *_FLAGS, "limit"}:
+        raise HttpError(400, f"the body must be an object with keys among {', '.join((*_TEXT, *_FLAGS, 'limit'))}")
+    limit = d.get("limit", TABLE_LIMIT)
+    if not (isinstance(limit, int) and not isinstance(limit, bool) and 0 <= limit <= MAX_LIMIT):
+        raise HttpError(400, f"limit must be a whole number from 0 to {MAX_LIMIT}")
     for key in _TEXT:
         if not (d.get(key) is None or (isinstance(d[key], str) and len(d[key]) <= 256)):
             raise HttpError(400, f"{key} must be a string or null")
@@ -75,6 +78,10 @@ def parse_query(body: bytes) -> SeffQuery:
     if d.get("jobid") is None and d.get("user") is None and d.get("account") is None:
         raise HttpError(400, "give a jobid, or a user or account for a table")
     return SeffQuery(**d)
+
+
+PUSH_SLOTS = 2  # pushes stored at once (about one per CPU of a small service host; PostgreSQL needs the rest)
+PUSH_WAIT_S = 5.0  # how long a push waits for a slot before it is told "busy" (the nodes wait api_timeout_s)
 
 
 class Api:
@@ -88,6 +95,20 @@ class Api:
         self._lock = threading.Lock()
         self.pushers = push_uids(config.service.push_users)
         self.intake = Intake(engine, config.paths.spool_dir) if engine is not None else None
+        self.push_slots = threading.BoundedSemaphore(PUSH_SLOTS)
+
+    @contextlib.contextmanager
+    def push_slot(self) -> Iterator[None]:
+        """One of the PUSH_SLOTS pushes taken at once, or HttpError 503 after PUSH_WAIT_S: after an outage every
+        node pushes at once, and a thread per push, all verifying credentials and writing together, made each
+        push take longer than the nodes wait for an answer; they then sent it all again. Bounded, the service
+        stores as fast as the database lets it, and a node that was told "busy" retries after its backoff."""
+        if not self.push_slots.acquire(timeout=PUSH_WAIT_S):
+            raise HttpError(503, "busy: other nodes' pushes are being stored; the forwarder retries")
+        try:
+            yield
+        finally:
+            self.push_slots.release()
 
     def max_body(self, path: str) -> int:
         return int(self.config.service.push_max_mb * 1024 * 1024) if path == RECORDS_PATH else MAX_BODY
@@ -188,17 +209,22 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             unread = min(max(length, 0), 2 * limit)
             if length < 0 or length > limit:
                 raise HttpError(413, f"the body must be at most {limit} bytes")
-            who = api.sender(self.headers.get("Authorization"), self.path)
-            body, unread = self.rfile.read(length), 0
-            if len(body) < length:
-                raise HttpError(400, "the body ended early")
-            handle = api.seff if self.path == SEFF_PATH else api.push
-            status, data, what = handle(who, body)
+            with api.push_slot() if self.path == RECORDS_PATH else contextlib.nullcontext():
+                who = api.sender(self.headers.get("Authorization"), self.path)
+                body, unread = self.rfile.read(length), 0
+                if len(body) < length:
+                    raise HttpError(400, "the body ended early")
+                handle = api.seff if self.path == SEFF_PATH else api.push
+                status, data, what = handle(who, body)
             self._send(status, data, "application/json", what, t0)
         except HttpError as exc:
             self._discard(unread)
             self.close_connection = True
             self._send(exc.status, f"{exc}\n".encode(), "text/plain", f"{what}: {exc}", t0)
+        except (BrokenPipeError, ConnectionResetError):  # the client gave up waiting: nobody to answer
+            self.close_connection = True
+            log.info("api POST %s: the client went away before its answer (%d ms)", what,
+                     (time.monotonic() - t0) * 1000)
         except Exception:  # a bug: the caller gets one line, the log the traceback (no job contents in it)
             log.exception("api: request failed")
             self._send(500, b"internal error (see the service log)\n", "text/plain", what, t0)
@@ -287,6 +313,7 @@ def start(config: Config, engine: Engine | None = None,
         cls = type("ApiServer6", (ApiServer,), {"address_family": socket.AF_INET6}) if ":" in host else ApiServer
         server = cls((host, int(port)), _Handler)
     server.api = Api(config, engine, damage)
+    keep_engines()  # its answers reuse one engine's connections
     threading.Thread(target=server.serve_forever, name="gpueff-api", daemon=True).start()
     log.info("seff-gpu API on %s", listen)
     return server

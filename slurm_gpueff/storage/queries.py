@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import or_
+from sqlalchemy import String, and_, case, cast, distinct, func, or_
 from sqlmodel import Session, col, select
 
 from ..models import Job, JobGpu, JobGpuTimeline
@@ -50,19 +50,58 @@ def gpu_timelines(session: Session, gpus: Sequence[JobGpu]) -> dict[int, list[An
     return {r.job_gpu_id: list(r.points or []) for r in rows}
 
 
-def list_jobs(session: Session, *, user: str | None = None, account: str | None = None,
-              start: datetime | None = None, end: datetime | None = None, cluster: str | None = None,
-              states: list[str] | None = None) -> list[Job]:
-    """Jobs that ended in [start, end) (naive UTC; a running job's end is its last live record), filtered by
-    user/account/cluster and Slurm states, oldest first."""
-    stmt = select(Job).where(col(Job.end_time).is_not(None))
+def _table_where(user: str | None, account: str | None, start: datetime | None, end: datetime | None,
+                 cluster: str | None, states: list[str] | None) -> list[Any]:
+    """The conditions of a ``seff-gpu -u/-A`` table: jobs that ended in [start, end) (naive UTC; a running
+    job's end is its last live record) of the user/account/cluster, in these Slurm states."""
+    where: list[Any] = [col(Job.end_time).is_not(None)]
     for column, value in ((Job.user, user), (Job.account, account), (Job.cluster, cluster)):
         if value is not None:
-            stmt = stmt.where(col(column) == value)
+            where.append(col(column) == value)
     if states:
-        stmt = stmt.where(col(Job.state).in_(states))
+        where.append(col(Job.state).in_(states))
     if start is not None:
-        stmt = stmt.where(col(Job.end_time) >= start)
+        where.append(col(Job.end_time) >= start)
     if end is not None:
-        stmt = stmt.where(col(Job.end_time) < end)
-    return list(session.exec(stmt.order_by(col(Job.end_time), col(Job.job_id))).all())
+        where.append(col(Job.end_time) < end)
+    return where
+
+
+def list_jobs(session: Session, *, user: str | None = None, account: str | None = None,
+              start: datetime | None = None, end: datetime | None = None, cluster: str | None = None,
+              states: list[str] | None = None, limit: int | None = None) -> list[Job]:
+    """A table's jobs (:func:`_table_where`), oldest first; with ``limit``, the newest ``limit`` of them."""
+    stmt = select(Job).where(*_table_where(user, account, start, end, cluster, states))
+    if limit is None:
+        return list(session.exec(stmt.order_by(col(Job.end_time), col(Job.job_id))).all())
+    newest = session.exec(stmt.order_by(col(Job.end_time).desc(), col(Job.job_id).desc()).limit(limit)).all()
+    return list(reversed(newest))
+
+
+def table_totals(session: Session, *, user: str | None = None, account: str | None = None,
+                 start: datetime | None = None, end: datetime | None = None, cluster: str | None = None,
+                 states: list[str] | None = None) -> dict[str, Any]:
+    """A table's totals over all its jobs, in the database (a year of an account is half a million rows):
+    what :func:`slurm_gpueff.render.jobs_table.totals` computes from the rows, plus ``rows`` (the lines)."""
+    hours = col(Job.gpu_hours)
+    counted = and_(hours.is_not(None), hours != 0)
+
+    def weighted(part: Any) -> Any:  # Σ part / Σ GPU-hours over the jobs where part was measured
+        return func.sum(case((and_(counted, part.is_not(None)), part))) / func.nullif(
+            func.sum(case((and_(counted, part.is_not(None)), hours))), 0)
+
+    cpu = and_(col(Job.total_cpu_s).is_not(None), col(Job.alloc_cpus) != 0, col(Job.elapsed_s) != 0)
+    waste = col(Job.idle_gpu_hours) + col(Job.underfilled_gpu_hours)
+    stmt = select(  # type: ignore[call-overload]  # sqlmodel's select() is typed for a few columns
+        func.count(), func.count(distinct(col(Job.cluster).concat(":").concat(cast(col(Job.job_id), String)))),
+        func.sum(hours),
+        weighted(hours - col(Job.idle_gpu_hours)), weighted(col(Job.sm_active_gpu_hours)),
+        weighted(col(Job.tensor_active_gpu_hours)),
+        func.sum(case((cpu, col(Job.total_cpu_s)))) / func.nullif(
+            func.sum(case((cpu, col(Job.elapsed_s) * col(Job.alloc_cpus)))), 0),
+        func.sum(waste), func.sum(col(Job.energy_j)), func.sum(col(Job.gpu_count)),
+    ).where(*_table_where(user, account, start, end, cluster, states))
+    rows, jobs, gh, k, s, t, cpu_eff, wasted, energy, gpus = session.exec(stmt).one()
+    return {"rows": int(rows), "jobs": int(jobs), "gpu_hours": gh, "kernel_active": k, "sm_active": s,
+            "tensor_active": t, "cpu_efficiency": None if cpu_eff is None else min(1.0, float(cpu_eff)),
+            "waste_gpu_hours": wasted, "energy_j": energy, "gpus": int(gpus or 0)}
