@@ -417,7 +417,7 @@ def steady(a: argparse.Namespace, sz: dict[str, int], url: str, base: str, runni
 
 
 def outage(a: argparse.Namespace, sz: dict[str, int], url: str, base: str, site: Any, running: Running,
-           hist: dict[str, Any], log: Log) -> tuple[int, set[int]]:
+           hist: dict[str, Any], log: Log, nodes: list[int]) -> tuple[int, set[int]]:
     """Stop the service, write the backlog, start it, time the drain; count by key."""
     from sqlalchemy import create_engine, text
 
@@ -442,11 +442,14 @@ def outage(a: argparse.Namespace, sz: dict[str, int], url: str, base: str, site:
     t0 = time.time()
     with open(site.log) as fh:
         log_from = len(fh.read())
+    nodes_cpu0 = sum(cpu_s(p) for p in nodes)
     pid = site.start()
     while w.pending and time.time() - t0 < a.drain_limit:
         w.poll()
         time.sleep(1.0)
     drain = time.time() - t0
+    cpu_note = (f"CPU over the drain: the service {cpu_s(pid):.0f} s, the simulated nodes "
+                f"{sum(cpu_s(p) for p in nodes) - nodes_cpu0:.0f} s (all on this machine, beside PostgreSQL)")
     with open(site.log) as fh:
         after = fh.read()[log_from:]
     stored_lines = re.findall(r"^(\S+ \S+) .*records, stored (\d+),", after, re.M)
@@ -471,7 +474,8 @@ def outage(a: argparse.Namespace, sz: dict[str, int], url: str, base: str, site:
     eng.dispose()
     log.figure("1-hour backlog drained", f"{n:,} records in {drain:.0f} s ({n / drain:,.0f}/s) from the service's "
                f"start, nodes backing off up to {a.backoff:g} s; finals stored {stored:,} of {len(finals):,}: lost "
-               f"{len(finals) - (stored or 0)}, duplicated {dup}; {len(w.pending)} files left; {service_side}",
+               f"{len(finals) - (stored or 0)}, duplicated {dup}; {len(w.pending)} files left; {service_side}; "
+               f"{cpu_note}",
                f"COPY {hist['copy_rows_per_s']:,.0f} rows/s", "<= 5 min, 0 lost, 0 duplicated")
     return pid, finals
 
@@ -592,7 +596,11 @@ def reads(a: argparse.Namespace, site: Any, hist: dict[str, Any], n_hist: int, m
           base: str) -> None:
     env = dict(os.environ, GPUEFF_SEFF_VIA="service", GPUEFF_CONFIG=site.config,
                PYTHONPATH=_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    seff = [sys.executable, "-m", "slurm_gpueff.cli.seff"]
+    python = sys.executable
+    if a.seff_python:  # a site's install (not this checkout's editable one), as users run seff-gpu
+        python = a.seff_python
+        env.pop("PYTHONPATH")
+    seff = [python, "-m", "slurm_gpueff.cli.seff"]
 
     def wall(cmd: list[str]) -> tuple[float, subprocess.CompletedProcess[str]]:
         t = time.perf_counter()
@@ -600,7 +608,7 @@ def reads(a: argparse.Namespace, site: Any, hist: dict[str, Any], n_hist: int, m
         return time.perf_counter() - t, r
 
     rng = random.Random(5)
-    bare = sorted(wall([sys.executable, "-c", "pass"])[0] for _ in range(10))
+    bare = sorted(wall([python, "-c", "pass"])[0] for _ in range(10))
     times, bad = [], 0
     for _ in range(a.seff_runs):
         dt, r = wall([*seff, str(rng.randint(1, n_hist))])
@@ -611,7 +619,7 @@ def reads(a: argparse.Namespace, site: Any, hist: dict[str, Any], n_hist: int, m
     times.sort()
     log.figure("seff-gpu JOBID through the API", f"p50 {1000 * q(times, 0.5):.0f} ms, "
                f"p99 {1000 * q(times, 0.99):.0f} ms over {len(times)} jobs ({bad} failed)",
-               f"python3 -c pass {1000 * q(bare, 0.5):.0f} ms",
+               f"python3 -c pass {1000 * q(bare, 0.5):.0f} ms ({python})",
                "<= 100 / 300 ms")
     for flag, who, n in (("-u", hist["heavy_user"], "user"), ("-A", hist["heavy_account"], "account")):
         dt, r = wall([*seff, flag, who, "-S", (datetime.now() - timedelta(days=366)).strftime("%Y-%m-%d")])
@@ -642,6 +650,8 @@ def main() -> int:
     ap.add_argument("--timeline-days", type=float, default=7.0, help="history days that keep their timelines")
     ap.add_argument("--drain-limit", type=float, default=1800.0)
     ap.add_argument("--seff-runs", type=int, default=50)
+    ap.add_argument("--seff-python", help="the Python of a site install of slurm-gpueff to run seff-gpu with "
+                    "(default: this one, with this checkout on its path)")
     ap.add_argument("--procs", type=int, default=4)
     ap.add_argument("--postgres", default="postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
     ap.add_argument("--keep", action="store_true")
@@ -684,7 +694,7 @@ def main() -> int:
     running = Running(sz["history"] + 1, sz["running"], sz["nodes"], random.Random(3))
     try:
         steady(a, sz, url, base, running, hist, log, pid)
-        pid, finals = outage(a, sz, url, base, site, running, hist, log)
+        pid, finals = outage(a, sz, url, base, site, running, hist, log, [w.pid for w in workers if w.pid])
         passes(a, sz, url, base, finals, running, log)
         reads(a, site, hist, sz["history"], metrics_port, log, base)
         log.figure("gpueff serve RSS", f"peak {rss_mb(pid, 'VmHWM'):.0f} MB, now {rss_mb(pid):.0f} MB", "", "<= 1 GiB")

@@ -310,7 +310,9 @@ def test_bad_requests(site):
     def signed(body: bytes) -> str:
         return "MUNGE " + credential(hashlib.sha256(body).hexdigest(), site["munge_socket"])
 
-    for body in (b"not json", b"[1]", b'{"jobid": 5}', b'{"jobid": "1", "json": "yes"}', b'{"evil": 1}', b"{}"):
+    for body in (b"not json", b"[1]", b'{"jobid": 5}', b'{"jobid": "1", "json": "yes"}', b'{"evil": 1}', b"{}",
+                 b'{"user": "u", "limit": -1}', b'{"user": "u", "limit": "5"}', b'{"user": "u", "limit": true}',
+                 b'{"user": "u", "limit": 1.5}', b'{"user": "u", "limit": 10000000000}'):
         status, text = post(site, body, signed(body))
         assert status == 400 and text.count("\n") == 1, (body, status, text)
     big = b'{"jobid": "' + b"1" * 20000 + b'"}'
