@@ -69,6 +69,13 @@ class SharedNode:
             json.dump({"job_id": job_id, "job": {"job_id": job_id, "user": user}, "start": st}, fh)
         return job, json.loads(json.dumps(st))
 
+    def two_jobs(self):
+        """Jobs 1001 (pid 501) and 1002 (pid 502) in their Slurm cgroups, both Prolog'd on GPU 0."""
+        fake_proc(self.proc, 501, V2.format(1001))
+        fake_proc(self.proc, 502, V2.format(1002))
+        os.makedirs(os.path.join(self.cfg.paths.state_dir, "jobs"), exist_ok=True)
+        return self.prolog(1001), self.prolog(1002)
+
     def epilog(self, job, st):
         self.agent.tick(requested=True)
         m = self.coll.stop(job, st)
@@ -164,11 +171,7 @@ def test_an_unreadable_process_list_leaves_the_activity_unattributed(tmp_path):
 @pytest.mark.parametrize("restart", [True])
 def test_shares_survive_an_agent_restart(tmp_path, restart):
     n = SharedNode(tmp_path)
-    fake_proc(n.proc, 501, V2.format(1001))
-    fake_proc(n.proc, 502, V2.format(1002))
-    os.makedirs(os.path.join(n.cfg.paths.state_dir, "jobs"))
-    a, sta = n.prolog(1001)
-    b, stb = n.prolog(1002)
+    (a, sta), (b, stb) = n.two_jobs()
     n.fake.set_procs(U0, sm={501: 75, 502: 25}, memory={501: GiB, 502: GiB})
     n.ticks(4, **BUSY)
     n.agent.close()
@@ -247,12 +250,8 @@ def test_under_mps_no_job_gets_the_servers_kernel_time(tmp_path):
     listed with its own memory, every utilization sample on the MPS server's pid. The jobs' memory is their
     own; their activity and energy are n/a with the reason, never ~0 as if they had been idle."""
     n = SharedNode(tmp_path)
-    fake_proc(n.proc, 501, V2.format(1001))
-    fake_proc(n.proc, 502, V2.format(1002))
     fake_proc(n.proc, 600, "0::/system.slice/nvidia-mps.service\n", comm="nvidia-cuda-mps")  # as the kernel cuts comm
-    os.makedirs(os.path.join(n.cfg.paths.state_dir, "jobs"))
-    a, sta = n.prolog(1001)
-    b, stb = n.prolog(1002)
+    (a, sta), (b, stb) = n.two_jobs()
     n.fake.set_procs(U0, sm={600: 99}, memory={600: 64 << 20, 501: 2 * GiB, 502: 3 * GiB})
     n.ticks(4, **BUSY)
     g = n.epilog(b, stb)
@@ -271,11 +270,7 @@ def test_per_job_metrics_of_a_shared_gpu_add_up_to_the_gpu(tmp_path):
     """Two jobs' live series on one GPU carry their parts of the last split, not the GPU's whole reading each;
     under MPS no part is measurable, so they carry no activity or power sample (never a made-up split)."""
     n = SharedNode(tmp_path)
-    fake_proc(n.proc, 501, V2.format(1001))
-    fake_proc(n.proc, 502, V2.format(1002))
-    os.makedirs(os.path.join(n.cfg.paths.state_dir, "jobs"))
-    n.prolog(1001)
-    n.prolog(1002)
+    n.two_jobs()
     n.fake.set_procs(U0, sm={501: 75, 502: 25}, memory={501: 4 * GiB, 502: 2 * GiB})
     n.ticks(2, **BUSY)
     got = _job_series(n.agent)
@@ -296,11 +291,7 @@ def test_an_idle_shared_gpu_reads_no_process_utilization(tmp_path):
     """The per-process utilization call is the costly one; an interval with no kernel has nothing to split.
     The idle power is the price of holding the GPU: split evenly, and each job keeps its own memory."""
     n = SharedNode(tmp_path)
-    fake_proc(n.proc, 501, V2.format(1001))
-    fake_proc(n.proc, 502, V2.format(1002))
-    os.makedirs(os.path.join(n.cfg.paths.state_dir, "jobs"))
-    a, sta = n.prolog(1001)
-    b, stb = n.prolog(1002)
+    (a, sta), (b, stb) = n.two_jobs()
     n.fake.set_procs(U0, sm={}, memory={501: 4 * GiB, 502: 2 * GiB})
     idle = {"kernel_pct": None, "power_mw": 70_000.0, "gpm": {"kernel_active": 0, "sm_active": 0, "tensor_active": 0}}
     n.fake.util_calls.clear()
