@@ -147,13 +147,6 @@ class _Gpu(_Series):
     def energy_est_mj(self) -> float | None:
         return None if self.energy_mj is None else self.energy_mj + self.power_since_energy_mj
 
-    def kernels_ran(self) -> bool:
-        """Kernels ran (or may have: unread) since the last split. An idle shared GPU, the usual state of one
-        that notebooks share, has no activity to split, so its processes' utilization is not read."""
-        d = attribution.delta(self.counters, self.base)
-        covered = d["covered_s"]["kernel_active"]
-        return not covered or d["sum"]["kernel_active"] > IDLE_KERNEL * covered
-
     def resume(self, prev: dict[str, Any]) -> bool:
         """Continue an earlier agent's series of this GPU (same boot); False when its counters are unusable."""
         counters = resume.counters_of(prev, integrals.METRICS)
@@ -439,19 +432,19 @@ class Agent:
         holders = self._holders()
         users = {job_id: jf.labels[1] for job_id, jf in self._live_files().items()}
         shared = {u for u, js in holders.items() if len(js) > 1}
+        growth = {u: attribution.delta(g.counters, g.base) for u, g in self.gpus.items()}  # since the last split
         procs: dict[str, ProcSample] = {}
         if shared:
-            busy = {u for u in shared if self.gpus[u].kernels_ran()}
+            busy = {u for u in shared if _kernels_ran(growth[u])}
             try:
                 procs = self.sampler.sample_processes(shared, self.prev_reading_wall, busy)
             except Exception as exc:  # noqa: BLE001 - a split lost is unattributed, never a dead agent
                 log.warning("cannot read the processes of shared GPUs: %s", exc)
         for u, g in self.gpus.items():
-            self._split(g, holders.get(u, []), procs.get(u) if u in shared else None, users)
+            self._split(g, growth[u], holders.get(u, []), procs.get(u) if u in shared else None, users)
 
-    def _split(self, g: _Gpu, holders: list[str], procs: ProcSample | None,
+    def _split(self, g: _Gpu, d: dict[str, dict[str, float]], holders: list[str], procs: ProcSample | None,
                users: dict[str, str]) -> None:
-        d = attribution.delta(g.counters, g.base)
         e_now = g.energy_est_mj()
         de = max(e_now - g.base_energy, 0.0) if e_now is not None and g.base_energy is not None else 0.0
         dt = max(g.last_t - g.base_t, 0.0) if g.last_t is not None and g.base_t is not None else 0.0
@@ -602,6 +595,14 @@ def _resume_slice(sl: _Slice, prev: object) -> None:
     if counters is not None and isinstance(prev.get("gen"), str):
         sl.counters, sl.gen = counters, prev["gen"]  # type: ignore[assignment]  # checked by counters_of
         sl.ticks, sl.since = int(prev.get("ticks") or 0), float(prev.get("since") or sl.since)
+
+
+def _kernels_ran(d: dict[str, dict[str, float]]) -> bool:
+    """Kernels ran (or may have: unread) in a GPU's growth ``d`` since the last split. An idle shared GPU, the
+    usual state of one that notebooks share, has no activity to split, so its processes' utilization is not
+    read."""
+    covered = d["covered_s"]["kernel_active"]
+    return not covered or d["sum"]["kernel_active"] > IDLE_KERNEL * covered
 
 
 def _add_gpm(c: Counters, gpm: dict[str, float | None], dt: float | None) -> dict[str, float | None]:
