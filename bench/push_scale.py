@@ -20,7 +20,6 @@ passes), so one machine holds thousands. Root and MUNGE needed.
 from __future__ import annotations
 
 import argparse
-import logging
 import multiprocessing as mp
 import os
 import random
@@ -39,38 +38,9 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [_ROOT, os.path.join(_ROOT, "tests"), os.path.join(_ROOT, "bench")]  # synthetic, pushsite
 
 import synthetic  # noqa: E402
-from pushsite import cpu_s, fresh_pg, pending, rss_mb, start_site  # noqa: E402
+from pushsite import cpu_s, fresh_pg, node_name, pending, rss_mb, run_nodes, start_site  # noqa: E402
 
 from slurm_gpueff import spool  # noqa: E402
-
-
-def node_name(i: int) -> str:
-    return f"gpu{i:05d}"
-
-
-def run_nodes(first: int, count: int, base: str, service: dict[str, object], stop: mp.Event) -> None:  # type: ignore[valid-type]
-    """``count`` node forwarders as threads of this process, until ``stop``."""
-    from slurm_gpueff.config import Config
-    from slurm_gpueff.node.push import run_forwarder
-
-    logging.basicConfig(filename=os.path.join(base, f"nodes-{first}.log"), level=logging.WARNING)
-    halt = threading.Event()
-    threads = []
-    for i in range(first, first + count):
-        d = os.path.join(base, "nodes", node_name(i))
-        cfg = Config({"site": {"cluster": "bench"}, "paths": {"spool_dir": f"{d}/spool", "state_dir": f"{d}/run"},
-                      "service": service})
-        t = threading.Thread(target=run_forwarder, args=(cfg, halt), daemon=True)
-        threads.append(t)
-    random.shuffle(threads)
-    interval = float(service["forward_interval_s"])  # type: ignore[arg-type]
-    for t in threads:  # nodes boot at different times
-        t.start()
-        time.sleep(interval / len(threads))
-    stop.wait()  # type: ignore[attr-defined]
-    halt.set()
-    for t in threads:
-        t.join(60)
 
 
 def baseline(base: str, url: str, n: int) -> float:
@@ -119,7 +89,7 @@ def main() -> int:
         spool.ensure_dirs(os.path.join(base, "nodes", node_name(i), "spool"))
     stop = mp.Event()
     per = -(-a.nodes // a.procs)
-    workers = [mp.Process(target=run_nodes, args=(f, min(per, a.nodes - f), base, service, stop))
+    workers = [mp.Process(target=run_nodes, args=(f, min(per, a.nodes - f), base, service, stop, "bench"))
                for f in range(0, a.nodes, per)]
     for w in workers:
         w.start()

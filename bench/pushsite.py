@@ -3,9 +3,14 @@ on a loopback TCP port, and node configs that point ``gpueff forward`` at it. Ro
 
 from __future__ import annotations
 
+import logging
 import os
+import random
 import subprocess
 import sys
+import threading
+import time
+from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]  # the package, and the tests' daemons and records
@@ -53,3 +58,32 @@ def rss_mb(pid: int, key: str = "VmRSS") -> float:
             if line.startswith(key + ":"):
                 return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def node_name(i: int) -> str:
+    return f"gpu{i:05d}"
+
+
+def run_nodes(first: int, count: int, base: str, service: dict[str, object], stop: Any, cluster: str) -> None:
+    """``count`` simulated nodes' forwarders (the real loop, node/push.py) as threads of this process, each on
+    its own spool under ``base``/nodes, until ``stop`` (a multiprocessing Event) is set."""
+    from slurm_gpueff.config import Config
+    from slurm_gpueff.node.push import run_forwarder
+
+    logging.basicConfig(filename=os.path.join(base, f"nodes-{first}.log"), level=logging.WARNING)
+    halt = threading.Event()
+    threads = []
+    for i in range(first, first + count):
+        d = os.path.join(base, "nodes", node_name(i))
+        cfg = Config({"site": {"cluster": cluster}, "paths": {"spool_dir": f"{d}/spool", "state_dir": f"{d}/run"},
+                      "service": service})
+        threads.append(threading.Thread(target=run_forwarder, args=(cfg, halt), daemon=True))
+    random.shuffle(threads)
+    interval = float(service["forward_interval_s"])  # type: ignore[arg-type]
+    for t in threads:  # nodes boot at different times
+        t.start()
+        time.sleep(interval / len(threads))
+    stop.wait()
+    halt.set()
+    for t in threads:
+        t.join(60)

@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import logging
 import multiprocessing as mp
 import os
 import random
@@ -60,7 +59,7 @@ sys.path[:0] = [_ROOT, os.path.join(_ROOT, "tests"), os.path.join(_ROOT, "bench"
 
 import synthetic  # noqa: E402
 from daemons import free_port  # noqa: E402
-from pushsite import cpu_s, fresh_pg, rss_mb, start_site  # noqa: E402
+from pushsite import cpu_s, fresh_pg, node_name, rss_mb, run_nodes, start_site  # noqa: E402
 
 from slurm_gpueff import spool  # noqa: E402
 
@@ -77,10 +76,6 @@ def sizes(scale: float) -> dict[str, int]:
     out["accounts"] = max(2, min(FULL["accounts"], round(FULL["accounts"] * max(scale, 0.1))))
     out["users"] = max(10, min(FULL["users"], round(FULL["users"] * max(scale, 0.1))))
     return out
-
-
-def node_name(i: int) -> str:
-    return f"gpu{i:05d}"
 
 
 def q(xs: list[float], p: float) -> float:
@@ -254,30 +249,6 @@ def rollup_figures(url: str, log: Log) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ nodes
-def run_nodes(first: int, count: int, base: str, service: dict[str, object], stop: Any) -> None:
-    """``count`` node forwarders as threads of this process, until ``stop``."""
-    from slurm_gpueff.config import Config
-    from slurm_gpueff.node.push import run_forwarder
-
-    logging.basicConfig(filename=os.path.join(base, f"nodes-{first}.log"), level=logging.WARNING)
-    halt = threading.Event()
-    threads = []
-    for i in range(first, first + count):
-        d = os.path.join(base, "nodes", node_name(i))
-        cfg = Config({"site": {"cluster": CLUSTER}, "paths": {"spool_dir": f"{d}/spool", "state_dir": f"{d}/run"},
-                      "service": service})
-        threads.append(threading.Thread(target=run_forwarder, args=(cfg, halt), daemon=True))
-    random.shuffle(threads)
-    interval = float(service["forward_interval_s"])  # type: ignore[arg-type]
-    for t in threads:  # nodes boot at different times
-        t.start()
-        time.sleep(interval / len(threads))
-    stop.wait()
-    halt.set()
-    for t in threads:
-        t.join(60)
-
-
 class Running:
     """The jobs running now: id -> (node, gpus, start); finals replace them with new ones."""
 
@@ -417,7 +388,7 @@ def steady(a: argparse.Namespace, sz: dict[str, int], url: str, base: str, runni
 
 
 def outage(a: argparse.Namespace, sz: dict[str, int], url: str, base: str, site: Any, running: Running,
-           hist: dict[str, Any], log: Log, nodes: list[int]) -> tuple[int, set[int]]:
+           hist: dict[str, Any], log: Log, nodes: list[int]) -> int:
     """Stop the service, write the backlog, start it, time the drain; count by key."""
     from sqlalchemy import create_engine, text
 
@@ -477,7 +448,7 @@ def outage(a: argparse.Namespace, sz: dict[str, int], url: str, base: str, site:
                f"{len(finals) - (stored or 0)}, duplicated {dup}; {len(w.pending)} files left; {service_side}; "
                f"{cpu_note}",
                f"COPY {hist['copy_rows_per_s']:,.0f} rows/s", "<= 5 min, 0 lost, 0 duplicated")
-    return pid, finals
+    return pid
 
 
 # ------------------------------------------------------------------------------------------------ passes
@@ -511,8 +482,7 @@ json.dump(tmpl, sys.stdout)
 '''
 
 
-def passes(a: argparse.Namespace, sz: dict[str, int], url: str, base: str, finals: set[int], running: Running,
-           log: Log) -> None:
+def passes(sz: dict[str, int], url: str, base: str, running: Running, log: Log) -> None:
     from sqlalchemy import create_engine, text
 
     from slurm_gpueff.service.alerts import run_alerts
@@ -686,7 +656,7 @@ def main() -> int:
         spool.ensure_dirs(os.path.join(base, "nodes", node_name(i), "spool"))
     stop = mp.Event()
     per = -(-sz["nodes"] // a.procs)
-    workers = [mp.Process(target=run_nodes, args=(f, min(per, sz["nodes"] - f), base, service, stop))
+    workers = [mp.Process(target=run_nodes, args=(f, min(per, sz["nodes"] - f), base, service, stop, CLUSTER))
                for f in range(0, sz["nodes"], per)]
     for w in workers:
         w.start()
@@ -694,8 +664,8 @@ def main() -> int:
     running = Running(sz["history"] + 1, sz["running"], sz["nodes"], random.Random(3))
     try:
         steady(a, sz, url, base, running, hist, log, pid)
-        pid, finals = outage(a, sz, url, base, site, running, hist, log, [w.pid for w in workers if w.pid])
-        passes(a, sz, url, base, finals, running, log)
+        pid = outage(a, sz, url, base, site, running, hist, log, [w.pid for w in workers if w.pid])
+        passes(sz, url, base, running, log)
         reads(a, site, hist, sz["history"], metrics_port, log, base)
         log.figure("gpueff serve RSS", f"peak {rss_mb(pid, 'VmHWM'):.0f} MB, now {rss_mb(pid):.0f} MB", "", "<= 1 GiB")
     finally:
