@@ -62,3 +62,19 @@ def site(tmp_path):  # type: ignore[no-untyped-def]
     from hooksite import HookSite
 
     return HookSite(str(tmp_path))
+
+
+# The host may have Debian's Slurm client installed for the `slurm` group, whose 22.05 cluster runs from
+# /etc/slurm beside the other tests in CI. A test outside that group must not see its jobs: `seff-gpu 5` once
+# found the cluster's job 5 RUNNING and answered that instead of what the test set up. So those tests give
+# Slurm's clients an empty slurm.conf: any real squeue/sacct on PATH then fails at once, as with no cluster
+# (a slurm.conf that does not exist is not the same: the client retries it for 60 s).
+_NO_CLUSTER = "/dev/null"
+
+
+def pytest_runtest_setup(item):  # type: ignore[no-untyped-def]
+    if item.get_closest_marker("slurm"):
+        if os.environ.get("SLURM_CONF") == _NO_CLUSTER:
+            del os.environ["SLURM_CONF"]
+    else:
+        os.environ["SLURM_CONF"] = _NO_CLUSTER
