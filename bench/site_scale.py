@@ -30,6 +30,7 @@ Stages, each timed, with its floor from the same run where one exists:
    peak RSS.
 
     python3 bench/site_scale.py [--scale 1 | --quick] [--postgres URL] [--steady 600] [--keep]
+                                 [--history-only | --reuse]
 
 Root, MUNGE and PostgreSQL needed (tests/setup-services.sh).
 """
@@ -197,8 +198,27 @@ def history(url: str, n: int, sz: dict[str, int], timeline_days: float, log: Log
     log.figure("history COPY", f"{n:,} jobs in {t_job:.1f} s ({n / t_job:,.0f}/s), {n_gpu:,} GPU rows in {t_gpu:.1f} s "
                f"({n_gpu / t_gpu:,.0f}/s), {n_tl:,} timelines in {t_tl:.1f} s; ANALYZE {t_an:.1f} s",
                "this is the COPY floor", "fast")
-    return {"heavy_user": heavy_user, "heavy_account": heavy_account, "gpu_rows": n_gpu,
-            "copy_rows_per_s": (n + n_gpu) / (t_job + t_gpu), "users": users, "home": home}
+    return {"heavy_user": heavy_user, "heavy_account": heavy_account, "copy_rows_per_s": (n + n_gpu) / (t_job + t_gpu),
+            "users": users, "home": home, "first_id": n + 1}
+
+
+def reused_history(url: str, sz: dict[str, int], log: Log) -> dict[str, Any]:
+    """What :func:`history` returns, for the database an earlier run made (``--reuse``): the same users and
+    accounts; the running jobs take ids above every job there (the earlier run's included)."""
+    from sqlalchemy import create_engine, text
+
+    users = [f"u{i:05d}" for i in range(sz["users"])]
+    accounts = [f"a{i:03d}" for i in range(sz["accounts"])]
+    eng = create_engine(url)
+    with eng.begin() as c:  # the earlier run's running jobs would be running twice: its simulation has ended
+        gone = c.execute(text("DELETE FROM job WHERE record_source = 'live'")).rowcount
+        top = int(c.execute(text("SELECT coalesce(max(job_id), 0) FROM job")).scalar() or 0)
+        jobs = int(c.execute(text("SELECT count(*) FROM job")).scalar() or 0)
+    eng.dispose()
+    log.say(f"history: reused, {jobs:,} jobs (ids up to {top:,}; the earlier run's {gone:,} running jobs removed); "
+            "the COPY floor is in the log of the run that made it")
+    return {"heavy_user": users[0], "heavy_account": accounts[0], "copy_rows_per_s": None, "users": users,
+            "home": home_accounts(users, accounts), "first_id": top + 1}
 
 
 def home_accounts(users: list[str], accounts: list[str]) -> dict[str, str]:
@@ -235,16 +255,20 @@ def rollup_figures(url: str, log: Log) -> None:
     rollups.refresh(eng, months=[month])
     one = time.perf_counter() - t0
     nxt = rollups.next_month(month)
+    sums = ('count(*), sum(gpu_hours), sum(idle_gpu_hours), sum(underfilled_gpu_hours), sum(sm_active_gpu_hours), '
+            'sum(tensor_active_gpu_hours), sum(energy_j) FROM job WHERE end_time >= :a AND end_time < :b AND '
+            "analyzed_at IS NOT NULL AND record_source != 'live'")
     t0 = time.perf_counter()
-    with eng.connect() as c:
-        n = c.execute(text('SELECT count(*) FROM (SELECT CAST(end_time AS date), cluster, "user", account, verdict, '
-                           'count(*), sum(gpu_hours), sum(idle_gpu_hours), sum(underfilled_gpu_hours), '
-                           'sum(sm_active_gpu_hours), sum(tensor_active_gpu_hours), sum(energy_j) FROM job '
-                           'WHERE end_time >= :a AND end_time < :b AND analyzed_at IS NOT NULL '
-                           'GROUP BY 1, cluster, "user", account, verdict) x'), {"a": month, "b": nxt}).scalar()
+    with eng.connect() as c:  # fetched, so that PostgreSQL computes every sum (under a count(*) it drops them)
+        c.exec_driver_sql("SET jit = off")
+        days = c.execute(text(f'SELECT CAST(end_time AS date), cluster, "user", account, {sums} '
+                              'GROUP BY 1, cluster, "user", account'), {"a": month, "b": nxt}).fetchall()
+        months = c.execute(text(f'SELECT cluster, "user", account, verdict, {sums} GROUP BY cluster, "user", '
+                                'account, verdict'), {"a": month, "b": nxt}).fetchall()
     bare = time.perf_counter() - t0
     log.figure("rollup of one month", f"{one:.2f} s ({month:%Y-%m})",
-               f"its GROUP BY alone {bare:.2f} s, {n:,} day groups; ratio {one / bare:.1f}", "<= 10 s")
+               f"its two GROUP BYs alone, fetched: {bare:.2f} s ({len(days):,} day and {len(months):,} month rows); "
+               f"ratio {one / bare:.1f}", "<= 10 s")
     eng.dispose()
 
 
@@ -447,7 +471,8 @@ def outage(a: argparse.Namespace, sz: dict[str, int], url: str, base: str, site:
                f"start, nodes backing off up to {a.backoff:g} s; finals stored {stored:,} of {len(finals):,}: lost "
                f"{len(finals) - (stored or 0)}, duplicated {dup}; {len(w.pending)} files left; {service_side}; "
                f"{cpu_note}",
-               f"COPY {hist['copy_rows_per_s']:,.0f} rows/s", "<= 5 min, 0 lost, 0 duplicated")
+               f"COPY {hist['copy_rows_per_s']:,.0f} rows/s" if hist["copy_rows_per_s"] else "",
+               "<= 5 min, 0 lost, 0 duplicated")
     return pid
 
 
@@ -571,6 +596,11 @@ def reads(a: argparse.Namespace, site: Any, hist: dict[str, Any], n_hist: int, m
         python = a.seff_python
         env.pop("PYTHONPATH")
     seff = [python, "-m", "slurm_gpueff.cli.seff"]
+    # Byte-compiled first, as `pip install` leaves a package: where PYTHONDONTWRITEBYTECODE is set (this
+    # machine sets it) every run would otherwise compile each module from its source again.
+    pkg = subprocess.run([python, "-c", "import os, slurm_gpueff; print(os.path.dirname(slurm_gpueff.__file__))"],
+                         env=env, capture_output=True, text=True, check=True).stdout.strip()
+    subprocess.run([python, "-m", "compileall", "-q", pkg], env=env, capture_output=True, check=True)
 
     def wall(cmd: list[str]) -> tuple[float, subprocess.CompletedProcess[str]]:
         t = time.perf_counter()
@@ -625,6 +655,11 @@ def main() -> int:
     ap.add_argument("--procs", type=int, default=4)
     ap.add_argument("--postgres", default="postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--reuse", action="store_true",
+                    help="keep the database an earlier run of this scale left (its history and rollups are not "
+                    "made or timed again); the rest runs as usual, the running jobs under new ids")
+    ap.add_argument("--history-only", action="store_true",
+                    help="stop after the history and the rollup figures (the database stays: one to profile on)")
     a = ap.parse_args()
     if a.quick:
         a.scale, a.live_period = 0.01, 30.0
@@ -637,10 +672,18 @@ def main() -> int:
     from slurm_gpueff.storage import migrate
     from slurm_gpueff.storage.db import make_engine
 
-    url = fresh_pg(a.postgres, "gpueff_site_scale")
-    migrate.upgrade(make_engine(url, create=False))
-    hist = history(url, sz["history"], sz, a.timeline_days, log)
-    rollup_figures(url, log)
+    if a.reuse:
+        url = a.postgres.rsplit("/", 1)[0] + "/gpueff_site_scale"
+        migrate.upgrade(make_engine(url, create=False))
+        hist = reused_history(url, sz, log)
+    else:
+        url = fresh_pg(a.postgres, "gpueff_site_scale")
+        migrate.upgrade(make_engine(url, create=False))
+        hist = history(url, sz["history"], sz, a.timeline_days, log)
+        rollup_figures(url, log)
+    if a.history_only:
+        print(f"kept the database {url}")
+        return 0
 
     base = tempfile.mkdtemp(prefix="gpueff-site-scale-", dir="/tmp")
     site, munged = start_site(base, url, forward_interval_s=a.interval, max_backoff_s=a.backoff)
@@ -661,7 +704,7 @@ def main() -> int:
     for w in workers:
         w.start()
     time.sleep(a.interval + 2)
-    running = Running(sz["history"] + 1, sz["running"], sz["nodes"], random.Random(3))
+    running = Running(hist["first_id"], sz["running"], sz["nodes"], random.Random(3))
     try:
         steady(a, sz, url, base, running, hist, log, pid)
         pid = outage(a, sz, url, base, site, running, hist, log, [w.pid for w in workers if w.pid])

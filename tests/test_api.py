@@ -22,6 +22,8 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 
 import pytest
 from daemons import free_port, start_munged, wait_health
@@ -356,7 +358,7 @@ def test_a_damaged_database_is_one_line_503_for_every_request_but_the_health_che
     API answers every request 503 with that line, after checking who asks: a node keeps its records for later
     and seff-gpu prints the line. Real munged, the API in this process on a Unix socket; the damage is the
     check's finding handed in, as `gpueff serve` does."""
-    from slurm_gpueff.access.client import HEALTH_PATH, RECORDS_PATH, SEFF_PATH, connection, post_signed
+    from slurm_gpueff.access.client import HEALTH_PATH, RECORDS_PATH, SEFF_PATH, post_signed, request
     from slurm_gpueff.config import Config
     from slurm_gpueff.service import api as api_mod
 
@@ -368,10 +370,8 @@ def test_a_damaged_database_is_one_line_503_for_every_request_but_the_health_che
     server = api_mod.start(cfg, None, lambda: found[0])
     try:
         def health() -> tuple[int, str]:
-            conn = connection(f"unix:{tmp_path}/api.sock", 10)
-            conn.request("GET", HEALTH_PATH)
-            reply = conn.getresponse()
-            return reply.status, reply.read().decode().strip()
+            reply = request(f"unix:{tmp_path}/api.sock", "GET", HEALTH_PATH, timeout=10)
+            return reply.status, reply.body.decode().strip()
 
         assert health() == (503, found[0])
         for path, body in ((SEFF_PATH, b'{"jobid": "1"}'), (RECORDS_PATH, b'{"node": "n1", "records": []}')):
@@ -417,6 +417,25 @@ def test_a_push_beyond_the_slots_is_told_busy_and_keeps_its_records(tmp_path, mo
         busy = subprocess.run(forward, capture_output=True, text=True, timeout=60, cwd=ROOT)
         assert busy.returncode == 1 and "HTTP 503" in busy.stderr and "busy" in busy.stderr, busy.stderr
         assert len(os.listdir(f"{tmp_path}/node/incoming")) == 3
+        # "Busy" says when to come back (the forward interval), and the forwarder keeps it for its next wait
+        # (not its failure backoff); summarizing, told to make way, waits while a push waits for a slot.
+        from slurm_gpueff.config import load
+        from slurm_gpueff.node.push import Forwarder
+
+        res = Forwarder(load(str(node_cfg))).run_pass()
+        assert (res.ok, res.left, res.retry_after_s) == (False, 3, cfg.service.forward_interval_s), res
+        pushed: list[int] = []
+        monkeypatch.setattr(api_mod, "PUSH_WAIT_S", 5.0)  # long enough to be seen waiting on a loaded machine
+        waiting = threading.Thread(target=lambda: pushed.append(Forwarder(load(str(node_cfg))).run_pass().left))
+        waiting.start()
+        deadline = time.monotonic() + 30
+        while not server.api.waiting and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert server.api.waiting == 1
+        server.api.make_way(30)
+        assert server.api.waiting == 0  # it returned once the push stopped waiting (told busy after 5 s)
+        waiting.join(30)
+        assert pushed == [3]
         for _ in range(api_mod.PUSH_SLOTS):
             server.api.push_slots.release()
         done = subprocess.run(forward, capture_output=True, text=True, timeout=60, cwd=ROOT)
@@ -431,3 +450,89 @@ def test_a_push_beyond_the_slots_is_told_busy_and_keeps_its_records(tmp_path, mo
         engine.dispose()
         munged.terminate()
         munged.wait(10)
+
+
+def _one_reply(raw: list[bytes], close: bool = True) -> tuple[str, list[bytes]]:
+    """A loopback TCP server that reads one request and writes ``raw`` piece by piece; its URL and what it read."""
+    import contextlib
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    got: list[bytes] = []
+
+    def serve() -> None:
+        conn, _ = srv.accept()
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(65536)
+            head, _, body = data.partition(b"\r\n\r\n")
+            length = int(next(ln.split(b":")[1] for ln in head.split(b"\r\n")
+                              if ln.lower().startswith(b"content-length")))
+            while len(body) < length:
+                body += conn.recv(65536)
+            got.append(data)
+            for piece in raw:
+                conn.sendall(piece)
+                time.sleep(0.02)
+            if not close:  # open until the client closes: a client that read to the close would time out
+                conn.settimeout(30)
+                with contextlib.suppress(OSError):
+                    conn.recv(1)
+        srv.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return f"http://127.0.0.1:{srv.getsockname()[1]}", got
+
+
+def test_the_client_reads_replies_in_pieces_with_or_without_a_length():
+    """access/client.request (ours, not http.client, for seff-gpu's start): a reply split anywhere, a body
+    read to its Content-Length, a body read to the close; the request itself is plain HTTP/1.1. Real sockets."""
+    from slurm_gpueff.access.client import request
+
+    url, got = _one_reply([b"HTTP/1.1 200 OK\r\nContent-Le", b"ngth: 11\r\nX: y\r\n\r\nhello", b" world"], close=False)
+    reply = request(url, "POST", "/v1/seff", b'{"a": 1}', {"Authorization": "MUNGE x"}, timeout=3)
+    assert (reply.status, reply.body) == (200, b"hello world")  # read to the length, not to the close
+    assert got[0].startswith(b"POST /v1/seff HTTP/1.1\r\n") and b"\r\nAuthorization: MUNGE x\r\n" in got[0]
+    assert got[0].endswith(b'\r\n\r\n{"a": 1}') and b"\r\nContent-Length: 8\r\n" in got[0]
+    url, _ = _one_reply([b"HTTP/1.0 503 Service Unavailable\r\n\r\nbusy: other", b" nodes\n"])
+    reply = request(url, "GET", "/v1/health", timeout=10)
+    assert (reply.status, reply.reason()) == (503, "busy: other nodes")
+
+
+def test_a_bad_reply_is_one_line_unreachable(tmp_path):
+    """Whatever answers on the service's address, seff-gpu and the forwarder get Unreachable with one line.
+    Real munged signs each request; real sockets."""
+    from slurm_gpueff.access.client import Unreachable, post_signed
+    from slurm_gpueff.config import Config
+
+    munged, munge_sock = start_munged(str(tmp_path), "munge")
+    try:
+        for raw, why in (([b"SSH-2.0-OpenSSH_9.2\r\n\r\n"], "not an HTTP reply: 'SSH-2.0-OpenSSH_9.2'"),
+                         ([b"HTTP/1.1 200 OK\r\nContent-Length: 50\r\n\r\nshort"], "cut short (5 of 50 bytes)"),
+                         ([], "the connection closed before a reply"),
+                         ([b"HTTP/1.1 200 OK\r\nContent-Le"], "the reply was cut short")):
+            url, _ = _one_reply(raw)
+            service = Config({"service": {"api_url": url, "munge_socket": munge_sock, "api_timeout_s": 5}}).service
+            with pytest.raises(Unreachable) as exc:
+                post_signed(service, "/v1/seff", b"{}", name="the seff-gpu service")
+            line = str(exc.value)
+            assert line.startswith(f"cannot reach the seff-gpu service at {url}: ") and why in line, line
+            assert "\n" not in line, line
+    finally:
+        munged.terminate()
+        munged.wait(10)
+
+
+def test_nodes_told_busy_are_given_turns_a_push_apart():
+    """Each node told "busy" gets its own turn: one push's slot time (over the slots) after the previous
+    turn, never sooner than the forward interval. So a herd of nodes comes back spread out at the pace the
+    service stores, not all again one interval later."""
+    from slurm_gpueff.config import Config
+    from slurm_gpueff.service import api as api_mod
+
+    api = api_mod.Api(Config({"service": {"forward_interval_s": 15}}))
+    api._push_s = 10.0  # as if each push held its slot 10 s: with 2 slots a turn every 5 s
+    turns = [api.turn() for _ in range(6)]
+    assert turns[:3] == [15, 15, 15] and turns[3:] == [20, 25, 30], turns

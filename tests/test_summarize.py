@@ -30,7 +30,7 @@ def test_summary_matches_analysis_for_every_profile(tmp_path):
             gpus = s.exec(select(JobGpu).where(JobGpu.job_pk == job.id)).all()
             fig = job_figures(job, gpus)
             diag = assess(fig)
-            assert job.verdict == diag.primary.name
+            assert (job.verdict, job.verdict_title) == (diag.primary.name, diag.primary.title)
             assert abs(job.gpu_hours - fig.hours) < 1e-9
             parts = job.idle_gpu_hours + job.underfilled_gpu_hours + job.sm_active_gpu_hours
             assert abs(parts - job.gpu_hours) < 1e-9
@@ -52,3 +52,23 @@ def test_reingest_of_another_node_marks_job_stale(tmp_path):
         assert job.gpu_count == 2
         assert job.verdict == "never_used"  # the idle second node is now part of the job
         assert abs(job.gpu_hours - 4.0) < 1e-9
+
+
+def test_summarizing_makes_way_between_its_batches(tmp_path, monkeypatch):
+    """The service hands summarize_pending the API's make_way, called before each batch after the first: 5
+    jobs in batches of 2 are 3 batches, so 2 calls, each after a batch was committed (its jobs analysed)."""
+    from slurm_gpueff.service import summarize
+
+    monkeypatch.setattr(summarize, "BATCH", 2)
+    engine = make_engine(str(tmp_path / "db.sqlite"))
+    for n in range(5):
+        spool_job(str(tmp_path / "spool"), 200 + n, "bf16-healthy", 1)
+    ingest_spool(engine, str(tmp_path / "spool"))
+
+    def analysed() -> int:
+        with Session(engine) as s:
+            return len([j for j in s.exec(select(Job)).all() if j.analyzed_at is not None])
+
+    seen: list[int] = []
+    assert summarize_pending(engine, between=lambda: seen.append(analysed())) == 5
+    assert seen == [2, 4] and analysed() == 5

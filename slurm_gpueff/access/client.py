@@ -11,7 +11,6 @@ Stdlib only: ``seff-gpu`` on a login node needs nothing beyond the standard libr
 
 from __future__ import annotations
 
-import http.client
 import socket
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -35,6 +34,7 @@ class Unreachable(GpueffError):
 class Reply(NamedTuple):
     status: int
     body: bytes
+    retry_after_s: float | None = None  # a refusal's Retry-After: when the service wants this client back
 
     def reason(self) -> str:
         """The first line of a refusal's body (the service puts its one-line reason there)."""
@@ -53,32 +53,93 @@ def api_url(service: ServiceConfig) -> str:
     return f"http://{f'[{host}]' if ':' in host and not host.startswith('[') else host}:{port}"
 
 
-class UnixHTTPConnection(http.client.HTTPConnection):
-    """HTTP over a Unix socket (``unix:/PATH``): the service's API where everything runs on one host."""
+MAX_HEAD = 64 << 10  # a reply's status line and headers; the body is as long as its Content-Length
 
-    def __init__(self, path: str, timeout: float):
-        super().__init__("localhost", timeout=timeout)
-        self.unix_path = path
 
-    def connect(self) -> None:
+def request(url: str, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None,
+            timeout: float = 10.0) -> Reply:
+    """One HTTP/1.1 exchange with the service at ``url`` (``http://``, ``https://`` or ``unix:/PATH``), the
+    connection closed after it; raises OSError (socket errors, timeouts) or ValueError (not an HTTP reply).
+
+    Written here rather than taken from ``http.client``: importing that module pulls in the e-mail parser and
+    ssl, which took longer than the rest of ``seff-gpu``'s start, a command users type and wait on. Both ends
+    are ours and the exchange is the plainest HTTP has: one request with a Content-Length, ``Connection:
+    close``, and a reply read to its Content-Length (or to the close) from ``http.server``."""
+    sock = _connect(url, timeout)
+    try:
+        head = [f"{method} {path} HTTP/1.1", f"Host: {_host(url)}", "Connection: close",
+                f"Content-Length: {len(body)}", *[f"{k}: {v}" for k, v in (headers or {}).items()]]
+        sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body)
+        return _read_reply(sock)
+    finally:
+        sock.close()
+
+
+def _connect(url: str, timeout: float) -> socket.socket:
+    if url.startswith("unix:"):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
+        sock.settimeout(timeout)
         try:
-            sock.connect(self.unix_path)
+            sock.connect(url[len("unix:"):])
         except OSError:
             sock.close()
             raise
-        self.sock = sock
-
-
-def connection(url: str, timeout: float) -> http.client.HTTPConnection:
-    if url.startswith("unix:"):
-        return UnixHTTPConnection(url[len("unix:"):], timeout)
+        return sock
     from urllib.parse import urlsplit
 
     parts = urlsplit(url)
-    cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    return cls(parts.hostname or "localhost", parts.port, timeout=timeout)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"not an http://, https:// or unix: address: {url!r}")
+    tls = parts.scheme == "https"
+    sock = socket.create_connection((parts.hostname, parts.port or (443 if tls else 80)), timeout)
+    if not tls:
+        return sock
+    import ssl
+
+    try:
+        return ssl.create_default_context().wrap_socket(sock, server_hostname=parts.hostname)
+    except OSError:
+        sock.close()
+        raise
+
+
+def _host(url: str) -> str:
+    if url.startswith("unix:"):
+        return "localhost"
+    return url.split("://", 1)[-1].split("/", 1)[0]
+
+
+def _read_reply(sock: socket.socket) -> Reply:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        if len(data) > MAX_HEAD:
+            raise ValueError("the reply's headers are too long")
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ValueError("the connection closed before a reply" if not data else "the reply was cut short")
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    version, _, status = lines[0].partition(" ")
+    if not version.startswith("HTTP/") or not status[:3].isdigit():
+        raise ValueError(f"not an HTTP reply: {lines[0][:80]!r}")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
+    length = headers.get("content-length")
+    want = int(length) if length is not None and length.isdigit() else None
+    retry = headers.get("retry-after", "")
+    retry_after_s = float(retry) if retry.isdigit() else None
+    parts = [rest]
+    got = len(rest)
+    while want is None or got < want:
+        chunk = sock.recv(1 << 20)
+        if not chunk:
+            if want is not None:
+                raise ValueError(f"the reply was cut short ({got} of {want} bytes)")
+            break
+        parts.append(chunk)
+        got += len(chunk)
+    body = b"".join(parts)
+    return Reply(int(status[:3]), body[:want] if want is not None else body, retry_after_s)
 
 
 def post_signed(service: ServiceConfig, path: str, body: bytes, *, timeout_s: float | None = None,
@@ -94,12 +155,8 @@ def post_signed(service: ServiceConfig, path: str, body: bytes, *, timeout_s: fl
         cred = munge.encode(munge.body_digest(body), service.munge_socket, timeout)
     except munge.MungeError as exc:
         raise Unreachable(f"{fail}: {exc}") from None
-    conn = connection(url, timeout)
     try:
-        conn.request("POST", path, body, {"Authorization": f"MUNGE {cred}", "Content-Type": "application/json"})
-        resp = conn.getresponse()
-        return Reply(resp.status, resp.read())
-    except (OSError, http.client.HTTPException) as exc:
+        return request(url, "POST", path, body, {"Authorization": f"MUNGE {cred}",
+                                                 "Content-Type": "application/json"}, timeout)
+    except (OSError, ValueError) as exc:
         raise Unreachable(f"{fail}: {getattr(exc, 'strerror', None) or exc or type(exc).__name__}") from None
-    finally:
-        conn.close()

@@ -527,7 +527,7 @@ def check_munge(rep: Report, cfg: Config) -> None:
 def check_api(rep: Report, cfg: Config, starting_s: float = 0.0) -> None:
     """The service's API answers here: seff-gpu on a host without the database reads through it. A refused
     connection is asked again for ``starting_s`` (a service just started takes a moment to listen)."""
-    from ..access.client import HEALTH_PATH, api_url, connection
+    from ..access.client import HEALTH_PATH, api_url, request
 
     url = api_url(cfg.service)
     if not url:
@@ -537,13 +537,7 @@ def check_api(rep: Report, cfg: Config, starting_s: float = 0.0) -> None:
     deadline = time.monotonic() + starting_s
     while True:
         try:
-            conn = connection(url, cfg.service.api_timeout_s)
-            try:
-                conn.request("GET", HEALTH_PATH)
-                r = conn.getresponse()
-                status, body = r.status, r.read(16)
-            finally:
-                conn.close()
+            status, body, _ = request(url, "GET", HEALTH_PATH, timeout=cfg.service.api_timeout_s)
             break
         except (OSError, ValueError) as exc:
             if isinstance(exc, ConnectionRefusedError | FileNotFoundError) and time.monotonic() < deadline:

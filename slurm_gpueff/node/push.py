@@ -7,7 +7,8 @@ acknowledged, and only if it was not replaced meanwhile (a running job's live re
 place), so:
 
 - service down, network cut, database down: nothing is acknowledged, the files stay, the next pass sends
-  them again; passes back off (doubling up to ``service.forward_max_backoff_s``);
+  them again; passes back off (doubling up to ``service.forward_max_backoff_s``); a service that answers
+  "busy" (storing other nodes' pushes) says when to come back, and the node does;
 - the forwarder or the node killed at any point, even between the acknowledgement and the deletes: the
   records come again, and storing a record twice changes nothing on the service;
 - a file that is not a trusted record (a link, another owner's, not JSON, larger than the service takes)
@@ -37,6 +38,7 @@ from ..errors import ConfigError, RecordError
 log = logging.getLogger("gpueff.forward")
 
 BATCH = 500  # records per push: a few hundred kB for typical records
+MAX_RETRY_AFTER_S = 3600.0  # the longest a "busy" service may send a node away (its turn after a long herd)
 _ENVELOPE = 256  # bytes of the body around its records, and per record around its JSON
 
 
@@ -49,6 +51,7 @@ class PassResult:
     left: int = 0
     ok: bool = True
     errors: list[str] = field(default_factory=list)
+    retry_after_s: float | None = None  # the service was busy and said when to come back
 
 
 @dataclass
@@ -137,6 +140,8 @@ class Forwarder:
         if reply.status == 413:
             self._quarantine(items[0].path, f"the service refuses it as too large: {reply.reason()}", res)
             return True
+        if reply.status == 503 and reply.retry_after_s is not None:
+            res.retry_after_s = reply.retry_after_s
         if reply.status != 200:
             return self._failed(items, f"the service refused the push: HTTP {reply.status}: {reply.reason()}", res)
         return self._acknowledged(items, reply, res)
@@ -188,7 +193,8 @@ class Forwarder:
 
 def run_forwarder(config: Config, stop: threading.Event, *, once: bool = False, batch: int | None = None) -> int:
     """Until ``stop`` is set: a pass, then wait ``service.forward_interval_s`` (±10 %, so that a site's
-    nodes spread out; longer after failures). Exit status (with ``once``: 1 if records were left)."""
+    nodes spread out; longer after failures, doubling; after "busy", the service's Retry-After: the turn it
+    gave this node). Exit status (with ``once``: 1 if records were left)."""
     fwd = Forwarder(config, batch or BATCH)
     interval = config.service.forward_interval_s
     delay = interval
@@ -201,6 +207,12 @@ def run_forwarder(config: Config, stop: threading.Event, *, once: bool = False, 
                      res.left)
         if once:
             return 0 if res.ok and not res.left else 1
-        delay = interval if res.ok else min(max(delay, interval) * 2, config.service.forward_max_backoff_s)
-        if stop.wait(delay * random.uniform(0.9, 1.1)):
+        top = config.service.forward_max_backoff_s
+        if res.ok:
+            delay, spread = interval, 0.1
+        elif res.retry_after_s is not None:  # the service is up, storing other nodes' pushes: its turn for us
+            delay, spread = min(max(res.retry_after_s, 1.0), MAX_RETRY_AFTER_S), 0.1
+        else:
+            delay, spread = min(max(delay, interval) * 2, top), 0.1
+        if stop.wait(delay * random.uniform(1 - spread, 1 + spread)):
             return 0

@@ -53,9 +53,10 @@ _FLAGS = ("json", "html")
 
 
 class HttpError(Exception):
-    def __init__(self, status: int, reason: str):
+    def __init__(self, status: int, reason: str, retry_after_s: int | None = None):
         super().__init__(reason)
         self.status = status
+        self.retry_after_s = retry_after_s
 
 
 def parse_query(body: bytes) -> SeffQuery:
@@ -81,7 +82,8 @@ def parse_query(body: bytes) -> SeffQuery:
 
 
 PUSH_SLOTS = 2  # pushes stored at once (about one per CPU of a small service host; PostgreSQL needs the rest)
-PUSH_WAIT_S = 5.0  # how long a push waits for a slot before it is told "busy" (the nodes wait api_timeout_s)
+PUSH_WAIT_S = 2.0  # how long a push waits for a slot before it is told "busy" (the nodes wait api_timeout_s)
+MAKE_WAY_S = 10.0  # the longest summarizing pauses, between two of its batches, for waiting pushes
 
 
 class Api:
@@ -96,19 +98,56 @@ class Api:
         self.pushers = push_uids(config.service.push_users)
         self.intake = Intake(engine, config.paths.spool_dir) if engine is not None else None
         self.push_slots = threading.BoundedSemaphore(PUSH_SLOTS)
+        self.waiting = 0  # pushes waiting for a slot now
+        self._counting = threading.Lock()
+        self._push_s = 1.0  # how long a push holds its slot, a moving average
+        self._next_turn = 0.0  # monotonic time of the last turn given to a node told busy
 
     @contextlib.contextmanager
     def push_slot(self) -> Iterator[None]:
         """One of the PUSH_SLOTS pushes taken at once, or HttpError 503 after PUSH_WAIT_S: after an outage every
         node pushes at once, and a thread per push, all verifying credentials and writing together, made each
         push take longer than the nodes wait for an answer; they then sent it all again. Bounded, the service
-        stores as fast as the database lets it, and a node that was told "busy" retries after its backoff."""
-        if not self.push_slots.acquire(timeout=PUSH_WAIT_S):
-            raise HttpError(503, "busy: other nodes' pushes are being stored; the forwarder retries")
+        stores as fast as the database lets it. "Busy" is not a failure: its Retry-After (the node's turn:
+        :meth:`turn`) brings the node back when a slot should be free, where its failure backoff (doubling, up
+        to minutes) left the service idle while a backlog waited on the nodes."""
+        with self._counting:
+            self.waiting += 1
+        try:
+            got = self.push_slots.acquire(timeout=PUSH_WAIT_S)
+        finally:
+            with self._counting:
+                self.waiting -= 1
+        if not got:
+            raise HttpError(503, "busy: other nodes' pushes are being stored; the forwarder retries",
+                            retry_after_s=self.turn())
+        t0 = time.monotonic()
         try:
             yield
         finally:
             self.push_slots.release()
+            with self._counting:
+                self._push_s += 0.2 * (time.monotonic() - t0 - self._push_s)
+
+    def turn(self) -> int:
+        """Seconds until a node told busy should come back: its own turn, one push's slot time after the turn
+        given before it (at least the forward interval). Every node that came back at one interval after an
+        outage brought the whole herd back each interval; at thousands of nodes their retries, each a
+        credential and a connection, took the CPU the stores needed. Given turns, the nodes come back about
+        as fast as pushes are stored."""
+        with self._counting:
+            now = time.monotonic()
+            self._next_turn = max(self._next_turn, now) + self._push_s / PUSH_SLOTS
+            wait = self._next_turn - now
+        return max(1, round(max(wait, self.config.service.forward_interval_s)))
+
+    def make_way(self, max_s: float = MAKE_WAY_S) -> None:
+        """Wait, at most ``max_s``, while pushes wait for a slot: summarizing the stored jobs (the service's
+        other steady work, in this process) calls this between its batches, so that after an outage the
+        nodes' records are taken first and their analysis follows once the herd has passed."""
+        deadline = time.monotonic() + max_s
+        while self.waiting and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def max_body(self, path: str) -> int:
         return int(self.config.service.push_max_mb * 1024 * 1024) if path == RECORDS_PATH else MAX_BODY
@@ -220,7 +259,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         except HttpError as exc:
             self._discard(unread)
             self.close_connection = True
-            self._send(exc.status, f"{exc}\n".encode(), "text/plain", f"{what}: {exc}", t0)
+            self._send(exc.status, f"{exc}\n".encode(), "text/plain", f"{what}: {exc}", t0, exc.retry_after_s)
         except (BrokenPipeError, ConnectionResetError):  # the client gave up waiting: nobody to answer
             self.close_connection = True
             log.info("api POST %s: the client went away before its answer (%d ms)", what,
@@ -236,10 +275,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 return
             length -= len(chunk)
 
-    def _send(self, status: int, data: bytes, ctype: str, what: str, t0: float) -> None:
+    def _send(self, status: int, data: bytes, ctype: str, what: str, t0: float,
+              retry_after_s: int | None = None) -> None:
         self.send_response(status)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(data)))
+        if retry_after_s is not None:
+            self.send_header("Retry-After", str(retry_after_s))
         self.end_headers()
         self.wfile.write(data)
         log.info("api %s %s -> %d in %.0f ms", self.command, what, status, (time.monotonic() - t0) * 1000)
@@ -254,6 +296,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 class ApiServer(http.server.ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 1024  # listen backlog: after an outage thousands of nodes connect at once (at
+    # socketserver's 5 the kernel refused most of them: "connection reset", a failure to back off from)
     api: Api
 
 

@@ -99,6 +99,7 @@ def serve(config: Config) -> int:
             engine.dispose()
             why = exc.strerror or exc
             raise GpueffError(f"cannot listen on [service] api_listen = {s.api_listen}: {why}") from None
+        ctx.make_way = api.api.make_way
 
     def _on_signal(signum: int, _frame: Any) -> None:
         log.info("%s: finishing running tasks, then exiting", signal.Signals(signum).name)

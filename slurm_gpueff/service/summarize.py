@@ -4,7 +4,7 @@ metrics and reports aggregate in SQL instead of analysing every job again.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
@@ -13,6 +13,8 @@ from ..analysis.diagnose import assess
 from ..analysis.figures import JobFigures, job_figures
 from ..analysis.verdicts.base import ThresholdSource
 from ..models import Job, JobGpu, utcnow
+
+BATCH = 500  # jobs analysed a transaction
 
 
 def _tensor_hours(fig: JobFigures) -> float | None:
@@ -45,13 +47,18 @@ def apply_summary(job: Job, gpus: Sequence[JobGpu], thresholds: ThresholdSource 
     job.analyzed_at = utcnow()
 
 
-def summarize_pending(engine: Engine, thresholds: ThresholdSource = None) -> int:
-    """Analyse every job whose summary is missing or stale, 500 a transaction; return how many."""
+def summarize_pending(engine: Engine, thresholds: ThresholdSource = None,
+                      between: Callable[[], None] | None = None) -> int:
+    """Analyse every job whose summary is missing or stale, ``BATCH`` a transaction; return how many.
+    ``between`` is called before each batch after the first (the service's: the nodes' waiting pushes go
+    first)."""
     done = 0
     while True:
+        if done and between is not None:
+            between()
         with Session(engine) as session:
             jobs = session.exec(select(Job).where(col(Job.analyzed_at).is_(None)).order_by(col(Job.id))
-                                .limit(500)).all()
+                                .limit(BATCH)).all()
             if not jobs:
                 return done
             rows = session.exec(select(JobGpu).where(col(JobGpu.job_pk).in_([j.id for j in jobs]))
@@ -64,3 +71,5 @@ def summarize_pending(engine: Engine, thresholds: ThresholdSource = None) -> int
                 session.add(job)
             session.commit()
             done += len(jobs)
+        if len(jobs) < BATCH:  # none left when this batch was read; later ones wait for the next run
+            return done

@@ -32,6 +32,8 @@ class Context:
     last_error: dict[str, float] = field(default_factory=dict)
     damage: str | None = None  # what the integrity check found wrong with the database; None: sound
     stopped: set[str] = field(default_factory=set)  # tasks that said, once, that they stop for the damage
+    # Called between summarizing's batches: the API's make_way (nodes' waiting pushes go first); else nothing.
+    make_way: Callable[[], None] = field(default=lambda: None)
 
 
 @dataclass
@@ -96,7 +98,7 @@ def ingest(ctx: Context) -> str:
     res = ingest_spool(ctx.engine, ctx.config.paths.spool_dir, trust=configured_trust(ctx.config))
     for e in res.errors:
         log.warning("ingest: %s", e)
-    analysed = summarize_pending(ctx.engine, ctx.config.analysis)  # also records forwarded by nodes
+    analysed = summarize_pending(ctx.engine, ctx.config.analysis, ctx.make_way)  # also records forwarded by nodes
     return f"ingested {res.ingested}, quarantined {res.quarantined}, failed {res.failed}, analysed {analysed}"
 
 
@@ -115,7 +117,7 @@ def enrich(ctx: Context) -> str:
                       shard_counts=shard_counter(SlurmRunner.from_config(ctx.config)))
     for e in res.errors:
         log.warning("enrich: %s", e)
-    analysed = summarize_pending(ctx.engine, ctx.config.analysis)
+    analysed = summarize_pending(ctx.engine, ctx.config.analysis, ctx.make_way)
     return f"enriched {res.enriched}, analysed {analysed}"
 
 

@@ -1,8 +1,14 @@
 """Per-day and per-month sums of the job summaries, in SQL (docs/DESIGN.md "Data flow", step 7).
 
-``usage_rollup`` rows are keyed (period, period_start, cluster, user, account, verdict); only analysed jobs
-with an end time count, on the UTC day they ended. A refresh recomputes whole months (delete, aggregate
-the day rows, sum them into the month row), so a recomputed month is exact whatever happened before.
+``usage_rollup``'s month rows are keyed (month, cluster, user, account, primary verdict), its day rows (day,
+cluster, user, account) with the verdict NULL; only analysed jobs with an end time count, on the UTC day
+they ended. A refresh recomputes whole months (delete, then the day rows and the month rows each straight
+from the month's jobs), so a recomputed month is exact whatever happened before.
+
+Why the day rows leave the verdict out: at a large site nearly every job is alone in its day x user x account
+x verdict, so such day rows were about as many as the jobs, and writing them was most of a refresh. By day
+and user they are a rollup again (tens of jobs a row), and the verdicts are summed per month, which is what
+/metrics and the monthly summaries read.
 
 A job whose end time moves to another month is re-analysed, which finds its new month; but no row points
 at its *old* month any more, so the writer that moves it calls :func:`note_moved` in the same transaction.
@@ -31,7 +37,8 @@ MEASURES = ("gpu_hours", "idle_gpu_hours", "underfilled_gpu_hours", "sm_active_g
 # The *_measured measures: the GPU-hours of the jobs where the figure named here was measured.
 _MEASURED = {"kernel_measured_gpu_hours": "idle_gpu_hours", "sm_measured_gpu_hours": "sm_active_gpu_hours",
              "tensor_measured_gpu_hours": "tensor_active_gpu_hours"}
-KEYS = ("cluster", "user", "account", "verdict")
+KEYS = ("cluster", "user", "account", "verdict")  # a month row's
+DAY_KEYS = ("cluster", "user", "account")  # a day row's: its verdict is NULL
 SAFETY_MARGIN = timedelta(hours=1)  # clock skew and commits in flight at the last refresh
 _ROLLUP, _JOB, _PENDING = (Job.metadata.tables[t] for t in ("usage_rollup", "job", "rollup_pending"))
 
@@ -66,26 +73,30 @@ def refresh_month(conn: Connection, month: date, now: datetime) -> int:
     """Recompute one month's day and month rows; returns the number of rows written."""
     m0, m1 = month_start(month), next_month(month_start(month))
     r, j, p = _ROLLUP, _JOB, _PENDING
+    if conn.dialect.name == "postgresql":
+        # Two settings for this transaction only. JIT compiled these aggregates anew on every refresh, which
+        # took longer than the query runs without it. And psycopg prepares a statement run five times (the
+        # service refreshes all day): PostgreSQL's generic plan for it cannot see the month's bounds and
+        # read the whole job table instead of the month's range of its end-time index.
+        conn.exec_driver_sql("SET LOCAL jit = off")
+        conn.exec_driver_sql("SET LOCAL plan_cache_mode = force_custom_plan")
     # First: a job moved while this transaction reads the jobs notes the month again (module docstring).
     conn.execute(delete(p).where(p.c.month == m0))
     conn.execute(delete(r).where(r.c.period_start >= m0, r.c.period_start < m1))
-    day = _day_expr(conn, j.c.end_time)
-    jkeys, rkeys = [j.c[k] for k in KEYS], [r.c[k] for k in KEYS]
     cols = ["period", "period_start", *KEYS, "jobs", *MEASURES, "refreshed_at"]
     sums = [func.sum(case((j.c[_MEASURED[m]].is_not(None), j.c.gpu_hours))) if m in _MEASURED
             else func.sum(j.c[m]) for m in MEASURES]
+    ended = (j.c.end_time >= datetime(m0.year, m0.month, 1), j.c.end_time < datetime(m1.year, m1.month, 1),
+             j.c.analyzed_at.is_not(None), j.c.record_source != "live")  # running jobs: not yet
     # A requeued job counts once (its last run), the GPU-hours of every run (docs/DESIGN.md, "Runs").
-    sel = (select(literal("day", String), day, *jkeys, func.sum(last_run_count()), *sums,
-                  literal(now, r.c.refreshed_at.type))
-           .where(j.c.end_time >= datetime(m0.year, m0.month, 1), j.c.end_time < datetime(m1.year, m1.month, 1),
-                  j.c.analyzed_at.is_not(None), j.c.record_source != "live")  # running jobs: not yet
-           .group_by(day, *jkeys))
-    conn.execute(insert(r).from_select(cols, sel))
-    msel = (select(literal("month", String), literal(m0, Date), *rkeys,
-                   func.sum(r.c.jobs), *[func.sum(r.c[m]) for m in MEASURES], literal(now, r.c.refreshed_at.type))
-            .where(r.c.period == "day", r.c.period_start >= m0, r.c.period_start < m1)
-            .group_by(*rkeys))
-    conn.execute(insert(r).from_select(cols, msel))
+    # Day rows without the verdict, month rows with it, each straight from the jobs (module docstring).
+    day = _day_expr(conn, j.c.end_time)
+    dkeys, mkeys = [j.c[k] for k in DAY_KEYS], [j.c[k] for k in KEYS]
+    for period, start, keys, group in (("day", day, [*dkeys, literal(None, String)], [day, *dkeys]),
+                                       ("month", literal(m0, Date), mkeys, mkeys)):
+        sel = (select(literal(period, String), start, *keys, func.sum(last_run_count()), *sums,
+                      literal(now, r.c.refreshed_at.type)).where(*ended).group_by(*group))
+        conn.execute(insert(r).from_select(cols, sel))
     return conn.execute(select(func.count()).select_from(r)  # rowcount of INSERT..SELECT is -1 on psycopg
                         .where(r.c.period_start >= m0, r.c.period_start < m1)).scalar() or 0
 
@@ -152,6 +163,8 @@ def usage(conn: Connection, *, period: str = "month", by: str = "user", start: d
     dicts of ``period_start``, ``cluster``, the group keys, ``jobs`` and every measure (None: not measured)."""
     if period not in ("day", "month"):
         raise ValueError(f"period must be day or month, not {period!r}")
+    if period == "day" and "verdict" in BY[by]:
+        raise ValueError("day rows are not kept by verdict: only month rows are")
     r = _ROLLUP
     keys = [r.c.period_start, r.c.cluster, *[r.c[k] for k in BY[by]]]
     conds = [r.c.period == period]

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import math
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, cached_property
 from importlib import resources
 from typing import Any
 
@@ -31,14 +31,30 @@ class NotAssessed(Exception):  # noqa: N818 - a signal, not an error
 
 @dataclass(frozen=True)
 class Verdict:
-    """One diagnosis for a job. ``gpus`` are ``(node, index)`` of the GPUs it concerns."""
+    """One diagnosis for a job: the decision as data (the rule, its severity, ``gpus`` as ``(node, index)`` of
+    the GPUs it concerns) and its words, rendered from the rule's text file when first read. Summarising a
+    job reads only the first verdict's title, and rendering every verdict's words was a third of that."""
 
     name: str
-    title: str
     severity: str
-    why: str
-    advice: list[str]
-    gpus: list[tuple[str, int]] = field(default_factory=list)
+    gpus: list[tuple[str, int]]
+    words: Callable[[], tuple[str, str, list[str]]] = field(repr=False, compare=False)
+
+    @cached_property
+    def _words(self) -> tuple[str, str, list[str]]:
+        return self.words()
+
+    @property
+    def title(self) -> str:
+        return self._words[0]
+
+    @property
+    def why(self) -> str:
+        return self._words[1]
+
+    @property
+    def advice(self) -> list[str]:
+        return self._words[2]
 
 
 @dataclass(frozen=True)
@@ -124,16 +140,21 @@ class Rule:
 
     def verdict(self, ctx: Context, gpus: Sequence[GpuFigures], variant: str | None = None) -> Verdict:
         """The verdict's text; a ``variant`` (a table of the text file) replaces what it names."""
-        text = load_text(self.name)
-        if variant:
-            text = {**text, **text[variant]}
-        values = _values(ctx, gpus)
-        if self.threshold:
-            values["thr"] = pct(ctx.thresholds.pct(self.threshold))
-        return Verdict(name=self.name, title=text["title"].format_map(values), severity=self.severity,
-                       why=" ".join(text["why"].format_map(values).split()),
-                       advice=[" ".join(a.format_map(values).split()) for a in text["advice"]],
-                       gpus=[(g.node, g.index) for g in gpus])
+        involved = list(gpus)
+        threshold = pct(ctx.thresholds.pct(self.threshold)) if self.threshold else None
+
+        def words() -> tuple[str, str, list[str]]:  # reads only what stays as it is: the figures, the GPUs
+            text = load_text(self.name)
+            if variant:
+                text = {**text, **text[variant]}
+            values = _values(ctx, involved)
+            if threshold is not None:
+                values["thr"] = threshold
+            return (text["title"].format_map(values), " ".join(text["why"].format_map(values).split()),
+                    [" ".join(a.format_map(values).split()) for a in text["advice"]])
+
+        return Verdict(name=self.name, severity=self.severity, gpus=[(g.node, g.index) for g in involved],
+                       words=words)
 
     @staticmethod
     def need(gpus: Sequence[GpuFigures], *metrics: str) -> list[GpuFigures]:
