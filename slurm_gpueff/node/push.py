@@ -207,12 +207,11 @@ def run_forwarder(config: Config, stop: threading.Event, *, once: bool = False, 
                      res.left)
         if once:
             return 0 if res.ok and not res.left else 1
-        top = config.service.forward_max_backoff_s
         if res.ok:
-            delay, spread = interval, 0.1
+            delay = interval
         elif res.retry_after_s is not None:  # the service is up, storing other nodes' pushes: its turn for us
-            delay, spread = min(max(res.retry_after_s, 1.0), MAX_RETRY_AFTER_S), 0.1
+            delay = min(max(res.retry_after_s, 1.0), MAX_RETRY_AFTER_S)
         else:
-            delay, spread = min(max(delay, interval) * 2, top), 0.1
-        if stop.wait(delay * random.uniform(1 - spread, 1 + spread)):
+            delay = min(max(delay, interval) * 2, config.service.forward_max_backoff_s)
+        if stop.wait(delay * random.uniform(0.9, 1.1)):
             return 0
