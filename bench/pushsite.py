@@ -27,6 +27,24 @@ def start_site(base: str, database: str, *, forward_interval_s: float, max_backo
     return site, munged
 
 
+def start_node_munged(base: str, site_munge: str) -> tuple[subprocess.Popen, str]:
+    """A second munged with the site's key, at nice 19, for the simulated nodes: on a real site each node makes
+    its credentials with its own munged, and the service host's munged only decodes them."""
+    d = os.path.join(base, "node-munge")
+    os.makedirs(d, mode=0o755)
+    sock = os.path.join(d, "munge.sock")
+    proc = subprocess.Popen(["nice", "-n", "19", "munged", "--foreground", "--force", f"--socket={sock}",
+                             f"--key-file={os.path.join(site_munge, 'munge.key')}", f"--pid-file={d}/munged.pid",
+                             f"--log-file={d}/munged.log", f"--seed-file={d}/seed"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(100):
+        if os.path.exists(sock):
+            return proc, sock
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("the nodes' munged did not start")
+
+
 def pending(spool_dir: str) -> int:
     try:
         return sum(1 for n in os.listdir(os.path.join(spool_dir, "incoming")) if n.endswith(".json"))
@@ -64,10 +82,15 @@ def node_name(i: int) -> str:
     return f"gpu{i:05d}"
 
 
-def run_nodes(first: int, count: int, base: str, service: dict[str, object], stop: Any, cluster: str) -> None:
+def run_nodes(first: int, count: int, base: str, service: dict[str, object], stop: Any, cluster: str,
+              nice: int = 0) -> None:
     """``count`` simulated nodes' forwarders (the real loop, node/push.py) as threads of this process, each on
-    its own spool under ``base``/nodes, until ``stop`` (a multiprocessing Event) is set."""
+    its own spool under ``base``/nodes, until ``stop`` (a multiprocessing Event) is set; at ``nice`` (their
+    ``munge`` commands too)."""
     from slurm_gpueff.config import Config
+
+    if nice:
+        os.nice(nice)
     from slurm_gpueff.node.push import run_forwarder
 
     logging.basicConfig(filename=os.path.join(base, f"nodes-{first}.log"), level=logging.WARNING)

@@ -15,7 +15,8 @@ Stages, each timed, with its floor from the same run where one exists:
 1. history: COPY into ``job``, ``job_gpu``, ``job_gpu_timeline`` (rows/s: the COPY floor), then the rollups
    of every month; one month's rollup again against the bare ``SELECT ... GROUP BY`` of that month;
 2. steady: ``gpueff serve`` (private munged, the API on loopback) and the nodes' forwarders (threads in a few
-   processes, the real ``node/push.py`` loop) while this script writes the live and final records into the
+   processes, the real ``node/push.py`` loop; at nice 19 with a munged of their own, as a real site's nodes
+   have their own CPUs and munged) while this script writes the live and final records into the
    nodes' spools at the load's rates; the lag of a record is from its file landing in a node's spool to the
    forwarder removing it, which it does once the service has acknowledged it (after the commit); the
    database's growth over the measured half, per day;
@@ -29,8 +30,8 @@ Stages, each timed, with its floor from the same run where one exists:
    for the heavy user and ``-A`` for the heavy account, a ``/metrics`` scrape (time, size); the service's
    peak RSS.
 
-    python3 bench/site_scale.py [--scale 1 | --quick] [--postgres URL] [--steady 600] [--keep]
-                                 [--history-only | --reuse]
+    python3 bench/site_scale.py [--scale 1 | --quick] [--postgres URL] [--db NAME] [--steady 600] [--keep]
+                                 [--history-only | --reuse] [--profile DIR]
 
 Root, MUNGE and PostgreSQL needed (tests/setup-services.sh).
 """
@@ -60,7 +61,7 @@ sys.path[:0] = [_ROOT, os.path.join(_ROOT, "tests"), os.path.join(_ROOT, "bench"
 
 import synthetic  # noqa: E402
 from daemons import free_port  # noqa: E402
-from pushsite import cpu_s, fresh_pg, node_name, rss_mb, run_nodes, start_site  # noqa: E402
+from pushsite import cpu_s, fresh_pg, node_name, rss_mb, run_nodes, start_node_munged, start_site  # noqa: E402
 
 from slurm_gpueff import spool  # noqa: E402
 
@@ -365,11 +366,13 @@ def steady(a: argparse.Namespace, sz: dict[str, int], url: str, base: str, runni
     rng.shuffle(order)
     t0 = time.time()
     half_at, size0, cpu0 = t0 + a.steady / 2, None, cpu_s(site_pid)
+    prof: Profile | None = None
     ends, lives = 0, 0
     next_live, next_end = t0, t0
     while (now := time.time()) - t0 < a.steady:
         if size0 is None and now >= half_at:
             size0, t_half = db_bytes(url), now
+            prof = Profile(a.profile, "steady load", site_pid, log)
         while next_live <= now:
             if not order:
                 order = list(running.jobs)
@@ -394,6 +397,8 @@ def steady(a: argparse.Namespace, sz: dict[str, int], url: str, base: str, runni
         time.sleep(0.5)
     size1, t_end = db_bytes(url), time.time()
     cpu = cpu_s(site_pid) - cpu0
+    if prof is not None:
+        prof.done()
     stop.set()
     th.join()
     lags = sorted(w.lags)
@@ -439,10 +444,12 @@ def outage(a: argparse.Namespace, sz: dict[str, int], url: str, base: str, site:
         log_from = len(fh.read())
     nodes_cpu0 = sum(cpu_s(p) for p in nodes)
     pid = site.start()
+    prof = Profile(a.profile, "drain", pid, log)
     while w.pending and time.time() - t0 < a.drain_limit:
         w.poll()
         time.sleep(1.0)
     drain = time.time() - t0
+    prof.done()
     cpu_note = (f"CPU over the drain: the service {cpu_s(pid):.0f} s, the simulated nodes "
                 f"{sum(cpu_s(p) for p in nodes) - nodes_cpu0:.0f} s (all on this machine, beside PostgreSQL)")
     with open(site.log) as fh:
@@ -474,6 +481,57 @@ def outage(a: argparse.Namespace, sz: dict[str, int], url: str, base: str, site:
                f"COPY {hist['copy_rows_per_s']:,.0f} rows/s" if hist["copy_rows_per_s"] else "",
                "<= 5 min, 0 lost, 0 duplicated")
     return pid
+
+
+# ------------------------------------------------------------------------------------------------ profile
+KINDS = (("api request", "slurm_gpueff/service/api.py"), ("summarize", "summarize_pending"),
+         ("other task", "run_task"), ("accept", "serve_forever"))
+
+
+class Profile:
+    """py-spy sampling the service's threads (wall-clock, idle included) while a stage runs, then where each
+    kind of thread spent it: the frames of this package and the calls out of it (subprocess, socket, driver)."""
+
+    def __init__(self, out_dir: str | None, stage: str, pid: int, log: Log) -> None:
+        self.path = os.path.join(out_dir, f"{stage}.txt") if out_dir else None
+        self.stage, self.log, self.proc = stage, log, None
+        exe = shutil.which("py-spy") or shutil.which("py-spy", path=os.path.dirname(sys.executable))
+        if self.path and exe:
+            os.makedirs(out_dir or ".", exist_ok=True)
+            self.proc = subprocess.Popen([exe, "record", "-p", str(pid), "--threads", "--idle", "-r", "20",
+                                          "-f", "raw", "-o", self.path, "--nonblocking"],
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        elif self.path:
+            log.say("profile: py-spy is not installed (pip install py-spy); not profiled")
+
+    def done(self) -> None:
+        if self.proc is None or self.path is None:
+            return
+        self.proc.send_signal(signal.SIGINT)
+        self.proc.wait(60)
+        kinds: dict[str, int] = {}
+        frames: dict[str, dict[str, int]] = {}
+        total = 0
+        with open(self.path) as fh:
+            for line in fh:
+                stack, _, n = line.rstrip("\n").rpartition(" ")
+                if not n.isdigit():
+                    continue
+                count = int(n)
+                total += count
+                kind = next((k for k, mark in KINDS if mark in stack), "other")
+                kinds[kind] = kinds.get(kind, 0) + count
+                seen = {re.sub(r":\d+\)$", ")", f) for f in stack.split(";")[1:]}
+                for f in seen:
+                    frames.setdefault(kind, {})[f] = frames.setdefault(kind, {}).get(f, 0) + count
+        self.log.say(f"profile of the {self.stage} ({self.path}): {total:,} thread samples")
+        for kind, n in sorted(kinds.items(), key=lambda kv: -kv[1]):
+            self.log.say(f"  {kind}: {n:,} samples")
+            top = sorted(frames.get(kind, {}).items(), key=lambda kv: -kv[1])
+            shown = [(f, c) for f, c in top if "slurm_gpueff" in f or any(
+                m in f for m in ("subprocess.py", "socket.py", "psycopg", "threading.py", "acquire"))][:18]
+            for f, c in shown:
+                self.log.say(f"      {100 * c / n:5.1f} %  {f[:150]}")
 
 
 # ------------------------------------------------------------------------------------------------ passes
@@ -563,6 +621,8 @@ def passes(sz: dict[str, int], url: str, base: str, running: Running, log: Log) 
     from slurm_gpueff.reports import runner
 
     month = (datetime.now(UTC).replace(day=1) - timedelta(days=1)).strftime("%Y-%m")
+    with eng.begin() as c:  # a reused database's earlier run wrote them: they would be skipped as done
+        c.execute(text("DELETE FROM report_log WHERE kind = 'monthly' AND dry_run"))
     t0 = time.perf_counter()
     rr = runner.send_monthly(cfg, eng, month=month, dry_run=True)
     monthly_s = time.perf_counter() - t0
@@ -655,6 +715,11 @@ def main() -> int:
     ap.add_argument("--procs", type=int, default=4)
     ap.add_argument("--postgres", default="postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--db", default="gpueff_site_scale",
+                    help="the database's name on the --postgres server (made afresh unless --reuse)")
+    ap.add_argument("--profile", metavar="DIR",
+                    help="py-spy records the service's threads over the steady load and the drain into DIR "
+                    "(raw stacks, wall-clock, idle threads included) and prints where each kind of thread spent it")
     ap.add_argument("--reuse", action="store_true",
                     help="keep the database an earlier run of this scale left (its history and rollups are not "
                     "made or timed again); the rest runs as usual, the running jobs under new ids")
@@ -673,11 +738,11 @@ def main() -> int:
     from slurm_gpueff.storage.db import make_engine
 
     if a.reuse:
-        url = a.postgres.rsplit("/", 1)[0] + "/gpueff_site_scale"
+        url = a.postgres.rsplit("/", 1)[0] + "/" + a.db
         migrate.upgrade(make_engine(url, create=False))
         hist = reused_history(url, sz, log)
     else:
-        url = fresh_pg(a.postgres, "gpueff_site_scale")
+        url = fresh_pg(a.postgres, a.db)
         migrate.upgrade(make_engine(url, create=False))
         hist = history(url, sz["history"], sz, a.timeline_days, log)
         rollup_figures(url, log)
@@ -693,13 +758,16 @@ def main() -> int:
     with open(site.config, "w") as fh:
         fh.write(text_cfg.replace("metrics_port = 0\n", f"metrics_port = {metrics_port}\n"))
     pid = site.start()
-    service = {"api_url": f"http://127.0.0.1:{site.port}", "munge_socket": site.sock,
+    # The nodes make their credentials with a munged of their own and run at nice 19: on a real site their
+    # CPUs and munged are their own, and the service host's CPUs go to the service and PostgreSQL.
+    node_munged, node_sock = start_node_munged(base, os.path.dirname(site.sock))
+    service = {"api_url": f"http://127.0.0.1:{site.port}", "munge_socket": node_sock,
                "forward_interval_s": a.interval, "forward_max_backoff_s": a.backoff}
     for i in range(sz["nodes"]):
         spool.ensure_dirs(os.path.join(base, "nodes", node_name(i), "spool"))
     stop = mp.Event()
     per = -(-sz["nodes"] // a.procs)
-    workers = [mp.Process(target=run_nodes, args=(f, min(per, sz["nodes"] - f), base, service, stop, CLUSTER))
+    workers = [mp.Process(target=run_nodes, args=(f, min(per, sz["nodes"] - f), base, service, stop, CLUSTER, 19))
                for f in range(0, sz["nodes"], per)]
     for w in workers:
         w.start()
@@ -717,6 +785,7 @@ def main() -> int:
             w.join(120)
         site.kill(signal.SIGTERM)
         munged.kill()
+        node_munged.kill()
     print("\n| figure | measured | floor (same run) | goal |\n|---|---|---|---|")
     for row in log.rows:
         print("| " + " | ".join(row) + " |")

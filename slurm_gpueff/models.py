@@ -54,7 +54,10 @@ class Job(SQLModel, table=True):
     __tablename__ = "job"
     __table_args__ = (UniqueConstraint("cluster", "job_id", "run", name="uq_job_cluster_job_id_run"),
                       Index("ix_job_rerun", "cluster", "job_id", postgresql_where=text("run <> 0"),
-                            sqlite_where=text("run <> 0")))
+                            sqlite_where=text("run <> 0")),
+                      # a user's or an account's jobs are read by when they ended (tables, monthly summaries)
+                      Index("ix_job_user_end", "user", "end_time"),
+                      Index("ix_job_account_end", "account", "end_time"))
 
     id: int | None = Field(default=None, primary_key=True)
     cluster: str = Field(max_length=64)
@@ -66,9 +69,9 @@ class Job(SQLModel, table=True):
     het_job_id: int | None = Field(default=None, sa_type=BigInteger, index=True)
     het_job_offset: int | None = Field(default=None)
     job_name: str | None = Field(default=None, max_length=512)
-    user: str | None = Field(default=None, max_length=128, index=True)
+    user: str | None = Field(default=None, max_length=128)
     uid: int | None = Field(default=None, sa_type=BigInteger)
-    account: str | None = Field(default=None, max_length=128, index=True)
+    account: str | None = Field(default=None, max_length=128)
     partition: str | None = Field(default=None, max_length=128)
     qos: str | None = Field(default=None, max_length=128)
     nodelist: str | None = Field(default=None, max_length=1024)

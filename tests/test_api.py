@@ -396,7 +396,6 @@ def test_a_push_beyond_the_slots_is_told_busy_and_keeps_its_records(tmp_path, mo
     from slurm_gpueff.service import api as api_mod
     from slurm_gpueff.storage.db import make_engine
 
-    monkeypatch.setattr(api_mod, "PUSH_WAIT_S", 0.3)
     munged, munge_sock = start_munged(str(tmp_path), "munge")
     db = f"{tmp_path}/db/gpueff.db"
     os.makedirs(os.path.dirname(db))
@@ -410,6 +409,7 @@ def test_a_push_beyond_the_slots_is_told_busy_and_keeps_its_records(tmp_path, mo
     for i in range(3):
         spool.write_record(f"{tmp_path}/node", sim_record(7000 + i))
     server = api_mod.start(cfg, engine)
+    server.api.push_wait_s = 0.3
     forward = [sys.executable, "-m", "slurm_gpueff.cli.gpueff", "--config", str(node_cfg), "forward", "--once"]
     try:
         for _ in range(api_mod.PUSH_SLOTS):
@@ -417,15 +417,17 @@ def test_a_push_beyond_the_slots_is_told_busy_and_keeps_its_records(tmp_path, mo
         busy = subprocess.run(forward, capture_output=True, text=True, timeout=60, cwd=ROOT)
         assert busy.returncode == 1 and "HTTP 503" in busy.stderr and "busy" in busy.stderr, busy.stderr
         assert len(os.listdir(f"{tmp_path}/node/incoming")) == 3
-        # "Busy" says when to come back (the forward interval), and the forwarder keeps it for its next wait
-        # (not its failure backoff); summarizing, told to make way, waits while a push waits for a slot.
+        # "Busy" says when to come back (its turn), and the forwarder keeps it for its next wait (not its
+        # failure backoff); summarizing, told to make way, waits while a push waits for a slot.
         from slurm_gpueff.config import load
         from slurm_gpueff.node.push import Forwarder
 
+        server.api.pace_s = 7.0
         res = Forwarder(load(str(node_cfg))).run_pass()
-        assert (res.ok, res.left, res.retry_after_s) == (False, 3, cfg.service.forward_interval_s), res
+        assert (res.ok, res.left, res.retry_after_s) == (False, 3, 7), res  # one pace from now: nobody else waits
         pushed: list[int] = []
-        monkeypatch.setattr(api_mod, "PUSH_WAIT_S", 5.0)  # long enough to be seen waiting on a loaded machine
+        server.api.pace_s, server.api.turns_until = 0.5, 0.0  # forget the turns given above
+        server.api.push_wait_s = 5.0  # long enough to be seen waiting on a loaded machine
         waiting = threading.Thread(target=lambda: pushed.append(Forwarder(load(str(node_cfg))).run_pass().left))
         waiting.start()
         deadline = time.monotonic() + 30
@@ -433,7 +435,8 @@ def test_a_push_beyond_the_slots_is_told_busy_and_keeps_its_records(tmp_path, mo
             time.sleep(0.01)
         assert server.api.waiting == 1
         server.api.make_way(30)
-        assert server.api.waiting == 0  # it returned once the push stopped waiting (told busy after 5 s)
+        # it returned once the push stopped waiting (told busy after 5 s) and its turn, given then, had come
+        assert server.api.waiting == 0 and server.api.turns_until > 0 and time.monotonic() >= server.api.turns_until
         waiting.join(30)
         assert pushed == [3]
         for _ in range(api_mod.PUSH_SLOTS):
@@ -496,9 +499,11 @@ def test_the_client_reads_replies_in_pieces_with_or_without_a_length():
     assert (reply.status, reply.body) == (200, b"hello world")  # read to the length, not to the close
     assert got[0].startswith(b"POST /v1/seff HTTP/1.1\r\n") and b"\r\nAuthorization: MUNGE x\r\n" in got[0]
     assert got[0].endswith(b'\r\n\r\n{"a": 1}') and b"\r\nContent-Length: 8\r\n" in got[0]
-    url, _ = _one_reply([b"HTTP/1.0 503 Service Unavailable\r\n\r\nbusy: other", b" nodes\n"])
-    reply = request(url, "GET", "/v1/health", timeout=10)
+    assert f"\r\nHost: {url.split('//')[1]}\r\n".encode() in got[0]
+    url, got = _one_reply([b"HTTP/1.0 503 Service Unavailable\r\n\r\nbusy: other", b" nodes\n"])
+    reply = request(url.replace("//", "//who:secret@") + "/ignored", "GET", "/v1/health", timeout=10)
     assert (reply.status, reply.reason()) == (503, "busy: other nodes")
+    assert f"\r\nHost: {url.split('//')[1]}\r\n".encode() in got[0] and b"secret" not in got[0]
 
 
 def test_a_bad_reply_is_one_line_unreachable(tmp_path):
@@ -525,14 +530,47 @@ def test_a_bad_reply_is_one_line_unreachable(tmp_path):
         munged.wait(10)
 
 
-def test_nodes_told_busy_are_given_turns_a_push_apart():
-    """Each node told "busy" gets its own turn: one push's slot time (over the slots) after the previous
-    turn, never sooner than the forward interval. So a herd of nodes comes back spread out at the pace the
-    service stores, not all again one interval later."""
+def test_nodes_told_busy_are_given_turns_at_the_pace_pushes_are_stored(monkeypatch):
+    """Each node told "busy" gets its own turn: after the pushes waiting now and the turns given before it, one
+    push apart: the shorter of the pace (the measured gap between two pushes stored while others waited, not
+    counting a gap in which nobody waited) and a push's time when nobody waited. So a herd comes back spread
+    out at the pace the service stores once it has passed, neither all again one interval later nor so spread
+    that the service idles. The clock is the test's."""
+    import types
+
     from slurm_gpueff.config import Config
     from slurm_gpueff.service import api as api_mod
 
+    clock = [1000.0]
+    monkeypatch.setattr(api_mod, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
     api = api_mod.Api(Config({"service": {"forward_interval_s": 15}}))
-    api._push_s = 10.0  # as if each push held its slot 10 s: with 2 slots a turn every 5 s
-    turns = [api.turn() for _ in range(6)]
-    assert turns[:3] == [15, 15, 15] and turns[3:] == [20, 25, 30], turns
+    assert api.pace_s == api.alone_s == api_mod.PACE_START_S and api.push_wait_s == api_mod.PUSH_WAIT_S
+
+    def push(after_s: float, held_s: float, others_waiting: int) -> None:
+        clock[0] += after_s
+        api.waiting = others_waiting
+        with api.push_slot():
+            clock[0] += held_s
+        api.waiting = 0
+
+    push(0.0, 0.02, 0)  # nobody waits: a push's time alone
+    assert (api.pace_s, api.alone_s) == (0.05, pytest.approx(0.05 + 0.1 * (0.02 - 0.05)))
+    push(9.0, 0.02, 1)  # nobody waited since the last one: its 9 s are idle time, not the pace
+    assert api.pace_s == api_mod.PACE_START_S
+    push(1.05, 0.02, 1)  # others waited since the last one: 1.07 s is the service's pace
+    assert api.pace_s == pytest.approx(0.05 + 0.1 * (1.07 - 0.05))
+    push(5.0, 0.02, 0)
+    assert api.pace_s == pytest.approx(0.152 + 0.1 * (5.02 - 0.152))
+    push(30.0, 0.02, 0)  # the last one left nobody waiting: this gap is not counted, the push's time is
+    assert api.pace_s == pytest.approx(0.6388) and api.alone_s == pytest.approx(0.047 + 0.1 * (0.02 - 0.047))
+
+    api.pace_s, api.alone_s = 2.5, 9.0
+    api.waiting = 4  # four pushes wait now: 10 s of the service's work before the first turn
+    turns = [api.turn() for _ in range(4)]
+    assert turns == [13, 15, 18, 20], turns
+    clock[0] += 100.0  # the turns given long ago have passed: the next one starts from now
+    api.waiting = 0
+    assert api.turn() == 3
+    api.alone_s = 0.5  # once the herd has passed a push takes 0.5 s: the turns are that far apart
+    assert [api.turn() for _ in range(4)] == [3, 4, 4, 5]
+    assert api_mod.Api(Config({"service": {"api_timeout_s": 3}})).push_wait_s == 1.5  # half the nodes' wait

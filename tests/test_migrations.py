@@ -34,6 +34,34 @@ def test_postgres_migrates_from_empty_to_the_models(pg_url):  # noqa: F811
     _check_migrated(pg_url)
 
 
+@pytest.mark.postgres
+def test_postgres_autovacuums_the_rewritten_tables_at_one_percent_dead(pg_url):  # noqa: F811
+    """Live records rewrite job, GPU and timeline rows: at the default 20 % a year's history would let
+    millions of dead versions pile up; the migration sets 1 %, and its downgrade takes it back."""
+    from sqlalchemy import text
+
+    engine = make_engine(pg_url, create=False)
+    migrate.upgrade(engine)
+
+    def options() -> dict[str, list[str] | None]:
+        with engine.connect() as conn:
+            return dict(conn.execute(text("SELECT relname, reloptions FROM pg_class WHERE relname IN "
+                                          "('job', 'job_gpu', 'job_gpu_timeline', 'live_sample', "
+                                          "'rollup_pending', 'report_log')")).all())
+
+    got = options()
+    for table in ("job", "job_gpu", "job_gpu_timeline", "live_sample", "rollup_pending"):
+        assert sorted(got[table] or []) == ["autovacuum_analyze_scale_factor=0.02",
+                                            "autovacuum_vacuum_scale_factor=0.01"], table
+    assert got["report_log"] is None  # written once, never rewritten: PostgreSQL's defaults
+    from alembic import command
+
+    with engine.begin() as conn:
+        command.downgrade(migrate.alembic_config(conn), "0009")
+    assert all(v is None for v in options().values())
+    engine.dispose()
+
+
 def test_sqlite_is_upgraded_on_open(tmp_path):
     engine = make_engine(str(tmp_path / "a.db"))
     with engine.connect() as conn:
@@ -135,3 +163,18 @@ def test_postgres_upgrades_started_together_are_serialised(pg_url):  # noqa: F81
     with engine.connect() as conn:
         assert migrate.current(conn) == migrate.head() and migrate.diffs(conn) == []
     engine.dispose()
+
+
+@pytest.mark.postgres
+def test_postgres_sessions_run_without_jit_keeping_the_urls_options(pg_url):  # noqa: F811
+    """JIT compiled the large aggregates (a year of an account, a month's rollup) for longer than it saved:
+    the product's sessions turn it off, and options a site gives in the URL still apply."""
+    from sqlalchemy import text
+
+    for url, work_mem in ((pg_url, None), (pg_url + "?options=-c%20work_mem%3D7MB", "7MB")):
+        engine = make_engine(url, create=False)
+        with engine.connect() as conn:
+            assert conn.execute(text("SHOW jit")).scalar() == "off"
+            if work_mem:
+                assert conn.execute(text("SHOW work_mem")).scalar() == work_mem
+        engine.dispose()

@@ -107,10 +107,12 @@ def test_a_long_table_shows_the_newest_lines_and_totals_over_all(tmp_path):
 @pytest.mark.postgres
 def test_postgres_totals_are_the_rows_totals(pg_url, tmp_path):  # noqa: F811
     """The database's totals (what a cut table shows) equal the ones computed from every row, NULLs included."""
-    from datetime import datetime
+    from datetime import datetime, timedelta
 
+    from sqlalchemy import literal, select
     from sqlmodel import Session
 
+    from slurm_gpueff.models import Job
     from slurm_gpueff.render.jobs_table import totals
     from slurm_gpueff.storage import migrate
     from slurm_gpueff.storage.queries import list_jobs, table_totals
@@ -120,11 +122,23 @@ def test_postgres_totals_are_the_rows_totals(pg_url, tmp_path):  # noqa: F811
     ingest_records(engine, tmp_path / "spool", (synthetic.record(i + 1, gpus=1 + i % 3, timeline_points=2,
                                                                  end=1704067200 + i * 3600) for i in range(60)))
     summarize_pending(engine, Config().analysis)
+    # Requeued jobs: more runs of some jobs (a provisional -1 among them), some inside the window, some
+    # after it or before it, so that a job counts once among the lines whichever of its runs the window holds.
+    job = Job.metadata.tables["job"]
+    copied = [c.name for c in job.c if c.name not in ("id", "run", "end_time")]
+    with engine.begin() as conn:
+        for job_id, run, hours in ((3, 1, 2), (3, 2, 400), (5, -1, 1), (7, 1, 500), (9, 1, 3), (9, 2, 4),
+                                     (11, -1, -72)):
+            conn.execute(job.insert().from_select(
+                [*copied, "run", "end_time"],
+                select(*(job.c[n] for n in copied), literal(run), job.c.end_time + timedelta(hours=hours))
+                .where(job.c.job_id == job_id, job.c.run == 0)))
     with Session(engine) as s:
         scope = {"start": datetime(2023, 12, 31), "end": datetime(2024, 1, 9)}
         rows = list_jobs(s, **scope)
         got = table_totals(s, **scope)
-    assert rows and got["rows"] == len(rows)
+    assert rows and got["rows"] == len(rows) and len(rows) == 60 + 4  # 3's run 2 and 7's run 1 end after it
+    assert got["jobs"] == len({(r.cluster, r.job_id) for r in rows}) == 60
     for key, value in totals(rows).items():
         assert got[key] == pytest.approx(value), key
     engine.dispose()

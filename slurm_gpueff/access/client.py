@@ -65,9 +65,9 @@ def request(url: str, method: str, path: str, body: bytes = b"", headers: dict[s
     ssl, which took longer than the rest of ``seff-gpu``'s start, a command users type and wait on. Both ends
     are ours and the exchange is the plainest HTTP has: one request with a Content-Length, ``Connection:
     close``, and a reply read to its Content-Length (or to the close) from ``http.server``."""
-    sock = _connect(url, timeout)
+    sock, host = _connect(url, timeout)
     try:
-        head = [f"{method} {path} HTTP/1.1", f"Host: {_host(url)}", "Connection: close",
+        head = [f"{method} {path} HTTP/1.1", f"Host: {host}", "Connection: close",
                 f"Content-Length: {len(body)}", *[f"{k}: {v}" for k, v in (headers or {}).items()]]
         sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body)
         return _read_reply(sock)
@@ -75,7 +75,8 @@ def request(url: str, method: str, path: str, body: bytes = b"", headers: dict[s
         sock.close()
 
 
-def _connect(url: str, timeout: float) -> socket.socket:
+def _connect(url: str, timeout: float) -> tuple[socket.socket, str]:
+    """The connected socket and the Host header that names the address (host and port, as the URL gives them)."""
     if url.startswith("unix:"):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(timeout)
@@ -84,29 +85,24 @@ def _connect(url: str, timeout: float) -> socket.socket:
         except OSError:
             sock.close()
             raise
-        return sock
+        return sock, "localhost"
     from urllib.parse import urlsplit
 
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"not an http://, https:// or unix: address: {url!r}")
     tls = parts.scheme == "https"
+    host = parts.netloc.rpartition("@")[2]  # never user:password@, where a URL carries one
     sock = socket.create_connection((parts.hostname, parts.port or (443 if tls else 80)), timeout)
     if not tls:
-        return sock
+        return sock, host
     import ssl
 
     try:
-        return ssl.create_default_context().wrap_socket(sock, server_hostname=parts.hostname)
+        return ssl.create_default_context().wrap_socket(sock, server_hostname=parts.hostname), host
     except OSError:
         sock.close()
         raise
-
-
-def _host(url: str) -> str:
-    if url.startswith("unix:"):
-        return "localhost"
-    return url.split("://", 1)[-1].split("/", 1)[0]
 
 
 def _read_reply(sock: socket.socket) -> Reply:

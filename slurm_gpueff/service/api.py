@@ -27,6 +27,7 @@ import contextlib
 import http.server
 import json
 import logging
+import math
 import os
 import socket
 import stat
@@ -82,7 +83,9 @@ def parse_query(body: bytes) -> SeffQuery:
 
 
 PUSH_SLOTS = 2  # pushes stored at once (about one per CPU of a small service host; PostgreSQL needs the rest)
-PUSH_WAIT_S = 2.0  # how long a push waits for a slot before it is told "busy" (the nodes wait api_timeout_s)
+PUSH_WAIT_S = 4.0  # how long a push waits for a slot before it is told "busy" (at most half the nodes' wait,
+# [service] api_timeout_s: the rest is for its credential and its store)
+PACE_START_S = 0.05  # the gap between two stored pushes assumed until one is measured: rather too short than long
 MAKE_WAY_S = 10.0  # the longest summarizing pauses, between two of its batches, for waiting pushes
 
 
@@ -98,55 +101,69 @@ class Api:
         self.pushers = push_uids(config.service.push_users)
         self.intake = Intake(engine, config.paths.spool_dir) if engine is not None else None
         self.push_slots = threading.BoundedSemaphore(PUSH_SLOTS)
+        self.push_wait_s = min(PUSH_WAIT_S, config.service.api_timeout_s / 2)
         self.waiting = 0  # pushes waiting for a slot now
         self._counting = threading.Lock()
-        self._push_s = 1.0  # how long a push holds its slot, a moving average
-        self._next_turn = 0.0  # monotonic time of the last turn given to a node told busy
+        self.pace_s = PACE_START_S  # the gap between two pushes stored while others wait, a moving average
+        self.alone_s = PACE_START_S  # how long a push takes when none waits (nor waited for it), a moving average
+        self._last_done: float | None = None  # when the last push was stored, if others were waiting then
+        self.turns_until = 0.0  # monotonic time of the last turn given to a node told busy (nodes due until then)
 
     @contextlib.contextmanager
     def push_slot(self) -> Iterator[None]:
-        """One of the PUSH_SLOTS pushes taken at once, or HttpError 503 after PUSH_WAIT_S: after an outage every
-        node pushes at once, and a thread per push, all verifying credentials and writing together, made each
-        push take longer than the nodes wait for an answer; they then sent it all again. Bounded, the service
-        stores as fast as the database lets it. "Busy" is not a failure: its Retry-After (the node's turn:
-        :meth:`turn`) brings the node back when a slot should be free, where its failure backoff (doubling, up
-        to minutes) left the service idle while a backlog waited on the nodes."""
+        """One of the PUSH_SLOTS pushes taken at once, or HttpError 503 after waiting ``push_wait_s``: after an
+        outage every node pushes at once, and a thread per push, all verifying credentials and writing
+        together, made each push take longer than the nodes wait for an answer; they then sent it all again.
+        Bounded, the service stores as fast as the database lets it, the waiting pushes first come, first
+        served. "Busy" is not a failure: its Retry-After (the node's turn: :meth:`turn`) brings the node back
+        when a slot should be free, where its failure backoff (doubling, up to minutes) left the service idle
+        while a backlog waited on the nodes."""
         with self._counting:
             self.waiting += 1
         try:
-            got = self.push_slots.acquire(timeout=PUSH_WAIT_S)
+            got = self.push_slots.acquire(timeout=self.push_wait_s)
         finally:
             with self._counting:
                 self.waiting -= 1
         if not got:
             raise HttpError(503, "busy: other nodes' pushes are being stored; the forwarder retries",
                             retry_after_s=self.turn())
-        t0 = time.monotonic()
+        t0, alone = time.monotonic(), not self.waiting
         try:
             yield
         finally:
             self.push_slots.release()
             with self._counting:
-                self._push_s += 0.2 * (time.monotonic() - t0 - self._push_s)
+                now = time.monotonic()
+                if self._last_done is not None:  # the service was saturated since the last one: its pace
+                    self.pace_s += 0.1 * (now - self._last_done - self.pace_s)
+                elif alone and not self.waiting:
+                    self.alone_s += 0.1 * (now - t0 - self.alone_s)
+                self._last_done = now if self.waiting else None
 
     def turn(self) -> int:
-        """Seconds until a node told busy should come back: its own turn, one push's slot time after the turn
-        given before it (at least the forward interval). Every node that came back at one interval after an
-        outage brought the whole herd back each interval; at thousands of nodes their retries, each a
-        credential and a connection, took the CPU the stores needed. Given turns, the nodes come back about
-        as fast as pushes are stored."""
+        """Seconds until a node told busy should come back: its own turn, after the pushes waiting now and the
+        turns given before it, one push apart. Every node coming back one forward interval after an outage
+        brought the whole herd back each interval; turns spaced by how long a push held its slot in the
+        herd's worst moment left the service idle for minutes after it. A push apart is the shorter of the
+        service's pace while pushes waited and a push's time when none did (the pace once the herd has
+        passed, which the turns are for): a node early by a turn waits in the queue (up to ``push_wait_s``),
+        where one late by a turn leaves the service idle."""
         with self._counting:
             now = time.monotonic()
-            self._next_turn = max(self._next_turn, now) + self._push_s / PUSH_SLOTS
-            wait = self._next_turn - now
-        return max(1, round(max(wait, self.config.service.forward_interval_s)))
+            apart = min(self.pace_s, self.alone_s)
+            self.turns_until = max(self.turns_until, now + self.waiting * apart) + apart
+            wait = self.turns_until - now
+        return max(1, math.ceil(wait - 1e-6))  # whole seconds (Retry-After), not one more for a rounding error
 
     def make_way(self, max_s: float = MAKE_WAY_S) -> None:
-        """Wait, at most ``max_s``, while pushes wait for a slot: summarizing the stored jobs (the service's
-        other steady work, in this process) calls this between its batches, so that after an outage the
-        nodes' records are taken first and their analysis follows once the herd has passed."""
+        """Wait, at most ``max_s``, while pushes wait for a slot or nodes told busy are still due (a turn given
+        has not come yet): summarizing the stored jobs (the service's other steady work, in this process, and
+        after an outage most of its CPU) calls this between its batches, so that the nodes' backlog is taken
+        first and its analysis follows once the herd has passed. At a steady load nobody is told busy, and
+        summarizing goes on as the records come."""
         deadline = time.monotonic() + max_s
-        while self.waiting and time.monotonic() < deadline:
+        while (now := time.monotonic()) < deadline and (self.waiting or now < self.turns_until):
             time.sleep(0.05)
 
     def max_body(self, path: str) -> int:

@@ -142,7 +142,13 @@ def _sqlite_damage(ctx: ExceptionContext) -> BaseException | None:
 
 def _connect(dialect: Any, _rec: Any, cargs: Any, cparams: Any) -> Any:
     """Connect; an address the driver cannot even try (a host name IDNA cannot encode, a NUL byte) is the
-    driver's connection error too, so that it is reported as a database that cannot be reached."""
+    driver's connection error too, so that it is reported as a database that cannot be reached.
+
+    PostgreSQL's JIT is off for our sessions: it compiles a query once its estimated cost passes a
+    threshold, which a year of an account or a month of the site does, and the compiling took longer than
+    these aggregates then saved (a tenth of ``seff-gpu -A``'s query, most of a month's rollup)."""
+    if dialect.name == "postgresql":
+        cparams["options"] = f"{cparams.get('options', '')} -c jit=off".strip()
     try:
         return dialect.connect(*cargs, **cparams)
     except (ValueError, OSError) as exc:  # UnicodeError is a ValueError
