@@ -30,19 +30,7 @@ def start_site(base: str, database: str, *, forward_interval_s: float, max_backo
 def start_node_munged(base: str, site_munge: str) -> tuple[subprocess.Popen, str]:
     """A second munged with the site's key, at nice 19, for the simulated nodes: on a real site each node makes
     its credentials with its own munged, and the service host's munged only decodes them."""
-    d = os.path.join(base, "node-munge")
-    os.makedirs(d, mode=0o755)
-    sock = os.path.join(d, "munge.sock")
-    proc = subprocess.Popen(["nice", "-n", "19", "munged", "--foreground", "--force", f"--socket={sock}",
-                             f"--key-file={os.path.join(site_munge, 'munge.key')}", f"--pid-file={d}/munged.pid",
-                             f"--log-file={d}/munged.log", f"--seed-file={d}/seed"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(100):
-        if os.path.exists(sock):
-            return proc, sock
-        time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError("the nodes' munged did not start")
+    return start_munged(base, "node-munge", key=os.path.join(site_munge, "munge.key"), nice=19)
 
 
 def pending(spool_dir: str) -> int:

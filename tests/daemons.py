@@ -16,14 +16,18 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def start_munged(base: str, name: str) -> tuple[subprocess.Popen, str]:
+def start_munged(base: str, name: str, key: str | None = None, nice: int = 0) -> tuple[subprocess.Popen, str]:
+    """A munged in ``base``/``name`` with a new key, or with the key file ``key`` (another munged's: credentials
+    one makes, the other decodes), at ``nice``; (the process, its socket)."""
     d = os.path.join(base, name)
     os.makedirs(d, mode=0o755)
-    key = os.path.join(d, "munge.key")
-    subprocess.run(["mungekey", "--create", f"--keyfile={key}"], check=True, capture_output=True)
+    if key is None:
+        key = os.path.join(d, "munge.key")
+        subprocess.run(["mungekey", "--create", f"--keyfile={key}"], check=True, capture_output=True)
     sock = os.path.join(d, "munge.sock")
-    proc = subprocess.Popen(["munged", "--foreground", "--force", f"--socket={sock}", f"--key-file={key}",
-                             f"--pid-file={d}/munged.pid", f"--log-file={d}/munged.log", f"--seed-file={d}/seed"],
+    proc = subprocess.Popen([*(["nice", "-n", str(nice)] if nice else []), "munged", "--foreground", "--force",
+                             f"--socket={sock}", f"--key-file={key}", f"--pid-file={d}/munged.pid",
+                             f"--log-file={d}/munged.log", f"--seed-file={d}/seed"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for _ in range(100):
         if os.path.exists(sock):
