@@ -422,11 +422,11 @@ def test_a_push_beyond_the_slots_is_told_busy_and_keeps_its_records(tmp_path, mo
         from slurm_gpueff.config import load
         from slurm_gpueff.node.push import Forwarder
 
-        server.api.pace_s = 7.0
+        server.api.pace_s = server.api.alone_s = 7.0
         res = Forwarder(load(str(node_cfg))).run_pass()
         assert (res.ok, res.left, res.retry_after_s) == (False, 3, 7), res  # one pace from now: nobody else waits
         pushed: list[int] = []
-        server.api.pace_s, server.api.turns_until = 0.5, 0.0  # forget the turns given above
+        server.api.pace_s, server.api.alone_s, server.api.turns_until = 0.5, 0.5, 0.0  # forget the turns given above
         server.api.push_wait_s = 5.0  # long enough to be seen waiting on a loaded machine
         waiting = threading.Thread(target=lambda: pushed.append(Forwarder(load(str(node_cfg))).run_pass().left))
         waiting.start()
