@@ -146,7 +146,7 @@ def _connect(dialect: Any, _rec: Any, cargs: Any, cparams: Any) -> Any:
 
     PostgreSQL's JIT is off for our sessions: it compiles a query once its estimated cost passes a
     threshold, which a year of an account or a month of the site does, and the compiling took longer than
-    these aggregates then saved (a tenth of ``seff-gpu -A``'s query, most of a month's rollup)."""
+    these aggregates then saved (``seff-gpu -A``'s totals, a month's rollup)."""
     if dialect.name == "postgresql":
         cparams["options"] = f"{cparams.get('options', '')} -c jit=off".strip()
     try:

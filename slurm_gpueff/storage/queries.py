@@ -95,7 +95,7 @@ def table_totals(session: Session, *, user: str | None = None, account: str | No
     cpu = and_(col(Job.total_cpu_s).is_not(None), col(Job.alloc_cpus) != 0, col(Job.elapsed_s) != 0)
     waste = col(Job.idle_gpu_hours) + col(Job.underfilled_gpu_hours)
     # The jobs among the lines: a requeued job has a line per run. Counted DISTINCT, the year of a large
-    # account was sorted by job id, a third of the totals' time; instead the lines are counted less those
+    # account was sorted by job id; instead the lines are counted less those
     # with an earlier run of their job among the lines, and only a job with a run other than 0 (the partial
     # index ix_job_rerun, read into a hash first) is looked at further, as in models.last_run_count.
     where = _table_where(user, account, start, end, cluster, states)

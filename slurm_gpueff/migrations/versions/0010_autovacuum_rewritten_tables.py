@@ -2,8 +2,8 @@
 
 Every live record rewrites its job's row, its GPU rows and its timelines, and replaces its live samples.
 At PostgreSQL's default scale factor (20 %) a year's ten million job rows let about two million dead row
-versions pile up before autovacuum makes their space reusable: the database then grows by gigabytes a
-day at a steady load that adds a fraction of that in rows. At 1 % (and the planner's statistics refreshed
+versions pile up before autovacuum makes their space reusable: the database then grows far faster at a
+steady load than the rows it adds. At 1 % (and the planner's statistics refreshed
 at 2 %) the dead versions of a few minutes' live records are reused instead. SQLite has no autovacuum of
 this kind; nothing to do there.
 

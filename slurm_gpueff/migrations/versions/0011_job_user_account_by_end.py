@@ -3,10 +3,10 @@
 
 A month of one account (a monthly summary's every query) or a year of one user (``seff-gpu -u``) was found
 by intersecting the account's jobs of every month with every account's jobs of the month: at a site's
-size, the end-time half of that read hundreds of thousands of index entries for a query that keeps a
-thousand rows. With the end time second, the index holds exactly the rows asked for, and still serves
+size, the end-time half of that read the whole site's month of index entries for a query that keeps one
+account's. With the end time second, the index holds exactly the rows asked for, and still serves
 every look-up by user or account alone. On PostgreSQL the upgrade builds two indexes over the job table
-(seconds per million jobs) while it holds the table's write lock: run it with the service stopped.
+while it holds the table's write lock: run it with the service stopped.
 
 Revision ID: 0011
 Revises: 0010
