@@ -76,10 +76,10 @@ def run_nodes(first: int, count: int, base: str, service: dict[str, object], sto
     its own spool under ``base``/nodes, until ``stop`` (a multiprocessing Event) is set; at ``nice`` (their
     ``munge`` commands too)."""
     from slurm_gpueff.config import Config
+    from slurm_gpueff.node.push import run_forwarder
 
     if nice:
         os.nice(nice)
-    from slurm_gpueff.node.push import run_forwarder
 
     logging.basicConfig(filename=os.path.join(base, f"nodes-{first}.log"), level=logging.WARNING)
     halt = threading.Event()

@@ -53,6 +53,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -509,8 +510,8 @@ class Profile:
             return
         self.proc.send_signal(signal.SIGINT)
         self.proc.wait(60)
-        kinds: dict[str, int] = {}
-        frames: dict[str, dict[str, int]] = {}
+        kinds: Counter[str] = Counter()
+        frames: dict[str, Counter[str]] = {}
         total = 0
         with open(self.path) as fh:
             for line in fh:
@@ -520,14 +521,13 @@ class Profile:
                 count = int(n)
                 total += count
                 kind = next((k for k, mark in KINDS if mark in stack), "other")
-                kinds[kind] = kinds.get(kind, 0) + count
+                kinds[kind] += count
                 seen = {re.sub(r":\d+\)$", ")", f) for f in stack.split(";")[1:]}
-                for f in seen:
-                    frames.setdefault(kind, {})[f] = frames.setdefault(kind, {}).get(f, 0) + count
+                frames.setdefault(kind, Counter()).update(dict.fromkeys(seen, count))
         self.log.say(f"profile of the {self.stage} ({self.path}): {total:,} thread samples")
-        for kind, n in sorted(kinds.items(), key=lambda kv: -kv[1]):
+        for kind, n in kinds.most_common():
             self.log.say(f"  {kind}: {n:,} samples")
-            top = sorted(frames.get(kind, {}).items(), key=lambda kv: -kv[1])
+            top = frames[kind].most_common()
             shown = [(f, c) for f, c in top if "slurm_gpueff" in f or any(
                 m in f for m in ("subprocess.py", "socket.py", "psycopg", "threading.py", "acquire"))][:18]
             for f, c in shown:
