@@ -24,7 +24,7 @@ ECHO = "echo GPUS=$SLURM_JOB_GPUS; sleep 1"
 def run_job(c: SlurmCluster, gpus: int = 1) -> int:
     j = c.sbatch(f"--gres=gpu:{gpus}", "--wrap", ECHO)
     assert c.wait_state([j])[j] == "COMPLETED"
-    assert c.wait_node_idle() == "idle", c.node_reason()
+    assert c.wait_node_idle() == "idle", c.idle_wait_log
     assert "Reason=" not in c.node_reason()
     return j
 
