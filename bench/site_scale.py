@@ -23,7 +23,7 @@ Stages, each timed, with its floor from the same run where one exists:
 3. outage: the service stopped, a backlog written into the spools, the service started; the time until every
    spool is empty, then every backlog job counted by key in the database (lost, duplicated);
 4. passes, in this process on the same database: the idle-GPU policy over the running jobs (squeue stands in:
-   every job RUNNING; dry run), enrichment of an hour's ended jobs through ``sacct --json`` (a stand-in
+   every job RUNNING; dry run; floor: their job and GPU rows read alone), enrichment of an hour's ended jobs through ``sacct --json`` (a stand-in
    ``sacct`` that prints 24.11's real data_parser v0.0.42 shape for the simulated jobs), monthly summaries
    for every account (dry run: rendered and archived, not mailed);
 5. reads through the service: ``seff-gpu JOBID`` (p50/p99 against ``python3 -c pass``), ``seff-gpu -u``
@@ -582,8 +582,15 @@ def passes(sz: dict[str, int], url: str, base: str, running: Running, log: Log) 
                                                                  for i in ids},
                      act=lambda *_a: "bench: not acted on")
     alerts_s = time.perf_counter() - t0
+    with eng.connect() as c:  # the floor: the running jobs' rows and their GPUs' rows read, nothing decided
+        t0 = time.perf_counter()
+        live = c.execute(text("SELECT * FROM job WHERE record_source = 'live'")).all()
+        gpus = c.execute(text("SELECT g.* FROM job_gpu g JOIN job j ON j.id = g.job_pk "
+                              "WHERE j.record_source = 'live'")).all()
+        read_s = time.perf_counter() - t0
     log.figure("idle-alert pass", f"{alerts_s:.1f} s over {res.judged:,} running jobs ({n_live:,} running in the "
-               f"simulation; {len(res.actions)} actions, dry run)", "", "<= 30 s")
+               f"simulation; {len(res.actions)} actions, dry run)",
+               f"their {len(live):,} job rows and {len(gpus):,} GPU rows read alone: {read_s:.2f} s", "<= 30 s")
 
     # enrichment: an hour's ended jobs, through the stand-in sacct
     eng2 = create_engine(url)

@@ -38,6 +38,9 @@ SQLModel.metadata = MetaData(naming_convention=NAMING_CONVENTION)
 # Naive UTC on every backend. Spelled out because newer SQLModel maps ``datetime`` to a tz-aware type
 # that behaves differently on SQLite (naive) and PostgreSQL (timestamptz).
 UTC_NAIVE = DateTime(timezone=False)
+# A running job's row (its live records so far), written as a literal: a partial index is used only for a
+# query whose WHERE has its very predicate, which a bound parameter is not (SQLite, PostgreSQL generic plans).
+LIVE = text("record_source = 'live'")
 
 
 def utcnow() -> datetime:
@@ -55,6 +58,8 @@ class Job(SQLModel, table=True):
     __table_args__ = (UniqueConstraint("cluster", "job_id", "run", name="uq_job_cluster_job_id_run"),
                       Index("ix_job_rerun", "cluster", "job_id", postgresql_where=text("run <> 0"),
                             sqlite_where=text("run <> 0")),
+                      # the running jobs' rows, for the idle-GPU pass (LIVE: its predicate, as the queries write it)
+                      Index("ix_job_live", "id", postgresql_where=LIVE, sqlite_where=LIVE),
                       # a user's or an account's jobs are read by when they ended (tables, monthly summaries)
                       Index("ix_job_user_end", "user", "end_time"),
                       Index("ix_job_account_end", "account", "end_time"))

@@ -4,10 +4,12 @@ only; tests/slurm/test_slurm_alerts.py runs the whole policy against real Slurm 
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timedelta
 
 import pytest
 from hooksite import make_record
+from pgutil import pg_url  # noqa: F401  (fixture)
 from sqlmodel import Session, select
 
 from slurm_gpueff.analysis import idle
@@ -15,6 +17,7 @@ from slurm_gpueff.config import AlertsConfig, Config
 from slurm_gpueff.models import AlertLog, LiveSample
 from slurm_gpueff.service.alerts import run_alerts
 from slurm_gpueff.slurm.commands import SlurmJob, parse_squeue
+from slurm_gpueff.storage import migrate
 from slurm_gpueff.storage.db import make_engine
 from slurm_gpueff.storage.writer import ingest_record
 
@@ -209,3 +212,53 @@ def test_the_measured_window_is_said_as_it_was():
     w = idle.GpuWindow("n1", 0, 30.0, 0.0, 0.0)
     assert w.describe().endswith("over 30 s measured")
     assert idle.GpuWindow("n1", 0, 3600.0, 0.0, 0.0).describe().endswith("over 60.0 min measured")
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_a_pass_reads_the_running_jobs_by_their_index_not_the_whole_history(tmp_path, request, backend):
+    """The pass's query of running jobs, as it ran (captured from the engine), is planned on the partial index
+    ix_job_live on both backends beside a history of finished jobs: the pass grows with what runs, not with
+    the years kept. On PostgreSQL the plan asked for is the generic one, which a prepared statement gets once
+    psycopg has prepared it (after five runs in the long-running service): a predicate sent as a bound
+    parameter does not match the index's there, and the test fails (SQLite plans with the bound values)."""
+    from sqlalchemy import event, insert, text
+
+    from slurm_gpueff.models import Job
+
+    url = str(tmp_path / "a.db") if backend == "sqlite" else request.getfixturevalue("pg_url")
+    if backend == "postgres":
+        migrate.upgrade(make_engine(url, create=False))  # gpueff db upgrade
+    engine = make_engine(url)
+    try:
+        with engine.begin() as c:  # a history: finished rows (hook records) around a few running ones
+            c.execute(insert(Job), [{"cluster": "testc", "job_id": 1000 + i, "user": f"u{i % 50}",
+                                     "record_source": "hook", "gpu_count": 1} for i in range(5000)])
+            c.execute(text("ANALYZE"))
+        seen: list[tuple[str, object]] = []
+
+        def capture(_conn, _cursor, statement, parameters, _context, _many):
+            if "FROM job" in statement and "record_source" in statement:
+                seen.append((statement, parameters))
+
+        _later_snapshot(engine, [11, 12], T.timestamp())  # two running jobs
+        event.listen(engine, "before_cursor_execute", capture)
+        cfg = Config({"site": {"cluster": "testc"}, "alerts": {"enabled": True}})
+        r = run_alerts(engine, cfg, now=T, squeue=lambda ids: {}, dry_run=True)
+        event.remove(engine, "before_cursor_execute", capture)
+        assert r.judged == 0 and len(seen) == 1, seen
+        statement, params = seen[0]
+        with engine.connect() as c:
+            if backend == "sqlite":
+                plan = " ".join(str(row[-1]) for row in c.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", params))
+            else:
+                names = re.findall(r"%\((\w+)\)s", statement)
+                prepared = re.sub(r"%\((\w+)\)s", lambda m: f"${names.index(m.group(1)) + 1}", statement)
+                c.exec_driver_sql(f"PREPARE q AS {prepared}".replace("%%", "%"))
+                c.exec_driver_sql("SET plan_cache_mode = force_generic_plan")
+                from psycopg import sql
+                raw = c.connection.driver_connection
+                args = f"({', '.join(sql.Literal(params[n]).as_string(raw) for n in names)})" if names else ""
+                plan = " ".join(row[0] for row in c.exec_driver_sql(f"EXPLAIN EXECUTE q{args}"))
+        assert "ix_job_live" in plan, plan
+    finally:
+        engine.dispose()

@@ -24,7 +24,7 @@ from sqlmodel import Session, col, select
 
 from ..analysis import idle
 from ..fmt import job_label
-from ..models import AlertLog, Job, JobGpu, LiveSample, utcnow
+from ..models import LIVE, AlertLog, Job, JobGpu, LiveSample, utcnow
 from ..slurm import commands
 from ..slurm.commands import SlurmJob
 from ..slurm.runner import SlurmCommandError, SlurmRunner
@@ -94,7 +94,7 @@ def run_alerts(engine: Engine, config: Config, *, dry_run: bool | None = None, n
     # Not expired on commit: the pass reads every running job's row after committing the samples, and an
     # expired row is one more query each (thousands at a large site).
     with Session(engine, expire_on_commit=False) as session:
-        jobs = list(session.exec(select(Job).where(col(Job.record_source) == "live")).all())
+        jobs = list(session.exec(select(Job).where(LIVE)).all())  # by ix_job_live, not the whole history
         samples = record_samples(session, jobs)
         session.commit()
         try:
