@@ -23,9 +23,9 @@ Stages, each timed, with its floor from the same run where one exists:
 3. outage: the service stopped, a backlog written into the spools, the service started; the time until every
    spool is empty, then every backlog job counted by key in the database (lost, duplicated);
 4. passes, in this process on the same database: the idle-GPU policy over the running jobs (squeue stands in:
-   every job RUNNING; dry run; floor: their job and GPU rows read alone), enrichment of an hour's ended jobs through ``sacct --json`` (a stand-in
-   ``sacct`` that prints 24.11's real data_parser v0.0.42 shape for the simulated jobs), monthly summaries
-   for every account (dry run: rendered and archived, not mailed);
+   every job RUNNING; dry run; floor: their job and GPU rows read alone), enrichment of an hour's ended jobs
+   through ``sacct --json`` (a stand-in ``sacct`` that prints 24.11's real data_parser v0.0.42 shape for the
+   simulated jobs), monthly summaries for every account (dry run: rendered and archived, not mailed);
 5. reads through the service: ``seff-gpu JOBID`` (p50/p99 against ``python3 -c pass``), ``seff-gpu -u``
    for the heavy user and ``-A`` for the heavy account, a ``/metrics`` scrape (time, size); the service's
    peak RSS.

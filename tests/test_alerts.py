@@ -216,11 +216,13 @@ def test_the_measured_window_is_said_as_it_was():
 
 @pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def test_a_pass_reads_the_running_jobs_by_their_index_not_the_whole_history(tmp_path, request, backend):
-    """The pass's query of running jobs, as it ran (captured from the engine), is planned on the partial index
-    ix_job_live on both backends beside a history of finished jobs: the pass grows with what runs, not with
-    the years kept. On PostgreSQL the plan asked for is the generic one, which a prepared statement gets once
-    psycopg has prepared it (after five runs in the long-running service): a predicate sent as a bound
-    parameter does not match the index's there, and the test fails (SQLite plans with the bound values)."""
+    """Every query of the pass that asks for the running jobs (their rows, their samples dropped and read, their
+    GPU rows), as it ran (captured from the engine), is planned on the partial index ix_job_live on both
+    backends beside a history of finished jobs: the pass grows with what runs, not with the years kept. On
+    PostgreSQL the plan asked for is the generic one, which a prepared statement gets once psycopg has prepared
+    it (after five runs in the long-running service): a predicate sent as a bound parameter does not match the
+    index's there, and the test fails (SQLite plans with the bound values)."""
+    from psycopg import sql
     from sqlalchemy import event, insert, text
 
     from slurm_gpueff.models import Job
@@ -237,7 +239,7 @@ def test_a_pass_reads_the_running_jobs_by_their_index_not_the_whole_history(tmp_
         seen: list[tuple[str, object]] = []
 
         def capture(_conn, _cursor, statement, parameters, _context, _many):
-            if "FROM job" in statement and "record_source" in statement:
+            if "record_source" in re.split(r"\sFROM\s", statement, maxsplit=1)[-1]:  # asked for, not just read
                 seen.append((statement, parameters))
 
         _later_snapshot(engine, [11, 12], T.timestamp())  # two running jobs
@@ -245,20 +247,20 @@ def test_a_pass_reads_the_running_jobs_by_their_index_not_the_whole_history(tmp_
         cfg = Config({"site": {"cluster": "testc"}, "alerts": {"enabled": True}})
         r = run_alerts(engine, cfg, now=T, squeue=lambda ids: {}, dry_run=True)
         event.remove(engine, "before_cursor_execute", capture)
-        assert r.judged == 0 and len(seen) == 1, seen
-        statement, params = seen[0]
+        assert r.judged == 0 and len(seen) == 4, seen  # the rows; the samples dropped, read; the GPU rows
         with engine.connect() as c:
-            if backend == "sqlite":
-                plan = " ".join(str(row[-1]) for row in c.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", params))
-            else:
-                names = re.findall(r"%\((\w+)\)s", statement)
-                prepared = re.sub(r"%\((\w+)\)s", lambda m: f"${names.index(m.group(1)) + 1}", statement)
-                c.exec_driver_sql(f"PREPARE q AS {prepared}".replace("%%", "%"))
-                c.exec_driver_sql("SET plan_cache_mode = force_generic_plan")
-                from psycopg import sql
-                raw = c.connection.driver_connection
-                args = f"({', '.join(sql.Literal(params[n]).as_string(raw) for n in names)})" if names else ""
-                plan = " ".join(row[0] for row in c.exec_driver_sql(f"EXPLAIN EXECUTE q{args}"))
-        assert "ix_job_live" in plan, plan
+            for k, (statement, params) in enumerate(seen):
+                if backend == "sqlite":
+                    plan = " ".join(str(row[-1]) for row in c.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}",
+                                                                               params))
+                else:
+                    names = re.findall(r"%\((\w+)\)s", statement)
+                    prepared = re.sub(r"%\((\w+)\)s", lambda m, n=names: f"${n.index(m.group(1)) + 1}", statement)
+                    c.exec_driver_sql(f"PREPARE q{k} AS {prepared}".replace("%%", "%"))
+                    c.exec_driver_sql("SET plan_cache_mode = force_generic_plan")
+                    raw = c.connection.driver_connection
+                    args = f"({', '.join(sql.Literal(params[n]).as_string(raw) for n in names)})" if names else ""
+                    plan = " ".join(row[0] for row in c.exec_driver_sql(f"EXPLAIN EXECUTE q{k}{args}"))
+                assert "ix_job_live" in plan, (statement, plan)
     finally:
         engine.dispose()

@@ -35,6 +35,40 @@ def test_postgres_migrates_from_empty_to_the_models(pg_url):  # noqa: F811
 
 
 @pytest.mark.postgres
+def test_postgres_knows_a_job_has_a_few_gpu_rows(pg_url):  # noqa: F811
+    """The planner's sampled estimate of distinct job_pk values in job_gpu falls short by tens at a site's
+    size; the migration states it as a fraction of the rows, and the GPU rows of many jobs are then looked up
+    by the index, not read by scanning the table. Its downgrade takes the setting back."""
+    from alembic import command
+    from sqlalchemy import text
+
+    engine = make_engine(pg_url, create=False)
+    migrate.upgrade(engine)
+
+    def job_pk() -> tuple[list[str] | None, float | None]:
+        with engine.connect() as conn:
+            opts = conn.execute(text("SELECT attoptions FROM pg_attribute WHERE attrelid = 'job_gpu'::regclass "
+                                     "AND attname = 'job_pk'")).scalar()
+            est = conn.execute(text("SELECT n_distinct FROM pg_stats WHERE tablename = 'job_gpu' "
+                                    "AND attname = 'job_pk'")).scalar()
+            return opts, est
+
+    with engine.begin() as conn:  # rows for ANALYZE to take the setting into the planner's statistics
+        conn.execute(text("INSERT INTO job (id, cluster, job_id, run, gpu_count, backend, record_source, enriched) "
+                          "SELECT i, 'c', i, 0, 2, 'none', 'hook', false FROM generate_series(1, 500) i"))
+        conn.execute(text("INSERT INTO job_gpu (job_pk, node, gpu_index, source, samples) "
+                          "SELECT i, 'n', g, 'none', 0 FROM generate_series(1, 500) i, generate_series(0, 1) g"))
+        conn.execute(text("ANALYZE job_gpu"))
+    opts, est = job_pk()
+    assert "n_distinct=-0.25" in (opts or []) and est == -0.25, (opts, est)
+    with engine.begin() as conn:
+        command.downgrade(migrate.alembic_config(conn), "0012")
+    opts, est = job_pk()
+    assert "n_distinct=-0.25" not in (opts or []) and est == -0.5, (opts, est)  # sampled again: 2 rows a job
+    engine.dispose()
+
+
+@pytest.mark.postgres
 def test_postgres_autovacuums_the_rewritten_tables_at_one_percent_dead(pg_url):  # noqa: F811
     """Live records rewrite job, GPU and timeline rows: at the default 20 % a year's history would let
     millions of dead versions pile up; the migration sets 1 %, and its downgrade takes it back."""

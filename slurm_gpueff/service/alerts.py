@@ -52,21 +52,24 @@ class AlertsResult:
 
 
 def record_samples(session: Session, jobs: list[Job]) -> dict[int, dict[tuple[str, int], list[idle.Sample]]]:
-    """Store each live job GPU's newest cumulative figures (once per live record); every sample by job."""
-    pks = [j.id for j in jobs if j.id is not None]
-    session.connection().execute(delete(LiveSample).where(col(LiveSample.job_pk).not_in(pks)))  # jobs that have ended
+    """Store each live job GPU's newest cumulative figures (once per live record); every sample by job.
+
+    The running jobs are named to the database by the live rows' own predicate (ix_job_live), not as a list
+    of their ids: thousands of parameters cost more to send than the look-ups they ask for."""
+    live = rows_of(col(Job.id)).where(LIVE)
+    session.connection().execute(delete(LiveSample).where(col(LiveSample.job_pk).not_in(live)))  # jobs that have ended
     cols = (col(LiveSample.job_pk), col(LiveSample.node), col(LiveSample.gpu_index), col(LiveSample.as_of),
             col(LiveSample.covered_s), col(LiveSample.kernel_s), col(LiveSample.sm_s))
     samples: list[tuple[int, str, int, idle.Sample]] = [  # plain rows, not ORM objects: thousands at a large site
         (pk, node, index, idle.Sample(as_of, cov, kernel_s, sm_s)) for pk, node, index, as_of, cov, kernel_s, sm_s
-        in session.connection().execute(rows_of(*cols).where(col(LiveSample.job_pk).in_(pks)))]
+        in session.connection().execute(rows_of(*cols).where(col(LiveSample.job_pk).in_(live)))]
     have = {(pk, node, index, smp.as_of) for pk, node, index, smp in samples}
     end_of = {j.id: j.end_time for j in jobs}
     new: list[tuple[int, str, int, idle.Sample]] = []
     gcols = (col(JobGpu.job_pk), col(JobGpu.node), col(JobGpu.gpu_index), col(JobGpu.measured_s),
              col(JobGpu.start_time), col(JobGpu.end_time), col(JobGpu.kernel_active), col(JobGpu.sm_active))
     for pk, node, index, measured, start, end, kernel, sm in session.connection().execute(
-            rows_of(*gcols).where(col(JobGpu.job_pk).in_(pks))):
+            rows_of(*gcols).where(col(JobGpu.job_pk).in_(live))):
         as_of = end_of.get(pk)
         cov = measured if measured is not None else (end - start).total_seconds() if end and start else None
         if as_of is None or cov is None or (pk, node, index, as_of) in have:
