@@ -115,17 +115,23 @@ class Job(SQLModel, table=True):
     analyzed_at: datetime | None = Field(default=None, sa_type=UTC_NAIVE, index=True)
 
 
+def ran_more_than_once() -> Any:
+    """SQL: whether the job row's job has a run other than 0, i.e. more than one run (runs are unique). The
+    few such jobs (the partial index ix_job_rerun) are read once into a hash; a look for another run of
+    the same job, once per job row, was most of a month's rollup, so callers put it under this, CASE in
+    CASE, in that order."""
+    j = Job.metadata.tables["job"]
+    rerun = j.alias("rerun")
+    return tuple_(j.c.cluster, j.c.job_id).in_(select(rerun.c.cluster, rerun.c.job_id).where(rerun.c.run != 0))
+
+
 def last_run_count() -> Any:
     """SQL: 1 for a job row no later run of its job follows, else 0; summed, it counts a requeued job once
     (as its last run) while the GPU-hours of all its runs are summed."""
     j = Job.metadata.tables["job"]
-    later, rerun = j.alias("later_run"), j.alias("rerun")
+    later = j.alias("later_run")
     followed = exists().where(later.c.cluster == j.c.cluster, later.c.job_id == j.c.job_id, later.c.run > j.c.run)
-    # The look for a later run, once per job row, was most of a month's rollup. A job with a later run has
-    # a row whose run is not 0 (runs are unique), so the few such jobs (the partial index ix_job_rerun) are
-    # read once into a hash first, and only their rows look further. CASE in CASE: in that order.
-    several = tuple_(j.c.cluster, j.c.job_id).in_(select(rerun.c.cluster, rerun.c.job_id).where(rerun.c.run != 0))
-    return case((several, case((followed, 0), else_=1)), else_=1)
+    return case((ran_more_than_once(), case((followed, 0), else_=1)), else_=1)
 
 
 class JobGpu(SQLModel, table=True):

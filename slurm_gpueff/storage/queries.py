@@ -7,10 +7,10 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, case, exists, func, or_, tuple_
+from sqlalchemy import and_, case, exists, func, or_
 from sqlmodel import Session, col, select
 
-from ..models import Job, JobGpu, JobGpuTimeline
+from ..models import Job, JobGpu, JobGpuTimeline, ran_more_than_once
 from ..slurm.jobid import JobSpec
 from .jobmatch import ORDER, Cond, RawIds, find, run_order
 
@@ -96,15 +96,15 @@ def table_totals(session: Session, *, user: str | None = None, account: str | No
     waste = col(Job.idle_gpu_hours) + col(Job.underfilled_gpu_hours)
     # The jobs among the lines: a requeued job has a line per run. Counted DISTINCT, the year of a large
     # account was sorted by job id; instead the lines are counted less those
-    # with an earlier run of their job among the lines, and only a job with a run other than 0 (the partial
-    # index ix_job_rerun, read into a hash first) is looked at further, as in models.last_run_count.
+    # with an earlier run of their job among the lines, looked for only where the job ran more than once
+    # (models.ran_more_than_once), as in models.last_run_count.
     where = _table_where(user, account, start, end, cluster, states)
     j = Job.metadata.tables["job"]
-    earlier, rerun = j.alias("earlier_run"), j.alias("rerun")
+    earlier = j.alias("earlier_run")
     repeated = exists().where(earlier.c.cluster == j.c.cluster, earlier.c.job_id == j.c.job_id,
                               earlier.c.run < j.c.run,
                               *_table_where(user, account, start, end, cluster, states, earlier))
-    several = tuple_(j.c.cluster, j.c.job_id).in_(select(rerun.c.cluster, rerun.c.job_id).where(rerun.c.run != 0))
+    several = ran_more_than_once()
     stmt = select(  # type: ignore[call-overload]  # sqlmodel's select() is typed for a few columns
         func.count(), func.count() - func.sum(case((several, case((repeated, 1), else_=0)), else_=0)),
         func.sum(hours),
