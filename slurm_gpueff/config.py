@@ -336,6 +336,7 @@ class ServiceConfig(Section):
     api_listen: str = _key("", _address(url=False))
     api_url: str = _key("", _address(url=True))
     api_timeout_s: float = _key(10.0, _range(0, 600, above=True))
+    user: str = _key("root", _not_empty)
     munge_socket: str = ""
 
 

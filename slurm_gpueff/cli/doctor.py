@@ -516,7 +516,7 @@ def check_munge(rep: Report, cfg: Config) -> None:
     from ..access import munge
 
     try:
-        munge.encode("gpueff doctor", cfg.service.munge_socket, timeout_s=5.0)
+        munge.encode(b"gpueff doctor", cfg.service.munge_socket, timeout_s=5.0)
     except munge.MungeError as exc:
         rep.add(FAIL, "munge", f"no credential from munged: {exc}")
         return
@@ -525,9 +525,13 @@ def check_munge(rep: Report, cfg: Config) -> None:
 
 
 def check_api(rep: Report, cfg: Config, starting_s: float = 0.0) -> None:
-    """The service's API answers here: seff-gpu on a host without the database reads through it. A refused
-    connection is asked again for ``starting_s`` (a service just started takes a moment to listen)."""
-    from ..access.client import HEALTH_PATH, api_url, request
+    """A sealed round trip with the service's API (``/v1/ping``): it answers, as ``[service] user``, with this
+    host's MUNGE key, and its own munged works; what seff-gpu and the forwarder need of it, where
+    ``/v1/health`` proves only that something answers HTTP. Nothing listening is asked again for
+    ``starting_s`` (a service just started takes a moment to listen)."""
+    import json
+
+    from ..access.client import PING_PATH, Impostor, Unreachable, api_url, post_signed
 
     url = api_url(cfg.service)
     if not url:
@@ -537,17 +541,28 @@ def check_api(rep: Report, cfg: Config, starting_s: float = 0.0) -> None:
     deadline = time.monotonic() + starting_s
     while True:
         try:
-            status, body, _ = request(url, "GET", HEALTH_PATH, timeout=cfg.service.api_timeout_s)
+            reply = post_signed(cfg.service, PING_PATH, b"{}", name="the service")
             break
-        except (OSError, ValueError) as exc:
-            if isinstance(exc, ConnectionRefusedError | FileNotFoundError) and time.monotonic() < deadline:
+        except Impostor as exc:
+            rep.add(FAIL, "api", str(exc))
+            return
+        except Unreachable as exc:
+            if exc.not_listening and time.monotonic() < deadline:
                 time.sleep(0.5)
                 continue
-            rep.add(FAIL, "api", f"{url} does not answer ({exc}): is `gpueff serve` running with [service] "
-                                 "api_listen?")
+            rep.add(FAIL, "api", f"{exc} (is `gpueff serve` running with [service] api_listen?)")
             return
-    ok = status == 200 and body.startswith(b"ok")
-    rep.add(PASS if ok else FAIL, "api", f"{url} answers" if ok else f"{url}: {HEALTH_PATH} answered {status}")
+    if not reply.sealed or reply.status != 200:
+        rep.add(FAIL, "api", f"{url} refused a sealed round trip: HTTP {reply.status}: {reply.reason()}")
+        return
+    try:
+        said = json.loads(reply.body)
+        asked_by = int(said["asked_by"])
+    except (ValueError, KeyError, TypeError):
+        rep.add(FAIL, "api", f"{url}: the service's answer to a ping cannot be read")
+        return
+    rep.add(PASS, "api", f"{url}: a sealed round trip with the service (as [service] user = {cfg.service.user}), "
+                         f"which knew this host's credential as uid {asked_by}")
 
 
 def check_api_served(rep: Report, cfg: Config) -> None:
