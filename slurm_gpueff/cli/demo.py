@@ -175,7 +175,7 @@ def summary(config: Config, job_ids: list[int]) -> str:
     items = []
     for job_id in job_ids:
         for job, gpus in lookup(config, JobSpec(job_id), None):  # as seff-gpu reads them
-            fig = job_figures(job, gpus)
+            fig = job_figures(job, gpus, config.sacct.accounting)
             items.append((job, fig, assess(fig, config.analysis)))
     hours = sum(f.hours or 0.0 for _, f, _ in items)
     active = sum(f.waste.sm_active_h or 0.0 for _, f, _ in items)
