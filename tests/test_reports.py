@@ -72,6 +72,43 @@ def test_monthly_summary_is_the_same_on_postgresql(tmp_path, pg_url):  # noqa: F
     assert "for 14.60 GPU-hours (\u20ac36.50)" in texts[1][1].replace("\n", " ")
 
 
+def test_monthly_summary_says_how_many_of_its_jobs_were_simulated(tmp_path):
+    """A summary over simulated jobs is labelled so in its Subject, text and HTML; over some simulated jobs it
+    says how many; over measured ones it carries no label. The simulated collector gives every job here its
+    figures, so "measured" ones are made by writing a real backend into the summary rows."""
+    jobs = [dict(job_id=500 + n, profile="idle", user="u", account="a", hours=1.0) for n in range(3)]
+    engine = make_db(tmp_path, jobs)
+    cfg = config(tmp_path)
+
+    def summary():  # type: ignore[no-untyped-def]
+        with Session(engine) as s:
+            month = s.exec(select(Job)).first().end_time.strftime("%Y-%m")  # type: ignore[union-attr]
+            return monthly.build_summary(s, cfg, month, None)
+
+    def set_backend(ids: set[int], backend: str) -> None:
+        with Session(engine) as s:
+            for job in s.exec(select(Job)).all():
+                if job.job_id in ids:
+                    job.backend = backend
+                    s.add(job)
+            s.commit()
+
+    every = summary()
+    assert every.subject.startswith("[c] SIMULATED DATA: GPU-hours ")
+    with Session(engine) as s:  # and each job's card, as its body says already
+        card = runner.render_job_card(s, s.exec(select(Job)).first(), cfg)  # type: ignore[arg-type]
+    assert card.subject.startswith("[c] SIMULATED DATA: GPU job 50"), card.subject
+    assert every.text.startswith("*** SIMULATED DATA \u2014 figures from simulated GPUs, not real ones ***\n")
+    assert "SIMULATED DATA \u2014 figures from simulated GPUs" in every.html()
+    set_backend({500, 501}, "nvml-gpm")
+    some = summary()
+    assert some.subject.startswith("[c] SIMULATED DATA: ")
+    assert some.text.startswith("*** SIMULATED DATA \u2014 1 of these 3 jobs was measured on simulated GPUs")
+    set_backend({502}, "nvml-gpm")
+    none = summary()
+    assert "SIMULATED" not in none.subject + none.text + none.html()
+
+
 def test_unpriced_model_shows_no_invented_cost(tmp_path):
     engine = make_db(tmp_path, [dict(job_id=1, profile="idle", user="u", account="a", hours=2.0)])
     cfg = config(tmp_path, price_per_gpu_hour={"Some Other GPU": 1.0})

@@ -156,7 +156,7 @@ def build_summary(session: Session, config: Config, month: str, account: str | N
         "wasted_cost": prices.fmt(now_t.wasted_cost),
         "trend": trend, "group_name": group_name, "rows": rows, "top_jobs": top_jobs, "verdicts": verdicts,
         "changes": things_to_change(verdicts), "prices": prices.enabled, "contact": clean(rep.contact, 200),
-        "site_wide": account is None,
+        "site_wide": account is None, "simulated": queries.simulated_jobs(session, start, end, account),
     }
     chart = charts.split_chart(rows, sentence("monthly_chart_title", **ctx))
     return Page("monthly.html.j2", subject=sentence("monthly_subject", **ctx), text=render("monthly.txt.j2", **ctx),

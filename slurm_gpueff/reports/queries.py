@@ -85,6 +85,12 @@ def verdict_counts(session: Session, start: datetime, end: datetime, account: st
                          int(r["users"])) for r in _rows(session, stmt)]
 
 
+def simulated_jobs(session: Session, start: datetime, end: datetime, account: str | None) -> int:
+    """How many of the month's jobs were measured on simulated GPUs (the demo, tests): their summary says so."""
+    stmt = select(func.sum(last_run_count())).where(*_where(start, end, account), col(Job.backend) == "simulated")
+    return int(session.connection().execute(stmt).scalar() or 0)
+
+
 def wasted_by_verdict_and_model(session: Session, start: datetime, end: datetime, account: str | None
                                 ) -> list[tuple[str | None, str | None, float]]:
     """(verdict, GPU model, GPU-hours lost): the input of the cost per verdict."""
