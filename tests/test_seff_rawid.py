@@ -219,7 +219,8 @@ def test_a_site_without_accounting_says_the_epilogs_view_is_final(site):
     card = next((root / "rep").rglob("testcluster-15/message.eml")).read_text()  # sent now, no waiting
     assert "final: this site keeps no Slurm accounting" in " ".join(card.split())
     msg = email.message_from_string(card, policy=email.policy.default)
-    parts = {part.get_content_type(): part.get_content() for part in msg.walk() if part.get_content_maintype() == "text"}
+    parts = {part.get_content_type(): part.get_content() for part in msg.walk()
+             if part.get_content_maintype() == "text"}
     assert set(parts) == {"text/plain", "text/html"}, set(parts)
     for kind, body in parts.items():  # the mail's text and HTML parts: no CPU line either
         assert "not known yet" not in body and "read after the job" not in body, kind
