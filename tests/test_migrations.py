@@ -102,6 +102,24 @@ def test_sqlite_is_upgraded_on_open(tmp_path):
         assert migrate.current(conn) == migrate.head() and migrate.diffs(conn) == []
 
 
+def test_opening_says_in_one_line_what_was_migrated(tmp_path, caplog):
+    """The one log line of a writer's open (what `gpueff serve` shows at start instead of Alembic's): the
+    revision, and the migrations it ran, from an older database too."""
+    import logging
+
+    head = migrate.head()
+    older, between = f"{int(head) - 2:04d}", f"{int(head) - 1:04d}"  # two migrations behind
+    engine = make_engine(str(tmp_path / "old.db"), create=False)
+    migrate.upgrade(engine, older)
+    engine.dispose()
+    with caplog.at_level(logging.INFO, logger="slurm_gpueff.storage.migrate"):
+        make_engine(str(tmp_path / "old.db")).dispose()
+        make_engine(str(tmp_path / "old.db")).dispose()
+    lines = [r.getMessage() for r in caplog.records if r.name == "slurm_gpueff.storage.migrate"]
+    assert lines == [f"database schema: revision {head}, migrated from {older} (2 migrations: {between}, {head})",
+                     f"database schema: revision {head}, nothing to migrate"]
+
+
 @pytest.mark.postgres
 def test_postgres_is_never_migrated_behind_the_admins_back(pg_url):  # noqa: F811
     with pytest.raises(migrate.SchemaError, match="gpueff db upgrade"):
