@@ -214,6 +214,19 @@ def test_serve_ingests_serves_metrics_and_stops_on_sigterm(tmp_path):
     assert "ingested 5, quarantined 0, failed 0" in out
 
 
+def test_serve_logs_a_quarantined_record_once(tmp_path):
+    """A record ingest refuses was logged twice by `gpueff serve`: by ingest as it moved the file, and again
+    by the ingest task with the run's errors. Once now, with where it went."""
+    spool.ensure_dirs(str(tmp_path / "spool"))
+    spool.atomic_write(str(tmp_path / "spool" / "incoming" / "job-77-n1.json"), b'{"schema": 1, "cluster": ')
+    out = serve_until_ingested(tmp_path, 2)
+    assert "ingested 2, quarantined 1, failed 0" in out
+    lines = [line for line in out.splitlines() if "job-77-n1.json" in line]
+    assert len(lines) == 1, lines
+    assert " WARNING ingest: job-77-n1.json: " in lines[0] and "not valid JSON" in lines[0]
+    assert f"(quarantined as {tmp_path}/spool/quarantine/job-77-n1.json)" in lines[0]
+
+
 def test_serve_says_its_schema_in_one_line(tmp_path):
     """`gpueff serve` logged Alembic's INFO chatter at start (plugins, "Context impl", "Will assume
     non-transactional DDL", each migration: 30 lines on a new database). It says one line: the schema's
