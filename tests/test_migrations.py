@@ -174,6 +174,38 @@ def test_a_database_at_the_first_revision_upgrades_keeping_its_rows(tmp_path):
     engine.dispose()
 
 
+def test_upgrading_to_per_gpu_verdicts_analyses_again_the_jobs_whose_gpus_may_differ(tmp_path):
+    """Migration 0014 adds job.gpu_verdicts; a database from before holds no split of a job whose GPUs
+    differ, so the jobs that may have one (more than one GPU, a verdict other than healthy) are marked for
+    analysis, which writes it. One-GPU and healthy jobs keep their summary as it is."""
+    from alembic import command
+    from reports_data import make_db
+    from sqlalchemy import text
+
+    from slurm_gpueff.service.summarize import summarize_pending
+
+    engine = make_db(tmp_path, [dict(job_id=1, profile="one-of-n-gpus", user="u", account="a", gpus=4),
+                                dict(job_id=2, profile="idle", user="u", account="a", gpus=1),
+                                dict(job_id=3, profile="bf16-healthy", user="u", account="a", gpus=2)])
+    with engine.connect() as conn:  # as migrate.upgrade: SQLite's table copy must not cascade into job_gpu
+        conn.exec_driver_sql("PRAGMA foreign_keys=OFF")
+        conn.commit()
+        with conn.begin():
+            command.downgrade(migrate.alembic_config(conn), "0013")
+        assert "gpu_verdicts" not in {c["name"] for c in migrate.inspect(conn).get_columns("job")}
+        conn.exec_driver_sql("PRAGMA foreign_keys=ON")
+        conn.commit()
+    assert migrate.upgrade(engine) == ("0013", migrate.head())
+    with engine.connect() as conn:
+        pending = conn.execute(text("SELECT job_id FROM job WHERE analyzed_at IS NULL")).scalars().all()
+    assert pending == [1]
+    assert summarize_pending(engine) == 1
+    with engine.connect() as conn:
+        rows = dict(conn.execute(text("SELECT job_id, gpu_verdicts FROM job ORDER BY job_id")).all())
+    assert rows[2] is None and rows[3] is None and '"never_used":[3,' in rows[1].replace(" ", ""), rows
+    engine.dispose()
+
+
 def test_another_programs_database_is_refused_not_filled_with_ours(tmp_path):
     """A SQLite file with other tables and no revision: opening it for writing creates nothing in it."""
     import sqlite3
