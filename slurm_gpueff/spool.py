@@ -317,8 +317,8 @@ def waiting(d: str) -> tuple[int, int]:
     of ours; (0, 0) for one that is not (:func:`private_dir`): the Epilog never wrote there."""
     if not private_dir(d, create=False):
         return 0, 0
-    q = _fallback_files(os.path.join(d, QUARANTINE))
-    return len(_fallback_files(os.path.join(d, INCOMING))), sum(1 for p in q if not p.endswith(".error"))
+    q = _listing(os.path.join(d, QUARANTINE), None)  # entries of any kind: a planted link needs a person too
+    return len(_listing(os.path.join(d, INCOMING), None)), sum(1 for n in q if not n.endswith(".error"))
 
 
 def private_dir(path: str, create: bool) -> bool:
