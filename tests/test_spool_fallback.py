@@ -225,7 +225,8 @@ def test_doctor_fails_while_the_forwarder_is_stopped_or_killed(push_site):
         raise AssertionError("no heartbeat from gpueff forward")
 
     assert checks(config)["forwarder"]["status"] == doctor.FAIL  # never ran
-    p = start()
+    # right after `systemctl enable --now gpueff-forward`: doctor gives a forwarder of this config its start
+    p = gpueff(config, "forward")
     c = checks(config)["forwarder"]
     assert c["status"] == doctor.PASS and f"runs (pid {p.pid})" in c["detail"], c
     p.send_signal(signal.SIGTERM)
@@ -233,8 +234,18 @@ def test_doctor_fails_while_the_forwarder_is_stopped_or_killed(push_site):
     c = checks(config)["forwarder"]
     assert c["status"] == doctor.FAIL and "stopped" in c["detail"] and "last ran" in c["detail"], c
     p = start()
-    p.kill()
-    p.wait(30)
+    p.send_signal(signal.SIGSTOP)  # hung: alive, but no pass any more; as if its next pass was due an hour ago
+    try:
+        with open(beat) as fh:
+            data = json.load(fh)
+        data.update(time=data["time"] - 3600, next_due=data["time"] - 3600)
+        with open(beat, "w") as fh:
+            json.dump(data, fh)
+        c = checks(config)["forwarder"]
+        assert c["status"] == doctor.FAIL and "overdue" in c["detail"] and "last ran 01:00:" in c["detail"], c
+    finally:
+        p.kill()
+        p.wait(30)
     c = checks(config)["forwarder"]
     assert c["status"] == doctor.FAIL and f"(pid {p.pid}) is not running" in c["detail"], c
 

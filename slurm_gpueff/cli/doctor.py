@@ -378,8 +378,9 @@ def check_spool_fallback(rep: Report, cfg: Config) -> None:
 
 
 def check_forwarder(rep: Report, cfg: Config) -> None:
-    """``gpueff forward`` runs: its heartbeat (node/push.py) is fresh, or its next pass not overdue by more than
-    two intervals; FAIL saying when it last ran. Where the node has no api_url there is no forwarder."""
+    """``gpueff forward`` runs: its heartbeat (node/push.py) names a live forwarder whose next pass is not overdue
+    by more than three intervals (at least FORWARDER_GRACE_S); FAIL saying when it last ran. Where the node has no
+    api_url there is no forwarder."""
     from .. import fmt
     from ..access.client import api_url
     from ..node.push import heartbeat_path, read_heartbeat
@@ -389,6 +390,10 @@ def check_forwarder(rep: Report, cfg: Config) -> None:
                                    "service ingests the spool itself)")
         return
     beat = read_heartbeat(cfg)
+    deadline = time.monotonic() + FORWARDER_START_S
+    while beat is None and time.monotonic() < deadline and _forwarders(cfg):  # started a moment ago, as right
+        time.sleep(0.2)  # after `systemctl enable --now gpueff-forward`: give it its first heartbeat
+        beat = read_heartbeat(cfg)
     path = heartbeat_path(cfg)
     start = "systemctl enable --now gpueff-forward"
     if beat is None:
@@ -402,17 +407,18 @@ def check_forwarder(rep: Report, cfg: Config) -> None:
     now = time.time()
     ago = f"last ran {fmt.hms(max(0.0, now - t))} ago ({fmt.utc_seconds(datetime.fromtimestamp(t, UTC))})"
     interval = cfg.service.forward_interval_s
+    slack = max(3 * interval, FORWARDER_GRACE_S)
     due = beat.get("next_due")
     pid = beat.get("pid")
     if beat.get("stopped"):
         rep.add(FAIL, "forwarder", f"gpueff forward stopped: it {ago}; {start}")
     elif beat.get("once"):
-        ok = now - t <= 3 * interval
+        ok = now - t <= slack
         rep.add(PASS if ok else FAIL, "forwarder", f"gpueff forward --once {ago}" + (
             "" if ok else f"; no forwarder runs (each pass every {interval:g} s): {start}"))
     elif isinstance(pid, int) and not _forwarder_alive(pid):
         rep.add(FAIL, "forwarder", f"gpueff forward (pid {pid}) is not running: it {ago}; {start}")
-    elif isinstance(due, int | float) and now > due + 2 * interval:
+    elif isinstance(due, int | float) and now > due + slack:
         rep.add(FAIL, "forwarder", f"gpueff forward {ago} and is overdue (next pass was due "
                                    f"{fmt.hms(now - due)} ago): is it hung? {start}")
     elif beat.get("ok") is False:
@@ -422,13 +428,48 @@ def check_forwarder(rep: Report, cfg: Config) -> None:
         rep.add(PASS, "forwarder", f"gpueff forward runs (pid {pid}): {ago}")
 
 
+FORWARDER_START_S = 15.0  # how long a forwarder that runs but has written no heartbeat yet is waited for
+FORWARDER_GRACE_S = 30.0  # the least lateness that counts (3 intervals at most): a pass, and this check, take time
+
+
 def _forwarder_alive(pid: int) -> bool:
     """Whether ``pid`` is a running ``gpueff forward`` (not a process that took the number since)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            return b"forward" in fh.read()
+            return _is_forwarder(fh.read())
     except OSError:
         return False
+
+
+def _is_forwarder(cmdline: bytes) -> bool:
+    args = cmdline.split(b"\0")
+    return b"forward" in args and any(a.endswith(b"gpueff") or b"slurm_gpueff" in a for a in args)
+
+
+def _forwarders(cfg: Config) -> list[int]:
+    """The pids of the ``gpueff forward`` processes running here (as /proc shows them) with this config."""
+    from ..config import DEFAULT_PATH, ENV_VAR
+
+    out = []
+    with contextlib.suppress(OSError), os.scandir("/proc") as it:
+        for e in it:
+            if not e.name.isdigit() or not _forwarder_alive(int(e.name)):
+                continue
+            try:
+                with open(f"/proc/{e.name}/cmdline", "rb") as fh:
+                    args = [a.decode(errors="replace") for a in fh.read().split(b"\0")]
+                named = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "--config"), None)
+                named = named or next((a.split("=", 1)[1] for a in args if a.startswith("--config=")), None)
+                if named is None:
+                    with open(f"/proc/{e.name}/environ", "rb") as fh:
+                        env = dict(v.decode(errors="replace").partition("=")[::2] for v in fh.read().split(b"\0"))
+                    named = env.get(ENV_VAR) or DEFAULT_PATH
+                where = os.path.join(os.readlink(f"/proc/{e.name}/cwd"), named)
+            except OSError:
+                continue
+            if os.path.realpath(where) == os.path.realpath(cfg.source):
+                out.append(int(e.name))
+    return out
 
 
 def check_db(rep: Report, cfg: Config) -> None:

@@ -311,6 +311,7 @@ def run_forwarder(config: Config, stop: threading.Event, *, once: bool = False, 
     gave this node). Exit status (with ``once``: 1 if records were left)."""
     fwd = Forwarder(config, batch or BATCH)
     fwd.heartbeat.once = once
+    fwd.heartbeat.beat(None, None)  # running: before a first pass that a backlog may make long
     interval = config.service.forward_interval_s
     delay = interval
     while True:
