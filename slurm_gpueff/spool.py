@@ -361,8 +361,9 @@ def write_with_fallback(cfg: Config, env: Mapping[str, str], name: str, data: by
         log("error", f"spool {primary} is not writable ({errors[0]}); wrote {path} instead ("
                      + (f"{NOT_PERSISTENT}; set paths.spool_fallback_dir to persistent storage" if vol
                         else "persistent storage")
-                     + "). `gpueff forward` sends it from there, and the next job end on this node that can "
-                       "write the spool moves it back")
+                     + ("). `gpueff forward` sends it from there, and the next job end on this node that can "
+                        "write the spool moves it back" if sub == INCOMING else "). The next job end on this node "
+                        "that can write the spool, or `gpueff forward`, moves it back"))
         return path, False
     log("error", "could not write the job record anywhere (" + "; ".join(errors) + "); record follows: "
         + data.decode(errors="replace"))
@@ -398,6 +399,7 @@ def drain_fallbacks(cfg: Config, env: Mapping[str, str], log: Log) -> int:
                     continue
                 dest = os.path.join(primary, sub, name)
                 try:
+                    ensure_dirs(primary)
                     if sub == INCOMING and _same(dest, data):
                         os.unlink(src)
                         continue
@@ -406,7 +408,6 @@ def drain_fallbacks(cfg: Config, env: Mapping[str, str], log: Log) -> int:
                         atomic_write(dest + ".error", (
                             f"stranded in fallback spool {d}; a newer record for the same job and node "
                             "was already in incoming/\n").encode())
-                    ensure_dirs(primary)
                     atomic_write(dest, data)
                 except OSError as exc:
                     log("warning", f"cannot move {src} back into {primary} ({exc}); "
