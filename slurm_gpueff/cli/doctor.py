@@ -764,6 +764,50 @@ def check_api(rep: Report, cfg: Config, starting_s: float = 0.0) -> None:
                          f"which knew this host's credential as uid {asked_by}")
 
 
+def check_tasks(rep: Report, cfg: Config) -> None:
+    """``gpueff serve``'s scheduled tasks, as its ``/v1/health`` reports them: FAIL for a task more than
+    LATE_PERIODS periods late (hung, or its schedule lost: a stopped scheduler, a clock step), naming each
+    and by how much; WARN for tasks whose last run failed (the service's log says why)."""
+    from ..access.client import HEALTH_PATH, api_url, request
+    from ..service.taskhealth import LATE_PERIODS, late
+
+    url = api_url(cfg.service)
+    if not cfg.service.api_listen or not url:
+        rep.add(WARN, "tasks", "no [service] api_listen: the scheduled tasks' state is not readable here "
+                               "(/metrics has gpueff_task_late_seconds)")
+        return
+    try:
+        status, body, _ = request(url, "GET", HEALTH_PATH, timeout=cfg.service.api_timeout_s)
+        answer = json.loads(body)
+    except (OSError, ValueError) as exc:
+        rep.add(FAIL, "tasks", f"{url}{HEALTH_PATH} does not answer ({exc}): is `gpueff serve` running?")
+        return
+    lines = answer.get("tasks") if isinstance(answer, dict) else None
+    if not isinstance(lines, list) or not all(isinstance(ln, dict) for ln in lines):
+        rep.add(FAIL, "tasks", f"{url}{HEALTH_PATH} answered {status} without the tasks' report: is it `gpueff "
+                               "serve` of this version?")
+        return
+    behind = [ln for ln in lines if late(ln)]
+    if behind:
+        rep.add(FAIL, "tasks", "; ".join(_late_line(ln) for ln in behind) + f" (more than {LATE_PERIODS} periods: "
+                "a task that hangs, or a scheduler that stopped; see the service's log)")
+    else:
+        steps = int(answer.get("clock_steps") or 0)
+        rep.add(PASS, "tasks", f"{len(lines)} scheduled tasks on time" + (
+            f"; the wall clock stepped {steps} time(s), the last by {answer.get('last_clock_step_s')} s, and the "
+            "tasks kept their pace" if steps else ""))
+    failed = [ln for ln in lines if ln.get("ok") is False]
+    if failed:
+        what = "; ".join(f"{ln['task']}'s last run failed ({ln.get('error')}) at {ln.get('last_end')}" for ln in failed)
+        rep.add(WARN, "task errors", f"{what}: the service's log says why")
+
+
+def _late_line(line: dict[str, Any]) -> str:
+    running = f", running for {line['age_s']:.0f} s" if line.get("running") else ""
+    last = f"last started {line['age_s']:.0f} s ago" if line.get("age_s") is not None else "never started"
+    return (f"{line['task']} late by {line['late_s']:.0f} s ({line['schedule']}; {last}{running})")
+
+
 def check_api_served(rep: Report, cfg: Config) -> None:
     """On the service host: the API where one is configured (api_listen), and munged with it; right after
     `systemctl enable --now gpueff-serve` the service may still be starting, so it is given a few seconds."""
@@ -808,7 +852,8 @@ ROLES: dict[str, tuple[tuple[str, Callable[[Report, Config], None]], ...]] = {
              ("slurm", check_slurm), ("dirs", check_dirs), ("spool", check_spool), ("spool space", check_spool_space),
              ("spool fallback", check_spool_fallback), ("push", check_push), ("forwarder", check_forwarder)),
     "service": (("install", partial(check_install, bad=WARN)), ("dirs", check_dirs), ("spool", check_spool),
-                ("database", check_db), ("metrics", check_metrics), ("api", check_api_served)),
+                ("database", check_db), ("metrics", check_metrics), ("api", check_api_served),
+                ("tasks", check_tasks)),
     "login": (("install", check_install), ("munge", check_munge), ("api", check_api)),
 }
 
