@@ -487,7 +487,7 @@ def check_db(rep: Report, cfg: Config) -> None:
     try:
         engine = engine_for(cfg.paths, create=False, read_only=True, checking=True)
     except Exception as exc:  # noqa: BLE001 - the password file refused or unreadable, a malformed URL
-        rep.add(FAIL, "database", f"{_db_name(cfg)}: {_line(exc)}")
+        rep.add(FAIL, "database", f"{_db_name(cfg)}: {_line(exc, cfg)}")
         return
     if path:
         from ..storage.integrity import found
@@ -530,15 +530,18 @@ def check_db_writable(rep: Report, path: str) -> None:
 
 
 def _db_name(cfg: Config) -> str:
-    from ..storage.dburl import safe_url
+    """The database as doctor names it: its URL (no password) to those who administer it, else no address."""
+    from ..storage.dburl import safe_url, shown_here
 
-    return safe_url(cfg.paths.database)
+    return safe_url(cfg.paths.database) if shown_here(cfg) else "the job database"
 
 
-def _line(exc: BaseException) -> str:
+def _line(exc: BaseException, cfg: Config) -> str:
+    """What the driver said (its host, port, path) to those who administer the database, else its kind."""
     from ..storage.db import first_line
+    from ..storage.dburl import shown_here
 
-    return first_line(exc)[:300]
+    return first_line(exc)[:300] if shown_here(cfg) else type(exc).__name__
 
 
 def _check_db_content(rep: Report, cfg: Config, engine: Any, sqlite: bool) -> None:
@@ -560,9 +563,9 @@ def _check_db_content(rep: Report, cfg: Config, engine: Any, sqlite: bool) -> No
         return
     except Exception as exc:  # noqa: BLE001
         if sqlite:
-            rep.add(FAIL, "database", f"{name}: cannot read it ({_line(exc)})")
+            rep.add(FAIL, "database", f"{name}: cannot read it ({_line(exc, cfg)})")
         else:
-            rep.add(WARN, "database", f"{name}: not reachable from here ({type(exc).__name__}: {_line(exc)}); "
+            rep.add(WARN, "database", f"{name}: not reachable from here ({type(exc).__name__}: {_line(exc, cfg)}); "
                                       "only the ingest host needs it")
         return
     if state == "damaged":

@@ -110,15 +110,14 @@ def put_back_on_time(sched: Any, ctx: Context, step_s: float) -> None:
 def serve(config: Config) -> int:
     """Run until SIGTERM/SIGINT (in the main thread: it installs their handlers). Returns the exit status."""
     from ..storage.db import engine_for, first_line
-    from ..storage.dburl import safe_url
+    from ..storage.dburl import UNAVAILABLE, safe_url, shown_here
 
     try:
         engine = engine_for(config.paths, checking=True)  # SQLite: migrated; server: checked
-    except GpueffError:
-        raise
     except Exception as exc:  # noqa: BLE001 - server down, damaged file: one line, not a traceback
-        raise GpueffError(f"cannot open the job database {safe_url(config.paths.database)}: "
-                          f"{first_line(exc)}") from None
+        detail = str(exc) if isinstance(exc, GpueffError) else first_line(exc)
+        raise GpueffError(f"cannot open the job database {safe_url(config.paths.database)}: {detail}"
+                          if shown_here(config) else UNAVAILABLE) from None
     ctx = Context(config, engine)
     builtin = builtin_tasks(config)
     for task in builtin:  # the integrity check (when scheduled at all) before anything reads or writes
@@ -141,17 +140,21 @@ def serve(config: Config) -> int:
         server, _thread = serve_metrics(registry_for(engine, config, ctx), s.metrics_address, s.metrics_port, token)
         log.info("metrics on http://%s:%d/metrics", s.metrics_address, s.metrics_port)
 
-    api = None
+    api = pushes = None
     if s.api_listen:
+        from ..storage.sqlite_read import answer_busy_s
         from . import api as api_mod
         from .taskhealth import report
 
+        # Its own engine: a push waits for a locked database only as long as its node waits for the answer.
+        pushes = engine_for(config.paths, create=False, busy_s=answer_busy_s(s.api_timeout_s))
         try:
-            api = api_mod.start(config, engine, lambda: ctx.damage, lambda: report(ctx))
+            api = api_mod.start(config, pushes, lambda: ctx.damage, lambda: report(ctx))
         except (OSError, GpueffError) as exc:
             if server is not None:
                 server.shutdown()
             engine.dispose()
+            pushes.dispose()
             if isinstance(exc, GpueffError):
                 raise
             why = exc.strerror or exc
@@ -180,5 +183,7 @@ def serve(config: Config) -> int:
         if server is not None:
             server.shutdown()
         engine.dispose()
+        if pushes is not None:
+            pushes.dispose()
         log.info("stopped")
     return 0

@@ -19,6 +19,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import col
 
 from ..config import Config
+from ..errors import GpueffError
 from ..models import Job, JobGpu, JobGpuTimeline, utcnow
 
 log = logging.getLogger("gpueff.serve")
@@ -67,6 +68,14 @@ class Task:
     interval_s: float | None = None
     cron: dict[str, Any] | None = None
     at_start: bool = True  # also once right after start (the integrity check runs before anything instead)
+
+
+class TaskFailed(GpueffError):
+    """A run that failed for a reason said in a few words that name no job, user or database: /v1/health,
+    which anyone may read, shows them as the run's error."""
+
+
+UNAVAILABLE = "the job database is unavailable"
 
 
 REGISTRY: dict[str, Task] = {}
@@ -120,6 +129,8 @@ def ingest(ctx: Context) -> str:
     res = ingest_spool(ctx.engine, ctx.config.paths.spool_dir, trust=configured_trust(ctx.config))
     for e in res.errors:
         log.warning("ingest: %s", e)
+    if res.unavailable:  # its records wait in the spool; the log line above says why
+        raise TaskFailed(f"{UNAVAILABLE}: {res.failed} record(s) wait in the spool")
     analysed = summarize_pending(ctx.engine, ctx.config.analysis, ctx.make_way)  # also records forwarded by nodes
     return f"ingested {res.ingested}, quarantined {res.quarantined}, failed {res.failed}, analysed {analysed}"
 
@@ -251,7 +262,10 @@ def _run(ctx: Context, task: Task, t0: float) -> tuple[bool, str | None]:
     except OperationalError as exc:  # locked, the server down: the database's state, not a bug; one line
         log.error("task %s failed after %.1f s: the job database is unavailable: %s", task.name,
                   time.monotonic() - t0, first_line(exc))
-        return False, "the job database is unavailable"
+        return False, UNAVAILABLE
+    except GpueffError as exc:  # explained in one line (a spool that is no folder): no traceback
+        log.error("task %s failed after %.1f s: %s", task.name, time.monotonic() - t0, exc)
+        return False, str(exc) if isinstance(exc, TaskFailed) else type(exc).__name__
     except Exception as exc:  # noqa: BLE001 - logged; the next run tries again
         log.exception("task %s failed after %.1f s", task.name, time.monotonic() - t0)
         return False, type(exc).__name__
