@@ -152,8 +152,8 @@ def test_tasks_keep_their_pace_across_steps_of_the_wall_clock(tmp_path):
     finally:
         out = stop(proc, log)
     gaps = [b["mono"] - a["mono"] for a, b in zip(runs, runs[1:], strict=False)]
-    assert max(gaps) < 3.0, gaps  # every second, through both steps (an hour's gap without the fix)
-    assert min(gaps) > 0.5, gaps  # and no burst of the runs the +1 h step "missed"
+    assert max(gaps) < 8.0, gaps  # every second, through both steps (an hour's gap without the fix), loaded or not
+    assert min(gaps) > 0.2, gaps  # and no burst of the runs the +1 h step "missed"
     assert max(r["concurrent"] for r in runs) == 1
     assert "the wall clock stepped by -3600" in out and "the wall clock stepped by +3600" in out, out[-3000:]
     assert "Traceback" not in out
@@ -176,7 +176,8 @@ def test_doctor_fails_a_task_that_is_late_and_names_it(tmp_path):
     try:
         wait_runs(folder, 2)
         line = doctor_tasks()
-        assert line["status"] == "PASS", line
+        assert line["status"] == "PASS" and "on time: " in line["detail"], line
+        assert "probe " in line["detail"] and "ingest " in line["detail"] and "s ago" in line["detail"], line
         (tmp_path / "block").touch()
         blocked = len(wait_runs(folder, len(taskprobe.runs(folder)) + 1))
         deadline = time.monotonic() + 30
@@ -196,3 +197,51 @@ def test_doctor_fails_a_task_that_is_late_and_names_it(tmp_path):
     finally:
         out = stop(proc, log)
     assert "Traceback" not in out
+
+
+def test_lateness_of_interval_and_cron_tasks_and_what_doctor_says(tmp_path):
+    """taskhealth's rules through the real API and doctor's check: an interval task never started since a
+    service start 1000 s ago (interval 10 s) is 990 s late, FAIL naming it; a cron task is late from its previous
+    cron time until it runs, but the monthly report is not FAILed before 3 months; a failed run is a WARN naming
+    the task and its public reason."""
+    from datetime import UTC, datetime
+
+    from slurm_gpueff.cli import doctor
+    from slurm_gpueff.service import api
+    from slurm_gpueff.service.taskhealth import cron_times, report
+
+    cfg = Config({"paths": {"spool_dir": str(tmp_path / "spool"), "state_dir": str(tmp_path / "state"),
+                            "database": str(tmp_path / "g.db")},
+                  "service": {"api_listen": f"unix:{tmp_path}/api.sock"}})
+    ctx = tasks.Context(cfg, make_engine(cfg.paths.database))
+
+    def broken(_c: tasks.Context) -> str:
+        raise RuntimeError("a bug")
+
+    lost = tasks.Task("lost", lambda _c: "ok", 10.0)
+    monthly = tasks.Task("monthly", lambda _c: "ok", cron={"day": 1, "hour": 6})
+    failing = tasks.Task("failing", broken, 60.0)
+    ctx.schedule = [lost, monthly, failing]
+    ctx.started_mono, ctx.started = time.monotonic() - 1000, time.time() - 40 * 86400
+    tasks.run_task(ctx, failing)
+    lines = {ln["task"]: ln for ln in report(ctx)["tasks"]}
+    assert 989 < lines["lost"]["late_s"] < 1100 and late(lines["lost"]) and lines["lost"]["last_start"] is None
+    prev, _next = cron_times(monthly.cron or {}, datetime.now(UTC))
+    assert prev is not None and lines["monthly"]["late_s"] == pytest.approx(time.time() - prev.timestamp(), abs=5)
+    assert 27 * 86400 < lines["monthly"]["period_s"] < 32 * 86400 and not late(lines["monthly"])
+    assert lines["failing"]["ok"] is False and lines["failing"]["error"] == "RuntimeError"
+    assert lines["failing"]["late_s"] == 0 and not lines["failing"]["running"]
+    tasks.run_task(ctx, monthly)
+    assert {ln["task"]: ln for ln in report(ctx)["tasks"]}["monthly"]["late_s"] == 0
+
+    server = api.start(cfg, None, lambda: None, lambda: report(ctx))
+    try:
+        rep = doctor.Report()
+        doctor.check_tasks(rep, cfg)
+    finally:
+        api.stop(server)
+    got = {ln["check"]: ln for ln in rep.lines}
+    assert got["tasks"]["status"] == doctor.FAIL and got["tasks"]["detail"].startswith("lost late by 9"), got
+    assert "monthly" not in got["tasks"]["detail"] and "failing" not in got["tasks"]["detail"]
+    assert got["task errors"]["status"] == doctor.WARN and "failing's last run failed (RuntimeError)" in \
+        got["task errors"]["detail"]
