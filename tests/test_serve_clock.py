@@ -234,6 +234,14 @@ def test_lateness_of_interval_and_cron_tasks_and_what_doctor_says(tmp_path):
     tasks.run_task(ctx, monthly)
     assert {ln["task"]: ln for ln in report(ctx)["tasks"]}["monthly"]["late_s"] == 0
 
+    from prometheus_client import generate_latest
+
+    from slurm_gpueff.service.metrics import registry_for
+
+    scraped = generate_latest(registry_for(ctx.engine, cfg, ctx)).decode()
+    assert 'gpueff_task_late_seconds{task="lost"} 9' in scraped and 'gpueff_task_late_seconds{task="failing"} 0.0' \
+        in scraped and "gpueff_clock_steps_total 0.0" in scraped, scraped
+
     server = api.start(cfg, None, lambda: None, lambda: report(ctx))
     try:
         rep = doctor.Report()
