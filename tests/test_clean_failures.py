@@ -26,7 +26,7 @@ from daemons import PushSite, start_munged
 
 from slurm_gpueff import spool
 from slurm_gpueff.access.client import RECORDS_PATH
-from slurm_gpueff.access.munge import body_digest, encode
+from slurm_gpueff.access.sealed import seal
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.process
@@ -75,11 +75,12 @@ class Locker:
 
 
 def rst_push(port: int, body: bytes, munge_socket: str) -> None:
-    """A signed push sent whole, then the connection reset at once (a node that stopped waiting)."""
-    cred = encode(body_digest(body), munge_socket)
+    """A sealed push (for the service's account, root) sent whole, then the connection reset at once (a node
+    that stopped waiting)."""
+    sealed = seal(body, 0, munge_socket, 10)
     s = socket.create_connection(("127.0.0.1", port), timeout=10)
-    s.sendall(f"POST {RECORDS_PATH} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\nAuthorization: MUNGE "
-              f"{cred}\r\n\r\n".encode() + body)
+    s.sendall(f"POST {RECORDS_PATH} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(sealed.parts)}\r\nAuthorization: "
+              f"MUNGE {sealed.envelope}\r\n\r\n".encode() + sealed.parts)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     s.close()
 

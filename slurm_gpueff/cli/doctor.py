@@ -780,8 +780,8 @@ def check_tasks(rep: Report, cfg: Config) -> None:
                                "(/metrics has gpueff_task_late_seconds)")
         return
     try:
-        status, body, _ = request(url, "GET", HEALTH_PATH, timeout=cfg.service.api_timeout_s)
-        answer = json.loads(body)
+        reply = request(url, "GET", HEALTH_PATH, timeout=cfg.service.api_timeout_s)
+        status, answer = reply.status, json.loads(reply.body)
     except (OSError, ValueError) as exc:
         rep.add(FAIL, "tasks", f"{url}{HEALTH_PATH} does not answer ({exc}): is `gpueff serve` running?")
         return
