@@ -22,6 +22,13 @@ if ! command -v strace >/dev/null; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends strace >/dev/null
 fi
 # --- end ingest
+# --- serve's schedule: libfaketime steps a real `gpueff serve`'s wall clock (only it: the monotonic clock stays).
+echo "== serve: libfaketime"
+if [ ! -e /usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1 ]; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends libfaketime >/dev/null
+fi
+# --- end serve
 echo "== service: postgresql"
 if ! ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; then
   apt-get update -qq

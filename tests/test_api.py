@@ -405,24 +405,24 @@ def test_a_damaged_database_is_one_line_503_for_every_request_but_the_health_che
     from slurm_gpueff.service import api as api_mod
 
     munged, munge_sock = start_munged(str(tmp_path), "munge")
-    found: list[str | None] = ["job database sqlite:////x/gpueff.db is damaged (database disk image is malformed)"]
+    found: list[str | None] = ["the job database is damaged (database disk image is malformed)"]
     cfg = Config({"paths": {"database": f"{tmp_path}/db/gpueff.db", "spool_dir": f"{tmp_path}/spool",
                             "state_dir": f"{tmp_path}/state"},
                   "service": {"api_listen": f"unix:{tmp_path}/api.sock", "munge_socket": munge_sock}})
     server = api_mod.start(cfg, None, lambda: found[0])
     try:
-        def health() -> tuple[int, str]:
+        def health() -> tuple[int, dict]:
             reply = request(f"unix:{tmp_path}/api.sock", "GET", HEALTH_PATH, timeout=10)
-            return reply.status, reply.body.decode().strip()
+            return reply.status, json.loads(reply.body)
 
-        assert health() == (503, found[0])
+        assert health() == (503, {"status": "damaged", "detail": found[0]})
         for path, body in ((SEFF_PATH, b'{"jobid": "1"}'), (RECORDS_PATH, b'{"node": "n1", "records": []}')):
             reply = post_signed(cfg.service, path, body)
             assert reply.status == 503, (path, reply)
             assert reply.reason() == f"{found[0]}: the service reads and takes nothing until it is restored from a " \
                                      "backup", reply.reason()
         found[0] = None  # the next check finds the file sound (restored)
-        assert health() == (200, "ok")
+        assert health() == (200, {"status": "ok"})
     finally:
         api_mod.stop(server)
         munged.terminate()

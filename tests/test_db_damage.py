@@ -249,7 +249,8 @@ def test_one_damaged_page_stops_the_service_and_every_command_until_restored(mad
     damaged = [ln for ln in log.splitlines() if "is damaged" in ln and "every task stops" in ln]
     assert len(damaged) == 1 and "restored from a backup" in damaged[0], log
     for task in ("ingest", "rollups", "report_cards", "report_monthly"):
-        assert sum(f"task {task} stopped: job database" in ln for ln in log.splitlines()) == 1, (task, log)
+        stopped = f"task {task} stopped: the job database is damaged"
+        assert sum(stopped in ln for ln in log.splitlines()) == 1, (task, log)
     assert "rollups refreshed" not in log and "task ingest: ingested" not in log
     mark = Path(str(db) + "-damaged")
     assert mark.exists() and mark.stat().st_mode & 0o777 == db.stat().st_mode & 0o644

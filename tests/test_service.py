@@ -10,7 +10,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -150,9 +150,13 @@ def test_scheduler_never_overlaps_and_coalesces(tmp_path):
     sched.start(paused=True)  # job defaults are applied when the scheduler starts
     jobs = sched.get_jobs()
     sched.shutdown(wait=False)
-    names = {j.id for j in jobs}
-    assert {"ingest", "enrich", "rollups", "rollups_full", "retention", "report_cards", "report_monthly"} <= names
-    assert {"ingest@start", "report_monthly@start"} <= names  # caught up once after a restart
+    names = [j.id for j in jobs]
+    assert {"ingest", "enrich", "rollups", "rollups_full", "retention", "report_cards", "report_monthly"} <= set(names)
+    assert len(names) == len(set(names)) == len(tasks.builtin_tasks(cfg))  # one job per task, the catch-up its own
+    soon = datetime.now(UTC) + timedelta(seconds=60)
+    first = {j.id: j.next_run_time for j in jobs}
+    assert first["ingest"] < soon and first["report_monthly"] < soon  # caught up once after a restart
+    assert first["database_check"] > soon  # it ran before the scheduler started
     for j in jobs:
         assert j.max_instances == 1 and j.coalesce is True and j.misfire_grace_time == 120
 
@@ -195,7 +199,8 @@ def serve_until_ingested(tmp_path, n: int, service: str = "", env: dict[str, str
                 body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
             except OSError:
                 body = ""
-            if 'task="rollups"' in body and "gpueff_gpu_hours_allocated_total" in body:
+            rolled = 'gpueff_task_last_success_timestamp_seconds{task="rollups"}' in body
+            if rolled and "gpueff_gpu_hours_allocated_total" in body:
                 break
             time.sleep(0.3)
         fams = {f.name: f for f in text_string_to_metric_families(body)}

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 SEFF_PATH = "/v1/seff"  # a seff-gpu query
 RECORDS_PATH = "/v1/records"  # a node's push
 PING_PATH = "/v1/ping"  # a sealed round trip, nothing else (doctor)
-HEALTH_PATH = "/v1/health"  # GET, not sealed: whether the service runs, for anyone
+HEALTH_PATH = "/v1/health"  # GET, not sealed, for anyone: JSON, the status and the tasks' report
 
 
 class Unreachable(GpueffError):

@@ -52,13 +52,21 @@ _Gpus = TypeVar("_Gpus")
 
 
 class Viewer(NamedTuple):
-    """Who is asking: uid, user name (None if the uid has none), whether they see every job, and the
-    accounts whose jobs they see as a lead or coordinator."""
+    """Who is asking: uid, user name (None if the uid has none), whether they see every job, the accounts
+    whose jobs they see as a lead or coordinator, and whether they administer the service (:func:`admin`)."""
 
     uid: int
     name: str | None
     all: bool = False
     accounts: frozenset[str] = frozenset()
+    admin: bool = False
+
+
+def admin(config: Config, uid: int, name: str | None, service_uid: int | None) -> bool:
+    """Whether ``uid`` administers the service: root, the account the service runs as, ``[privacy] admins``.
+    Only they are told where the job database is and what its driver said when it fails (its URL, host and
+    port): everybody else learns that it is unavailable, whatever ``[privacy] enabled`` says."""
+    return uid == 0 or uid == service_uid or (name is not None and name in config.privacy.admins)
 
 
 def current_user() -> tuple[int, str | None]:
@@ -80,7 +88,9 @@ def viewer(config: Config, uid: int, name: str | None, service_uid: int | None =
     ...]}, asked only when it matters (privacy on, a user who does not see everything, ``[privacy]
     coordinators``)."""
     privacy = config.privacy
-    if uid == 0 or uid == service_uid or not privacy.enabled or (name is not None and name in privacy.admins):
+    if admin(config, uid, name, service_uid):
+        return Viewer(uid, name, all=True, admin=True)
+    if not privacy.enabled:
         return Viewer(uid, name, all=True)
     if name is None:
         return Viewer(uid, name)

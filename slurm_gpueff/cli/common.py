@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, NoReturn
@@ -59,8 +61,41 @@ def err(msg: str, prog: str = "gpueff") -> None:
     print(one_line(f"{prog}: {msg.strip()}"), file=sys.stderr)
 
 
-def run_command(prog: str, command: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
-    """Run ``command(args)``: a GpueffError becomes one line on stderr and the error's exit status."""
+class Terminated(BaseException):
+    """SIGTERM, raised where the command is (as SIGINT raises KeyboardInterrupt): it unwinds like Ctrl-C, so
+    that open transactions roll back and spool files stay, instead of the process dying mid-step."""
+
+
+# The shell's convention, 128 + the signal's number: what a command stopped by it exits with.
+EXIT_SIGINT, EXIT_SIGTERM = 130, 143
+
+
+def _stop(signum: int, _frame: object) -> None:
+    """SIGINT/SIGTERM: stop where the command is. Logging goes quiet first: what the libraries say while
+    unwinding (SQLAlchemy's "Error closing cursor" with its traceback, a fetch cut short) is no news to
+    whoever pressed Ctrl-C, and the command's one line follows."""
+    import logging
+
+    logging.disable(logging.CRITICAL)
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise Terminated
+
+
+def stop_on_signals() -> None:
+    """SIGINT and SIGTERM stop the command with one line and 130 / 143 (:func:`run_command`). Commands that
+    stop gracefully (``serve``, ``agent``, ``forward``) install their own handlers after this."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, _stop)
+        signal.signal(signal.SIGTERM, _stop)
+
+
+def run_command(prog: str, command: Callable[[argparse.Namespace], int], args: argparse.Namespace,
+                signals: bool = True) -> int:
+    """Run ``command(args)``: a GpueffError becomes one line on stderr and the error's exit status; SIGINT and
+    SIGTERM (with ``signals``) one line and 130 / 143."""
+    if signals:
+        stop_on_signals()
     try:
         return int(command(args))
     except GpueffError as exc:
@@ -70,7 +105,20 @@ def run_command(prog: str, command: Callable[[argparse.Namespace], int], args: a
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except KeyboardInterrupt:
-        return 130
+        err("interrupted by SIGINT", prog)
+        return EXIT_SIGINT
+    except Terminated:
+        err("terminated by SIGTERM", prog)
+        return EXIT_SIGTERM
+
+
+def database_error(config: Config, detail: str) -> GpueffError:
+    """``detail`` (it names the job database and says why it failed) for those who administer it; for
+    everybody else the one line that says only that it is unavailable: a user never sees its URL, path, host
+    or port (storage.dburl.shown_here)."""
+    from ..storage.dburl import UNAVAILABLE, shown_here
+
+    return GpueffError(detail if shown_here(config) else UNAVAILABLE)
 
 
 def load_config(args: argparse.Namespace) -> Config:
@@ -82,8 +130,9 @@ def load_config(args: argparse.Namespace) -> Config:
 @contextmanager
 def database(config: Config, create: bool = True, read_only: bool = False, checking: bool = False) -> Iterator[Engine]:
     """The job database for a ``with`` block (disposed of at its end), or a one-line error (exit 1) naming it
-    without its password: also for a database error the block itself does not handle (the server down, a
-    damaged or foreign file, a schema Alembic cannot migrate)."""
+    without its password (:func:`database_error`: to its administrators only): also for a database error the
+    block itself does not handle (the server down, a damaged or foreign file, a schema Alembic cannot
+    migrate)."""
     import sqlite3
 
     from sqlalchemy import exc as sa_exc
@@ -95,19 +144,19 @@ def database(config: Config, create: bool = True, read_only: bool = False, check
     try:
         engine = engine_for(config.paths, create=create, read_only=read_only, checking=checking)
     except GpueffError as exc:
-        raise GpueffError(f"cannot open the job database {name}: {exc}") from None
+        raise database_error(config, f"cannot open the job database {name}: {exc}") from None
     except (sa_exc.SQLAlchemyError, OSError, ValueError) as exc:
-        raise GpueffError(f"cannot open the job database {name}: {_one_line(exc)}") from None
+        raise database_error(config, f"cannot open the job database {name}: {_one_line(exc)}") from None
     try:
         yield engine
     except (sa_exc.SQLAlchemyError, sqlite3.Error) as exc:
-        raise GpueffError(f"job database {name}: {first_line(exc)}") from None
+        raise database_error(config, f"job database {name}: {first_line(exc)}") from None
     except UnicodeDecodeError as exc:  # a damaged file's text column: SQLite hands over bytes that are not UTF-8
-        raise GpueffError(f"job database {name} is damaged (text that is not UTF-8: {exc.reason}); "
-                          "restore it from a backup") from None
+        raise database_error(config, f"job database {name} is damaged (text that is not UTF-8: {exc.reason}); "
+                             "restore it from a backup") from None
     except Exception as exc:
         if type(exc).__module__.startswith("alembic"):  # alembic.util.CommandError and kin
-            raise GpueffError(f"job database {name}: {_one_line(exc)}") from None
+            raise database_error(config, f"job database {name}: {_one_line(exc)}") from None
         raise
     finally:
         engine.dispose()

@@ -487,7 +487,7 @@ def check_db(rep: Report, cfg: Config) -> None:
     try:
         engine = engine_for(cfg.paths, create=False, read_only=True, checking=True)
     except Exception as exc:  # noqa: BLE001 - the password file refused or unreadable, a malformed URL
-        rep.add(FAIL, "database", f"{_db_name(cfg)}: {_line(exc)}")
+        rep.add(FAIL, "database", f"{_db_name(cfg)}: {_line(exc, cfg)}")
         return
     if path:
         from ..storage.integrity import found
@@ -530,15 +530,18 @@ def check_db_writable(rep: Report, path: str) -> None:
 
 
 def _db_name(cfg: Config) -> str:
-    from ..storage.dburl import safe_url
+    """The database as doctor names it: its URL (no password) to those who administer it, else no address."""
+    from ..storage.dburl import safe_url, shown_here
 
-    return safe_url(cfg.paths.database)
+    return safe_url(cfg.paths.database) if shown_here(cfg) else "the job database"
 
 
-def _line(exc: BaseException) -> str:
+def _line(exc: BaseException, cfg: Config) -> str:
+    """What the driver said (its host, port, path) to those who administer the database, else its kind."""
     from ..storage.db import first_line
+    from ..storage.dburl import shown_here
 
-    return first_line(exc)[:300]
+    return first_line(exc)[:300] if shown_here(cfg) else type(exc).__name__
 
 
 def _check_db_content(rep: Report, cfg: Config, engine: Any, sqlite: bool) -> None:
@@ -560,9 +563,9 @@ def _check_db_content(rep: Report, cfg: Config, engine: Any, sqlite: bool) -> No
         return
     except Exception as exc:  # noqa: BLE001
         if sqlite:
-            rep.add(FAIL, "database", f"{name}: cannot read it ({_line(exc)})")
+            rep.add(FAIL, "database", f"{name}: cannot read it ({_line(exc, cfg)})")
         else:
-            rep.add(WARN, "database", f"{name}: not reachable from here ({type(exc).__name__}: {_line(exc)}); "
+            rep.add(WARN, "database", f"{name}: not reachable from here ({type(exc).__name__}: {_line(exc, cfg)}); "
                                       "only the ingest host needs it")
         return
     if state == "damaged":
@@ -764,6 +767,59 @@ def check_api(rep: Report, cfg: Config, starting_s: float = 0.0) -> None:
                          f"which knew this host's credential as uid {asked_by}")
 
 
+def check_tasks(rep: Report, cfg: Config) -> None:
+    """``gpueff serve``'s scheduled tasks, as its ``/v1/health`` reports them: FAIL for a task more than
+    LATE_PERIODS periods late (hung, or its schedule lost: a stopped scheduler, a clock step), naming each
+    and by how much; WARN for tasks whose last run failed (the service's log says why)."""
+    from ..access.client import HEALTH_PATH, api_url, request
+    from ..service.taskhealth import LATE_PERIODS, late
+
+    url = api_url(cfg.service)
+    if not cfg.service.api_listen or not url:
+        rep.add(WARN, "tasks", "no [service] api_listen: the scheduled tasks' state is not readable here "
+                               "(/metrics has gpueff_task_late_seconds)")
+        return
+    try:
+        reply = request(url, "GET", HEALTH_PATH, timeout=cfg.service.api_timeout_s)
+        status, answer = reply.status, json.loads(reply.body)
+    except (OSError, ValueError) as exc:
+        rep.add(FAIL, "tasks", f"{url}{HEALTH_PATH} does not answer ({exc}): is `gpueff serve` running?")
+        return
+    lines = answer.get("tasks") if isinstance(answer, dict) else None
+    if not isinstance(lines, list) or not all(isinstance(ln, dict) for ln in lines):
+        rep.add(FAIL, "tasks", f"{url}{HEALTH_PATH} answered {status} without the tasks' report: is it `gpueff "
+                               "serve` of this version?")
+        return
+    behind = [ln for ln in lines if late(ln)]
+    if behind:
+        rep.add(FAIL, "tasks", "; ".join(_late_line(ln) for ln in behind) + f" (more than {LATE_PERIODS} periods: "
+                "a task that hangs, or a scheduler that stopped; see the service's log)")
+    else:
+        steps = int(answer.get("clock_steps") or 0)
+        rep.add(PASS, "tasks", f"{len(lines)} scheduled tasks on time: " + ", ".join(_last_run(ln) for ln in lines) + (
+            f"; the wall clock stepped {steps} time(s), the last by {answer.get('last_clock_step_s')} s, and the "
+            "tasks kept their pace" if steps else ""))
+    failed = [ln for ln in lines if ln.get("ok") is False]
+    if failed:
+        what = "; ".join(f"{ln['task']}'s last run failed ({ln.get('error')}) at {ln.get('last_end')}" for ln in failed)
+        rep.add(WARN, "task errors", f"{what}: the service's log says why")
+
+
+def _last_run(line: dict[str, Any]) -> str:
+    """A task's last run in a few words: ``ingest ok 12 s ago``, ``enrich running for 40 s``, ``x not run yet``."""
+    if line.get("age_s") is None:
+        return f"{line['task']} not run yet"
+    if line.get("running"):
+        return f"{line['task']} running for {line['age_s']:.0f} s"
+    return f"{line['task']} {'ok' if line.get('ok') else 'failed'} {line['age_s']:.0f} s ago"
+
+
+def _late_line(line: dict[str, Any]) -> str:
+    running = f", running for {line['age_s']:.0f} s" if line.get("running") else ""
+    last = f"last started {line['age_s']:.0f} s ago" if line.get("age_s") is not None else "never started"
+    return (f"{line['task']} late by {line['late_s']:.0f} s ({line['schedule']}; {last}{running})")
+
+
 def check_api_served(rep: Report, cfg: Config) -> None:
     """On the service host: the API where one is configured (api_listen), and munged with it; right after
     `systemctl enable --now gpueff-serve` the service may still be starting, so it is given a few seconds."""
@@ -808,7 +864,8 @@ ROLES: dict[str, tuple[tuple[str, Callable[[Report, Config], None]], ...]] = {
              ("slurm", check_slurm), ("dirs", check_dirs), ("spool", check_spool), ("spool space", check_spool_space),
              ("spool fallback", check_spool_fallback), ("push", check_push), ("forwarder", check_forwarder)),
     "service": (("install", partial(check_install, bad=WARN)), ("dirs", check_dirs), ("spool", check_spool),
-                ("database", check_db), ("metrics", check_metrics), ("api", check_api_served)),
+                ("database", check_db), ("metrics", check_metrics), ("api", check_api_served),
+                ("tasks", check_tasks)),
     "login": (("install", check_install), ("munge", check_munge), ("api", check_api)),
 }
 

@@ -5,7 +5,9 @@ means adding it to a group, nothing here. The groups import their heavy modules 
 when one of their commands runs, so that ``gpueff hook prolog`` (run by slurmd on every job start) loads
 no database or analysis code.
 
-Exit status: 0 ok; 1 error; 2 bad usage or invalid config (the message names file, section and key).
+Exit status: 0 ok; 1 error; 2 bad usage or invalid config (the message names file, section and key); 130
+stopped by SIGINT (Ctrl-C), 143 by SIGTERM, in one line (``serve``, ``agent`` and ``forward`` finish their
+step and exit 0 on either).
 """
 
 from __future__ import annotations
@@ -71,7 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.config = getattr(args, "config", None)  # SUPPRESS above: absent unless given
-    return run_command("gpueff", args.run, args)
+    # A hook keeps the signals' defaults: it never stops a job's start or end with a message and a failure
+    return run_command("gpueff", args.run, args, signals=args.command != "hook")
 
 
 if __name__ == "__main__":

@@ -65,7 +65,7 @@ exit status:
   5 job had no GPUs,
   6 another user's job (you see your own, your accounts' as their lead or
     coordinator, every job as an admin; [privacy] and [leads] in the
-    config)
+    config), 130 stopped by Ctrl-C (SIGINT), 143 by SIGTERM
 
 Where the job database is private to the service account, seff-gpu asks
 `gpueff serve` for the answer, proving who you are with MUNGE.
@@ -278,17 +278,13 @@ def direct(config: Config) -> bool:
 
 
 def _own_viewer(config: Config) -> Viewer:
-    """This user as a Viewer; the SQLite file's owner is the service account (the demo's user owns theirs)."""
+    """This user as a Viewer; the database's owner (the SQLite file's, a server's password file's) is the
+    service account (the demo's user owns theirs)."""
     from ..access.privacy import current_user, viewer
-    from ..storage.dburl import database_url, sqlite_file
+    from ..storage.dburl import owner
 
-    path = sqlite_file(database_url(config.paths.database))
-    try:
-        owner = os.stat(path).st_uid if path else None
-    except OSError:
-        owner = None
     uid, name = current_user()
-    return viewer(config, uid, name, owner, lambda: coordinators(config))
+    return viewer(config, uid, name, owner(config), lambda: coordinators(config))
 
 
 def coordinators(config: Config) -> dict[str, list[str]]:

@@ -8,7 +8,17 @@ import os
 from typing import TYPE_CHECKING
 
 from ..errors import GpueffError
-from .common import STOPPED, ProgressBar, UsageError, at_least_one, database, err, load_config, log_to_stderr
+from .common import (
+    STOPPED,
+    ProgressBar,
+    UsageError,
+    at_least_one,
+    database,
+    database_error,
+    err,
+    load_config,
+    log_to_stderr,
+)
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -112,7 +122,7 @@ def _ingest(config: Config, limit: int | None, quiet: bool) -> int:
     if stopped:  # the database is down, damaged or foreign: one line, nothing else was tried
         from ..storage.dburl import safe_url
 
-        raise GpueffError(f"job database {safe_url(config.paths.database)}: {stopped[0]}")
+        raise database_error(config, f"job database {safe_url(config.paths.database)}: {stopped[0]}")
     if not quiet or result.quarantined or result.failed:
         print(f"ingested {result.ingested}, quarantined {result.quarantined}, failed {result.failed}, "
               f"analysed {analysed} (spool {config.paths.spool_dir})")

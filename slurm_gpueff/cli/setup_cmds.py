@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from typing import TYPE_CHECKING
 
 from .common import UsageError, load_config
@@ -68,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _config_check(config: Config, as_json: bool) -> int:
+    refuse_non_folders(config)
     data = config.as_dict()
     if as_json:
         print(json.dumps({"source": config.source, "config": data}, indent=2))
@@ -78,3 +80,26 @@ def _config_check(config: Config, as_json: bool) -> int:
         for key, value in values.items():  # booleans and strings as TOML writes them, which is JSON's way
             print(f"{key} = {json.dumps(value) if isinstance(value, bool | str) else repr(value)}")
     return 0
+
+
+def refuse_non_folders(config: Config) -> None:
+    """The folders of ``[paths]`` that exist must be folders: a FIFO, a file or a socket where the spool should
+    be reads as valid config and fails every ingest and hook. (One that does not exist yet is made when
+    first needed.)"""
+    import stat
+
+    from ..errors import ConfigError
+
+    for key in ("spool_dir", "state_dir"):
+        path = getattr(config.paths, key)
+        try:
+            mode = os.stat(path).st_mode
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise ConfigError(f"{config.source}: paths.{key} = {path!r}: {exc.strerror or exc}") from None
+        if not stat.S_ISDIR(mode):
+            kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else
+                    "a file" if stat.S_ISREG(mode) else "not a folder")
+            raise ConfigError(f"{config.source}: paths.{key} = {path!r} is {kind}, not a folder: point it at a "
+                              "folder (or a path that does not exist yet)")

@@ -11,8 +11,7 @@ import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from ..errors import GpueffError
-from .common import STOPPED, ProgressBar, UsageError, at_least_one, database, err, load_config
+from .common import STOPPED, ProgressBar, UsageError, at_least_one, database, database_error, err, load_config
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -92,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     if stopped:  # the database is down, damaged or foreign: one line, not a summary of nothing done
         from ..storage.dburl import safe_url
 
-        raise GpueffError(f"job database {safe_url(config.paths.database)}: {stopped[0]}")
+        raise database_error(config, f"job database {safe_url(config.paths.database)}: {stopped[0]}")
     if not args.quiet or errors:
         print(summary)
     return 1 if errors else 0

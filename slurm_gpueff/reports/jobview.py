@@ -50,6 +50,21 @@ class Refused(GpueffError):
         self.exit_code = exit_code
 
 
+class Unavailable(Refused):
+    """The database could not be read. ``detail`` names it and says why, for administrators only (their
+    Viewer's ``admin``): everybody else is told that it is unavailable (storage.dburl.UNAVAILABLE), never its
+    URL, path, host or port."""
+
+    def __init__(self, detail: str):
+        super().__init__(detail, EXIT_ERROR)
+        self.detail = detail
+
+    def told(self, viewer: Viewer) -> str:
+        from ..storage.dburl import UNAVAILABLE
+
+        return self.detail if viewer.admin else UNAVAILABLE
+
+
 TABLE_LIMIT = 100  # a table's default lines: what a user reads; the totals still cover every job
 MAX_LIMIT = 10**9
 
@@ -124,6 +139,8 @@ def answer(query: SeffQuery, config: Config, viewer: Viewer) -> Answer:
         if query.jobid is None:
             return _table(query, config, viewer)
         return _cards(query, parse(query.jobid), config, viewer)
+    except Unavailable as exc:
+        return failure(exc.told(viewer), exc.exit_code)
     except GpueffError as exc:
         return failure(str(exc), exc.exit_code)
 
@@ -213,12 +230,13 @@ def _read_timelines(config: Config, gpus: list[Any]) -> dict[int, list[Any]]:
     if path is not None:
         import sqlite3
 
+        from ..storage.sqlite_read import answer_busy_s
         from ..storage.sqlite_read import timelines as read_sqlite
 
         try:
-            return read_sqlite(path, [g.id for g in gpus])
+            return read_sqlite(path, [g.id for g in gpus], answer_busy_s(config.service.api_timeout_s))
         except sqlite3.Error as exc:
-            raise Refused(f"cannot read the job database {path}: {exc}", EXIT_ERROR) from None
+            raise Unavailable(f"cannot read the job database {path}: {exc}") from None
     from sqlalchemy.exc import SQLAlchemyError
     from sqlmodel import Session
 
@@ -229,7 +247,7 @@ def _read_timelines(config: Config, gpus: list[Any]) -> dict[int, list[Any]]:
         with Session(engine) as session:
             return gpu_timelines(session, gpus)
     except SQLAlchemyError as exc:
-        raise Refused(_db_error(config, exc), EXIT_ERROR) from None
+        raise Unavailable(_db_error(config, exc)) from None
     finally:
         _done(engine)
 
@@ -282,7 +300,7 @@ def _may_see_owner(viewer: Viewer, uid: object, user: object, account: object) -
 
 
 def lookup(config: Config, spec: JobSpec | RawIds, cluster: str | None) -> list[tuple[Any, list[Any]]]:
-    """(job, its GPU rows) for every match. Raises RuntimeError with a clear message on DB problems.
+    """(job, its GPU rows) for every match. Raises :class:`Unavailable` on DB problems.
 
     SQLite is read with the standard library (storage/sqlite_read.py: the same rows without importing
     SQLAlchemy, which was most of seff-gpu's run time); database servers through SQLAlchemy.
@@ -293,16 +311,17 @@ def lookup(config: Config, spec: JobSpec | RawIds, cluster: str | None) -> list[
     path = sqlite_file(url)
     if path is not None:
         if not os.path.exists(path):
-            raise RuntimeError(f"the job database {path} does not exist yet (paths.database in the config; "
-                               "`gpueff ingest` creates it)")
+            raise Unavailable(f"the job database {path} does not exist yet (paths.database in the config; "
+                              "`gpueff ingest` creates it)")
         import sqlite3
 
+        from ..storage.sqlite_read import answer_busy_s
         from ..storage.sqlite_read import lookup as read_sqlite
 
         try:
-            return read_sqlite(path, spec, cluster)
+            return read_sqlite(path, spec, cluster, answer_busy_s(config.service.api_timeout_s))
         except sqlite3.Error as exc:
-            raise RuntimeError(f"cannot read the job database {path}: {exc}") from None
+            raise Unavailable(f"cannot read the job database {path}: {exc}") from None
     from sqlalchemy.exc import SQLAlchemyError
     from sqlmodel import Session
 
@@ -314,7 +333,7 @@ def lookup(config: Config, spec: JobSpec | RawIds, cluster: str | None) -> list[
             jobs = find_jobs(session, spec, cluster)
             return [(j, job_gpus(session, j)) for j in jobs]
     except SQLAlchemyError as exc:
-        raise RuntimeError(_db_error(config, exc)) from None
+        raise Unavailable(_db_error(config, exc)) from None
     finally:
         _done(engine)
 
@@ -337,16 +356,18 @@ def _engine(config: Config) -> Any:
     """A read-only engine of the configured database (with its password file); Refused if it cannot open.
     Give it back with :func:`_done`."""
     from ..storage.db import engine_for
-    from ..storage.dburl import database_url
+    from ..storage.dburl import database_url, safe_url
+    from ..storage.sqlite_read import answer_busy_s
 
     url = database_url(config.paths.database)
     with _KEEP:
         if _keeping and url in _KEPT:
             return _KEPT[url]
         try:
-            engine = engine_for(config.paths, create=False, read_only=True)
+            engine = engine_for(config.paths, create=False, read_only=True,
+                                busy_s=answer_busy_s(config.service.api_timeout_s))
         except Exception as exc:  # bad URL, missing driver, unreadable password file
-            raise Refused(f"cannot open the job database {url}: {exc}", EXIT_ERROR) from None
+            raise Unavailable(f"cannot open the job database {safe_url(url)}: {exc}") from None
         if _keeping:
             _KEPT[url] = engine
         return engine
@@ -359,23 +380,24 @@ def _done(engine: Any) -> None:
 
 def _db_error(config: Config, exc: BaseException) -> str:
     from ..storage.db import first_line
-    from ..storage.dburl import database_url
+    from ..storage.dburl import safe_url
 
-    return f"cannot read the job database {database_url(config.paths.database)}: {first_line(exc)}"
+    return f"cannot read the job database {safe_url(config.paths.database)}: {first_line(exc)}"
 
 
 def _inquire(spec: JobSpec, config: Config, cluster: str | None,
              viewer: Viewer) -> tuple[list[tuple[Any, list[Any]]], int, str | None]:
     """The jobs with GPUs ``viewer`` may see, how many without GPUs were left out, and a note on what may not
     show before accounting is read; else why there are none."""
-    error = note = None
+    error: Unavailable | None = None
+    note = None
     found: list[tuple[Any, list[Any]]] = []
     try:
         found = lookup(config, spec, cluster)
         if config.sacct.accounting and _before_accounting(spec, found):
             found, note = _from_accounting(spec, config, cluster, found)
-    except RuntimeError as exc:
-        error = str(exc)
+    except Unavailable as exc:
+        error = exc
     found, hidden = shown(found, viewer)  # like sacct's PrivateData=jobs, plus account leads
     if hidden and not found:
         raise Denied(denied_message(str(spec), viewer))
@@ -385,7 +407,7 @@ def _inquire(spec: JobSpec, config: Config, cluster: str | None,
             raise Refused(f"job {spec} has not finished: {running}. Its GPU card is available after it ends.",
                           EXIT_RUNNING)
         if error:
-            raise Refused(error, EXIT_ERROR)
+            raise error
         from ..slurm.sacct import no_gpus_note  # CPU-only jobs have no record by design: ask accounting
 
         note = no_gpus_note(str(spec), config) if config.sacct.accounting else None
@@ -489,7 +511,7 @@ def _table(query: SeffQuery, config: Config, viewer: Viewer) -> Answer:
             totals = table_totals(session, user=user, account=account, start=start, end=end, cluster=query.cluster,
                                   states=states)
     except SQLAlchemyError as exc:
-        raise Refused(_db_error(config, exc), EXIT_ERROR) from None
+        raise Unavailable(_db_error(config, exc)) from None
     finally:
         _done(engine)
     if query.json:

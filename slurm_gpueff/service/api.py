@@ -5,7 +5,9 @@ GPU nodes hand it their records.
 reports.jobview.Answer as JSON, the same bytes seff-gpu's direct path prints. ``POST /v1/records``: a
 node's ``gpueff forward`` pushing spool records (service/intake.py), taken from root and ``[service]
 push_users`` only. ``POST /v1/ping``: a sealed round trip and nothing else (doctor). ``GET /v1/health``:
-whether the service runs, not sealed, for anyone. Anything else: 404.
+not sealed, for anyone: JSON, ``{"status": "ok", "tasks": [...], ...}`` with 200, or ``"status": "damaged"``
+and the one-line ``detail`` with 503 while the database is damaged; ``tasks`` is each scheduled task's last
+run and lateness (service/taskhealth.py: no job, user or database named). Anything else: 404.
 
 Every POST is sealed (access/sealed.py): the request for this service's account, its envelope in the
 ``Authorization: MUNGE`` header; the answer for the uid that asked, naming the request it answers, its
@@ -35,6 +37,7 @@ import math
 import os
 import socket
 import stat
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -101,9 +104,11 @@ class Api:
     """The request logic, apart from HTTP: credential -> viewer -> answer."""
 
     def __init__(self, config: Config, engine: Engine | None = None,
-                 damage: Callable[[], str | None] = lambda: None):
+                 damage: Callable[[], str | None] = lambda: None,
+                 tasks: Callable[[], dict[str, Any]] = dict):
         self.config = config
         self.damage = damage  # the service's integrity check: what it found wrong with the database, or None
+        self.tasks = tasks  # the scheduled tasks' report for /v1/health (service/taskhealth.py), or {}
         self._coordinators: tuple[float, dict[str, list[str]]] = (-COORDINATORS_TTL_S, {})
         self._lock = threading.Lock()
         self.pushers = push_uids(config.service.push_users)
@@ -273,11 +278,18 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
         t0 = time.monotonic()
-        if self.path == HEALTH_PATH:
-            damage = self.server.api.damage()
-            self._send(503 if damage else 200, f"{damage or 'ok'}\n".encode(), "text/plain", "health", t0)
-        else:
-            self._send(404, b"not found\n", "text/plain", "GET ?", t0)
+        try:
+            if self.path == HEALTH_PATH:
+                api = self.server.api
+                damage = api.damage()
+                health = {"status": "damaged" if damage else "ok", **({"detail": damage} if damage else {}),
+                          **api.tasks()}
+                self._send(503 if damage else 200, json.dumps(health).encode() + b"\n", "application/json",
+                           "health", t0)
+            else:
+                self._send(404, b"not found\n", "text/plain", "GET ?", t0)
+        except GONE:
+            self._gone("GET", t0)
 
     def do_POST(self) -> None:  # noqa: N802
         t0 = time.monotonic()
@@ -335,6 +347,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return
         self._send(status, out.parts, sealed.CONTENT_TYPE, what, t0, retry_after_s, out.envelope)
 
+    def _gone(self, method: str, t0: float) -> None:
+        self.close_connection = True
+        log.info("api %s: the client went away before its answer (%d ms)", method, (time.monotonic() - t0) * 1000)
+
     def _discard(self, length: int) -> None:
         while length > 0:
             chunk = self.rfile.read(min(length, 1 << 20))
@@ -364,11 +380,24 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         log.info("api: " + format, *args)
 
 
+GONE = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, TimeoutError)  # the client is gone
+
+
 class ApiServer(http.server.ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 1024  # listen backlog: after an outage thousands of nodes connect at once (at
     # socketserver's 5 the kernel refused most of them: "connection reset", a failure to back off from)
     api: Api
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """What escaped a request's handling (http.server's own reading of the request line and headers, an
+        answer written to a client that has gone, the final flush): one log line for a client gone, the
+        traceback in the log for anything else, never socketserver's traceback on stderr."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, GONE):
+            log.info("api: the client went away before its answer (%s)", type(exc).__name__)
+        else:
+            log.exception("api: request failed")
 
 
 class UnixApiServer(ApiServer):
@@ -416,10 +445,12 @@ def _clear_stale(path: str) -> None:
 
 
 def start(config: Config, engine: Engine | None = None,
-          damage: Callable[[], str | None] = lambda: None) -> ApiServer:
+          damage: Callable[[], str | None] = lambda: None,
+          tasks: Callable[[], dict[str, Any]] = dict) -> ApiServer:
     """Listen on ``[service] api_listen`` and serve in a daemon thread; OSError if it cannot listen. With
     ``engine``, it also takes the nodes' pushed records into that database. While ``damage()`` says what
-    is wrong with the database, every request but the health check is answered 503 with that line."""
+    is wrong with the database, every request is answered 503 with that line (the health check with its
+    report too). ``tasks()``: what the health check says of the scheduled tasks."""
     listen = config.service.api_listen
     check_account(config)
     server: ApiServer
@@ -436,7 +467,7 @@ def start(config: Config, engine: Engine | None = None,
             if holder is None:
                 raise
             raise OSError(exc.errno, f"the port is held by {holder.describe()}") from None
-    server.api = Api(config, engine, damage)
+    server.api = Api(config, engine, damage, tasks)
     keep_engines()  # its answers reuse one engine's connections
     threading.Thread(target=server.serve_forever, name="gpueff-api", daemon=True).start()
     log.info("seff-gpu API on %s", listen)

@@ -130,6 +130,16 @@ class UsageCollector(Collector):
             for name, t in sorted(times.items()):
                 fam.add_metric([name], t)
             yield fam
+        from .taskhealth import report
+
+        health = report(self.ctx)
+        late = GaugeMetricFamily("gpueff_task_late_seconds", "How long a scheduled task has been due without "
+                                 "starting (0 on time; by the monotonic clock)", labels=["task"])
+        for line in health["tasks"]:
+            late.add_metric([line["task"]], line["late_s"])
+        yield late
+        yield CounterMetricFamily("gpueff_clock_steps", "Steps of the wall clock the scheduler put its tasks "
+                                  "back on time after", value=health["clock_steps"])
         yield GaugeMetricFamily("gpueff_service_scrape_timestamp_seconds", "Time of this scrape", value=time.time())
 
 

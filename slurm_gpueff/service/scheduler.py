@@ -2,12 +2,21 @@
 
 Scheduling rules, the same for every task:
 
-- ``max_instances = 1``: a run that is still going when the next is due makes that one skipped, never
-  overlapping (two ingests of one spool, two rollups of one month);
+- one APScheduler job per task, ``max_instances = 1``: a run that is still going when the next is due makes
+  that one skipped, never overlapping (two ingests of one spool, two rollups of one month, two alert passes
+  mailing the same warning);
 - ``coalesce = True`` + ``misfire_grace_time``: runs missed while the process was busy or suspended are
   run once, not once per missed slot;
-- every task also runs once right after start (staggered by a few seconds): what was missed while the
-  service was down is caught up once (the monthly report too; its sent-log keeps it from repeating);
+- every task's first run is soon after start (staggered by a few seconds), as that same job's first
+  ``next_run_time``: what was missed while the service was down is caught up once (the monthly report
+  too; its sent-log keeps it from repeating), and the catch-up is the task's run, not a second job beside it;
+- the schedule keeps its pace on the monotonic clock: APScheduler 3 keeps its due times in wall-clock
+  time, so a step of the wall clock (NTP stepping it back an hour) would stop every interval task for the
+  size of the step. :class:`ClockWatch` compares the wall clock with the monotonic one every second; on a
+  step, every interval task's next run is put back where the monotonic clock says it is due (one interval
+  after its last start). Cron tasks keep their wall-clock times, as cron does;
+- each task's last run and lateness are on ``GET /v1/health``, /metrics and ``gpueff doctor --role
+  service`` (service/taskhealth.py);
 - the database's integrity check runs first, before any other task or the API: on a damaged database only
   it runs, daily, until the file is sound again (tasks.database_check).
 
@@ -22,7 +31,8 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from datetime import datetime, timedelta
+import time
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ..config import Config
@@ -32,7 +42,12 @@ from .tasks import CHECK, REGISTRY, Context, Task, builtin_tasks, load_plugins, 
 log = logging.getLogger("gpueff.serve")
 
 
+STEP_S = 1.0  # a jump of the wall clock against the monotonic one this large is a step (NTP slews far slower)
+FIRST_S, STAGGER_S = 1.0, 2.0  # the first runs after start: FIRST_S, then STAGGER_S apart, in the tasks' order
+
+
 def build_scheduler(ctx: Context, tasks: list[Task]) -> Any:
+    """One job per task: its trigger, and (``at_start``) a first run a few seconds after start."""
     from apscheduler.schedulers.background import BackgroundScheduler
     from apscheduler.triggers.cron import CronTrigger
     from apscheduler.triggers.interval import IntervalTrigger
@@ -40,31 +55,69 @@ def build_scheduler(ctx: Context, tasks: list[Task]) -> Any:
     grace = max(1, int(ctx.config.service.misfire_grace_s))
     sched = BackgroundScheduler(timezone="UTC", job_defaults={"max_instances": 1, "coalesce": True,
                                                               "misfire_grace_time": grace})
-    now = datetime.now().astimezone()
+    ctx.started, ctx.started_mono = time.time(), time.monotonic()  # the first runs count from here
+    now = datetime.fromtimestamp(ctx.started, UTC)
+    ctx.schedule = list(tasks)
     for n, task in enumerate(tasks):
-        trigger = (IntervalTrigger(seconds=task.interval_s) if task.interval_s
+        trigger = (IntervalTrigger(seconds=task.interval_s, timezone="UTC") if task.interval_s
                    else CronTrigger(timezone="UTC", **(task.cron or {})))
-        sched.add_job(run_task, trigger, args=(ctx, task), id=task.name, name=task.name, replace_existing=True)
-        if not task.at_start:
-            continue
-        # and once soon after start, to catch up after a restart
-        sched.add_job(run_task, "date", args=(ctx, task), id=f"{task.name}@start", name=f"{task.name}@start",
-                      run_date=now + timedelta(seconds=1 + 2 * n))
+        first = {"next_run_time": now + timedelta(seconds=first_s(task, n))} if task.at_start else {}
+        sched.add_job(run_task, trigger, args=(ctx, task), id=task.name, name=task.name, replace_existing=True,
+                      **first)
     return sched
+
+
+def first_s(task: Task, n: int) -> float:
+    """Seconds after start of the first run of the ``n``-th task (``at_start``): staggered, and never later
+    than its interval."""
+    return min(FIRST_S + STAGGER_S * n, task.interval_s or float("inf"))
+
+
+class ClockWatch:
+    """Steps of the wall clock, seen as a change of (wall - monotonic): a slew (NTP's usual correction, at
+    most 0.5 ms a second) moves it slowly and is followed; a step moves it at once."""
+
+    def __init__(self) -> None:
+        self.offset = time.time() - time.monotonic()
+
+    def step(self) -> float:
+        """The step since the last call, in seconds (0.0 when none)."""
+        offset = time.time() - time.monotonic()
+        step, self.offset = offset - self.offset, offset
+        return step if abs(step) >= STEP_S else 0.0
+
+
+def put_back_on_time(sched: Any, ctx: Context, step_s: float) -> None:
+    """After a step of the wall clock: every interval task's next run where the monotonic clock says it is
+    due, one interval after its last start (before its first, the start-up run's time), run at once if that
+    has passed. APScheduler then counts on from there. Cron tasks keep their wall-clock times."""
+    now, now_mono = datetime.now(UTC), time.monotonic()
+    for n, task in enumerate(ctx.schedule):
+        if not task.interval_s or sched.get_job(task.name) is None:
+            continue
+        run = ctx.runs.get(task.name)
+        if run is not None:
+            due_mono = run.start_mono + task.interval_s
+        else:
+            due_mono = ctx.started_mono + (first_s(task, n) if task.at_start else task.interval_s)
+        sched.modify_job(task.name, next_run_time=now + timedelta(seconds=max(0.0, due_mono - now_mono)))
+    ctx.clock_steps += 1
+    ctx.last_clock_step_s = round(step_s, 3)
+    log.warning("the wall clock stepped by %+.1f s: the interval tasks' next runs are put back on the monotonic "
+                "clock's schedule", step_s)
 
 
 def serve(config: Config) -> int:
     """Run until SIGTERM/SIGINT (in the main thread: it installs their handlers). Returns the exit status."""
     from ..storage.db import engine_for, first_line
-    from ..storage.dburl import safe_url
+    from ..storage.dburl import UNAVAILABLE, safe_url, shown_here
 
     try:
         engine = engine_for(config.paths, checking=True)  # SQLite: migrated; server: checked
-    except GpueffError:
-        raise
     except Exception as exc:  # noqa: BLE001 - server down, damaged file: one line, not a traceback
-        raise GpueffError(f"cannot open the job database {safe_url(config.paths.database)}: "
-                          f"{first_line(exc)}") from None
+        detail = str(exc) if isinstance(exc, GpueffError) else first_line(exc)
+        raise GpueffError(f"cannot open the job database {safe_url(config.paths.database)}: {detail}"
+                          if shown_here(config) else UNAVAILABLE) from None
     ctx = Context(config, engine)
     builtin = builtin_tasks(config)
     for task in builtin:  # the integrity check (when scheduled at all) before anything reads or writes
@@ -87,16 +140,21 @@ def serve(config: Config) -> int:
         server, _thread = serve_metrics(registry_for(engine, config, ctx), s.metrics_address, s.metrics_port, token)
         log.info("metrics on http://%s:%d/metrics", s.metrics_address, s.metrics_port)
 
-    api = None
+    api = pushes = None
     if s.api_listen:
+        from ..storage.sqlite_read import answer_busy_s
         from . import api as api_mod
+        from .taskhealth import report
 
+        # Its own engine: a push waits for a locked database only as long as its node waits for the answer.
+        pushes = engine_for(config.paths, create=False, busy_s=answer_busy_s(s.api_timeout_s))
         try:
-            api = api_mod.start(config, engine, lambda: ctx.damage)
+            api = api_mod.start(config, pushes, lambda: ctx.damage, lambda: report(ctx))
         except (OSError, GpueffError) as exc:
             if server is not None:
                 server.shutdown()
             engine.dispose()
+            pushes.dispose()
             if isinstance(exc, GpueffError):
                 raise
             why = exc.strerror or exc
@@ -109,12 +167,15 @@ def serve(config: Config) -> int:
 
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
+    clock = ClockWatch()
     sched.start()
     for t in tasks:
         log.info("task %s: %s", t.name, f"every {t.interval_s:g} s" if t.interval_s else f"cron {t.cron}")
     try:
         while not stop.wait(1.0):
-            pass
+            step = clock.step()
+            if step:
+                put_back_on_time(sched, ctx, step)
     finally:
         if api is not None:
             api_mod.stop(api)
@@ -122,5 +183,7 @@ def serve(config: Config) -> int:
         if server is not None:
             server.shutdown()
         engine.dispose()
+        if pushes is not None:
+            pushes.dispose()
         log.info("stopped")
     return 0

@@ -19,9 +19,26 @@ from sqlalchemy.engine import Engine
 from sqlmodel import col
 
 from ..config import Config
+from ..errors import GpueffError
 from ..models import Job, JobGpu, JobGpuTimeline, utcnow
 
 log = logging.getLogger("gpueff.serve")
+
+
+@dataclass(frozen=True)
+class TaskRun:
+    """A task's last run as ``/v1/health``, ``gpueff doctor --role service`` and /metrics show it. The wall
+    clock's times (epoch) are for people; ages and lateness use the monotonic ones, which a clock step (NTP,
+    an administrator's ``date -s``) leaves alone. Replaced whole at each change, never changed in place:
+    the API's thread reads it while a task's thread writes it."""
+
+    start: float  # time.time() when the run started
+    start_mono: float  # time.monotonic() then
+    end: float | None = None  # None while it runs
+    end_mono: float | None = None
+    ok: bool | None = None  # None while it runs
+    error: str | None = None  # what failed, in a few words (the log has the whole of it)
+    previous: TaskRun | None = None  # while it runs: the run before it, finished
 
 
 @dataclass
@@ -30,6 +47,12 @@ class Context:
     engine: Engine
     last_ok: dict[str, float] = field(default_factory=dict)  # task -> epoch of last success (metrics)
     last_error: dict[str, float] = field(default_factory=dict)
+    runs: dict[str, TaskRun] = field(default_factory=dict)  # task -> its last run (started)
+    started_mono: float = field(default_factory=time.monotonic)  # when the service began scheduling
+    started: float = field(default_factory=time.time)
+    schedule: list[Task] = field(default_factory=list)  # what the scheduler runs (set by serve)
+    clock_steps: int = 0  # steps of the wall clock seen (the scheduler's jobs were put back on time)
+    last_clock_step_s: float | None = None
     damage: str | None = None  # what the integrity check found wrong with the database; None: sound
     stopped: set[str] = field(default_factory=set)  # tasks that said, once, that they stop for the damage
     # Called between summarizing's batches: the API's make_way (nodes' waiting pushes go first); else nothing.
@@ -45,6 +68,14 @@ class Task:
     interval_s: float | None = None
     cron: dict[str, Any] | None = None
     at_start: bool = True  # also once right after start (the integrity check runs before anything instead)
+
+
+class TaskFailed(GpueffError):
+    """A run that failed for a reason said in a few words that name no job, user or database: /v1/health,
+    which anyone may read, shows them as the run's error."""
+
+
+UNAVAILABLE = "the job database is unavailable"
 
 
 REGISTRY: dict[str, Task] = {}
@@ -79,10 +110,10 @@ def database_check(ctx: Context) -> str:
         except OSError as exc:
             log.warning("database check: the damage mark beside %s cannot be changed: %s", path, exc)
     if state == "damaged":
-        if ctx.damage is None:
-            ctx.damage = f"job database {name} is damaged ({detail[:300]})"
-            log.error("%s: every task stops and the API answers 503 until it is restored from a backup (then "
-                      "`gpueff db check`, or the next daily check)", ctx.damage)
+        if ctx.damage is None:  # said to whoever asks the API: no database name, no path
+            ctx.damage = f"the job database is damaged ({detail[:300]})"
+            log.error("job database %s is damaged (%s): every task stops and the API answers 503 until it is "
+                      "restored from a backup (then `gpueff db check`, or the next daily check)", name, detail[:300])
         return "damaged"
     if ctx.damage is not None and state == "ok":
         log.info("job database %s is sound again: the tasks resume", name)
@@ -98,6 +129,8 @@ def ingest(ctx: Context) -> str:
     res = ingest_spool(ctx.engine, ctx.config.paths.spool_dir, trust=configured_trust(ctx.config))
     for e in res.errors:
         log.warning("ingest: %s", e)
+    if res.unavailable:  # its records wait in the spool; the log line above says why
+        raise TaskFailed(f"{UNAVAILABLE}: {res.failed} record(s) wait in the spool")
     analysed = summarize_pending(ctx.engine, ctx.config.analysis, ctx.make_way)  # also records forwarded by nodes
     return f"ingested {res.ingested}, quarantined {res.quarantined}, failed {res.failed}, analysed {analysed}"
 
@@ -199,19 +232,42 @@ def load_plugins(config: Config) -> list[str]:
 
 
 def run_task(ctx: Context, task: Task) -> None:
-    """Run one task with logging and the bookkeeping /metrics exports; never raises. On a damaged database
-    only the integrity check runs: the others say once that they stop."""
+    """Run one task with logging and the bookkeeping that /v1/health and /metrics show; never raises. On a
+    damaged database only the integrity check runs: the others say once that they stop (each such turn is
+    a run that failed: the schedule is kept, the task is not late)."""
+    previous = ctx.runs.get(task.name)
+    if previous is not None and previous.end is None:
+        previous = previous.previous
+    run = TaskRun(time.time(), time.monotonic(), previous=previous)
+    ctx.runs[task.name] = run
+    ok, error = _run(ctx, task, run.start_mono)
+    end = time.time()
+    ctx.runs[task.name] = TaskRun(run.start, run.start_mono, end, time.monotonic(), ok, error)
+    (ctx.last_ok if ok else ctx.last_error)[task.name] = end
+
+
+def _run(ctx: Context, task: Task, t0: float) -> tuple[bool, str | None]:
+    """(whether the task succeeded, what failed in a few words); its log lines."""
+    from sqlalchemy.exc import OperationalError
+
+    from ..storage.db import first_line
+
     if ctx.damage is not None and task.name != CHECK:
         if task.name not in ctx.stopped:
             ctx.stopped.add(task.name)
             log.error("task %s stopped: %s", task.name, ctx.damage)
-        return
-    t0 = time.monotonic()
+        return False, "stopped: the job database is damaged"
     try:
         summary = task.func(ctx)
-    except Exception:  # noqa: BLE001 - logged; the next run tries again
-        ctx.last_error[task.name] = time.time()
+    except OperationalError as exc:  # locked, the server down: the database's state, not a bug; one line
+        log.error("task %s failed after %.1f s: the job database is unavailable: %s", task.name,
+                  time.monotonic() - t0, first_line(exc))
+        return False, UNAVAILABLE
+    except GpueffError as exc:  # explained in one line (a spool that is no folder): no traceback
+        log.error("task %s failed after %.1f s: %s", task.name, time.monotonic() - t0, exc)
+        return False, str(exc) if isinstance(exc, TaskFailed) else type(exc).__name__
+    except Exception as exc:  # noqa: BLE001 - logged; the next run tries again
         log.exception("task %s failed after %.1f s", task.name, time.monotonic() - t0)
-        return
-    ctx.last_ok[task.name] = time.time()
+        return False, type(exc).__name__
     log.info("task %s: %s (%.2f s)", task.name, summary or "done", time.monotonic() - t0)
+    return True, None

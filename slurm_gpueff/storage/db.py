@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import sqlite3
 from typing import TYPE_CHECKING, Any
@@ -29,24 +30,31 @@ from sqlmodel import create_engine
 from .. import models  # noqa: F401  (registers the tables on SQLModel.metadata)
 from ..config import read_secret
 from .dburl import database_url, sqlite_file
+from .sqlite_read import BUSY_S
 
 if TYPE_CHECKING:
     from ..config import PathsConfig
 
 
-def engine_for(paths: PathsConfig, create: bool = True, read_only: bool = False, checking: bool = False) -> Engine:
+def engine_for(paths: PathsConfig, create: bool = True, read_only: bool = False, checking: bool = False,
+               busy_s: float | None = None) -> Engine:
     """The engine of ``[paths] database`` with its password file: what every command opens."""
     return make_engine(paths.database, create=create, password_file=paths.database_password_file,
-                       read_only=read_only, checking=checking)
+                       read_only=read_only, checking=checking, busy_s=busy_s)
 
 
 def make_engine(value: str, create: bool = True, *, password_file: str = "", read_only: bool = False,
-                checking: bool = False) -> Engine:
+                checking: bool = False, busy_s: float | None = None) -> Engine:
     """The engine; with ``create``, SQLite's directory is created and the schema made current, and a server
     database raises ``migrate.SchemaError`` until ``gpueff db upgrade`` has run (storage/migrate.py).
     ``read_only``: for readers that never write; on SQLite also for a user who may read the file but not
     write it or its directory (``sqlite_read.read_uri``). A SQLite file the integrity check marked damaged
-    raises :class:`DatabaseDamaged` (storage/integrity.py), unless ``checking`` (opened to check it again)."""
+    raises :class:`DatabaseDamaged` (storage/integrity.py), unless ``checking`` (opened to check it again).
+
+    ``busy_s``: how long a statement waits for a lock another connection holds before it fails with an
+    OperationalError ("database is locked"): SQLite's busy timeout (``sqlite_read.BUSY_S`` when not given);
+    on a server, given only for requests somebody waits on (sqlite_read.answer_busy_s), the connection's
+    timeout and ``lock_timeout``."""
     url = database_url(value)
     sqlite = url.startswith("sqlite")
     path = sqlite_file(url)
@@ -56,8 +64,9 @@ def make_engine(value: str, create: bool = True, *, password_file: str = "", rea
         from .sqlite_read import read_uri
 
         uri = read_uri(path)
+        wait = BUSY_S if busy_s is None else busy_s
         ro = create_engine("sqlite://", json_serializer=json_dumps, json_deserializer=orjson.loads,
-                           creator=lambda: sqlite3.connect(uri, uri=True, timeout=30, check_same_thread=False))
+                           creator=lambda: sqlite3.connect(uri, uri=True, timeout=wait, check_same_thread=False))
         event.listen(ro, "handle_error", _sqlite_damage)
         return ro
     if create and path:
@@ -66,7 +75,7 @@ def make_engine(value: str, create: bool = True, *, password_file: str = "", rea
     if password_file and not sqlite:
         target = make_url(url).set(password=read_password(password_file))
     engine = create_engine(target, json_serializer=json_dumps, json_deserializer=orjson.loads,
-                           connect_args={"timeout": 30} if sqlite else {})
+                           connect_args=_busy_args(sqlite, busy_s))
     if sqlite:
         event.listen(engine, "connect", _sqlite_pragmas)
         event.listen(engine, "handle_error", _sqlite_damage)
@@ -77,6 +86,15 @@ def make_engine(value: str, create: bool = True, *, password_file: str = "", rea
 
         ensure_schema(engine)
     return engine
+
+
+def _busy_args(sqlite: bool, busy_s: float | None) -> dict[str, Any]:
+    """The driver's arguments that bound its waits (make_engine's ``busy_s``)."""
+    if sqlite:
+        return {"timeout": BUSY_S if busy_s is None else busy_s}
+    if busy_s is None:
+        return {}
+    return {"connect_timeout": max(1, math.ceil(busy_s)), "options": f"-c lock_timeout={max(1, int(busy_s * 1000))}"}
 
 
 def create_private(path: str) -> None:

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..config import Config
 
 
 def database_url(value: str) -> str:
@@ -28,3 +32,25 @@ def safe_url(url: str) -> str:
         return make_url(url).render_as_string(hide_password=True)
     except Exception:  # not a URL SQLAlchemy parses: shown as written (the config refuses a password in it)
         return url
+
+
+def owner(config: Config) -> int | None:
+    """The account the job database belongs to, as this host sees it: the SQLite file's owner, else the
+    owner of the server's password file (the service's account keeps it); None when neither tells."""
+    path = sqlite_file(database_url(config.paths.database)) or config.paths.database_password_file
+    try:
+        return os.stat(path).st_uid if path else None
+    except OSError:
+        return None
+
+
+def shown_here(config: Config) -> bool:
+    """Whether whoever runs this process may be told where the job database is and what its driver says when
+    it fails (access.privacy.admin: root, the database's owner, ``[privacy] admins``)."""
+    from ..access.privacy import admin, user_name
+
+    return admin(config, os.getuid(), user_name(os.getuid()), owner(config))
+
+
+# What everybody but the administrators is told when the database fails.
+UNAVAILABLE = "the job database is unavailable right now: try again later (the administrators see why: gpueff doctor)"

@@ -34,7 +34,7 @@ from sqlalchemy.engine import Engine
 from .. import record as recmod
 from .. import spool
 from ..config import Config
-from ..errors import ConfigError, RecordError
+from ..errors import ConfigError, GpueffError, RecordError
 from .db import first_line
 from .writer import UNAVAILABLE, transaction, write_records
 
@@ -113,6 +113,7 @@ class IngestResult:
     quarantined: int = 0
     failed: int = 0
     errors: list[str] = field(default_factory=list)
+    unavailable: bool = False  # the database was unavailable: the run stopped, its records wait in the spool
 
 
 def read_record(path: str, trust: SpoolTrust | None = None) -> dict[str, Any]:
@@ -157,13 +158,18 @@ def ingest_spool(engine: Engine, spool_dir: str, *, limit: int | None = None,
                  trust: SpoolTrust | None = None) -> IngestResult:
     """Drain ``spool_dir``'s incoming records into the database (at most ``limit`` files, oldest first),
     calling ``progress(done, total)`` after each batch; ``trust`` defaults to :func:`spool_trust`'s default.
-    Never raises for a bad record or an unavailable database."""
+    Never raises for a bad record or an unavailable database; GpueffError (one line) for a spool it cannot
+    list."""
     trust = trust or spool_trust(spool_dir)
-    if limit is None:  # every record: only a job's own records need ordering (spool.pending_by_job)
-        paths = [p for group in spool.pending_by_job(spool_dir, stale_tmp_s=spool.STALE_TMP_S) for p in group]
-    else:  # the oldest ``limit`` records, a job's records together as above
-        oldest = list(spool.pending(spool_dir, stale_tmp_s=spool.STALE_TMP_S))[: max(0, limit)]
-        paths = [p for group in spool.group_by_job(oldest) for p in group]
+    try:
+        if limit is None:  # every record: only a job's own records need ordering (spool.pending_by_job)
+            paths = [p for group in spool.pending_by_job(spool_dir, stale_tmp_s=spool.STALE_TMP_S) for p in group]
+        else:  # the oldest ``limit`` records, a job's records together as above
+            oldest = list(spool.pending(spool_dir, stale_tmp_s=spool.STALE_TMP_S))[: max(0, limit)]
+            paths = [p for group in spool.group_by_job(oldest) for p in group]
+    except OSError as exc:  # a spool that is no folder (a FIFO, a file), or one closed to us: nothing read
+        where = f" ({exc.filename})" if exc.filename and exc.filename != spool_dir else ""
+        raise GpueffError(f"cannot read the spool {spool_dir}{where}: {exc.strerror or exc}") from None
     step, total, res = max(1, batch), len(paths), IngestResult()
     # The cyclic garbage collector would scan a batch's ~100 k small containers again and again while
     # it is parsed (docs/bench/); records are trees, which reference counting frees all the same.
@@ -216,6 +222,7 @@ class _Run:
             self.res.failed += left
             msg = f"database unavailable ({first_line(exc)}); {left} record(s) left in the spool for the next run"
             self.res.errors.append(msg)
+            self.res.unavailable = True
             log.error(msg)
             return False
         return True

@@ -29,6 +29,19 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {"DATETIME": datetime.fromisoformat,
 _DEFAULTS: dict[str, dict[str, Any]] = {"job": {"run": 0, "sluid": None}, "job_gpu": {}}
 
 
+BUSY_S = 30.0  # how long a batch writer or reader (ingest, rollups, reports) waits for a locked SQLite file
+ANSWER_BUSY_SHARE = 0.25  # of [service] api_timeout_s: how long an answer waits for it
+
+
+def answer_busy_s(api_timeout_s: float) -> float:
+    """How long a request that somebody waits on (a seff-gpu answer, a node's push through the API) waits for
+    a locked database: a quarter of the clients' ``[service] api_timeout_s``, so that the service's "busy"
+    (503, one line, the client retries) reaches the client before it stops waiting, with the rest of its
+    time left for the push's turn (service/api.py's push slots, half of it at most), the credential and the
+    answer. Waiting as long as a batch writer did (30 s) made every node give up ("timed out") first."""
+    return api_timeout_s * ANSWER_BUSY_SHARE
+
+
 def _q(name: str) -> str:
     """A quoted SQL identifier (``user`` is a keyword on PostgreSQL; quoted everywhere alike)."""
     return f'"{name}"'
@@ -50,13 +63,15 @@ def read_uri(path: str) -> str:
     return f"file:{quote(path)}?{'mode=ro' if live else 'immutable=1'}"
 
 
-def lookup(path: str, spec: Any, cluster: str | None = None) -> list[tuple[SimpleNamespace, list[SimpleNamespace]]]:
+def lookup(path: str, spec: Any, cluster: str | None = None,
+           busy_s: float = BUSY_S) -> list[tuple[SimpleNamespace, list[SimpleNamespace]]]:
     """(job, its GPU rows by node and index) for every job ``spec`` names, as storage.queries would give.
-    sqlite3.Error on any database problem, and on a file the integrity check marked damaged."""
+    sqlite3.Error on any database problem (one locked longer than ``busy_s``), and on a file the integrity
+    check marked damaged."""
     damage = found(path)
     if damage is not None:
         raise sqlite3.DatabaseError(f"the database file is damaged ({damage.message(path)})")
-    with contextlib.closing(sqlite3.connect(read_uri(path), uri=True, timeout=30)) as con:
+    with contextlib.closing(sqlite3.connect(read_uri(path), uri=True, timeout=busy_s)) as con:
         columns = {t: _columns(con, t) for t in ("job", "job_gpu")}
 
         def rows(table: str, where: str, params: Sequence[Any], order: Sequence[str]) -> list[SimpleNamespace]:
@@ -88,12 +103,12 @@ def _columns(con: sqlite3.Connection, table: str) -> list[tuple[str, Callable[[A
 _CHUNK = 500  # ids per query: below SQLite's smallest limit of bound variables (999 before 3.32)
 
 
-def timelines(path: str, gpu_ids: Sequence[int]) -> dict[int, list[Any]]:
+def timelines(path: str, gpu_ids: Sequence[int], busy_s: float = BUSY_S) -> dict[int, list[Any]]:
     """Coarse timelines by ``job_gpu.id``, as storage.queries.gpu_timelines gives them (GPUs without one are
     absent: retention deletes them while the figures stay). sqlite3.Error on any database problem."""
     out: dict[int, list[Any]] = {}
     ids = list(dict.fromkeys(gpu_ids))
-    with contextlib.closing(sqlite3.connect(read_uri(path), uri=True, timeout=30)) as con:
+    with contextlib.closing(sqlite3.connect(read_uri(path), uri=True, timeout=busy_s)) as con:
         for i in range(0, len(ids), _CHUNK):
             chunk = ids[i:i + _CHUNK]
             sql = (f"SELECT {_q('job_gpu_id')}, {_q('points')} FROM {_q('job_gpu_timeline')} "

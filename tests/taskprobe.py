@@ -1,0 +1,52 @@
+"""A scheduled task for the scheduling tests, loaded by a real ``gpueff serve`` as a plugin
+(``[service] plugins = ["taskprobe"]``, with this directory on PYTHONPATH) or registered in-process.
+
+Each run appends a JSON line to ``$GPUEFF_PROBE_DIR/runs``: its start by the wall clock and by the monotonic
+clock (system-wide on Linux, so the test process compares them with its own), and how many runs of it were
+going on at once, itself included. A run takes ``$GPUEFF_PROBE_HOLD_S`` seconds, and longer while the file
+``$GPUEFF_PROBE_DIR/block`` exists (a task that hangs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+from slurm_gpueff.service.tasks import Context, register_task
+
+_lock = threading.Lock()
+_going = 0
+
+
+def probe(_ctx: Context, folder: str | None = None, hold_s: float | None = None) -> str:
+    global _going  # noqa: PLW0603 - the count of runs going on in this process
+    folder = folder or os.environ["GPUEFF_PROBE_DIR"]
+    hold_s = float(os.environ.get("GPUEFF_PROBE_HOLD_S", "0")) if hold_s is None else hold_s
+    with _lock:
+        _going += 1
+        concurrent = _going
+    try:
+        with open(os.path.join(folder, "runs"), "a") as fh:
+            fh.write(json.dumps({"wall": time.time(), "mono": time.monotonic(), "concurrent": concurrent}) + "\n")
+        if hold_s > 0:  # (libfaketime's sleep refuses 0 s)
+            time.sleep(hold_s)
+        while os.path.exists(os.path.join(folder, "block")):
+            time.sleep(0.05)
+    finally:
+        with _lock:
+            _going -= 1
+    return f"probe run ({concurrent} at once)"
+
+
+def runs(folder: str) -> list[dict[str, float]]:
+    try:
+        with open(os.path.join(folder, "runs")) as fh:
+            return [json.loads(line) for line in fh if line.endswith("\n")]
+    except FileNotFoundError:
+        return []
+
+
+if os.environ.get("GPUEFF_PROBE_DIR"):  # imported by `gpueff serve` as a plugin
+    register_task("probe", probe, interval_s=float(os.environ.get("GPUEFF_PROBE_INTERVAL_S", "1")))
