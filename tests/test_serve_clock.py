@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import taskprobe
-from daemons import QUIET, free_port, gpueff
+from daemons import QUIET, free_port, gpueff, start_munged
 
 from slurm_gpueff.access.client import HEALTH_PATH, request
 from slurm_gpueff.config import Config
@@ -61,10 +61,14 @@ def test_a_task_never_runs_twice_at_once(tmp_path):
     assert all(j.max_instances == 1 and j.coalesce for j in jobs)
 
 
-def serve(tmp_path: Path, service: str = "", env: dict[str, str] | None = None) -> tuple[subprocess.Popen, int, str]:
-    """A real `gpueff serve` with the probe task (every second) and its API on a loopback port; (process, port,
-    log path) once its health check answers."""
+def serve(tmp_path: Path, service: str = "", env: dict[str, str] | None = None,
+          munge_socket: str = "") -> tuple[subprocess.Popen, int, str]:
+    """A real `gpueff serve` with the probe task (every second) and its API on a loopback port (with
+    ``munge_socket``, the sealed round trips doctor makes work); (process, port, log path) once its health check
+    answers."""
     port = free_port()
+    if munge_socket:
+        service += f'munge_socket = "{munge_socket}"\n'
     cfg = tmp_path / "gpueff.toml"
     cfg.write_text(f'[paths]\nspool_dir = "{tmp_path}/spool"\nstate_dir = "{tmp_path}/state"\n'
                    f'database = "{tmp_path}/db/g.db"\n[service]\nmetrics_port = 0\napi_listen = "127.0.0.1:{port}"\n'
@@ -162,8 +166,10 @@ def test_tasks_keep_their_pace_across_steps_of_the_wall_clock(tmp_path):
 def test_doctor_fails_a_task_that_is_late_and_names_it(tmp_path):
     """A task that hangs (the probe blocks while a file exists) is late once its next run is due and does not
     start: /v1/health says how late, and `gpueff doctor --role service` FAILs naming it once it is more than
-    3 intervals late; PASS before and once it runs again."""
-    proc, port, log = serve(tmp_path)
+    3 intervals late; PASS before and once it runs again. doctor reads the tasks from the service's sealed answer
+    to a ping (real munged)."""
+    munged, sock = start_munged(str(tmp_path), "munge")
+    proc, port, log = serve(tmp_path, munge_socket=sock)
     folder = str(tmp_path)
     cfg = str(tmp_path / "gpueff.toml")
 
@@ -196,6 +202,8 @@ def test_doctor_fails_a_task_that_is_late_and_names_it(tmp_path):
         assert doctor_tasks()["status"] == "PASS"
     finally:
         out = stop(proc, log)
+        munged.terminate()
+        munged.wait(10)
     assert "Traceback" not in out
 
 
@@ -210,9 +218,10 @@ def test_lateness_of_interval_and_cron_tasks_and_what_doctor_says(tmp_path):
     from slurm_gpueff.service import api
     from slurm_gpueff.service.taskhealth import cron_times, report
 
+    munged, sock = start_munged(str(tmp_path), "munge")
     cfg = Config({"paths": {"spool_dir": str(tmp_path / "spool"), "state_dir": str(tmp_path / "state"),
                             "database": str(tmp_path / "g.db")},
-                  "service": {"api_listen": f"unix:{tmp_path}/api.sock"}})
+                  "service": {"api_listen": f"unix:{tmp_path}/api.sock", "munge_socket": sock}})
     ctx = tasks.Context(cfg, make_engine(cfg.paths.database))
 
     def broken(_c: tasks.Context) -> str:
@@ -248,6 +257,8 @@ def test_lateness_of_interval_and_cron_tasks_and_what_doctor_says(tmp_path):
         doctor.check_tasks(rep, cfg)
     finally:
         api.stop(server)
+        munged.terminate()
+        munged.wait(10)
     got = {ln["check"]: ln for ln in rep.lines}
     assert got["tasks"]["status"] == doctor.FAIL and got["tasks"]["detail"].startswith("lost late by 9"), got
     assert "monthly" not in got["tasks"]["detail"] and "failing" not in got["tasks"]["detail"]

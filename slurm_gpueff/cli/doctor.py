@@ -768,10 +768,11 @@ def check_api(rep: Report, cfg: Config, starting_s: float = 0.0) -> None:
 
 
 def check_tasks(rep: Report, cfg: Config) -> None:
-    """``gpueff serve``'s scheduled tasks, as its ``/v1/health`` reports them: FAIL for a task more than
-    LATE_PERIODS periods late (hung, or its schedule lost: a stopped scheduler, a clock step), naming each
-    and by how much; WARN for tasks whose last run failed (the service's log says why)."""
-    from ..access.client import HEALTH_PATH, api_url, request
+    """``gpueff serve``'s scheduled tasks, as its sealed ``/v1/ping`` answer reports them (``/v1/health`` says
+    the same, but anyone on the port could say it): FAIL for a task more than LATE_PERIODS periods late
+    (hung, or its schedule lost: a stopped scheduler, a clock step), naming each and by how much; WARN for
+    tasks whose last run failed (the service's log says why)."""
+    from ..access.client import PING_PATH, Unreachable, api_url, post_signed
     from ..service.taskhealth import LATE_PERIODS, late
 
     url = api_url(cfg.service)
@@ -780,14 +781,14 @@ def check_tasks(rep: Report, cfg: Config) -> None:
                                "(/metrics has gpueff_task_late_seconds)")
         return
     try:
-        reply = request(url, "GET", HEALTH_PATH, timeout=cfg.service.api_timeout_s)
-        status, answer = reply.status, json.loads(reply.body)
-    except (OSError, ValueError) as exc:
-        rep.add(FAIL, "tasks", f"{url}{HEALTH_PATH} does not answer ({exc}): is `gpueff serve` running?")
+        reply = post_signed(cfg.service, PING_PATH, b"{}", name="the service")
+        status, answer = reply.status, json.loads(reply.body) if reply.sealed else {}
+    except (Unreachable, ValueError) as exc:
+        rep.add(FAIL, "tasks", f"the tasks' report cannot be read: {exc}")
         return
     lines = answer.get("tasks") if isinstance(answer, dict) else None
     if not isinstance(lines, list) or not all(isinstance(ln, dict) for ln in lines):
-        rep.add(FAIL, "tasks", f"{url}{HEALTH_PATH} answered {status} without the tasks' report: is it `gpueff "
+        rep.add(FAIL, "tasks", f"{url}{PING_PATH} answered {status} without the tasks' report: is it `gpueff "
                                "serve` of this version?")
         return
     behind = [ln for ln in lines if late(ln)]

@@ -263,11 +263,11 @@ class Api:
         result = answer(query, self.config, self.viewer(uid))
         return 200, json.dumps(result.to_json()).encode(), f"uid {uid} {query.kind()} exit {result.exit_code}"
 
-    @staticmethod
-    def ping(uid: int, body: bytes) -> tuple[int, bytes, str]:
-        """(HTTP status, JSON reply, what to log) for one ``POST /v1/ping``: who the service is, who asked."""
-        return 200, json.dumps({"service": "gpueff", "version": __version__, "uid": os.getuid(),
-                                "asked_by": uid}).encode(), f"uid {uid} ping"
+    def ping(self, uid: int, body: bytes) -> tuple[int, bytes, str]:
+        """(HTTP status, JSON reply, what to log) for one ``POST /v1/ping``: who the service is, who asked, and
+        its scheduled tasks' report (as on /v1/health, but sealed: doctor trusts no other)."""
+        return 200, json.dumps({"service": "gpueff", "version": __version__, "uid": os.getuid(), "asked_by": uid,
+                                **self.tasks()}).encode(), f"uid {uid} ping"
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
