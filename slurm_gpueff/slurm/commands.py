@@ -13,6 +13,7 @@ import re
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, NamedTuple
 
+from .jobid import is_digits
 from .runner import SlurmCommandError, SlurmRunner
 from .sacct_rows import ACTIVE_STATES, job_ids_of
 
@@ -93,7 +94,7 @@ def parse_squeue(text: str) -> dict[int, SlurmJob]:
     jobs: dict[int, SlurmJob] = {}
     for line in text.splitlines():
         cells = line.split()
-        if len(cells) != 5 or not cells[0].isdigit():
+        if len(cells) != 5 or not is_digits(cells[0]):
             continue
         batch = {"1": False, "0": True}.get(cells[1])
         jobs[int(cells[0])] = SlurmJob(cells[4].upper(), cells[2], cells[3], batch)
@@ -150,8 +151,8 @@ def cancel(slurm: SlurmRunner, job_id: int, timeout_s: float = ALERTS_TIMEOUT_S)
 HOOK_KEYS = ("Prolog", "Epilog", "PrologFlags", "ClusterName", "AccountingStorageType")
 
 
-_SHARDS_USED = re.compile(r"(?:^|,)shard(?::[^:(,=\s]+)?:\d+\(([0-9/,-]+)\)")
-_CONFIGURED = re.compile(r"(?:^|,)(gpu|shard)(?::[^:(,=\s]+)?:(\d+)")
+_SHARDS_USED = re.compile(r"(?:^|,)shard(?::[^:(,=\s]+)?:\d+\(([0-9/,-]+)\)", re.ASCII)
+_CONFIGURED = re.compile(r"(?:^|,)(gpu|shard)(?::[^:(,=\s]+)?:(\d+)", re.ASCII)
 
 
 def parse_shard_counts(text: str) -> dict[int, int]:
@@ -164,7 +165,7 @@ def parse_shard_counts(text: str) -> dict[int, int]:
     m = _SHARDS_USED.search(fields.get("GresUsed", ""))
     if m:
         pairs = [p.split("/") for p in m.group(1).split(",")]
-        return {i: int(p[1]) for i, p in enumerate(pairs) if len(p) == 2 and p[1].isdigit()}
+        return {i: int(p[1]) for i, p in enumerate(pairs) if len(p) == 2 and is_digits(p[1])}
     configured: dict[str, int] = {}
     for kind, n in _CONFIGURED.findall(fields.get("Gres", "")):
         configured[kind] = configured.get(kind, 0) + int(n)
