@@ -213,6 +213,41 @@ def test_own_table_json_and_html(site, tmp_path):
     one_line_error(seff(site, "-u", "root", "-S", "2020-01-01", "-E", "2030-01-01"), 6)
 
 
+def test_html_never_clobbers_a_file_nor_follows_a_link(site):
+    """The issue's attack, as the ordinary user and as root: ``ln -s target.txt link.html; seff-gpu --html
+    link.html 100`` rewrote target.txt. Now an existing name (a link, a file) is refused in one line, exit 2,
+    nothing printed and nothing written; --force replaces the name itself (a link by a file), never a link's
+    target."""
+    d = os.path.join(site["base"], "clobber")
+    os.makedirs(d)
+    shutil.chown(d, USER)
+    target, link, card = f"{d}/target.txt", f"{d}/link.html", f"{d}/card.html"
+    for path, text in ((target, "precious\n"), (card, "old card\n")):
+        with open(path, "w") as fh:
+            fh.write(text)
+        shutil.chown(path, USER)
+    os.symlink("target.txt", link)
+    os.lchown(link, GPUSER_UID, -1)
+    for as_user in (USER, None):  # gpuser through the service; root on the direct path (where it writes anywhere)
+        err = one_line_error(seff(site, "100", "--html", link, as_user=as_user), 2)
+        assert err == f"seff-gpu: {link} exists (a symbolic link, not followed): not overwritten; --force " \
+                      "replaces it\n", err
+        err = one_line_error(seff(site, "100", "--html", card, as_user=as_user), 2)
+        assert err == f"seff-gpu: {card} exists (a file): not overwritten; --force replaces it\n", err
+        assert pathlib.Path(target).read_text() == "precious\n" and os.path.islink(link)
+        assert pathlib.Path(card).read_text() == "old card\n"
+    assert sorted(os.listdir(d)) == ["card.html", "link.html", "target.txt"]
+    p = seff(site, "100", "--html", link, "--force")
+    assert p.returncode == 0 and p.stderr == f"wrote {link}\n", p.stderr
+    assert not os.path.islink(link) and os.stat(link).st_uid == GPUSER_UID
+    assert pathlib.Path(link).read_text().lstrip().lower().startswith("<!doctype html")
+    assert pathlib.Path(target).read_text() == "precious\n"
+    p = seff(site, "100", "--html", card, "--force")
+    assert p.returncode == 0 and pathlib.Path(card).read_text().lstrip().lower().startswith("<!doctype html")
+    one_line_error(seff(site, "100", "--force"), 2)  # --force alone: a usage error
+    assert sorted(os.listdir(d)) == ["card.html", "link.html", "target.txt"]
+
+
 def test_a_lead_sees_the_accounts_jobs_and_not_others(site):
     assert seff(site, "201", cfg="tcp").returncode == 0  # root's job in physics, which gpuser leads there
     one_line_error(seff(site, "200", cfg="tcp"), 6)  # root's job in vision
