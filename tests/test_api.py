@@ -166,6 +166,13 @@ def ids(table: str) -> set[int]:
     return {int(line.split()[0]) for line in table.splitlines() if line[:1].isdigit()}
 
 
+def log_since(site, offset: int, server: str = "unix") -> str:
+    """What the service wrote to its log after ``offset`` bytes: a test's own requests' lines."""
+    with open(site["servers"][server][2], "rb") as fh:
+        fh.seek(offset)
+        return fh.read().decode("utf-8", "replace")
+
+
 def one_line_error(p: subprocess.CompletedProcess, code: int) -> str:
     assert p.returncode == code, (p.returncode, p.stdout, p.stderr)
     assert p.stdout == ""
@@ -354,12 +361,64 @@ def test_bad_requests(site):
         assert status == 400 and text.count("\n") == 1, (body, status, text)
     big = b'{"jobid": "' + b"1" * 20000 + b'"}'
     assert post(site, big, signed(big))[0] == 413
+    # 14 KB of [[[...]]] made the JSON parser raise RecursionError (500, a traceback in the log); text a
+    # database cannot take (NUL, an unpaired surrogate) went on to SQLite's or PostgreSQL's driver
+    logged = os.path.getsize(site["servers"]["unix"][2])
+    for body, says in ((b"[" * 7000 + b"]" * 7000, "the body nests deeper than 2 levels"),
+                       (b'{"jobid": ' + b"[" * 7000 + b'"100"' + b"]" * 7000 + b"}", "nests deeper"),
+                       (b'{"user": "al\\u0000ice", "start": "2020-01-01", "end": "2030-01-01"}', "user holds a NUL"),
+                       (b'{"jobid": "\\ud800"}', "jobid holds a NUL character or an unpaired surrogate")):
+        status, text = post(site, body, signed(body))
+        assert status == 400 and text.count("\n") == 1 and says in text, (body[:40], status, text)
+    assert "Traceback" not in log_since(site, logged)
     c = UnixConn(site["uds"])
     c.request("GET", "/v1/other")
     assert c.getresponse().status == 404
     c = http.client.HTTPConnection("127.0.0.1", site["port"], timeout=10)
     c.request("GET", "/v1/health")
     assert c.getresponse().status == 200
+
+
+def test_a_table_window_with_offsets_is_that_window_in_utc(site):
+    """``start``/``end`` with an offset (``+14:00``, ``-12:00``) are turned into UTC: the same table as the
+    window written in UTC, header included. Compared as they came, an aware time against the database's naive
+    ones was a TypeError: a 500 with a traceback in the log. A time UTC cannot hold is seff-gpu's usage
+    answer (exit 2), one line."""
+    from slurm_gpueff.access.client import post_signed
+    from slurm_gpueff.config import Config
+    from slurm_gpueff.reports.jobview import Answer
+
+    service = Config({"service": {"api_url": f"unix:{site['uds']}", "munge_socket": site["munge_socket"]}}).service
+    logged = os.path.getsize(site["servers"]["unix"][2])
+
+    def ask(start: str, end: str) -> Answer:
+        reply = post_signed(service, "/v1/seff", json.dumps({"user": USER, "start": start, "end": end}).encode())
+        assert reply.status == 200, reply
+        return Answer.from_json(json.loads(reply.body))
+
+    utc = ask("2020-01-01T00:00:00", "2030-01-01T00:00:00")
+    assert utc.exit_code == 0 and ids(utc.stdout) == {100, 101, 300}, utc
+    assert ask("2020-01-01T14:00:00+14:00", "2029-12-31T12:00:00-12:00") == utc
+    assert ask("2020-01-01T00:00:00Z", "2030-01-01T00:00:00+00:00") == utc
+    late = ask("2030-01-01T00:00:00+14:00", "2030-01-02T00:00:00")  # 2029-12-31 10:00 UTC: no job then
+    assert late.exit_code == 0 and "2029-12-31 10:00" in late.stdout and ids(late.stdout) == set(), late
+    for start in ("0001-01-01T00:00+14:00", "0001-01-01T13:59+14:00"):
+        early = ask(start, "2030-01-01")
+        assert early.exit_code == 2 and early.stdout == "", early
+        assert early.stderr == "seff-gpu: a table's start or end time is out of range once turned into UTC\n"
+    assert "Traceback" not in log_since(site, logged)
+
+
+def test_job_ids_in_other_scripts_digits_are_refused_on_every_path(site):
+    """``seff-gpu ７００３`` and ``٧٠٠٣`` were read as job 7003; here job 100 exists, and ``１００`` (full-width)
+    and ``١٠٠`` (Arabic-Indic) are no id of it: one line, exit 2, the same through the service as gpuser and on
+    root's direct path."""
+    for text in ("\uff11\uff10\uff10", "\u0661\u0660\u0660"):
+        runs = [seff(site, text), seff(site, text, as_user=None)]
+        for p in runs:
+            err = one_line_error(p, 2)
+            assert err.startswith(f"seff-gpu: invalid job id {text!r}: ") and "digits 0-9 only" in err, err
+        assert runs[0].stderr == runs[1].stderr
 
 
 def test_serve_stops_cleanly_and_a_stale_socket_is_replaced(site):

@@ -224,7 +224,10 @@ def _times(args: argparse.Namespace) -> tuple[str | None, str | None]:
     if args.jobid is not None:
         return None, None
     end = parse_time(args.end) if args.end else datetime.now(UTC).replace(tzinfo=None)
-    start = parse_time(args.start) if args.start else end - timedelta(days=TABLE_DAYS)
+    try:
+        start = parse_time(args.start) if args.start else end - timedelta(days=TABLE_DAYS)
+    except OverflowError:  # -E in the first week of year 1
+        raise UsageError(f"-E {args.end}: too early for the default -S (a week before it); give -S") from None
     if start >= end:
         raise UsageError("-S/--starttime must be before -E/--endtime")
     return start.isoformat(), end.isoformat()
@@ -236,9 +239,12 @@ def parse_time(text: str) -> datetime:
         local = datetime.fromisoformat(text)
     except ValueError:
         raise UsageError(f"bad time {text!r}: use YYYY-MM-DD or YYYY-MM-DDTHH:MM[:SS]") from None
-    if local.tzinfo is None:
-        local = local.astimezone()  # interpret as this host's local time
-    return local.astimezone(UTC).replace(tzinfo=None)
+    try:
+        if local.tzinfo is None:
+            local = local.astimezone()  # interpret as this host's local time
+        return local.astimezone(UTC).replace(tzinfo=None)
+    except (ValueError, OverflowError):  # year 1 or 9999 moved past the calendar's ends by the offset
+        raise UsageError(f"bad time {text!r}: out of range once turned into UTC") from None
 
 
 def emit(result: Answer, html_path: str | None, force: bool = False) -> int:

@@ -464,6 +464,26 @@ def _none_first(value: Any) -> tuple[bool, Any]:
 
 # -- tables -----------------------------------------------------------------------------------------------
 
+def table_window(start: str | None, end: str | None) -> tuple[datetime, datetime]:
+    """A table's [start, end) as naive UTC, how the database stores times: ISO text without an offset is UTC
+    already (seff-gpu turned the user's local time into UTC); with one (``+14:00``, ``Z``) it is turned into
+    UTC here (compared as it came, an aware time against a naive one was a TypeError). Refused (exit 2) when
+    either is not a time, UTC cannot hold it (``0001-01-01T00:00+14:00``), or start is not before end."""
+    from datetime import UTC
+
+    try:
+        times = [datetime.fromisoformat(text or "") for text in (start, end)]
+    except ValueError:
+        raise Refused("a table needs its start and end times (ISO, UTC)", EXIT_USAGE) from None
+    try:
+        first, last = (t if t.tzinfo is None else t.astimezone(UTC).replace(tzinfo=None) for t in times)
+    except OverflowError:
+        raise Refused("a table's start or end time is out of range once turned into UTC", EXIT_USAGE) from None
+    if first >= last:
+        raise Refused("-S/--starttime must be before -E/--endtime", EXIT_USAGE)
+    return first, last
+
+
 def _table(query: SeffQuery, config: Config, viewer: Viewer) -> Answer:
     """One line per job that ended in [start, end) of the user/account the viewer may list, with totals."""
     from sqlalchemy.exc import SQLAlchemyError
@@ -473,12 +493,7 @@ def _table(query: SeffQuery, config: Config, viewer: Viewer) -> Answer:
     from ..render.jobs_table import as_json, render
     from ..storage.queries import list_jobs, table_totals
 
-    try:
-        start, end = datetime.fromisoformat(query.start or ""), datetime.fromisoformat(query.end or "")
-    except ValueError:
-        raise Refused("a table needs its start and end times (ISO, UTC)", EXIT_USAGE) from None
-    if start >= end:
-        raise Refused("-S/--starttime must be before -E/--endtime", EXIT_USAGE)
+    start, end = table_window(query.start, query.end)
     user, account = table_scope(viewer, query.user, query.account)
     states = [s.strip().upper() for s in (query.state or "").split(",") if s.strip()] or None
     engine = _engine(config)
