@@ -6,11 +6,14 @@ the package alone: the service path needs nothing beyond the standard library.
 
 Only Slurm is absent: no controller runs here, so the services find no ``sacct``/``sacctmgr``/``squeue`` (PATH
 without them, and an absent ``[sacct] command``, also for seff-gpu's direct path), which leaves the
-coordinators empty (logged) exactly as a failing sacctmgr does.
+coordinators empty (logged) exactly as a failing sacctmgr does. Their ``scontrol`` is a stand-in printing the
+``PrivateData`` line of ``scontrol show config`` (``none``: another user's job is refused, exit 6; ``jobs``
+for the service that hides them), as the real one does on the clusters of tests/slurm/.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
 import json
@@ -73,7 +76,8 @@ def site():
         shutil.copytree(os.path.join(ROOT, "slurm_gpueff"), os.path.join(lib, "slurm_gpueff"),
                         ignore=shutil.ignore_patterns("__pycache__"))
         subprocess.run(["chmod", "-R", "a+rX", lib], check=True)
-        os.makedirs(os.path.join(base, "bin"))  # PATH of the services: no Slurm commands
+        os.makedirs(os.path.join(base, "bin"))  # PATH of the services: no Slurm commands but scontrol's stand-in
+        fake_scontrol(os.path.join(base, "bin"), "none")
         db_dir = os.path.join(base, "db")
         os.makedirs(db_dir, mode=0o755)
         db = os.path.join(db_dir, "gpueff.db")
@@ -128,6 +132,17 @@ def site():
                 except subprocess.TimeoutExpired:
                     p.kill()
         shutil.rmtree(base, ignore_errors=True)
+
+
+def fake_scontrol(bin_dir: str, private_data: str | None) -> None:
+    """``bin_dir``/scontrol: ``scontrol show config``'s PrivateData line (``none``, ``jobs,usage``...), or, with
+    None, the failure of a scontrol that reaches no controller."""
+    body = (f"printf 'PrivateData             = %s\\n' '{private_data}'" if private_data is not None else
+            "echo 'slurm_load_ctl_conf error: Unable to contact slurm controller (connect failure)' >&2; exit 1")
+    path = os.path.join(bin_dir, "scontrol")
+    with open(path, "w") as fh:
+        fh.write(f'#!/bin/sh\n[ "$1 $2" = "show config" ] || exit 2\n{body}\n')
+    os.chmod(path, 0o755)
 
 
 def seff(site, *args: str, cfg: str = "unix", as_user: str | None = USER, via: str | None = None,
@@ -268,6 +283,75 @@ def test_a_lead_sees_the_accounts_jobs_and_not_others(site):
     one_line_error(seff(site, "-A", "vision", "-S", "2020-01-01", "-E", "2030-01-01", cfg="tcp"), 6)  # not led
     p = seff(site, "-u", USER, "-A", "vision", "-S", "2020-01-01", "-E", "2030-01-01", cfg="tcp")
     assert p.returncode == 0 and ids(p.stdout) == {100, 300}  # one's own jobs in any account
+
+
+@contextlib.contextmanager
+def service_where_slurm_says(site, name: str, private_data: str | None):
+    """Another ``gpueff serve`` of the same database and state directory, its API on its own Unix socket, whose
+    ``scontrol`` prints ``PrivateData = <private_data>`` (None: fails, as with no controller); yields the name
+    of gpuser's config for it in ``site["cfg"]``."""
+    base = site["base"]
+    bin_dir = os.path.join(base, f"bin-{name}")
+    os.makedirs(bin_dir, exist_ok=True)
+    fake_scontrol(bin_dir, private_data)
+    uds = os.path.join(base, "run", f"api-{name}.sock")
+    common = f'[sacct]\ncommand = "{bin_dir}/sacct"\n'  # absent; scontrol is taken from beside it
+    intervals = "".join(f"{k} = 0\n" for k in ("ingest_interval_s", "enrich_interval_s", "rollup_interval_s",
+                                               "rollup_full_interval_s", "retention_interval_s", "cards_interval_s"))
+    server = str(site_config(pathlib.Path(base), pathlib.Path(site["db"]), name=f"server-{name}.toml",
+                             extra=common + f'[service]\nmetrics_port = 0\n{intervals}api_listen = "unix:{uds}"\n'
+                                            f'munge_socket = "{site["munge_socket"]}"\n'))
+    client = str(site_config(pathlib.Path(base), pathlib.Path(site["db"]), name=f"client-{name}.toml",
+                             extra=f'[service]\napi_url = "unix:{uds}"\nmunge_socket = "{site["munge_socket"]}"\n'))
+    os.chmod(client, 0o644)
+    site["cfg"][name] = client
+    log = os.path.join(base, f"serve-{name}.log")
+    with open(log, "w") as fh:
+        p = subprocess.Popen([sys.executable, "-m", "slurm_gpueff.cli.gpueff", "--config", server, "serve"],
+                             env=site["env"], stdout=fh, stderr=subprocess.STDOUT)
+    try:
+        wait_health(lambda: UnixConn(uds), p, log)
+        yield name, log
+    finally:
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(30) == 0
+
+
+def test_another_users_job_is_no_such_job_where_slurm_hides_jobs(site):
+    """Where Slurm's PrivateData includes jobs, "not yours" (exit 6) would tell any user which job ids exist,
+    running ones included: there another user's job, finished or running on the service host, gets exactly the
+    answer of a job that does not exist (exit status, stdout, stderr, with or without --json). The same where
+    scontrol cannot answer (the safe side), which the service's log says once. Elsewhere, exit 6 as before.
+    gpuser through real services with a real munged; root's job 200 is in the database, root's job 8200 runs on
+    the service host (its Prolog state), 999 and 8201 exist nowhere."""
+    from slurm_gpueff import jobstate
+
+    jobstate.save(jobstate.path(os.path.join(site["base"], "run"), 8200),
+                  {"start_time": time.time() - 60, "job": {"job_id": 8200, "user": "root", "uid": 0,
+                                                          "account": "vision"}})
+    try:
+        for args in (["200"], ["--json", "200"], ["8200"]):  # PrivateData = none (the site's own service)
+            err = one_line_error(seff(site, *args), 6)
+            assert "belongs to another user" in err, err
+        for private_data in ("accounts,jobs,usage", None):
+            with service_where_slurm_says(site, "hide" if private_data else "unknown", private_data) as (cfg, log):
+                assert seff(site, "100", cfg=cfg).returncode == 0  # one's own job as ever
+                for others, missing in ((["200"], ["999"]), (["--json", "200"], ["--json", "999"]),
+                                        (["8200"], ["8201"])):
+                    other, none = seff(site, *others, cfg=cfg), seff(site, *missing, cfg=cfg)
+                    said = (none.returncode, none.stdout, none.stderr.replace(missing[-1], others[-1]))
+                    assert (other.returncode, other.stdout, other.stderr) == said, (private_data, others)
+                    err = one_line_error(other, 3)
+                    assert err == f"seff-gpu: job {others[-1]} is not in the GPU job database (it had no GPUs, has " \
+                                  "not been ingested yet, or the id is wrong)\n", err
+                with open(log) as fh:
+                    text = fh.read()
+                warned = text.count("Slurm's PrivateData is unknown")
+                assert warned == (0 if private_data else 1), text[-2000:]
+                if not private_data:
+                    assert "answered as one that does not exist (exit 3), the safe side" in text
+    finally:
+        os.unlink(jobstate.path(os.path.join(site["base"], "run"), 8200))
 
 
 def test_no_gpus_names_the_reason(site):

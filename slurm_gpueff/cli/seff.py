@@ -66,7 +66,8 @@ exit status:
   5 job had no GPUs,
   6 another user's job (you see your own, your accounts' as their lead or
     coordinator, every job as an admin; [privacy] and [leads] in the
-    config)
+    config); where Slurm's PrivateData hides jobs, such a job is 3, as
+    one that does not exist
 
 Where the job database is private to the service account, seff-gpu asks
 `gpueff serve` for the answer, proving who you are with MUNGE.

@@ -14,7 +14,8 @@ privacy rules (slurm_gpueff.access.privacy) decide what the uid may see, as on t
 refused or (for a push) unauthorised credential is 401, a bad body 400, one too large 413 (a query beyond
 ``MAX_BODY``, a push beyond ``[service] push_max_mb``), munged not answering or the database down 503; each
 with a one-line reason, and nothing written. One log line per request: uid, what kind of query, status,
-time; never a job's contents.
+time; never a job's contents. A refused request's line is written at most once a minute per uid and reason,
+with a count of the others (service/refusals.py).
 
 Listens on ``[service] api_listen``: ``HOST:PORT`` (TCP) or ``unix:/PATH`` (a socket file made 0666 so
 every local user can connect; the uid still comes from MUNGE). stdlib ``http.server``, a thread per
@@ -44,10 +45,12 @@ from ..access.privacy import Viewer, user_name, viewer
 from ..config import Config
 from ..reports.jobview import MAX_LIMIT, TABLE_LIMIT, SeffQuery, answer, keep_engines
 from .intake import Intake, IntakeError, push_uids
+from .refusals import Pace, refusal
 
 log = logging.getLogger("gpueff.api")
 
 MAX_BODY = 16 * 1024  # a query is a few hundred bytes
+REFUSALS = Pace()  # the log lines of refused requests (service/refusals.py)
 COORDINATORS_TTL_S = 300.0  # sacctmgr is asked at most this often
 _TEXT = ("jobid", "user", "account", "start", "end", "cluster", "state")
 _FLAGS = ("json", "html")
@@ -345,7 +348,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.send_header("Retry-After", str(retry_after_s))
         self.end_headers()
         self.wfile.write(data)
-        log.info("api %s %s -> %d in %.0f ms", self.command, what, status, (time.monotonic() - t0) * 1000)
+        line = f"api {self.command} {what} -> {status} in {(time.monotonic() - t0) * 1000:.0f} ms"
+        for paced in REFUSALS.lines(refusal(status, what), line):  # a refusal at most once a minute, counted
+            log.info("%s", paced)
 
     def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
         """Each request is logged once, by :meth:`_send`."""

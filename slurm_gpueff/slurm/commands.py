@@ -1,10 +1,10 @@
 """Slurm's answers to the small questions slurm-gpueff asks, each in one bounded call through
 :class:`.runner.SlurmRunner`: an array task's or het component's raw job id (``sacct``), the account
-coordinators (``sacctmgr``), the running jobs as ``squeue`` shows them, the Prolog/Epilog settings
-(``scontrol show config``), and the two actions of the idle-GPU policy (``scontrol update`` of the
-AdminComment, ``scancel``). Each raises :class:`SlurmCommandError` saying why, so a caller can fall back
-instead of failing; the parsers are apart from the calls, for the captured outputs of every Slurm version.
-Stdlib only.
+coordinators (``sacctmgr``), the running jobs as ``squeue`` shows them, the Prolog/Epilog settings and
+what ``PrivateData`` hides (``scontrol show config``), and the two actions of the idle-GPU policy
+(``scontrol update`` of the AdminComment, ``scancel``). Each raises :class:`SlurmCommandError` saying why,
+so a caller can fall back instead of failing; the parsers are apart from the calls, for the captured outputs
+of every Slurm version. Stdlib only.
 """
 
 from __future__ import annotations
@@ -194,6 +194,24 @@ def shard_counter(slurm: SlurmRunner) -> Callable[[str], dict[int, int]]:
         return known[node]
 
     return counts
+
+
+def private_data(slurm: SlurmRunner, timeout_s: float = CONFIG_TIMEOUT_S) -> frozenset[str]:
+    """What the controller's ``PrivateData`` hides from ordinary users (``jobs``, ``usage``, ...), from one
+    bounded ``scontrol show config``; SlurmCommandError if it fails or prints no such line."""
+    return parse_private_data(slurm.run("scontrol", ["show", "config"], timeout_s))
+
+
+def parse_private_data(text: str) -> frozenset[str]:
+    """The ``PrivateData`` line of ``scontrol show config`` (``PrivateData             = accounts,jobs``, or
+    ``= none``) as lower-case words; SlurmCommandError when the text has no such line (not scontrol's listing
+    of a configuration: then nobody can say what Slurm hides)."""
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip() == "PrivateData":
+            words = {w.strip().lower() for w in value.split(",") if w.strip()}
+            return frozenset(words - {"none", "(null)"})
+    raise SlurmCommandError("scontrol show config printed no PrivateData line")
 
 
 def show_config(slurm: SlurmRunner, timeout_s: float = CONFIG_TIMEOUT_S) -> dict[str, str]:
