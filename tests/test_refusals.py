@@ -91,8 +91,8 @@ def test_what_is_a_refusal_and_whose(status, what, key):
 @pytest.mark.process
 def test_the_api_logs_a_flood_of_refusals_once_with_its_count(tmp_path, monkeypatch, caplog):
     """The real API (in this process, its logger captured) with a real munged: 200 requests without a
-    credential and 30 whose credential was made for another body, then the window closes: two lines when
-    they came and one count each afterwards, where there were 230 lines."""
+    credential, 30 whose credential was made for another body and 20 of a method it has not, then the window
+    closes: three lines when they came and one count each afterwards, where there were 250 lines."""
     from slurm_gpueff.access.client import HEALTH_PATH, SEFF_PATH, request
     from slurm_gpueff.config import Config
     from slurm_gpueff.service import api as api_mod
@@ -126,8 +126,10 @@ def test_the_api_logs_a_flood_of_refusals_once_with_its_count(tmp_path, monkeypa
                 reply = request(url, "POST", SEFF_PATH, b'{"jobid": "1"}', {"Authorization": f"MUNGE {cred}"},
                                 timeout=10)
                 assert reply.status == 401 and "made for another request" in reply.reason()
+            for _ in range(20):  # refused by http.server itself (no such method): no credential needed either
+                assert request(url, "BREW", "/v1/health", timeout=10).status == 501
             for _ in range(500):  # each request's line is written just after its answer
-                if Counted.told == 230:
+                if Counted.told == 250:
                     break
                 time.sleep(0.01)
             flood = [r.getMessage() for r in caplog.records if r.name == "gpueff.api"]
@@ -141,7 +143,10 @@ def test_the_api_logs_a_flood_of_refusals_once_with_its_count(tmp_path, monkeypa
     refused = [line for line in flood if "-> 401" in line]
     assert len(refused) == 2, refused
     assert "seff: missing credential" in refused[0] and "uid 0: the credential was made for another" in refused[1]
-    assert len(after) == 3 and after[-1].startswith("api GET health -> 200"), after
+    assert [line for line in flood if "BREW" in line] == ["api: code 501, message Unsupported method ('BREW')"]
+    assert len(after) == 4 and after[-1].startswith("api GET health -> 200"), after
+    assert after[2] == "refused 19 more times in the last 60 s, the last: api: code 501, message Unsupported " \
+                       "method ('BREW')"
     assert after[0].startswith("refused 199 more times in the last 60 s, the last: api POST seff: missing credential")
     assert after[1].startswith("refused 29 more times in the last 60 s, the last: api POST seff: uid 0: the "
                                "credential was made for another request -> 401")

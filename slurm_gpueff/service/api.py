@@ -356,8 +356,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         """Each request is logged once, by :meth:`_send`."""
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (http.server's name)
-        """http.server's own lines (errors of malformed requests) go to the service log."""
-        log.info("api: " + format, *args)
+        """http.server's own lines (its refusals of malformed requests: no such method, a request line too
+        long) go to the service log, paced as the API's refusals are (anyone may send them, no credential
+        needed)."""
+        text = format % args
+        for line in REFUSALS.lines((None, text), f"api: {text}"):
+            log.info("%s", line)
 
 
 class ApiServer(http.server.ThreadingHTTPServer):
