@@ -59,6 +59,14 @@ def _not_empty(v: object, unit: str) -> str | None:
     return " must not be empty" if v == "" else " must not hold a NUL byte" if "\0" in str(v) else None
 
 
+def _absolute_or_off(v: object, unit: str) -> str | None:
+    """"" (off) or an absolute path: a relative one would depend on whichever directory a command runs in."""
+    text = str(v)
+    if text == "" or (text.startswith("/") and "\0" not in text):
+        return None
+    return f" = {text!r}: expected an absolute path, or \"\" (none)"
+
+
 def _must(needles: tuple[str, ...], what: str, present: bool = True) -> Check:
     return lambda v, unit: None if not isinstance(v, str) or any(n in v for n in needles) is present else what
 
@@ -174,6 +182,7 @@ class PathsConfig(Section):
     """[paths]: spool, runtime state and the database."""
     spool_dir: str = _key("/var/spool/slurm-gpueff", _not_empty)
     state_dir: str = _key("/run/slurm-gpueff", _not_empty)
+    spool_fallback_dir: str = _key("", _absolute_or_off)
     database: str = _key("sqlite:////var/lib/slurm-gpueff/gpueff.db", _database)
     database_password_file: str = ""
 
@@ -202,6 +211,8 @@ class AgentConfig(Section):
     timeline_keep_h: float = _key(168.0, _range(0, YEAR / 3600, above=True))
     metrics_address: str = "127.0.0.1"
     metrics_port: int = _key(0, _PORT_OR_OFF)
+    metrics_per_user: bool = False
+    metrics_token_file: str = ""
     live_interval_s: float = _key(300.0, _range(10, DAY, off=True))
 
 
@@ -336,6 +347,7 @@ class ServiceConfig(Section):
     api_listen: str = _key("", _address(url=False))
     api_url: str = _key("", _address(url=True))
     api_timeout_s: float = _key(10.0, _range(0, 600, above=True))
+    user: str = _key("root", _not_empty)
     munge_socket: str = ""
 
 
@@ -521,6 +533,9 @@ def _relations(c: Config) -> str | None:
                 "two runs never get a card")
     if a.live_interval_s and a.live_interval_s < a.interval_s:
         return f"agent.live_interval_s must be 0 (off) or >= agent.interval_s ({_n(a.interval_s)})"
+    if c.paths.spool_fallback_dir and c.paths.spool_fallback_dir.rstrip("/") == c.paths.spool_dir.rstrip("/"):
+        return ("paths.spool_fallback_dir must be another directory than paths.spool_dir: it takes the records "
+                "that the spool cannot")
     if sv.forward_max_backoff_s < sv.forward_interval_s:
         return "service.forward_max_backoff_s must be >= service.forward_interval_s"
     return None

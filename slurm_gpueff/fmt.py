@@ -150,6 +150,13 @@ def clock(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, UTC).strftime("%H:%M:%S")
 
 
+def number(x: float | None, digits: int = 6) -> float | None:
+    """A figure for machines (``--json``): rounded to ``digits`` decimals, so that binary floating point does
+    not show through (0.2066, not 0.20659999999999998); 6 for fractions and GPU-hours, 3 for seconds, 1 for
+    joules and watts. None stays None (null: unknown)."""
+    return None if x is None else round(float(x), digits)
+
+
 def iso(dt: datetime | None) -> str | None:
     """A time for machines: ISO 8601 UTC with ``Z``, whole seconds ("2026-11-23T15:17:00Z")."""
     return None if dt is None else _aware_utc(dt).replace(microsecond=0, tzinfo=None).isoformat() + "Z"

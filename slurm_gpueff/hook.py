@@ -43,9 +43,17 @@ _process_mode = False  # set by main(): arm the watchdog that ends the *process*
 
 class HookLog:
     """Log to syslog (LOG_DAEMON, for the site's log collection) and warnings and errors to stderr (for a
-    person running it by hand); never raises, works without /dev/log."""
+    person running it by hand); never raises, works without /dev/log.
+
+    Syslog is where an error must be seen: slurmd may keep no hook stderr at all. Stderr is written first:
+    a syslog daemon that stopped reading blocks syslog(3) (the hook's watchdog still ends the process in
+    time, :meth:`HookRun.watchdog`). A line longer than ``SYSLOG_PART`` (the record itself, when it could be
+    written nowhere) goes to syslog in numbered parts: syslog(3) sends one datagram per call, and a daemon
+    drops or cuts one that is larger than its limit (rsyslog's default is 8 KiB).
+    """
 
     _PRIO = {"info": 6, "warning": 4, "error": 3}  # LOG_INFO, LOG_WARNING, LOG_ERR
+    SYSLOG_PART = 2000  # characters of a line per syslog message
 
     def __init__(self, kind: str):
         self.kind = kind
@@ -62,16 +70,22 @@ class HookLog:
     def __call__(self, level: str, msg: str) -> None:
         line = f"{self.kind}: {msg}"
         self.lines.append(f"{level}: {line}")
-        if self._syslog is not None:
-            try:  # noqa: SIM105 - contextlib would be one more import on the hook path
-                self._syslog.syslog(self._PRIO.get(level, 6), line)
-            except Exception:  # noqa: BLE001
-                pass
         if level != "info":
             try:
                 sys.stderr.write(f"slurm-gpueff {level}: {line}\n")
                 sys.stderr.flush()
-            except Exception:  # noqa: BLE001 - stderr closed by the caller
+            except Exception:  # noqa: BLE001 - stderr closed by the caller (sys.stderr None)
+                pass
+        if self._syslog is None:
+            return
+        size = self.SYSLOG_PART
+        parts = [line] if len(msg) <= size else [
+            f"{self.kind}: [part {i + 1}/{-(-len(msg) // size)}] {msg[at:at + size]}"
+            for i, at in enumerate(range(0, len(msg), size))]
+        for part in parts:
+            try:  # noqa: SIM105 - contextlib would be one more import on the hook path
+                self._syslog.syslog(self._PRIO.get(level, 6), part)
+            except Exception:  # noqa: BLE001
                 pass
 
 
@@ -179,7 +193,12 @@ class HookRun:
     def watchdog(self) -> threading.Timer:
         """End the hook *process* with status 0 at the deadline, whatever the main thread is stuck in."""
         def expire() -> None:
-            self.log("error", "hook reached its time bound (collector.hook_timeout_s); exiting 0 now")
+            # Logged from a thread of its own, waited for briefly: a syslog daemon that stopped reading blocks
+            # syslog(3), and the exit must not wait on it.
+            note = threading.Thread(target=self.log, args=("error", "hook reached its time bound "
+                                    "(collector.hook_timeout_s); exiting 0 now"), daemon=True)
+            note.start()
+            note.join(0.2)
             os._exit(0)
 
         timer = threading.Timer(self.deadline - time.monotonic(), expire)

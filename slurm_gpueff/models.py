@@ -112,6 +112,10 @@ class Job(SQLModel, table=True):
     energy_j: float | None = None
     verdict: str | None = Field(default=None, max_length=32, index=True)
     verdict_title: str | None = Field(default=None, max_length=128)
+    # A verdict concerns GPUs (analysis.diagnose.gpu_split): where the job's GPUs do not all have its primary
+    # verdict first ("3 of 4 GPUs never used", the fourth working), each first verdict ("" for none) ->
+    # [GPUs, GPU-hours, GPU-hours lost]; NULL where they all do, its own figures then being its verdict's.
+    gpu_verdicts: dict[str, list[float]] | None = Field(default=None, sa_column=Column(JSON(none_as_null=True)))
     analyzed_at: datetime | None = Field(default=None, sa_type=UTC_NAIVE, index=True)
 
 

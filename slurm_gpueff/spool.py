@@ -11,12 +11,16 @@ Layout under ``paths.spool_dir``::
 Writes are temp file + fsync + rename + directory fsync, mode 0600 in 0700 directories (records name
 users and accounts). Stdlib only (hook path).
 
-A finished job's record is never dropped: if the configured spool cannot be written, the record goes to
-the first writable fallback of ``<state_dir>/spool-fallback``, ``$TMPDIR``, ``/var/tmp`` and ``/tmp``
-(``.../slurm-gpueff-spool-fallback`` for the temp dirs). Fallbacks must be private directories owned by
-us: world-writable /tmp could hold someone else's. They are node-local, so ingest (often on another
-host) cannot see them: the next Epilog on the node that writes to the real spool drains them back into
-it (:func:`drain_fallbacks`).
+A finished job's record is never dropped: if the configured spool cannot be written (full, read-only,
+gone), the record goes to the first writable fallback (:func:`ranked_fallbacks`) of ``paths.spool_fallback_dir``,
+``<state_dir>/spool-fallback``, ``$TMPDIR``, ``/var/tmp`` and ``/tmp`` (``.../slurm-gpueff-spool-fallback`` for
+the temp dirs): persistent places on another filesystem than the spool's first (a full spool filesystem
+fills the others too), then persistent ones on the spool's, and a tmpfs (``/run``: lost at a reboot) only
+as the last resort, said so in the Epilog's log line. Fallbacks must be private directories owned by us:
+world-writable /tmp could hold someone else's. They are node-local, so ingest (often on another host)
+cannot see them: ``gpueff forward`` sends them from there (node/push.py), and the next Epilog on the node
+that writes to the real spool, or a forwarder's pass that can, moves them back (:func:`drain_fallbacks`);
+``gpueff doctor --role node`` FAILs while any wait.
 """
 
 from __future__ import annotations
@@ -234,13 +238,87 @@ def quarantine_data(spool_dir: str, name: str, data: bytes, error: str) -> str:
     return dest
 
 
-def spool_dirs(cfg: Config, env: Mapping[str, str]) -> list[str]:
-    """The configured spool, then the fallbacks in the order the hook tries them."""
-    out = [cfg.paths.spool_dir, os.path.join(cfg.paths.state_dir, "spool-fallback")]
+def fallback_dirs(cfg: Config, env: Mapping[str, str]) -> list[str]:
+    """The fallback spools in the order written (:func:`ranked_fallbacks` is the order they are tried in)."""
+    out = [cfg.paths.spool_fallback_dir] if cfg.paths.spool_fallback_dir else []
+    out.append(os.path.join(cfg.paths.state_dir, "spool-fallback"))
     for base in (env.get("TMPDIR"), "/var/tmp", "/tmp"):
         if base and os.path.isabs(base):
             out.append(os.path.join(base, FALLBACK_NAME))
-    return list(dict.fromkeys(out))
+    primary = os.path.normpath(cfg.paths.spool_dir)
+    return [d for d in dict.fromkeys(out) if os.path.normpath(d) != primary]
+
+
+def spool_dirs(cfg: Config, env: Mapping[str, str]) -> list[str]:
+    """The configured spool, then the fallbacks."""
+    return [cfg.paths.spool_dir, *fallback_dirs(cfg, env)]
+
+
+VOLATILE_FS = frozenset({"tmpfs", "ramfs"})  # what a reboot empties
+NOT_PERSISTENT = "not persistent: lost on reboot"
+
+
+def _mounts() -> dict[str, str]:
+    """Filesystem type by device (``major:minor``) from /proc/self/mountinfo; empty where it cannot be read.
+    Not statfs(2)'s f_type: Python has no statfs, and ctypes would need each architecture's struct layout."""
+    out: dict[str, str] = {}
+    try:
+        with open("/proc/self/mountinfo", "rb") as fh:
+            text = fh.read().decode(errors="replace")
+    except OSError:
+        return out
+    for line in text.splitlines():
+        fields, sep, rest = line.partition(" - ")
+        parts = fields.split(" ")
+        if sep and len(parts) > 2:
+            out.setdefault(parts[2], rest.split(" ", 1)[0])
+    return out
+
+
+def filesystem(path: str, mounts: dict[str, str] | None = None) -> tuple[int | None, str | None]:
+    """(device, filesystem type) of what holds ``path`` or, while it does not exist, its nearest existing
+    parent; None for what cannot be found out."""
+    p = os.path.abspath(path)
+    while True:
+        try:
+            dev = os.stat(p).st_dev
+            break
+        except OSError:
+            parent = os.path.dirname(p)
+            if parent == p:
+                return None, None
+            p = parent
+    kinds = _mounts() if mounts is None else mounts
+    return dev, kinds.get(f"{os.major(dev)}:{os.minor(dev)}")
+
+
+def volatile(path: str, mounts: dict[str, str] | None = None) -> bool:
+    """Whether ``path`` is (or would be made) on a filesystem that a reboot empties (tmpfs, ramfs)."""
+    return filesystem(path, mounts)[1] in VOLATILE_FS
+
+
+def ranked_fallbacks(cfg: Config, env: Mapping[str, str]) -> list[tuple[str, bool]]:
+    """(fallback dir, volatile) in the order the Epilog tries them: persistent ones on another filesystem than
+    the spool's, then persistent ones on the spool's, then tmpfs ones (a reboot loses what they hold); the
+    written order (:func:`fallback_dirs`) within each."""
+    mounts = _mounts()
+    spool_dev = filesystem(cfg.paths.spool_dir, mounts)[0]
+    ranked = []
+    for i, d in enumerate(fallback_dirs(cfg, env)):
+        dev, kind = filesystem(d, mounts)
+        vol = kind in VOLATILE_FS
+        ranked.append((2 if vol else int(dev is not None and dev == spool_dev), i, d, vol))
+    ranked.sort()
+    return [(d, vol) for _rank, _i, d, vol in ranked]
+
+
+def waiting(d: str) -> tuple[int, int]:
+    """(records in ``incoming/``, entries in ``quarantine/`` without their ``.error``) of a fallback spool
+    of ours; (0, 0) for one that is not (:func:`private_dir`): the Epilog never wrote there."""
+    if not private_dir(d, create=False):
+        return 0, 0
+    q = _listing(os.path.join(d, QUARANTINE), None)  # entries of any kind: a planted link needs a person too
+    return len(_listing(os.path.join(d, INCOMING), None)), sum(1 for n in q if not n.endswith(".error"))
 
 
 def private_dir(path: str, create: bool) -> bool:
@@ -260,13 +338,19 @@ def private_dir(path: str, create: bool) -> bool:
 
 def write_with_fallback(cfg: Config, env: Mapping[str, str], name: str, data: bytes, log: Log,
           sub: str = INCOMING) -> tuple[str | None, bool]:
-    """Write ``data`` as ``<spool>/<sub>/<name>``, else into the first fallback that works; return (its
-    path or None, whether that is the configured spool)."""
-    errors: list[str] = []
-    dirs = spool_dirs(cfg, env)
-    for i, d in enumerate(dirs):
+    """Write ``data`` as ``<spool>/<sub>/<name>``, else into the first fallback that works
+    (:func:`ranked_fallbacks`); return (its path or None, whether that is the configured spool)."""
+    primary = cfg.paths.spool_dir
+    try:
+        ensure_dirs(primary)
+        path = os.path.join(primary, sub, name)
+        atomic_write(path, data)
+        return path, True
+    except OSError as exc:
+        errors = [f"{primary}: {exc}"]
+    for d, vol in ranked_fallbacks(cfg, env):
         try:
-            if i and not private_dir(d, create=True):
+            if not private_dir(d, create=True):
                 raise OSError(f"not a private directory owned by uid {os.geteuid()}")
             ensure_dirs(d)
             path = os.path.join(d, sub, name)
@@ -274,10 +358,13 @@ def write_with_fallback(cfg: Config, env: Mapping[str, str], name: str, data: by
         except OSError as exc:
             errors.append(f"{d}: {exc}")
             continue
-        if i:
-            log("error", f"spool {dirs[0]} is not writable ({errors[0]}); wrote {path} instead. It moves "
-                         "back into the spool at the next job end on this node that can write there.")
-        return path, i == 0
+        log("error", f"spool {primary} is not writable ({errors[0]}); wrote {path} instead ("
+                     + (f"{NOT_PERSISTENT}; set paths.spool_fallback_dir to persistent storage" if vol
+                        else "persistent storage")
+                     + ("). `gpueff forward` sends it from there, and the next job end on this node that can "
+                        "write the spool moves it back" if sub == INCOMING else "). The next job end on this node "
+                        "that can write the spool, or `gpueff forward`, moves it back"))
+        return path, False
     log("error", "could not write the job record anywhere (" + "; ".join(errors) + "); record follows: "
         + data.decode(errors="replace"))
     return None, False
@@ -288,11 +375,13 @@ def drain_fallbacks(cfg: Config, env: Mapping[str, str], log: Log) -> int:
 
     Copy + fsync into ``incoming/`` then unlink (fallbacks may be on another filesystem). If the spool
     already holds a record for the same job and node, the stranded (older) one goes to ``quarantine/``
-    with an ``.error`` note instead of overwriting it: nothing is lost, nothing newer is clobbered.
+    with an ``.error`` note instead of overwriting it (nothing is lost, nothing newer is clobbered), unless
+    it is the same bytes: a copy whose move was cut short, only unlinked. The first write the spool refuses
+    (still full) ends the drain: what is left waits for the next one.
     """
     primary = cfg.paths.spool_dir
     moved = 0
-    for d in spool_dirs(cfg, env)[1:]:
+    for d in fallback_dirs(cfg, env):
         if not private_dir(d, create=False):
             continue
         for sub in (INCOMING, QUARANTINE):
@@ -305,20 +394,46 @@ def drain_fallbacks(cfg: Config, env: Mapping[str, str], log: Log) -> int:
                         if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
                             continue
                         data = fh.read()
-                    dest = os.path.join(primary, sub, name)
-                    if sub == INCOMING and os.path.exists(dest):
+                except OSError as exc:
+                    log("warning", f"cannot move {src} back into {primary}: {exc}")
+                    continue
+                dest = os.path.join(primary, sub, name)
+                try:
+                    ensure_dirs(primary)
+                    if sub == INCOMING and _same(dest, data):
+                        os.unlink(src)
+                        continue
+                    if sub == INCOMING and os.path.lexists(dest):
                         dest = os.path.join(primary, QUARANTINE, f"fallback-{name}")
                         atomic_write(dest + ".error", (
                             f"stranded in fallback spool {d}; a newer record for the same job and node "
                             "was already in incoming/\n").encode())
                     atomic_write(dest, data)
-                    os.unlink(src)
-                    moved += 1
                 except OSError as exc:
-                    log("warning", f"cannot move {src} back into {primary}: {exc}")
+                    log("warning", f"cannot move {src} back into {primary} ({exc}); "
+                                   f"{moved} record(s) moved back, the rest wait")
+                    return moved
+                try:
+                    os.unlink(src)
+                except FileNotFoundError:  # moved or sent meanwhile by a concurrent Epilog or forwarder
+                    pass
+                except OSError as exc:
+                    log("warning", f"moved {src} back into {primary} but cannot remove it: {exc}")
+                moved += 1
     if moved:
         log("warning", f"moved {moved} record(s) from fallback spools back into {primary}")
     return moved
+
+
+def _same(path: str, data: bytes) -> bool:
+    """Whether ``path`` is a regular file holding exactly ``data`` (read without following a link)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        return stat.S_ISREG(st.st_mode) and st.st_size == len(data) and fh.read(len(data) + 1) == data
 
 
 def _fallback_files(d: str) -> list[str]:

@@ -1,5 +1,6 @@
-"""The node agent's per-job series: one per (running job, whole GPU it holds), labelled by job id, user,
-account, GPU UUID and minor, gone once the Epilog removed the job's Prolog file. Real agent on the GPU mock
+"""The node agent's per-job series: one per (running job, whole GPU it holds), labelled by job id, GPU UUID and
+minor (and user and account only with ``[agent] metrics_per_user``), gone once the Epilog removed the job's
+Prolog file. Real agent on the GPU mock
 (tests/fake_gpus.py); the job files are written as the Prolog saves them.
 """
 
@@ -33,28 +34,53 @@ def write_job(state_dir: str, name: str, uuids: list[str], job: dict | None = No
 
 
 def series(agent: Agent) -> dict[str, dict[tuple, float]]:
+    """Per job series: (job_id, user, account, gpu, minor) -> value; user and account read None where the
+    series carry no such label."""
     out: dict[str, dict[tuple, float]] = {name: {} for name in JOB_SERIES}
     for fam in agent.collect():
         for s in fam.samples:
             if s.name in out:
                 lab = s.labels
-                out[s.name][(lab["job_id"], lab["user"], lab["account"], lab["gpu"], lab["minor"])] = s.value
+                out[s.name][(lab["job_id"], lab.get("user"), lab.get("account"), lab["gpu"], lab["minor"])] = s.value
     return out
 
 
-@pytest.fixture
-def agent(tmp_path):
+def make_agent(tmp_path, **agent_keys):
     clock = FakeClock()
     fake = FakeSampler(clock, [hopper(H, 0), ampere(A, 1)])
-    a = Agent(make_config(tmp_path), fake, wall_clock=clock.wall)
+    a = Agent(make_config(tmp_path, **agent_keys), fake, wall_clock=clock.wall)
     a.open()
     fake.set(H, kernel_pct=100.0, power_mw=300_000.0, memory_used_bytes=20 * GiB,
              gpm={"sm_active": 55.0, "tensor_active": 0.0, "dram_active": 30.0})
     fake.set(A, kernel_pct=10.0, power_mw=90_000.0, memory_used_bytes=2 * GiB)
     a.tick()
     clock.advance(5.0)
+    return a
+
+
+@pytest.fixture
+def agent(tmp_path):
+    """An agent whose site turned per-user series on: user and account labels."""
+    a = make_agent(tmp_path, metrics_per_user=True)
     yield a
     a.close()
+
+
+def test_without_per_user_series_no_user_or_account_label(tmp_path):
+    """The default: the node's users share its loopback, so who runs which job is not in the series."""
+    a = make_agent(tmp_path)
+    try:
+        write_job(a.state_dir, "101", [H], {"job_id": 101, "user": "alice", "uid": 1001, "account": "physics"})
+        a.tick()
+        m = series(a)
+        assert m["gpueff_job_info"] == {("101", None, None, H, "0"): 1.0}
+        assert m["gpueff_job_gpu_kernel_active_ratio"] == {("101", None, None, H, "0"): 1.0}
+        for fam in a.collect():
+            for s in fam.samples:
+                assert not {"user", "account"} & set(s.labels), s
+                assert "alice" not in s.labels.values() and "physics" not in s.labels.values()
+    finally:
+        a.close()
 
 
 def test_running_jobs_have_series_of_their_gpus(agent):

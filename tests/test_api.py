@@ -412,39 +412,81 @@ def test_munged_down_on_the_service_host_is_one_line(site):
         assert p.wait(30) == 0
 
 
+def sealed_post(site, body: bytes, *, for_uid: int = 0, sock: str | None = None,
+                parts: bytes | None = None) -> tuple[int, str, str, str | None, bytes]:
+    """A request sealed as seff-gpu seals one (for ``for_uid``, by this process's munged), sent raw: (status,
+    its envelope, the plain text of a refusal, the answer's envelope, the answer's body)."""
+    from slurm_gpueff.access import sealed
+
+    out = sealed.seal(body, for_uid, sock or site["munge_socket"], 10)
+    c = UnixConn(site["uds"])
+    c.request("POST", "/v1/seff", out.parts if parts is None else parts,
+              {"Authorization": f"MUNGE {out.envelope}", "Content-Type": sealed.CONTENT_TYPE})
+    r = c.getresponse()
+    data = r.read()
+    seal = r.getheader("Gpueff-Seal")
+    return r.status, out.envelope, "" if seal else data.decode(), seal, data
+
+
 def test_credentials_are_checked(site):
+    """Only a request sealed for the service's account, by a credential of this site's MUNGE key, made once,
+    for exactly this body, is answered; the answer is sealed for the uid that asked and names the request."""
+    from slurm_gpueff.access import sealed
+
     body = json.dumps({"jobid": "200", "json": True}).encode()
-    digest = hashlib.sha256(body).hexdigest()
     assert post(site, body, None)[0] == 401
     assert post(site, body, "Bearer x")[0] == 401
     status, text = post(site, body, "MUNGE MUNGE:AAAAforged:")
     assert status == 401 and "credential refused" in text
-    # a real credential of another MUNGE key: a forgery as far as this site is concerned
-    status, text = post(site, body, "MUNGE " + credential(digest, site["other_munge_socket"]))
-    assert status == 401 and "credential refused" in text
-    # a valid credential made for another query cannot carry this one
-    other = credential(hashlib.sha256(b'{"jobid": "100"}').hexdigest(), site["munge_socket"])
-    status, text = post(site, body, f"MUNGE {other}")
-    assert status == 401 and "another request" in text
-    # good once (root sees job 200), then replayed
-    cred = credential(digest, site["munge_socket"])
-    status, text = post(site, body, f"MUNGE {cred}")
-    assert status == 200 and json.loads(text)["exit_code"] == 0
-    status, text = post(site, body, f"MUNGE {cred}")
-    assert status == 401 and "replayed" in text
+    # sealed with another MUNGE key: a forgery as far as this site is concerned
+    status, _, text, seal, _ = sealed_post(site, body, sock=site["other_munge_socket"])
+    assert (status, seal) == (401, None) and "credential refused" in text
+    # a plain credential of the site's key, as clients made before requests were sealed
+    digest = hashlib.sha256(body).hexdigest()
+    status, text = post(site, body, "MUNGE " + credential(digest, site["munge_socket"]))
+    assert status == 401 and "not a sealed gpueff message" in text
+    # sealed for another account than the service's (a client whose [service] user is wrong)
+    status, _, text, seal, _ = sealed_post(site, body, for_uid=GPUSER_UID)
+    assert (status, seal) == (401, None) and "sealed for another account" in text and 'user = "root"' in text
+    # an envelope cannot carry another request's parts: a large request, its parts swapped for another's
+    big = os.urandom(14000)  # incompressible: it needs parts beyond the envelope
+    other = sealed.seal(big[::-1], 0, site["munge_socket"], 10)
+    status, _, text, seal, data = sealed_post(site, big, parts=other.parts)
+    assert seal is not None  # the envelope was good: the refusal is sealed for root
+    env = sealed.open_envelope(seal, site["munge_socket"], 10)
+    assert (status, env.head["status"]) == (401, 401)
+    assert b"not the one the envelope was sealed with" in sealed.open_parts(env, data, 1 << 20, site["munge_socket"],
+                                                                           10)
+    # good once (root sees job 200): the answer sealed for root, naming this request; then replayed
+    status, envelope, _, seal, data = sealed_post(site, body)
+    assert status == 200 and seal is not None
+    env = sealed.open_envelope(seal, site["munge_socket"], 10)
+    assert env.uid == 0 and env.head["re"] == sealed.digest(envelope) and env.head["status"] == 200
+    assert json.loads(sealed.open_parts(env, data, 1 << 20, site["munge_socket"], 10))["exit_code"] == 0
+    c = UnixConn(site["uds"])
+    c.request("POST", "/v1/seff", b"", {"Authorization": f"MUNGE {envelope}"})
+    r = c.getresponse()
+    assert r.status == 401 and "replayed" in r.read().decode() and r.getheader("Gpueff-Seal") is None
 
 
 def test_bad_requests(site):
-    def signed(body: bytes) -> str:
-        return "MUNGE " + credential(hashlib.sha256(body).hexdigest(), site["munge_socket"])
+    """Bad queries from a known sender get a sealed one-line refusal (seff-gpu's client opens it)."""
+    from slurm_gpueff.access.client import post_signed
+    from slurm_gpueff.config import Config
 
+    service = Config({"service": {"api_url": f"unix:{site['uds']}", "munge_socket": site["munge_socket"]}}).service
     for body in (b"not json", b"[1]", b'{"jobid": 5}', b'{"jobid": "1", "json": "yes"}', b'{"evil": 1}', b"{}",
                  b'{"user": "u", "limit": -1}', b'{"user": "u", "limit": "5"}', b'{"user": "u", "limit": true}',
                  b'{"user": "u", "limit": 1.5}', b'{"user": "u", "limit": 10000000000}'):
-        status, text = post(site, body, signed(body))
-        assert status == 400 and text.count("\n") == 1, (body, status, text)
+        reply = post_signed(service, "/v1/seff", body)
+        assert reply.sealed and reply.status == 400 and reply.body.count(b"\n") == 1, (body, reply)
     big = b'{"jobid": "' + b"1" * 20000 + b'"}'
-    assert post(site, big, signed(big))[0] == 413
+    reply = post_signed(service, "/v1/seff", big)
+    assert reply.sealed and reply.status == 413, reply
+    c = UnixConn(site["uds"])
+    c.request("POST", "/v1/seff", b"x" * 40000)
+    r = c.getresponse()  # beyond any sealed query: refused before anything is opened, plainly
+    assert r.status == 413 and r.getheader("Gpueff-Seal") is None
     # 14 KB of [[[...]]] made the JSON parser raise RecursionError (500, a traceback in the log); text a
     # database cannot take (NUL, an unpaired surrogate) went on to SQLite's or PostgreSQL's driver
     logged = os.path.getsize(site["servers"]["unix"][2])
@@ -452,8 +494,9 @@ def test_bad_requests(site):
                        (b'{"jobid": ' + b"[" * 7000 + b'"100"' + b"]" * 7000 + b"}", "nests deeper"),
                        (b'{"user": "al\\u0000ice", "start": "2020-01-01", "end": "2030-01-01"}', "user holds a NUL"),
                        (b'{"jobid": "\\ud800"}', "jobid holds a NUL character or an unpaired surrogate")):
-        status, text = post(site, body, signed(body))
-        assert status == 400 and text.count("\n") == 1 and says in text, (body[:40], status, text)
+        reply = post_signed(service, "/v1/seff", body)
+        assert reply.sealed and reply.status == 400 and reply.body.count(b"\n") == 1, (body[:40], reply)
+        assert says in reply.reason(), (body[:40], reply)
     assert "Traceback" not in log_since(site, logged)
     c = UnixConn(site["uds"])
     c.request("GET", "/v1/other")
@@ -524,7 +567,7 @@ def test_serve_stops_cleanly_and_a_stale_socket_is_replaced(site):
         # a second service on the same live socket refuses to start, in one line
         q = subprocess.run([sys.executable, "-m", "slurm_gpueff.cli.gpueff", "--config", site["cfg"]["unix"],
                             "serve"], env=site["env"], capture_output=True, text=True, timeout=60)
-        assert q.returncode == 1 and "another service already listens there" in q.stderr
+        assert q.returncode == 1 and "another process already listens there (uid 0 (root), pid " in q.stderr
         assert "Traceback" not in q.stderr
     finally:
         p.send_signal(signal.SIGTERM)

@@ -31,7 +31,7 @@ def test_demo_runs_every_profile_through_hooks_ingest_and_seff(tmp_path):
     assert p.returncode == 0, p.stderr
     out = p.stdout
     assert "ingested 9 spool records" in out and "quarantined 0, failed 0" in out
-    assert out.count("*** SIMULATED DATA") == 9  # every card says the figures are simulated
+    assert out.count("*** SIMULATED DATA") == 9 + 1  # every card says the figures are simulated, the monthly too
     assert "56.00 GPU-hours allocated" in out
     # the simulated cluster's accounting is applied by the real enrichment: final states, never "pending"
     assert out.count("State: COMPLETED (exit code 0)") == 8 and out.count("State: FAILED (exit code 3)") == 1
@@ -54,6 +54,34 @@ def test_demo_runs_every_profile_through_hooks_ingest_and_seff(tmp_path):
         doc = json.loads(j.stdout)["jobs"][0]
         assert doc["verdicts"][0]["name"] == verdict, job_id
         assert doc["job"]["backend"] == "simulated"
+
+
+def test_demo_monthly_summary_is_labelled_simulated_and_counts_gpus(tmp_path):
+    """Every figure the demo shows is simulated and says so: the cards did, the monthly summary (its text,
+    HTML and mail Subject) and the demo's own summary table did not. The simulated cluster has no sacctmgr:
+    the demo asks none (its stderr stays empty). The summary counts GPUs where a verdict is per GPU."""
+    from email import message_from_bytes, policy
+
+    p = run("slurm_gpueff.cli.gpueff", "demo", "--dir", "d", cwd=str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    assert p.stderr == ""
+    assert "Summary (all demo jobs; SIMULATED DATA" in p.stdout
+    monthly = p.stdout.split("The monthly summary the admins would get by mail", 1)[1]
+    banner = "*** SIMULATED DATA \u2014 figures from simulated GPUs, not real ones ***"
+    assert monthly.split("\n\n", 1)[1].startswith(banner + "\nGPU-hour summary for "), monthly[:400]
+    (eml,) = (tmp_path / "d" / "reports" / "dry-run" / "monthly").rglob("site/message.eml")
+    msg = message_from_bytes(eml.read_bytes(), policy=policy.default)
+    assert msg["Subject"].startswith("[demo] SIMULATED DATA: GPU-hours "), msg["Subject"]
+    html = msg.get_body(("html",)).get_content()
+    assert banner.strip("* ") in html and "<title>SIMULATED DATA: GPU-hour summary" in html
+    assert msg.get_body(("plain",)).get_content().startswith(banner)
+    for account in (tmp_path / "d" / "reports" / "dry-run" / "monthly").rglob("message.eml"):  # each account's too
+        assert "SIMULATED DATA" in message_from_bytes(account.read_bytes(), policy=policy.default)["Subject"]
+    # Verdicts are per GPU: job 4209 used its first GPU fully; its other three never ran a kernel.
+    assert "  GPU never used:                4 GPUs    2 jobs    15.50 GPU-h, 15.50 lost\n" in monthly, monthly
+    assert "  Healthy:                       2 GPUs    1 job     12.00 GPU-h, 2.17 lost\n" in monthly
+    assert "  No problem found:              1 GPU     1 job      4.00 GPU-h, 0.694 lost\n" in monthly
+    assert "1. GPU never used: 15.50 GPU-hours lost on 4 GPUs in 2 jobs by 2 users." in monthly
 
 
 def test_demo_refuses_to_wipe_a_folder_it_did_not_make(tmp_path):

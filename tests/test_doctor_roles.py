@@ -52,19 +52,32 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_login_role_finds_the_service_api_or_says_how(tmp_path):
+def test_login_role_makes_a_sealed_round_trip_with_the_service_or_says_why(tmp_path):
+    """doctor's API check is a sealed round trip (/v1/ping), not /v1/health: it FAILs with the service's munged
+    down (health still answers), PASSes with a real one. Real munged; the service's API in this process."""
+    from daemons import start_munged
+
     assert [s for s, _, _ in lines(doctor.check_api, Config())] == [doctor.FAIL]
-    port = free_port()
-    down = Config({"service": {"api_url": f"http://127.0.0.1:{port}", "api_timeout_s": 2}})
-    (status, _, detail), = lines(doctor.check_api, down)
-    assert status == doctor.FAIL and "does not answer" in detail and "gpueff serve" in detail
-    cfg = Config({"paths": {"database": str(tmp_path / "g.db")}, "service": {"api_listen": f"127.0.0.1:{port}"}})
-    server = api.start(cfg)
+    munged, sock = start_munged(str(tmp_path), "munge")
     try:
-        (status, _, detail), = lines(doctor.check_api, cfg)
+        port = free_port()
+        client = Config({"service": {"api_url": f"http://127.0.0.1:{port}", "api_timeout_s": 2,
+                                     "munge_socket": sock}})
+        (status, _, detail), = lines(doctor.check_api, client)
+        assert status == doctor.FAIL and "Connection refused" in detail and "gpueff serve" in detail, detail
+        for service_sock, want in ((str(tmp_path / "gone.sock"), doctor.FAIL), (sock, doctor.PASS)):
+            cfg = Config({"paths": {"database": str(tmp_path / "g.db")},
+                          "service": {"api_listen": f"127.0.0.1:{port}", "munge_socket": service_sock}})
+            server = api.start(cfg)
+            try:
+                (status, _, detail), = lines(doctor.check_api, client)
+            finally:
+                api.stop(server)
+            assert status == want, detail
+        assert f"http://127.0.0.1:{port}: a sealed round trip with the service" in detail and "uid 0" in detail
     finally:
-        api.stop(server)
-    assert status == doctor.PASS and f"http://127.0.0.1:{port} answers" in detail
+        munged.terminate()
+        munged.wait(10)
 
 
 def test_munge_check_says_why_without_munged(tmp_path):

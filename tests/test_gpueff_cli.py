@@ -146,11 +146,47 @@ def test_hook_install_replaces_scripts_only_with_force_and_never_through_a_link(
 
 @pytest.mark.process
 def test_help_lists_every_command_of_the_registry():
+    """``gpueff --help`` is made from the registry: every command, each group's title and examples; an example
+    is a command line that parses (one naming a command that went would fail here), and nothing in the help
+    names a command set the registry does not have (it said "node agent, Slurm hooks, ingest, demo and config
+    check" long after serve, forward, reports and alerts came)."""
+    import re
+
+    from slurm_gpueff.cli import gpueff as cli
+
     p = gpueff("--help")
     assert p.returncode == 0
-    for name in ("agent", "hook", "ingest", "enrich", "backfill", "db", "serve", "forward", "rollup", "report",
-                 "demo", "config", "doctor", "version"):
+    (sub,) = [a for a in cli.build_parser()._actions if a.dest == "command"]
+    assert {"agent", "live", "hook", "ingest", "db", "serve", "forward", "rollup", "enrich", "backfill", "report",
+            "alerts", "demo", "config", "doctor", "version"} <= set(sub.choices)
+    for name in sub.choices:
         assert f"\n    {name} " in p.stdout, name
+    examples = p.stdout.split("\nexamples:\n", 1)[1]
+    for group in cli.GROUPS:
+        assert f"\n  {group.TITLE}:\n" in "\n" + examples, group.TITLE
+        assert group.EXAMPLES, group.TITLE
+        for line, what in group.EXAMPLES:
+            assert re.search(rf"\n    gpueff {re.escape(line)} +# {re.escape(what)}\n", examples), line
+            args = cli.build_parser().parse_args(line.split())  # exits 2 (SystemExit) if it does not parse
+            assert args.run is group.run, line
+    named = set(re.findall(r"^    gpueff (\S+)", examples, re.M))
+    assert named <= set(sub.choices), named - set(sub.choices)
+    assert "ingest, demo and config check" not in p.stdout
+    assert max(map(len, p.stdout.splitlines()[:4])) <= 100 and max(map(len, examples.splitlines()[:-1])) <= 80
+
+
+@pytest.mark.process
+def test_demo_help_shows_only_flags_that_do_something():
+    """``gpueff demo --help`` listed ``--keep`` ("keep the demo folder afterwards": it always does, the flag did
+    nothing) and ``--config`` (refused: the demo uses a config of its own). Both are gone from the help; the
+    folder's fate is said at --dir; --keep is still accepted, so scripts that pass it keep working."""
+    from slurm_gpueff.cli import gpueff as cli
+
+    p = gpueff("demo", "--help")
+    assert p.returncode == 0
+    assert "--keep" not in p.stdout and "--config" not in p.stdout, p.stdout
+    assert "kept afterwards" in " ".join(p.stdout.split())
+    assert cli.build_parser().parse_args(["demo", "--keep", "--dir", "x"]).dir == "x"
 
 
 @pytest.mark.process

@@ -93,7 +93,8 @@ class _Wrap(Collector):
 def agent_names(tmp_path) -> set[str]:
     clock = FakeClock()
     fake = FakeSampler(clock, [hopper(H, 0)])
-    agent = Agent(make_config(tmp_path / "node"), fake, wall_clock=clock.wall)
+    # the dashboard's "A user" row needs the per-job series' user label
+    agent = Agent(make_config(tmp_path / "node", metrics_per_user=True), fake, wall_clock=clock.wall)
     agent.open()
     fake.set(H, kernel_pct=80.0, memory_used_bytes=4 * GiB, gpm={"sm_active": 40.0, "tensor_active": 5.0,
                                                                    "dram_active": 20.0})

@@ -77,3 +77,36 @@ def test_seff_gpu_on_the_node_asks_the_agent_before_any_database(node):
         s.sendall(b"not json\n")
         got = json.loads(s.makefile().readline())
     assert got["exit_code"] == 1 and "bad request" in got["stderr"]
+
+
+def test_seff_gpu_asks_only_the_agent_s_account_on_the_live_socket():
+    """A process of an ordinary user listening where the agent's socket should be (a state dir it could write)
+    is not asked: seff-gpu hands it nothing and goes to the service instead. The squatter is a real process of
+    the user nobody; the agent's account is root."""
+    import shutil
+    import tempfile
+
+    tmp_path = Path(tempfile.mkdtemp(prefix="gpueff-live-", dir="/tmp"))  # pytest's own tmp is 0700
+    state = tmp_path / "state"
+    (state / "agent").mkdir(parents=True)
+    os.chmod(tmp_path, 0o755)
+    os.chmod(state, 0o755)
+    os.chmod(state / "agent", 0o777)
+    sock = live_socket.socket_path(str(state))
+    squatter = subprocess.Popen(["runuser", "-u", "nobody", "--", "/usr/bin/python3", "-c", (
+        "import socket, sys\n"
+        f"s = socket.socket(socket.AF_UNIX); s.bind({sock!r}); s.listen(); print('up', flush=True)\n"
+        "c, _ = s.accept(); c.settimeout(5)\n"
+        "try:\n    data = c.recv(4096)\nexcept OSError:\n    data = b''\n"
+        "print('got', len(data), flush=True)\n"
+        "c.sendall(b'{\"exit_code\": 0, \"stdout\": \"made up\", \"stderr\": \"\", \"html\": []}\\n')\n")],
+        cwd="/", stdout=subprocess.PIPE, text=True)
+    try:
+        assert squatter.stdout.readline() == "up\n"
+        os.chmod(sock, 0o666)
+        assert live_socket.ask(str(state), "77", False, 5) is None  # not the agent: not asked
+        assert squatter.stdout.readline() == "got 0\n"  # the connection closed, and not a byte came
+    finally:
+        squatter.kill()
+        squatter.wait(10)
+        shutil.rmtree(tmp_path, ignore_errors=True)

@@ -102,6 +102,24 @@ def test_sqlite_is_upgraded_on_open(tmp_path):
         assert migrate.current(conn) == migrate.head() and migrate.diffs(conn) == []
 
 
+def test_opening_says_in_one_line_what_was_migrated(tmp_path, caplog):
+    """The one log line of a writer's open (what `gpueff serve` shows at start instead of Alembic's): the
+    revision, and the migrations it ran, from an older database too."""
+    import logging
+
+    head = migrate.head()
+    older, between = f"{int(head) - 2:04d}", f"{int(head) - 1:04d}"  # two migrations behind
+    engine = make_engine(str(tmp_path / "old.db"), create=False)
+    migrate.upgrade(engine, older)
+    engine.dispose()
+    with caplog.at_level(logging.INFO, logger="slurm_gpueff.storage.migrate"):
+        make_engine(str(tmp_path / "old.db")).dispose()
+        make_engine(str(tmp_path / "old.db")).dispose()
+    lines = [r.getMessage() for r in caplog.records if r.name == "slurm_gpueff.storage.migrate"]
+    assert lines == [f"database schema: revision {head}, migrated from {older} (2 migrations: {between}, {head})",
+                     f"database schema: revision {head}, nothing to migrate"]
+
+
 @pytest.mark.postgres
 def test_postgres_is_never_migrated_behind_the_admins_back(pg_url):  # noqa: F811
     with pytest.raises(migrate.SchemaError, match="gpueff db upgrade"):
@@ -153,6 +171,38 @@ def test_a_database_at_the_first_revision_upgrades_keeping_its_rows(tmp_path):
     con.close()
     with engine.connect() as conn:
         assert migrate.current(conn) == migrate.head() and migrate.diffs(conn) == []
+    engine.dispose()
+
+
+def test_upgrading_to_per_gpu_verdicts_analyses_again_the_jobs_whose_gpus_may_differ(tmp_path):
+    """Migration 0014 adds job.gpu_verdicts; a database from before holds no split of a job whose GPUs
+    differ, so the jobs that may have one (more than one GPU, a verdict other than healthy) are marked for
+    analysis, which writes it. One-GPU and healthy jobs keep their summary as it is."""
+    from alembic import command
+    from reports_data import make_db
+    from sqlalchemy import text
+
+    from slurm_gpueff.service.summarize import summarize_pending
+
+    engine = make_db(tmp_path, [dict(job_id=1, profile="one-of-n-gpus", user="u", account="a", gpus=4),
+                                dict(job_id=2, profile="idle", user="u", account="a", gpus=1),
+                                dict(job_id=3, profile="bf16-healthy", user="u", account="a", gpus=2)])
+    with engine.connect() as conn:  # as migrate.upgrade: SQLite's table copy must not cascade into job_gpu
+        conn.exec_driver_sql("PRAGMA foreign_keys=OFF")
+        conn.commit()
+        with conn.begin():
+            command.downgrade(migrate.alembic_config(conn), "0013")
+        assert "gpu_verdicts" not in {c["name"] for c in migrate.inspect(conn).get_columns("job")}
+        conn.exec_driver_sql("PRAGMA foreign_keys=ON")
+        conn.commit()
+    assert migrate.upgrade(engine) == ("0013", migrate.head())
+    with engine.connect() as conn:
+        pending = conn.execute(text("SELECT job_id FROM job WHERE analyzed_at IS NULL")).scalars().all()
+    assert pending == [1]
+    assert summarize_pending(engine) == 1
+    with engine.connect() as conn:
+        rows = dict(conn.execute(text("SELECT job_id, gpu_verdicts FROM job ORDER BY job_id")).all())
+    assert rows[2] is None and rows[3] is None and '"never_used":[3,' in rows[1].replace(" ", ""), rows
     engine.dispose()
 
 

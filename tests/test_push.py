@@ -7,7 +7,6 @@ mid-send; a push without a good root credential, or too large, writes nothing.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import pathlib
@@ -31,6 +30,7 @@ from slurm_gpueff import spool
 from slurm_gpueff.storage.db import make_engine
 
 USER = "gpuser"
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = [pytest.mark.process, pytest.mark.skipif(
     os.geteuid() != 0 or not shutil.which("munged")
     or subprocess.run(["id", USER], capture_output=True).returncode != 0,
@@ -130,36 +130,53 @@ def test_a_push_without_a_good_root_credential_or_too_large_writes_nothing(munge
             rec["note"] = "x" * pad
         return json.dumps({"node": "n1", "records": [{"name": f"job-{job}-n1.json", "record": rec}]}).encode()
 
-    def cred(data: bytes, socket: str = sock, user: str | None = None) -> str:
-        argv = ["munge", "--socket", socket, "--no-input", "--string", hashlib.sha256(data).hexdigest()]
-        if user:
-            argv = ["runuser", "-u", user, "--", *argv]
-        return subprocess.run(argv, capture_output=True, text=True, check=True).stdout.strip()
+    def sealed_by(data: bytes, socket: str = sock, user: str | None = None) -> tuple[str, bytes]:
+        """(envelope, parts) of ``data`` sealed for root as a client seals a push, by ``user``'s munged client."""
+        code = ("import sys; from slurm_gpueff.access import sealed; "
+                f"s = sealed.seal(sys.stdin.buffer.read(), 0, {socket!r}, 10); "
+                "sys.stdout.write(s.envelope + '\\n'); sys.stdout.buffer.write(s.parts)")
+        argv = ["env", f"PYTHONPATH={ROOT}", "/usr/bin/python3", "-c", code]
+        out = subprocess.run(["runuser", "-u", user, "--", *argv] if user else argv, input=data, capture_output=True,
+                             check=True).stdout
+        envelope, _, parts = out.partition(b"\n")
+        return envelope.decode(), parts
 
-    def post(data: bytes, authorization: str | None, length: int | None = None) -> tuple[int, str]:
+    def opened(seal: str, data: bytes, user: str | None = None) -> str:
+        """A sealed refusal's text, opened by the uid it was sealed for."""
+        code = ("import sys; from slurm_gpueff.access import sealed; "
+                f"e = sealed.open_envelope(sys.argv[1], {sock!r}, 10); "
+                f"sys.stdout.buffer.write(sealed.open_parts(e, sys.stdin.buffer.read(), 1 << 20, {sock!r}, 10))")
+        argv = ["env", f"PYTHONPATH={ROOT}", "/usr/bin/python3", "-c", code, seal]
+        return subprocess.run(["runuser", "-u", user, "--", *argv] if user else argv, input=data,
+                              capture_output=True, check=True).stdout.decode()
+
+    def post(data: bytes, authorization: str | None, user: str | None = None) -> tuple[int, str]:
         c = site.conn()
-        headers = {"Content-Type": "application/json"}
+        headers = {"Content-Type": "application/x-gpueff-sealed"}
         if authorization is not None:
             headers["Authorization"] = authorization
-        if length is not None:
-            headers["Content-Length"] = str(length)
         c.request("POST", "/v1/records", data, headers)
         r = c.getresponse()
-        return r.status, r.read().decode()
+        got, seal = r.read(), r.getheader("Gpueff-Seal")
+        return r.status, opened(seal, got, user) if seal else got.decode()
+
+    def push(data: bytes, socket: str = sock, user: str | None = None, body: bytes | None = None) -> tuple[int, str]:
+        envelope, parts = sealed_by(data, socket, user)
+        return post(parts if body is None else body, f"MUNGE {envelope}", user)
 
     try:
         good = body(1)
-        first = cred(good)
-        assert post(good, f"MUNGE {first}")[0] == 200
+        first, parts = sealed_by(good)
+        assert post(parts, f"MUNGE {first}")[0] == 200
         refusals = {
             "missing": post(body(2), None),
             "not munge": post(body(3), "Bearer x"),
-            "forged": post(body(4), "MUNGE:AwQFAAC" + "A" * 100 + ":"),
-            "another key": post(body(5), f"MUNGE {cred(body(5), other)}"),
-            "replayed": post(good, f"MUNGE {first}"),
-            "another body": post(body(6), f"MUNGE {cred(body(7))}"),
-            "not root": post(body(8), f"MUNGE {cred(body(8), user=USER)}"),
-            "oversized": post(body(9, pad=1_200_000), f"MUNGE {cred(body(9, pad=1_200_000))}"),
+            "forged": post(body(4), "MUNGE MUNGE:AwQFAAC" + "A" * 100 + ":"),
+            "another key": push(body(5), other),
+            "replayed": post(parts, f"MUNGE {first}"),
+            "another body": push(body(7), body=body(6)),
+            "not root": push(body(8), user=USER),
+            "oversized": push(body(9, pad=1_200_000)),
         }
         for what, (status, reason) in refusals.items():
             assert status == (413 if what == "oversized" else 401), (what, status, reason)

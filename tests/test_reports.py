@@ -4,6 +4,7 @@ and that a (non-editable) wheel carries the templates. GPU figures are simulated
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -54,6 +55,42 @@ def test_monthly_aggregates_equal_a_brute_force_sum(tmp_path):
     assert "Against November 2023" in summary.text
 
 
+def test_monthly_counts_gpus_under_their_own_verdict(tmp_path):
+    """A lead read "GPU never used: 2 jobs, 19.50 GPU-h" where one of the jobs had used its fourth GPU fully.
+    Verdicts are per GPU: the summary counts GPUs under each one's first verdict, that GPU under "No problem
+    found"; the rows add up to the month's GPUs, GPU-hours and lost hours."""
+    now = 1.7e9 + 40 * 86400
+    jobs = [dict(job_id=700, profile="one-of-n-gpus", user="u1", account="acc", hours=4.0, gpus=4, now=now),
+            dict(job_id=701, profile="idle", user="u2", account="acc", hours=3.5, gpus=1, now=now),
+            dict(job_id=702, profile="bf16-healthy", user="u2", account="acc", hours=6.0, gpus=2, now=now)]
+    engine = make_db(tmp_path, jobs)
+    cfg = config(tmp_path, price_per_gpu_hour={"default": 2.0})
+    with Session(engine) as s:
+        summary = monthly.build_summary(s, cfg, "2023-12", None)
+        t = monthly.totals(s, *monthly.month_bounds("2023-12"), None, Prices({"default": 2.0}, "EUR"))
+    rows = {v["verdict"]: v for v in summary.context["verdicts"]}
+    assert set(rows) == {"never_used", "healthy", ""}
+    assert (rows["never_used"]["gpus"], rows["never_used"]["jobs"], rows["never_used"]["users"]) == (4, 2, 2)
+    assert rows["never_used"]["hours"] == pytest.approx(3 * 4.0 + 3.5)  # not the worked GPU's 4 hours
+    assert rows["never_used"]["wasted"] == pytest.approx(3 * 4.0 + 3.5)
+    assert (rows[""]["gpus"], rows[""]["jobs"], rows[""]["hours"]) == (1, 1, pytest.approx(4.0))
+    assert (rows["healthy"]["gpus"], rows["healthy"]["jobs"]) == (2, 1)
+    assert sum(v["gpus"] for v in rows.values()) == 4 + 1 + 2
+    assert sum(v["hours"] for v in rows.values()) == pytest.approx(t.hours["allocated"])
+    assert sum(v["wasted"] for v in rows.values()) == pytest.approx(t.wasted)
+    text = summary.text
+    assert "GPUs by verdict:" in text and "Jobs by verdict" not in text
+    assert "  GPU never used:                4 GPUs    2 jobs    15.50 GPU-h, 15.50 lost\n" in text, text
+    assert "  No problem found:              1 GPU     1 job      4.00 GPU-h, " in text
+    words = " ".join(text.split())
+    assert "1. GPU never used: 15.50 GPU-hours (\u20ac31.00) lost on 4 GPUs in 2 jobs by 2 users." in words
+    html = summary.html()
+    assert ">GPUs by verdict<" in html and "on 4 GPUs in 2 jobs by 2 users" in html
+    cells = re.findall(r">([^<>]+)</td>", html.split(">GPUs by verdict<", 1)[1])
+    assert cells[cells.index("GPU never used"):][:3] == ["GPU never used", "4", "2"], cells  # verdict, GPUs, jobs
+    assert cells[cells.index("No problem found"):][:3] == ["No problem found", "1", "1"], cells
+
+
 @pytest.mark.postgres
 def test_monthly_summary_is_the_same_on_postgresql(tmp_path, pg_url):  # noqa: F811
     """The report queries are plain SQL aggregates: PostgreSQL and SQLite give the same summary."""
@@ -70,6 +107,43 @@ def test_monthly_summary_is_the_same_on_postgresql(tmp_path, pg_url):  # noqa: F
         texts.append((summary.subject, summary.text))
     assert texts[0] == texts[1]
     assert "for 14.60 GPU-hours (\u20ac36.50)" in texts[1][1].replace("\n", " ")
+
+
+def test_monthly_summary_says_how_many_of_its_jobs_were_simulated(tmp_path):
+    """A summary over simulated jobs is labelled so in its Subject, text and HTML; over some simulated jobs it
+    says how many; over measured ones it carries no label. The simulated collector gives every job here its
+    figures, so "measured" ones are made by writing a real backend into the summary rows."""
+    jobs = [dict(job_id=500 + n, profile="idle", user="u", account="a", hours=1.0) for n in range(3)]
+    engine = make_db(tmp_path, jobs)
+    cfg = config(tmp_path)
+
+    def summary():  # type: ignore[no-untyped-def]
+        with Session(engine) as s:
+            month = s.exec(select(Job)).first().end_time.strftime("%Y-%m")  # type: ignore[union-attr]
+            return monthly.build_summary(s, cfg, month, None)
+
+    def set_backend(ids: set[int], backend: str) -> None:
+        with Session(engine) as s:
+            for job in s.exec(select(Job)).all():
+                if job.job_id in ids:
+                    job.backend = backend
+                    s.add(job)
+            s.commit()
+
+    every = summary()
+    assert every.subject.startswith("[c] SIMULATED DATA: GPU-hours ")
+    with Session(engine) as s:  # and each job's card, as its body says already
+        card = runner.render_job_card(s, s.exec(select(Job)).first(), cfg)  # type: ignore[arg-type]
+    assert card.subject.startswith("[c] SIMULATED DATA: GPU job 50"), card.subject
+    assert every.text.startswith("*** SIMULATED DATA \u2014 figures from simulated GPUs, not real ones ***\n")
+    assert "SIMULATED DATA \u2014 figures from simulated GPUs" in every.html()
+    set_backend({500, 501}, "nvml-gpm")
+    some = summary()
+    assert some.subject.startswith("[c] SIMULATED DATA: ")
+    assert some.text.startswith("*** SIMULATED DATA \u2014 1 of these 3 jobs was measured on simulated GPUs")
+    set_backend({502}, "nvml-gpm")
+    none = summary()
+    assert "SIMULATED" not in none.subject + none.text + none.html()
 
 
 def test_unpriced_model_shows_no_invented_cost(tmp_path):

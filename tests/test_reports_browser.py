@@ -101,6 +101,6 @@ def test_monthly_summary_renders_with_chart(archive):
     not_blank(img)
     assert chart_width_in_dom(tmp, summary) == 1200
     dom = run_chromium(tmp, "--dump-dom", f"file://{summary}").stdout
-    for text in ("all accounts", "jobs that lost the most GPU-hours", "Jobs by verdict", "physics",
+    for text in ("all accounts", "jobs that lost the most GPU-hours", "GPUs by verdict", "physics",
                  "vision"):
         assert text in dom, text

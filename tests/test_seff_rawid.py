@@ -12,6 +12,8 @@ The records go through the real spool and ingest; the GPU figures come from the 
 
 from __future__ import annotations
 
+import email
+import email.policy
 import json
 import os
 import subprocess
@@ -193,8 +195,12 @@ def test_a_site_without_accounting_says_the_epilogs_view_is_final(site):
     final = "State: ENDED (the Epilog saw exit code 0; final: this site keeps no Slurm accounting)"
     p, _ = seff(site, "14", mode="accounting-none")
     assert p.returncode == 0 and final in " ".join(p.stdout.split()), p.stdout
+    # nothing will be read after the job: no CPU line that says it will (the card leaves the line out)
+    assert "CPU:" not in p.stdout and "not known yet" not in p.stdout, p.stdout
     (doc,) = json.loads(seff(site, "14", "--json", mode="accounting-none")[0].stdout)["jobs"]
     assert (doc["job"]["state"], doc["job"]["state_pending"]) == ("ENDED", False)
+    assert doc["cpu"]["missing"] == {"cpu_efficiency": "this site keeps no Slurm accounting",
+                                     "max_rss_bytes": "this site keeps no Slurm accounting"}, doc["cpu"]
     p, _ = seff(site, "2_0", mode="accounting-none")
     assert p.returncode == 3 and "keeps no Slurm accounting" in p.stderr and "raw id" in p.stderr, p.stderr
     env = dict(os.environ, PYTHONPATH=ROOT, PATH=f"{root}/bin:/usr/bin:/bin", FAKE_SLURM_LOG=str(root / "calls"),
@@ -212,6 +218,13 @@ def test_a_site_without_accounting_says_the_epilogs_view_is_final(site):
     assert p.returncode == 0, p.stdout + p.stderr
     card = next((root / "rep").rglob("testcluster-15/message.eml")).read_text()  # sent now, no waiting
     assert "final: this site keeps no Slurm accounting" in " ".join(card.split())
+    msg = email.message_from_string(card, policy=email.policy.default)
+    parts = {part.get_content_type(): part.get_content() for part in msg.walk()
+             if part.get_content_maintype() == "text"}
+    assert set(parts) == {"text/plain", "text/html"}, set(parts)
+    for kind, body in parts.items():  # the mail's text and HTML parts: no CPU line either
+        assert "not known yet" not in body and "read after the job" not in body, kind
+    assert "CPU:" not in parts["text/plain"] and ">CPU</td>" not in parts["text/html"]
     assert calls(site) == []  # neither seff-gpu nor the service asked sacct or sacctmgr
 
 

@@ -57,6 +57,32 @@ def test_json_lists_the_users_jobs_with_totals(site):
     assert json.loads(out.stdout)["jobs"] == []
 
 
+def test_json_figures_are_rounded_as_the_one_job_document(site):
+    """``-u --json`` printed the stored floats as they were (0.20659999999999998): its figures, the totals'
+    too, keep the decimals of a card's --json (fmt.number: 6, seconds 3, joules 1)."""
+    cfg, engine = site
+    from sqlalchemy import text
+
+    with engine.connect() as c:
+        user, raw = c.execute(text("SELECT user, sum(sm_active_gpu_hours) FROM job GROUP BY user "
+                                   "ORDER BY count(*) DESC LIMIT 1")).one()
+    assert raw != round(raw, 6)  # the sum as stored has more decimals than JSON shows: the test can fail
+    out = seff(cfg, "-u", user, "-S", "2023-12-31", "-E", "2024-01-03", "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    digits = {"elapsed_s": 3, "total_cpu_s": 3, "energy_j": 1}
+    seen = 0
+    for figures in (*doc["jobs"], doc["totals"]):
+        for key, value in figures.items():
+            if isinstance(value, float):
+                seen += 1
+                assert value == round(value, digits.get(key, 6)), (key, value)
+    assert seen > len(doc["jobs"]) * 5
+    one = json.loads(seff(cfg, "--json", str(doc["jobs"][0]["raw_job_id"])).stdout)["jobs"][0]
+    assert doc["jobs"][0]["gpu_hours"] == one["figures"]["gpu_hours"]["value"]  # the same figure, the same digits
+    assert doc["jobs"][0]["sm_active"] == one["figures"]["sm_active"]["value"]
+
+
 def test_table_has_a_line_per_job_and_totals(site):
     cfg, _engine = site
     out = seff(cfg, "-A", synthetic.ACCOUNTS[0], "-S", "2023-12-31", "-E", "2024-01-03")

@@ -214,6 +214,56 @@ def test_serve_ingests_serves_metrics_and_stops_on_sigterm(tmp_path):
     assert "ingested 5, quarantined 0, failed 0" in out
 
 
+def test_serve_logs_a_quarantined_record_once(tmp_path):
+    """A record ingest refuses was logged twice by `gpueff serve`: by ingest as it moved the file, and again
+    by the ingest task with the run's errors. Once now, with where it went."""
+    spool.ensure_dirs(str(tmp_path / "spool"))
+    spool.atomic_write(str(tmp_path / "spool" / "incoming" / "job-77-n1.json"), b'{"schema": 1, "cluster": ')
+    out = serve_until_ingested(tmp_path, 2)
+    assert "ingested 2, quarantined 1, failed 0" in out
+    lines = [line for line in out.splitlines() if "job-77-n1.json" in line]
+    assert len(lines) == 1, lines
+    assert " WARNING ingest: job-77-n1.json: " in lines[0] and "not valid JSON" in lines[0]
+    assert f"(quarantined as {tmp_path}/spool/quarantine/job-77-n1.json)" in lines[0]
+
+
+def test_serve_says_its_schema_in_one_line(tmp_path):
+    """`gpueff serve` logged Alembic's INFO chatter at start (plugins, "Context impl", "Will assume
+    non-transactional DDL", each migration: 30 lines on a new database). It says one line: the schema's
+    revision and what was migrated, here a new database, then the same database again."""
+    from slurm_gpueff.storage import migrate
+
+    cfg_path = tmp_path / "gpueff.toml"
+    cfg_path.write_text(f'[paths]\nspool_dir = "{tmp_path}/spool"\nstate_dir = "{tmp_path}/state"\n'
+                        f'database = "{tmp_path}/g.db"\n[service]\nmetrics_port = 0\nenrich_interval_s = 0\n')
+
+    def start_lines() -> list[str]:  # what serve logs up to its first scheduled task's line
+        p = subprocess.Popen([sys.executable, "-m", "slurm_gpueff.cli.gpueff", "--config", str(cfg_path), "serve"],
+                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        lines: list[str] = []
+        try:
+            assert p.stdout is not None
+            for line in p.stdout:
+                lines.append(line)
+                if " task ingest: every " in line:
+                    break
+        finally:
+            p.send_signal(signal.SIGTERM)
+            rest, _ = p.communicate(timeout=30)
+        assert p.returncode == 0, "".join(lines) + rest
+        return lines
+
+    head = migrate.head()
+    for want in (f"database schema: revision {head}, made new ({int(head)} migrations: 0001 to {head})",
+                 f"database schema: revision {head}, nothing to migrate"):
+        lines = start_lines()
+        schema = [line for line in lines if "schema" in line]
+        assert len(schema) == 1 and schema[0].rstrip().endswith(f" INFO {want}"), lines
+        for chatter in ("alembic", "Context impl", "non-transactional DDL", "Running upgrade"):
+            assert not any(chatter in line for line in lines), (chatter, lines)
+        assert len(lines) <= 12, lines  # the schema, the database check, a line a task
+
+
 def test_serve_drains_a_backlog_in_one_process(tmp_path):
     """A backlog of 500 records with ingest_workers = 2 (a setting ingest no longer uses: it is still
     accepted) is drained by the scheduler thread, and the service still stops cleanly on SIGTERM."""

@@ -39,6 +39,34 @@ def test_summary_matches_analysis_for_every_profile(tmp_path):
             assert job.analyzed_at is not None
 
 
+def test_a_job_whose_gpus_differ_stores_each_verdicts_gpus(tmp_path):
+    """A verdict concerns GPUs: "3 of 4 GPUs never used" is not the fourth GPU's, which worked. The summary
+    keeps each first verdict's GPUs, GPU-hours and lost hours ("" for the GPU no verdict concerns), adding up
+    to the job's; a job whose GPUs all share its verdict (every one-GPU job) stores none."""
+    engine = make_engine(str(tmp_path / "db.sqlite"))
+    spool_job(str(tmp_path / "spool"), 1, "one-of-n-gpus", 4)
+    spool_job(str(tmp_path / "spool"), 2, "bf16-healthy", 2)
+    spool_job(str(tmp_path / "spool"), 3, "idle", 1)
+    ingest_spool(engine, str(tmp_path / "spool"))
+    summarize_pending(engine)
+    with Session(engine) as s:
+        jobs = {j.job_id: j for j in s.exec(select(Job)).all()}
+    split = jobs[1].gpu_verdicts
+    assert split is not None and set(split) == {"never_used", ""}, split
+    assert split["never_used"][:2] == [3, 6.0] and abs(split["never_used"][2] - 6.0) < 1e-9  # idle all along
+    assert split[""][:2] == [1, 2.0] and 0 < split[""][2] < 1.0  # the GPU that worked lost little
+    assert sum(p[0] for p in split.values()) == jobs[1].gpu_count
+    assert abs(sum(p[1] for p in split.values()) - jobs[1].gpu_hours) < 1e-9
+    lost = jobs[1].idle_gpu_hours + jobs[1].underfilled_gpu_hours
+    assert abs(sum(p[2] for p in split.values()) - lost) < 1e-9
+    assert jobs[2].gpu_verdicts is None and jobs[3].gpu_verdicts is None
+    with make_engine(str(tmp_path / "db.sqlite")).connect() as conn:  # SQL NULL, not JSON null: queries test IS NULL
+        from sqlalchemy import text
+
+        assert conn.execute(text("SELECT job_id FROM job WHERE gpu_verdicts IS NULL ORDER BY job_id")).scalars().all() \
+            == [2, 3]
+
+
 def test_reingest_of_another_node_marks_job_stale(tmp_path):
     engine = make_engine(str(tmp_path / "db.sqlite"))
     spool_job(str(tmp_path / "spool"), 7, "bf16-healthy", 1, node="n1")

@@ -1,18 +1,17 @@
-"""MUNGE credentials through the ``munge`` and ``unmunge`` commands: how ``seff-gpu`` proves who runs it to
-``gpueff serve``'s API, and how the service learns the caller's uid.
+"""MUNGE credentials through the ``munge`` and ``unmunge`` commands: how ``gpueff serve`` and its clients
+(``seff-gpu``, ``gpueff forward``, doctor) prove to each other who they are (access/sealed.py builds on this).
 
 Every Slurm cluster runs ``munged`` on every host with one shared key, so a credential made on a login node
 decodes on the service host, and only munged (running as its own user, reading the caller's uid from the
-socket) can put a uid in it: a user cannot claim to be another. The payload binds a credential to one
-request (the caller puts the SHA-256 of the request body in it, the service recomputes it), and munged
-itself refuses a credential decoded twice ("replayed") or past its time-to-live ("expired").
+socket) can put a uid in it: nobody can claim to be another. munged encrypts the payload with the site's
+key, decodes a credential restricted to a uid (``--restrict-uid``) only for that uid, and refuses one
+decoded twice ("replayed") or past its time-to-live ("expired").
 
 Stdlib only, every call bounded in time; a failure is a :class:`MungeError` saying why in one line.
 """
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 import subprocess
 from typing import NamedTuple
@@ -27,7 +26,9 @@ TIMEOUT_S = 5.0
 REFUSED = {8: "not a valid credential", 11: "not a valid credential (wrong key?)", 14: "invalid credential",
            15: "expired credential", 16: "rewound credential (clocks differ?)",
            17: "replayed credential (each credential is good for one request)",
-           18: "unauthorized credential"}
+           18: "unauthorized credential (sealed for another user)"}
+MAX_PAYLOAD = 512 * 1024  # bytes one credential carries: munged refuses requests beyond about 1 MiB, and a
+# credential is the payload in base64 (4/3) plus its header
 
 
 class MungeError(GpueffError):
@@ -43,12 +44,7 @@ class Decoded(NamedTuple):
 
     uid: int
     gid: int
-    payload: str
-
-
-def body_digest(body: bytes) -> str:
-    """The payload that binds a credential to one request: the SHA-256 hex of its body."""
-    return hashlib.sha256(body).hexdigest()
+    payload: bytes
 
 
 def _command(name: str, socket: str) -> list[str]:
@@ -69,29 +65,34 @@ def _reason(name: str, stderr: str, rc: int) -> str:
     return text
 
 
-def encode(payload: str, socket: str = "", timeout_s: float = TIMEOUT_S) -> str:
-    """A credential for ``payload`` from the local munged, naming the calling process's uid."""
+def encode(payload: bytes, socket: str = "", timeout_s: float = TIMEOUT_S, *, for_uid: int | None = None) -> str:
+    """A credential for ``payload`` (at most :data:`MAX_PAYLOAD` bytes) from the local munged, naming the
+    calling process's uid; with ``for_uid``, only that uid can decode it (and read the payload)."""
+    if len(payload) > MAX_PAYLOAD:
+        raise ValueError(f"a credential carries at most {MAX_PAYLOAD} bytes, not {len(payload)}")
+    restrict = ["--restrict-uid", str(for_uid)] if for_uid is not None else []
     try:
-        p = subprocess.run([*_command("munge", socket), "--no-input", "--string", payload], capture_output=True,
-                           text=True, timeout=timeout_s, check=False)
+        p = subprocess.run([*_command("munge", socket), *restrict], input=payload, capture_output=True,
+                           timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired:
         raise MungeError(f"munge did not answer within {timeout_s:g} s (is munged running?)") from None
     except OSError as exc:
         raise MungeError(f"cannot run munge: {exc.strerror or exc}") from None
-    cred = p.stdout.strip()
+    cred = p.stdout.decode("ascii", "replace").strip()
     if p.returncode != 0 or not cred.startswith("MUNGE:"):
-        raise MungeError(f"munge cannot make a credential: {_reason('munge', p.stderr, p.returncode)}")
+        why = _reason("munge", p.stderr.decode("utf-8", "replace"), p.returncode)
+        raise MungeError(f"munge cannot make a credential: {why}")
     return cred
 
 
 def decode(credential: str, socket: str = "", timeout_s: float = TIMEOUT_S) -> Decoded:
     """The uid, gid and payload munged vouches for; MungeError (bad, expired, rewound or replayed credential,
     munged down) otherwise."""
-    if not credential.startswith("MUNGE:") or "\n" in credential:
+    if not credential.startswith("MUNGE:") or not credential.isascii() or not credential.isprintable():
         raise CredentialRefused("not a MUNGE credential")
     try:
-        p = subprocess.run([*_command("unmunge", socket), "--numeric"], input=credential, capture_output=True,
-                           text=True, timeout=timeout_s, check=False)
+        p = subprocess.run([*_command("unmunge", socket), "--numeric"], input=credential.encode(),
+                           capture_output=True, timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired:
         raise MungeError(f"unmunge did not answer within {timeout_s:g} s (is munged running?)") from None
     except OSError as exc:
@@ -99,13 +100,14 @@ def decode(credential: str, socket: str = "", timeout_s: float = TIMEOUT_S) -> D
     if p.returncode != 0:
         if p.returncode in REFUSED:
             raise CredentialRefused(f"credential refused: {REFUSED[p.returncode]}")
-        raise MungeError(f"unmunge failed: {_reason('unmunge', p.stderr, p.returncode)}")
+        raise MungeError(f"unmunge failed: {_reason('unmunge', p.stderr.decode('utf-8', 'replace'), p.returncode)}")
     return parse_unmunge(p.stdout)
 
 
-def parse_unmunge(text: str) -> Decoded:
+def parse_unmunge(out: bytes) -> Decoded:
     """``unmunge --numeric``'s output: ``KEY: value`` lines, a blank line, then the payload as given."""
-    head, sep, payload = text.partition("\n\n")
+    raw, sep, payload = out.partition(b"\n\n")
+    head = raw.decode("ascii", "replace")
     meta = {}
     for line in head.splitlines():
         key, _, value = line.partition(":")

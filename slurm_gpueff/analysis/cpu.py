@@ -24,21 +24,28 @@ class CpuFigures:
 # Why the CPU side is not known yet: it comes from Slurm's accounting (TotalCPU, AllocCPUS, MaxRSS), which
 # enrichment reads once the job has ended and slurmdbd has it.
 PENDING = "Slurm's accounting not read yet"
+# Where the site keeps no Slurm accounting ([sacct] accounting = false) nothing will ever be read: the CPU
+# side is then never known, and saying "not read yet" would promise what never comes.
+NO_ACCOUNTING = "this site keeps no Slurm accounting"
 
 
-def cpu_figures(job: Any, elapsed_s: float | None) -> CpuFigures:
-    """From a job row (ORM or plain): its CPUs, TotalCPU and MaxRSS as enrichment stored them."""
+def cpu_figures(job: Any, elapsed_s: float | None, accounting: bool = True) -> CpuFigures:
+    """From a job row (ORM or plain): its CPUs, TotalCPU and MaxRSS as enrichment stored them. ``accounting``
+    false: the site keeps no Slurm accounting, so what is missing is missing for good."""
     pending = not getattr(job, "enriched", True)
     cpus, total = getattr(job, "alloc_cpus", None), getattr(job, "total_cpu_s", None)
     rss = getattr(job, "max_rss_bytes", None)
     out = CpuFigures(alloc_cpus=cpus, total_cpu_s=total, max_rss_bytes=rss)
+    if not accounting:
+        pending = False
     if total is None or not cpus:
-        out.missing["cpu_efficiency"] = (PENDING if pending else
+        out.missing["cpu_efficiency"] = (PENDING if pending else NO_ACCOUNTING if not accounting else
                                          "Slurm's accounting gave no CPU time or no allocated CPUs for it")
     elif not elapsed_s:
         out.missing["cpu_efficiency"] = "elapsed time unknown or zero"
     else:
         out.efficiency = min(1.0, max(0.0, float(total) / (float(elapsed_s) * int(cpus))))
     if rss is None:
-        out.missing["max_rss_bytes"] = PENDING if pending else "Slurm's accounting gave no MaxRSS for it"
+        out.missing["max_rss_bytes"] = (PENDING if pending else NO_ACCOUNTING if not accounting else
+                                        "Slurm's accounting gave no MaxRSS for it")
     return out

@@ -27,13 +27,42 @@ class Diagnosis:
         other checks say why."""
         return [s for s in self.skipped if len(self.skipped) == 1 or s.name != "healthy"]
 
-    def gpu_verdicts(self) -> dict[tuple[str, int], str]:
-        """Per GPU (node, index): the plain name of the first verdict that concerns it."""
+    def first_verdicts(self) -> dict[tuple[str, int], str]:
+        """Per GPU (node, index): the rule name of the first verdict that concerns it (none: not a key)."""
         first: dict[tuple[str, int], str] = {}
         for v in self.verdicts:
             for ref in v.gpus:
-                first.setdefault(ref, label_of(v.name))
+                first.setdefault(ref, v.name)
         return first
+
+    def gpu_verdicts(self) -> dict[tuple[str, int], str]:
+        """Per GPU (node, index): the plain name of the first verdict that concerns it."""
+        return {ref: label_of(name) for ref, name in self.first_verdicts().items()}
+
+
+def gpu_split(figures: JobFigures, diag: Diagnosis) -> dict[str, list[float]] | None:
+    """The job's GPUs by their first verdict ("" for a GPU no verdict concerns, in a job with a verdict on
+    others): name -> [GPUs, GPU-hours, GPU-hours lost]; None where every GPU has the primary verdict, as in a
+    one-GPU job. Why: a verdict concerns GPUs, and a summary that put a job's every GPU-hour under its primary
+    verdict said "GPU never used" of a GPU that worked all along. A part of the lost hours (idle, underfilled)
+    unknown for the job counts 0 on each GPU, as the job's own lost hours count it, so the parts add up to
+    the job's figures."""
+    primary = diag.primary
+    if primary is None or figures.gpu_count < 2:
+        return None
+    first = diag.first_verdicts()
+    names = [first.get((g.node, g.index), "") for g in figures.gpus]
+    if all(name == primary.name for name in names):
+        return None
+    idle_known, under_known = figures.waste.idle_h is not None, figures.waste.underfilled_h is not None
+    split: dict[str, list[float]] = {}
+    for g, name in zip(figures.gpus, names, strict=True):
+        part = split.setdefault(name, [0, 0.0, 0.0])
+        part[0] += 1
+        part[1] += g.hours or 0.0
+        part[2] += ((g.waste.idle_h or 0.0) if idle_known else 0.0) + (
+            (g.waste.underfilled_h or 0.0) if under_known else 0.0)
+    return split
 
 
 def assess(figures: JobFigures, thresholds: ThresholdSource = None) -> Diagnosis:

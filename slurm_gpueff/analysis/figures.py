@@ -288,11 +288,12 @@ def _source(gpus: Sequence[GpuFigures], ok: Sequence[bool]) -> str:
     return "+".join(dict.fromkeys(g.source for g, present in zip(gpus, ok, strict=True) if present)) or "none"
 
 
-def job_figures(job: Job, gpus: Sequence[JobGpu]) -> JobFigures:
-    """All figures of a job from its (saved or unsaved) Job and JobGpu rows."""
+def job_figures(job: Job, gpus: Sequence[JobGpu], accounting: bool = True) -> JobFigures:
+    """All figures of a job from its (saved or unsaved) Job and JobGpu rows; ``accounting``: whether the site
+    keeps Slurm accounting (``[sacct] accounting``), where the CPU side comes from."""
     per = [gpu_figures(job, g) for g in sorted(gpus, key=lambda g: (g.node, g.gpu_index))]
     fig = combine(per, job_elapsed_s(job))
-    fig.cpu = cpu_figures(job, fig.elapsed_s)
+    fig.cpu = cpu_figures(job, fig.elapsed_s, accounting)
     return fig
 
 

@@ -16,6 +16,12 @@ from .common import at_least_one, database, load_config
 if TYPE_CHECKING:
     from .common import Subparsers
 
+TITLE = "idle-GPU alerts"
+EXAMPLES: tuple[tuple[str, str], ...] = (  # `gpueff --help` shows them under TITLE
+    ("alerts run --dry-run", "one pass, nothing mailed or cancelled"),
+    ("alerts log", "what the passes decided and did"),
+)
+
 
 def add_parsers(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     a = sub.add_parser("alerts", parents=[common], help="idle-GPU policy for running jobs: run a pass, show "

@@ -125,13 +125,15 @@ def at_least_one(flag: str, value: int | None) -> None:
 
 
 def log_to_stderr(verbose: bool, name: str) -> None:
-    """Log lines as journald shows them best; the scheduler's own chatter only with ``-v``."""
+    """Log lines as journald shows them best; the scheduler's and Alembic's own chatter only with ``-v``
+    (a start that migrates says so in one line of its own: storage.migrate)."""
     import logging  # here, not at the top: `gpueff hook prolog` does not pay for it
 
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s gpueff-{name} %(levelname)s %(message)s")
     if not verbose:
-        logging.getLogger("apscheduler").setLevel(logging.WARNING)
+        for chatty in ("apscheduler", "alembic"):
+            logging.getLogger(chatty).setLevel(logging.WARNING)
 
 
 class ProgressBar:

@@ -60,6 +60,7 @@ enabled = false         # the demo's jobs belong to made-up users; show them to 
 [reports]
 dir = {reports}         # the monthly summary the demo writes (a dry run: nothing is mailed)
 admins = ["hpc-admins@example.org"]
+coordinators_as_leads = false  # the simulated cluster has no sacctmgr to name its accounts' coordinators
 """
 
 
@@ -189,18 +190,18 @@ def summary(config: Config, job_ids: list[int]) -> str:
     from ..analysis.diagnose import assess
     from ..analysis.figures import job_figures
     from ..fmt import gpu_hours, pct
-    from ..render.text import render_table
+    from ..render.text import SIM_BANNER, render_table
     from ..reports.jobview import lookup
     from ..slurm.jobid import JobSpec
 
     items = []
     for job_id in job_ids:
         for job, gpus in lookup(config, JobSpec(job_id), None):  # as seff-gpu reads them
-            fig = job_figures(job, gpus)
+            fig = job_figures(job, gpus, config.sacct.accounting)
             items.append((job, fig, assess(fig, config.analysis)))
     hours = sum(f.hours or 0.0 for _, f, _ in items)
     active = sum(f.waste.sm_active_h or 0.0 for _, f, _ in items)
-    return "\n".join(["Summary (all demo jobs):", render_table(items), "",
+    return "\n".join([f"Summary (all demo jobs; {SIM_BANNER.strip('* ')}):", render_table(items), "",
                       f"{gpu_hours(hours)} GPU-hours allocated, {gpu_hours(active)} of them SM-active "
                       f"({pct(active / hours)}); {gpu_hours(hours - active)} GPU-hours idle or underfilled."])
 

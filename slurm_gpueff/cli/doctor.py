@@ -15,6 +15,7 @@ import stat
 import sys
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
@@ -298,6 +299,179 @@ def check_spool(rep: Report, cfg: Config) -> None:
         rep.add(PASS, "spool", f"{len(ages)} record(s) waiting in {incoming}, none stuck; quarantine empty")
 
 
+def check_spool_space(rep: Report, cfg: Config) -> None:
+    """Room in the spool's filesystem for the largest record it takes (``[spool] max_file_mb``) and an inode: a
+    full or read-only one sends every Epilog's record to a fallback. "Writable" (check_dirs) is only the
+    permission."""
+    from .. import fmt, spool
+
+    path = cfg.paths.spool_dir
+    where = _existing(path)
+    try:
+        st = os.statvfs(where)
+    except OSError as exc:
+        rep.add(FAIL, "spool space", f"{path}: cannot read its filesystem ({exc})")
+        return
+    root = os.geteuid() == 0  # the hooks and the forwarder run as root, who may use the reserved blocks
+    free = (st.f_bfree if root else st.f_bavail) * st.f_frsize
+    inodes = st.f_ffree if root else st.f_favail
+    room = int(cfg.spool.max_file_mb * 1024 * 1024)
+    kind = spool.filesystem(where)[1] or "filesystem type unknown"
+    said = f"{fmt.gib(free)} GiB free ({kind})"
+    if st.f_flag & os.ST_RDONLY:
+        rep.add(FAIL, "spool space", f"{path} is on a read-only filesystem: every job's record goes to a fallback "
+                                     "spool")
+    elif free < room or (st.f_files and not inodes):
+        rep.add(FAIL, "spool space", f"{path}: its filesystem is full ({said}, {inodes} inodes; a record takes up "
+                                     f"to {cfg.spool.max_file_mb:g} MiB, [spool] max_file_mb): every job's record "
+                                     "goes to a fallback spool; free some space")
+    elif kind in spool.VOLATILE_FS:
+        rep.add(WARN, "spool space", f"{path} is on {kind}: the records waiting there are lost at a reboot; put "
+                                     "paths.spool_dir on persistent storage")
+    else:
+        rep.add(PASS, "spool space", f"{path}: {said}")
+
+
+def _existing(path: str) -> str:
+    """``path``, else its nearest parent that exists (what a missing spool would be made in)."""
+    p = os.path.abspath(path)
+    while not os.path.exists(p) and os.path.dirname(p) != p:
+        p = os.path.dirname(p)
+    return p
+
+
+def check_spool_fallback(rep: Report, cfg: Config) -> None:
+    """Records the Epilog put in a fallback spool because the spool would not take them: FAIL while any wait
+    (saying where, how many, and whether a reboot loses them); else where the next one would go."""
+    from .. import spool
+    from ..access.client import api_url
+
+    waiting = []
+    for d in spool.fallback_dirs(cfg, os.environ):
+        records, quarantined = spool.waiting(d)
+        if records or quarantined:
+            what = [f"{records} record(s) in {d}/{spool.INCOMING}"] if records else []
+            what += [f"{quarantined} in {d}/{spool.QUARANTINE} (each NAME.error says why)"] if quarantined else []
+            how = spool.NOT_PERSISTENT if spool.volatile(d) else "persistent"
+            waiting.append(f"{' and '.join(what)} ({how})")
+    if waiting:
+        then = ("`gpueff forward` sends the records from there" if api_url(cfg.service) else
+                "nothing sends them from there (no [service] api_url)")
+        rep.add(FAIL, "spool fallback", f"waiting in fallback spools, not in {cfg.paths.spool_dir}: "
+                + "; ".join(waiting) + f". {then}; the next job end on this node that can write the spool "
+                "moves them back")
+        return
+    ranked = spool.ranked_fallbacks(cfg, os.environ)
+    if not ranked:
+        rep.add(WARN, "spool fallback", "no fallback spool: set paths.spool_fallback_dir")
+        return
+    first, vol = ranked[0]
+    if vol:
+        rep.add(WARN, "spool fallback", f"none waiting; if {cfg.paths.spool_dir} fails, records go to {first}: "
+                                        f"tmpfs, {spool.NOT_PERSISTENT}; set paths.spool_fallback_dir to a "
+                                        "directory on persistent storage (best another filesystem than the spool's)")
+        return
+    same = spool.filesystem(first)[0] == spool.filesystem(cfg.paths.spool_dir)[0]
+    rep.add(PASS, "spool fallback", f"none waiting; if {cfg.paths.spool_dir} fails, records go to {first} "
+                                    "(persistent" + ("; the spool's filesystem: a full one fills it too" if same
+                                                     else "") + ")")
+
+
+def check_forwarder(rep: Report, cfg: Config) -> None:
+    """``gpueff forward`` runs: its heartbeat (node/push.py) names a live forwarder whose next pass is not overdue
+    by more than three intervals (at least FORWARDER_GRACE_S); FAIL saying when it last ran. Where the node has no
+    api_url there is no forwarder."""
+    from .. import fmt
+    from ..access.client import api_url
+    from ..node.push import heartbeat_path, read_heartbeat
+
+    if not api_url(cfg.service):
+        rep.add(PASS, "forwarder", "none to check: no [service] api_url (the shared-spool layout, where the "
+                                   "service ingests the spool itself)")
+        return
+    beat = read_heartbeat(cfg)
+    deadline = time.monotonic() + FORWARDER_START_S
+    while beat is None and time.monotonic() < deadline and _forwarders(cfg):  # started a moment ago, as right
+        time.sleep(0.2)  # after `systemctl enable --now gpueff-forward`: give it its first heartbeat
+        beat = read_heartbeat(cfg)
+    path = heartbeat_path(cfg)
+    start = "systemctl enable --now gpueff-forward"
+    if beat is None:
+        rep.add(FAIL, "forwarder", f"gpueff forward has not run here (no {path} since the state dir was made, e.g. "
+                                   f"at boot): this node's records are not sent; {start}")
+        return
+    t = beat.get("time")
+    if "unreadable" in beat or not isinstance(t, int | float):
+        rep.add(FAIL, "forwarder", f"{path}: {beat.get('unreadable', 'no time in it')}")
+        return
+    now = time.time()
+    ago = f"last ran {fmt.hms(max(0.0, now - t))} ago ({fmt.utc_seconds(datetime.fromtimestamp(t, UTC))})"
+    interval = cfg.service.forward_interval_s
+    slack = max(3 * interval, FORWARDER_GRACE_S)
+    due = beat.get("next_due")
+    pid = beat.get("pid")
+    if beat.get("stopped"):
+        rep.add(FAIL, "forwarder", f"gpueff forward stopped: it {ago}; {start}")
+    elif beat.get("once"):
+        ok = now - t <= slack
+        rep.add(PASS if ok else FAIL, "forwarder", f"gpueff forward --once {ago}" + (
+            "" if ok else f"; no forwarder runs (each pass every {interval:g} s): {start}"))
+    elif isinstance(pid, int) and not _forwarder_alive(pid):
+        rep.add(FAIL, "forwarder", f"gpueff forward (pid {pid}) is not running: it {ago}; {start}")
+    elif isinstance(due, int | float) and now > due + slack:
+        rep.add(FAIL, "forwarder", f"gpueff forward {ago} and is overdue (next pass was due "
+                                   f"{fmt.hms(now - due)} ago): is it hung? {start}")
+    elif beat.get("ok") is False:
+        rep.add(WARN, "forwarder", f"gpueff forward runs ({ago}), but its last pass left {beat.get('left')} "
+                                   f"record(s): {beat.get('error')}")
+    else:
+        rep.add(PASS, "forwarder", f"gpueff forward runs (pid {pid}): {ago}")
+
+
+FORWARDER_START_S = 15.0  # how long a forwarder that runs but has written no heartbeat yet is waited for
+FORWARDER_GRACE_S = 30.0  # the least lateness that counts (3 intervals at most): a pass, and this check, take time
+
+
+def _forwarder_alive(pid: int) -> bool:
+    """Whether ``pid`` is a running ``gpueff forward`` (not a process that took the number since)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return _is_forwarder(fh.read())
+    except OSError:
+        return False
+
+
+def _is_forwarder(cmdline: bytes) -> bool:
+    args = cmdline.split(b"\0")
+    return b"forward" in args and any(a.endswith(b"gpueff") or b"slurm_gpueff" in a for a in args)
+
+
+def _forwarders(cfg: Config) -> list[int]:
+    """The pids of the ``gpueff forward`` processes running here (as /proc shows them) with this config."""
+    from ..config import DEFAULT_PATH, ENV_VAR
+
+    out = []
+    with contextlib.suppress(OSError), os.scandir("/proc") as it:
+        for e in it:
+            if not e.name.isdigit() or not _forwarder_alive(int(e.name)):
+                continue
+            try:
+                with open(f"/proc/{e.name}/cmdline", "rb") as fh:
+                    args = [a.decode(errors="replace") for a in fh.read().split(b"\0")]
+                named = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "--config"), None)
+                named = named or next((a.split("=", 1)[1] for a in args if a.startswith("--config=")), None)
+                if named is None:
+                    with open(f"/proc/{e.name}/environ", "rb") as fh:
+                        env = dict(v.decode(errors="replace").partition("=")[::2] for v in fh.read().split(b"\0"))
+                    named = env.get(ENV_VAR) or DEFAULT_PATH
+                where = os.path.join(os.readlink(f"/proc/{e.name}/cwd"), named)
+            except OSError:
+                continue
+            if os.path.realpath(where) == os.path.realpath(cfg.source):
+                out.append(int(e.name))
+    return out
+
+
 def check_db(rep: Report, cfg: Config) -> None:
     """The database: its files private (SQLite), reachable, not damaged (a bounded ``quick_check``; on a
     server a row read from each table), and at the schema revision this version needs."""
@@ -467,6 +641,31 @@ def check_metrics(rep: Report, cfg: Config) -> None:
                                  "set a token file (chmod 600) and Prometheus' authorization.credentials_file")
 
 
+def check_agent_metrics(rep: Report, cfg: Config) -> None:
+    """The agent's /metrics on a GPU node: with per-user series on (job ids labelled with their user and
+    account), a token, as for the service's (:func:`check_metrics`); any user with a job here reaches
+    127.0.0.1. Says nothing when the endpoint is off, or has neither."""
+    from ..config import read_secret
+    from ..errors import GpueffError
+
+    a = cfg.agent
+    if not a.metrics_port or not (a.metrics_per_user or a.metrics_token_file):
+        return
+    if a.metrics_token_file:
+        try:
+            read_secret(a.metrics_token_file, "agent.metrics_token_file", "the bearer token Prometheus sends")
+        except GpueffError as exc:
+            rep.add(FAIL, "agent metrics", f"{exc}; the agent serves no /metrics")
+            return
+        rep.add(PASS, "agent metrics", f"/metrics on {a.metrics_address}:{a.metrics_port} answers only the bearer "
+                                       f"token in {a.metrics_token_file}")
+    else:
+        rep.add(WARN, "agent metrics", f"agent.metrics_per_user = true and no agent.metrics_token_file: every user "
+                                       "with a job on this node can read who runs which job on "
+                                       f"{a.metrics_address}:{a.metrics_port}; set a token file (chmod 600) and "
+                                       "Prometheus' authorization.credentials_file")
+
+
 def _closed_to_others(path: str, want: int) -> str | None:
     """The first folder on the way to ``path`` that other users cannot enter, or ``path`` itself when they
     lack ``want`` (stat bits for others) on it; None when every user can reach and use it."""
@@ -516,7 +715,7 @@ def check_munge(rep: Report, cfg: Config) -> None:
     from ..access import munge
 
     try:
-        munge.encode("gpueff doctor", cfg.service.munge_socket, timeout_s=5.0)
+        munge.encode(b"gpueff doctor", cfg.service.munge_socket, timeout_s=5.0)
     except munge.MungeError as exc:
         rep.add(FAIL, "munge", f"no credential from munged: {exc}")
         return
@@ -525,9 +724,13 @@ def check_munge(rep: Report, cfg: Config) -> None:
 
 
 def check_api(rep: Report, cfg: Config, starting_s: float = 0.0) -> None:
-    """The service's API answers here: seff-gpu on a host without the database reads through it. A refused
-    connection is asked again for ``starting_s`` (a service just started takes a moment to listen)."""
-    from ..access.client import HEALTH_PATH, api_url, request
+    """A sealed round trip with the service's API (``/v1/ping``): it answers, as ``[service] user``, with this
+    host's MUNGE key, and its own munged works; what seff-gpu and the forwarder need of it, where
+    ``/v1/health`` proves only that something answers HTTP. Nothing listening is asked again for
+    ``starting_s`` (a service just started takes a moment to listen)."""
+    import json
+
+    from ..access.client import PING_PATH, Impostor, Unreachable, api_url, post_signed
 
     url = api_url(cfg.service)
     if not url:
@@ -537,17 +740,28 @@ def check_api(rep: Report, cfg: Config, starting_s: float = 0.0) -> None:
     deadline = time.monotonic() + starting_s
     while True:
         try:
-            status, body, _ = request(url, "GET", HEALTH_PATH, timeout=cfg.service.api_timeout_s)
+            reply = post_signed(cfg.service, PING_PATH, b"{}", name="the service")
             break
-        except (OSError, ValueError) as exc:
-            if isinstance(exc, ConnectionRefusedError | FileNotFoundError) and time.monotonic() < deadline:
+        except Impostor as exc:
+            rep.add(FAIL, "api", str(exc))
+            return
+        except Unreachable as exc:
+            if exc.not_listening and time.monotonic() < deadline:
                 time.sleep(0.5)
                 continue
-            rep.add(FAIL, "api", f"{url} does not answer ({exc}): is `gpueff serve` running with [service] "
-                                 "api_listen?")
+            rep.add(FAIL, "api", f"{exc} (is `gpueff serve` running with [service] api_listen?)")
             return
-    ok = status == 200 and body.startswith(b"ok")
-    rep.add(PASS if ok else FAIL, "api", f"{url} answers" if ok else f"{url}: {HEALTH_PATH} answered {status}")
+    if not reply.sealed or reply.status != 200:
+        rep.add(FAIL, "api", f"{url} refused a sealed round trip: HTTP {reply.status}: {reply.reason()}")
+        return
+    try:
+        said = json.loads(reply.body)
+        asked_by = int(said["asked_by"])
+    except (ValueError, KeyError, TypeError):
+        rep.add(FAIL, "api", f"{url}: the service's answer to a ping cannot be read")
+        return
+    rep.add(PASS, "api", f"{url}: a sealed round trip with the service (as [service] user = {cfg.service.user}), "
+                         f"which knew this host's credential as uid {asked_by}")
 
 
 def check_api_served(rep: Report, cfg: Config) -> None:
@@ -590,8 +804,9 @@ CHECKS: tuple[tuple[str, Callable[[Report, Config], None]], ...] = (
 # a login node only runs seff-gpu against the service. Without a role: CHECKS, every check but the role-only ones.
 ROLES: dict[str, tuple[tuple[str, Callable[[Report, Config], None]], ...]] = {
     "node": (("install", check_install), ("nvml", check_nvml), ("driver ids", check_proc), ("dcgm", check_dcgm),
-             ("backend", check_backend), ("agent", check_agent), ("slurm", check_slurm), ("dirs", check_dirs),
-             ("spool", check_spool), ("push", check_push)),
+             ("backend", check_backend), ("agent", check_agent), ("agent metrics", check_agent_metrics),
+             ("slurm", check_slurm), ("dirs", check_dirs), ("spool", check_spool), ("spool space", check_spool_space),
+             ("spool fallback", check_spool_fallback), ("push", check_push), ("forwarder", check_forwarder)),
     "service": (("install", partial(check_install, bad=WARN)), ("dirs", check_dirs), ("spool", check_spool),
                 ("database", check_db), ("metrics", check_metrics), ("api", check_api_served)),
     "login": (("install", check_install), ("munge", check_munge), ("api", check_api)),

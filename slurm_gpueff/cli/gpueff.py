@@ -23,7 +23,11 @@ if TYPE_CHECKING:
 
 
 class CommandGroup(Protocol):
-    """A module of related commands: it adds their parsers and runs any of them (returning the exit status)."""
+    """A module of related commands: it adds their parsers and runs any of them (returning the exit status);
+    ``TITLE`` and ``EXAMPLES`` (command line without ``gpueff``, what it does) are its part of ``--help``."""
+
+    TITLE: str
+    EXAMPLES: tuple[tuple[str, str], ...]
 
     def add_parsers(self, sub: Subparsers, common: argparse.ArgumentParser) -> None: ...
 
@@ -33,16 +37,19 @@ class CommandGroup(Protocol):
 # The registry, in the order `gpueff --help` lists the commands: a job's data from the node to the mail,
 # then the tools to try and check an installation.
 GROUPS: tuple[CommandGroup, ...] = (node_cmds, service_cmds, slurm_cmds, report_cmds, alert_cmds, setup_cmds)
+DESCRIPTION = ("slurm-gpueff administration: the commands below, for the GPU nodes,\n"
+               "the service host and its admins; `gpueff COMMAND --help` gives a command's flags.")
 
-EPILOG = """\
-examples:
-  gpueff config check --config /etc/slurm-gpueff/gpueff.toml
-  gpueff ingest                   # move finished-job records from the spool into the database
-  gpueff agent                    # NVML sampling agent (run by systemd: etc/gpueff-agent.service)
-  gpueff demo                     # simulated cluster: hooks, spool, ingest and seff-gpu cards
-  gpueff hook epilog              # what slurmd runs as Epilog (usually via hooks/epilog)
 
-""" + CONFIG_NOTE
+def epilog() -> str:
+    """The examples of ``--help``, each group's under its title, from the registry: a command that goes
+    leaves no example behind (tests/test_gpueff_cli.py parses every one)."""
+    width = max(len(line) for group in GROUPS for line, _ in group.EXAMPLES) + len("gpueff ")
+    lines = ["examples:"]
+    for group in GROUPS:
+        lines.append(f"  {group.TITLE}:")
+        lines += [f"    {'gpueff ' + line:<{width}}  # {what}" for line, what in group.EXAMPLES]
+    return "\n".join([*lines, "", CONFIG_NOTE])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,8 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     # Accepted before or after the subcommand; SUPPRESS keeps a later default from hiding an earlier value.
     common.add_argument("--config", metavar="PATH", default=argparse.SUPPRESS, help=CONFIG_HELP)
     p: argparse.ArgumentParser = OneLineParser(
-        prog="gpueff", parents=[common], description="slurm-gpueff administration: node agent, Slurm hooks, "
-        "ingest, demo and config check.", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        prog="gpueff", parents=[common], description=DESCRIPTION, epilog=epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for group in GROUPS:
         known = set(sub.choices)

@@ -17,6 +17,13 @@ from .common import UsageError, load_config, log_to_stderr
 if TYPE_CHECKING:
     from .common import Subparsers
 
+TITLE = "on a GPU node"
+EXAMPLES: tuple[tuple[str, str], ...] = (  # `gpueff --help` shows them under TITLE
+    ("agent", "NVML sampling (etc/gpueff-agent.service)"),
+    ("hook install DIR", "write the Prolog/Epilog scripts"),
+    ("hook epilog", "what slurmd runs as Epilog"),
+)
+
 
 def add_parsers(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     a = sub.add_parser("agent", parents=[common], help="run the NVML sampling agent (nvml backend)")

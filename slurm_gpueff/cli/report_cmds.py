@@ -19,6 +19,12 @@ if TYPE_CHECKING:
     from ..reports.runner import RunResult
     from .common import Subparsers
 
+TITLE = "reports by mail"
+EXAMPLES: tuple[tuple[str, str], ...] = (  # `gpueff --help` shows them under TITLE
+    ("report monthly --dry-run", "last month's summaries, into files"),
+    ("report cards", "mail the cards of jobs just ended"),
+)
+
 
 def add_parsers(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     r = sub.add_parser("report", parents=[common], help="mail per-job efficiency cards and monthly summaries",

@@ -14,6 +14,14 @@ if TYPE_CHECKING:
     from ..config import Config
     from .common import Subparsers
 
+TITLE = "the service and its database"
+EXAMPLES: tuple[tuple[str, str], ...] = (  # `gpueff --help` shows them under TITLE
+    ("serve", "the service (etc/gpueff-serve.service)"),
+    ("forward", "push the node's spool to the service"),
+    ("db upgrade", "migrate the schema (PostgreSQL)"),
+    ("ingest", "without serve: spool into the database"),
+)
+
 
 def add_parsers(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     i = sub.add_parser("ingest", parents=[common],
@@ -33,7 +41,8 @@ def add_parsers(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     db.add_argument("--limit-s", type=float, default=0.0, metavar="SECONDS",
                     help="db check: stop after this long (default 0: no limit)")
     s = sub.add_parser("serve", parents=[common], help="the service: scheduled ingest, enrichment, rollups, "
-                       "retention and reports, and Prometheus /metrics (until SIGTERM)")
+                       "retention, reports and alerts; the API ([service] api_listen) and Prometheus /metrics "
+                       "(until SIGTERM)")
     s.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     f = sub.add_parser("forward", parents=[common], help="node side: push spooled records to gpueff serve "
                        "([service] api_url), signed by MUNGE; each stays in the spool until acknowledged")

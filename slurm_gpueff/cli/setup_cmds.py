@@ -13,19 +13,31 @@ if TYPE_CHECKING:
     from ..config import Config
     from .common import Subparsers
 
+TITLE = "trying and checking an installation"
+EXAMPLES: tuple[tuple[str, str], ...] = (  # `gpueff --help` shows them under TITLE
+    ("demo", "the product on a simulated cluster"),
+    ("config check", "validate; print the effective values"),
+    ("doctor --role node", "what a GPU node needs, PASS/WARN/FAIL"),
+)
+
 
 def add_parsers(sub: Subparsers, common: argparse.ArgumentParser) -> None:
-    d = sub.add_parser("demo", parents=[common], help="run the product end to end on simulated GPUs")
-    d.add_argument("--dir", metavar="DIR", help="where to build the demo cluster (default ./gpueff-demo)")
-    d.add_argument("--keep", action="store_true", help="keep the demo folder afterwards")
+    d = sub.add_parser("demo", help="run the product end to end on simulated GPUs")
+    # Not shown: the demo writes and uses a config of its own (run() refuses --config with that reason).
+    d.add_argument("--config", metavar="PATH", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    d.add_argument("--dir", metavar="DIR", help="where to build the demo cluster (default ./gpueff-demo); it is "
+                   "kept afterwards, and the next demo in the same DIR replaces it")
+    # Accepted, not shown: the demo always keeps its folder, so the flag never did anything; scripts that pass
+    # it keep working.
+    d.add_argument("--keep", action="store_true", help=argparse.SUPPRESS)
 
     c = sub.add_parser("config", parents=[common], help="configuration tools")
     csub = c.add_subparsers(dest="config_command", metavar="ACTION", required=True)
     cc = csub.add_parser("check", parents=[common], help="validate the config and print the effective values")
     cc.add_argument("--json", action="store_true", help="print as JSON")
 
-    dr = sub.add_parser("doctor", parents=[common], help="check this node: NVML, GPM, MIG, DCGM, agent, Slurm "
-                                                         "hooks, spool, database (PASS/WARN/FAIL per line)")
+    dr = sub.add_parser("doctor", parents=[common], help="check what this host needs for its role (--role): "
+                                                         "PASS/WARN/FAIL per line")
     dr.add_argument("--json", action="store_true", help="print as JSON")
     dr.add_argument("--role", choices=("all", "service", "node", "login"), default="all",
                     help="check what this host's role needs: service (ingest, database, /metrics, API), node "

@@ -21,6 +21,12 @@ if TYPE_CHECKING:
     from ..slurm.sacct import SacctReader
     from .common import Subparsers
 
+TITLE = "Slurm accounting"
+EXAMPLES: tuple[tuple[str, str], ...] = (  # `gpueff --help` shows them under TITLE
+    ("enrich", "complete the job rows from sacct now"),
+    ("backfill --since now-7d", "GPU jobs of a week the hooks missed"),
+)
+
 
 def add_parsers(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     e = sub.add_parser("enrich", parents=[common], help="complete job rows from Slurm accounting (sacct)",

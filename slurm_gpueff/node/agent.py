@@ -197,6 +197,7 @@ class Agent:
         self.energy_interval_s = float(energy_interval_s if energy_interval_s is not None
                                        else max(ENERGY_INTERVAL_S, self.interval_s))
         self.state_dir = config.paths.state_dir
+        self.per_user = config.agent.metrics_per_user  # user and account labels on the per-job series
         self.host = host or socket.gethostname()
         self.instance = uuidlib.uuid4().hex
         self.pid = os.getpid()
@@ -578,7 +579,7 @@ class Agent:
         yield from act.values()
         yield from (power, used, total, energy)
         gpus = {u: GpuNow(g.info, g.last, g.memory_used, g.parts) for u, g in list(self.gpus.items())}
-        yield from job_series(dict(self.job_files), gpus)
+        yield from job_series(dict(self.job_files), gpus, self.per_user)
         yield CounterMetricFamily("gpueff_agent_ticks", "Sampling ticks since the agent started", value=self.ticks)
         if self.updated is not None:
             yield GaugeMetricFamily("gpueff_agent_last_tick_timestamp_seconds", "When the last tick ended",

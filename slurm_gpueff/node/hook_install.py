@@ -24,7 +24,17 @@ import sys
 try:
 {path_line}    from slurm_gpueff import hook
 except BaseException as exc:  # a broken install must not drain the node
-    sys.stderr.write("slurm-gpueff {kind}: cannot import slurm_gpueff: %r\\n" % (exc,))
+    line = "{kind}: cannot import slurm_gpueff: %r" % (exc,)
+    try:  # to stderr and to syslog (slurmd may keep no stderr); neither may fail the hook
+        sys.stderr.write("slurm-gpueff %s\\n" % line)
+    except BaseException:
+        pass
+    try:
+        import syslog
+        syslog.openlog("slurm-gpueff", syslog.LOG_PID, syslog.LOG_DAEMON)
+        syslog.syslog(syslog.LOG_ERR, line)
+    except BaseException:
+        pass
     sys.exit(0)
 {call}
 '''

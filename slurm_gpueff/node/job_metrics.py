@@ -11,6 +11,10 @@ rather than each claiming all of it. Only whole GPUs the agent samples get serie
 parent's kernel activity and power with other jobs, so a per-job value of those would be another job's too;
 MIG jobs are skipped.
 
+Who runs a job is not in them unless the site asks (``[agent] metrics_per_user``): the endpoint is on
+127.0.0.1 of a node where users' jobs run, and any of them can read it unless ``[agent] metrics_token_file``
+guards it (:mod:`slurm_gpueff.access.scrape`). Without it, the series carry the job id, the GPU and its minor.
+
 Imports only the standard library at module level; prometheus_client is imported when series are built,
 as the agent's exporter does.
 """
@@ -29,7 +33,8 @@ if TYPE_CHECKING:
 
     from ..collectors.nvml_sampler import GpuInfo
 
-LABELS = ("job_id", "user", "account", "gpu", "minor")
+LABELS = ("job_id", "gpu", "minor")
+PER_USER_LABELS = ("job_id", "user", "account", "gpu", "minor")  # with [agent] metrics_per_user
 # key in the GPU's last readings (and metric name part) -> help
 ACTIVITY = {
     "kernel_active": "Kernel activity (nvidia-smi's GPU utilization)",
@@ -88,14 +93,16 @@ def _text(v: Any) -> str:
     return v if isinstance(v, str) else ""
 
 
-def job_series(jobs: Mapping[str, JobFile], gpus: Mapping[str, GpuNow]) -> Iterator[Metric]:
+def job_series(jobs: Mapping[str, JobFile], gpus: Mapping[str, GpuNow], per_user: bool = False) -> Iterator[Metric]:
     """Per (running job, whole GPU it holds): ``gpueff_job_info`` = 1 and the GPU's last readings, or the job's
-    part of them on a shared GPU; ``jobs`` by the job file name's id. A figure the agent could not read has no
-    sample, never a 0."""
+    part of them on a shared GPU; ``jobs`` by the job file name's id; the job's user and account only with
+    ``per_user``. A figure the agent could not read has no sample, never a 0."""
     from prometheus_client.core import GaugeMetricFamily
 
+    names = PER_USER_LABELS if per_user else LABELS
+
     def gauge(name: str, text: str) -> GaugeMetricFamily:
-        return GaugeMetricFamily(name, text, labels=LABELS)
+        return GaugeMetricFamily(name, text, labels=names)
 
     info = gauge("gpueff_job_info", "1 per GPU held by a job running on this node now")
     act = {m: gauge(f"gpueff_job_gpu_{m}_ratio", f"{text} of a job's GPU at the agent's last tick, "
@@ -110,7 +117,8 @@ def job_series(jobs: Mapping[str, JobFile], gpus: Mapping[str, GpuNow]) -> Itera
             g = gpus.get(u)  # a MIG UUID, or a GPU this agent does not sample, has no entry
             if g is None:
                 continue
-            labels = [*job.labels, u, str(g.info.minor) if g.info.minor is not None else ""]
+            labels = [*(job.labels if per_user else job.labels[:1]), u,
+                      str(g.info.minor) if g.info.minor is not None else ""]
             info.add_metric(labels, 1.0)
             part = g.parts.get(name)
             a_share, p_share = (part.activity, part.power) if part else (1.0, 1.0)

@@ -4,9 +4,10 @@
 answers with the job's card so far, so its owner need not wait for the next live record and its ingest.
 Anyone may connect (the socket is 0666); the agent learns who asks from the kernel (``SO_PEERCRED``), never
 from the request, and the answer function it is given (node/liveview.py's, handed over by node/run.py, which
-wires the agent's process) applies the privacy rules. The request is one JSON line ``{"job": "123",
-"json": false}``; the answer one JSON line, a seff-gpu Answer. Stdlib only: seff-gpu's client side imports
-this.
+wires the agent's process) applies the privacy rules. seff-gpu, by the same means, asks only a process of
+root's there (the agent's account), else the service, which proves itself. The request is one JSON line
+``{"job": "123", "json": false}``; the answer one JSON line, a seff-gpu Answer. Stdlib only: seff-gpu's
+client side imports this.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import json
 import os
 import socket
 import socketserver
-import struct
+
+from ..access import peer
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -33,10 +35,7 @@ def socket_path(state_dir: str) -> str:
     return os.path.join(state_dir, "agent", "live.sock")
 
 
-def peer_uid(sock: socket.socket) -> int:
-    """The connecting process's uid, as the kernel saw it at connect()."""
-    data = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return int(struct.unpack("3i", data)[1])
+AGENT_UID = 0  # the agent runs as root: it reads every job's processes and the GPUs' counters
 
 
 class _Handler(socketserver.StreamRequestHandler):
@@ -49,7 +48,10 @@ class _Handler(socketserver.StreamRequestHandler):
             req = json.loads(line)
             if not isinstance(req, dict):
                 raise ValueError("not an object")
-            answer = server.answer(req, peer_uid(self.connection))
+            asker = peer.unix_holder(self.connection)
+            if asker is None:
+                raise OSError("the kernel does not say who asks")
+            answer = server.answer(req, asker.uid)
         except (OSError, ValueError) as exc:
             answer = {"exit_code": 1, "stdout": "", "stderr": f"seff-gpu: bad request to the agent: {exc}\n",
                       "html": []}
@@ -80,6 +82,9 @@ def ask(state_dir: str, job: str, as_json: bool, timeout_s: float) -> dict[str, 
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(timeout_s)
             s.connect(path)
+            agent = peer.unix_holder(s)
+            if agent is None or agent.uid != AGENT_UID:  # not the agent: ask the service, which proves itself
+                return None
             s.sendall(json.dumps({"job": job, "json": as_json}).encode() + b"\n")
             buf = b""
             while not buf.endswith(b"\n") and len(buf) < MAX_ANSWER:

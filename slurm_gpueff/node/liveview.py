@@ -58,7 +58,7 @@ def live_answer(config: Config, req: dict[str, Any], uid: int) -> dict[str, Any]
     from ..analysis import assess, job_figures
     from ..render import dumps, render_card
 
-    fig = job_figures(job, gpus)
+    fig = job_figures(job, gpus, config.sacct.accounting)
     diag = assess(fig, config.analysis)
     out = (dumps([(job, fig, diag)], [[(job, fig)]], [tl]) if req.get("json") is True
            else render_card(job, fig, diag, (), tl))

@@ -21,9 +21,11 @@ from collections.abc import Callable
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from ..access import scrape
 from ..collectors import tickwire
 from ..collectors.nvml_sampler import GPM_MIN_S, GPM_SKIP_S, GPM_STEP_S, NvmlSampler, Sampler
-from ..errors import CollectorError
+from ..config import read_secret
+from ..errors import CollectorError, GpueffError
 from . import live, live_socket, liveview
 from .agent import Agent
 from .live_socket import LiveServer
@@ -42,14 +44,22 @@ log = logging.getLogger("slurm_gpueff.agent")
 SERVER_POLL_S = 2.0
 
 
-def serve_metrics(agent: Agent, address: str, port: int) -> tuple[WSGIServer, threading.Thread]:
-    """Start the /metrics HTTP server in a daemon thread, with the agent as its only collector."""
-    from prometheus_client import start_http_server
+def serve_metrics(agent: Agent, address: str, port: int,
+                  token: str | None = None) -> tuple[WSGIServer, threading.Thread]:
+    """Start the /metrics HTTP server in a daemon thread, with the agent as its only collector; with ``token``,
+    only a scrape that sends it is answered (:mod:`slurm_gpueff.access.scrape`)."""
     from prometheus_client.registry import CollectorRegistry
 
     reg = CollectorRegistry(auto_describe=False)
     reg.register(agent)
-    return start_http_server(port, addr=address, registry=reg)
+    return scrape.serve(reg, address, port, token, key="[agent] metrics_token_file")
+
+
+def _metrics_token(config: Config) -> str | None:
+    """The bearer token of ``[agent] metrics_token_file`` (None: none set); GpueffError when it is set but
+    unusable: then no /metrics at all, never one open to every user."""
+    path = config.agent.metrics_token_file
+    return read_secret(path, "agent.metrics_token_file", "the bearer token Prometheus sends") if path else None
 
 
 def run_agent(config: Config, *, once: bool = False, sampler: Sampler | None = None,
@@ -69,9 +79,11 @@ def run_agent(config: Config, *, once: bool = False, sampler: Sampler | None = N
     address, port = config.agent.metrics_address, config.agent.metrics_port
     if port:
         try:
-            server, _thread = serve_metrics(agent, address, port)
-            log.info("live GPU gauges on http://%s:%d/metrics", address, port)
-        except OSError as exc:  # port taken: sampling (what jobs' figures need) goes on without it
+            server, _thread = serve_metrics(agent, address, port, _metrics_token(config))
+            log.info("live GPU gauges on http://%s:%d/metrics%s", address, port,
+                     " (bearer token required)" if config.agent.metrics_token_file else "")
+        except (OSError, GpueffError) as exc:  # port taken, token file unusable: sampling (what jobs' figures
+            # need) goes on without it
             log.error("cannot serve /metrics on %s:%d: %s; sampling goes on without it", address, port, exc)
     stop = threading.Event()
     readings = Readings()

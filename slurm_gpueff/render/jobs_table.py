@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..analysis.cpu import cpu_figures
-from ..fmt import gpu_hours, hms, iso, job_label, pct, plural
+from ..fmt import gpu_hours, hms, iso, job_label, number, pct, plural
 from .text import state_word
 
 SCHEMA = "slurm-gpueff/seff-gpu-jobs"
@@ -89,16 +89,30 @@ def render(jobs: Sequence[Any], total: dict[str, Any] | None = None) -> str:
     return "\n".join([line(head), sep, *map(line, rows), sep, line(foot)])
 
 
+# How many decimals a figure keeps in JSON: as the one-job document's (render/json.py), through fmt.number.
+_SECONDS = ("elapsed_s", "total_cpu_s")
+_JOULES = ("energy_j",)
+_EXACT = ("gpus", "rows", "jobs", "alloc_cpus", "max_rss_bytes")
+
+
+def _rounded(figures: dict[str, Any]) -> dict[str, Any]:
+    """The figures among ``figures`` (floats) rounded as :func:`slurm_gpueff.fmt.number` does for --json."""
+    return {k: number(v, 3 if k in _SECONDS else 1 if k in _JOULES else 6)
+            if isinstance(v, float) and k not in _EXACT else v for k, v in figures.items()}
+
+
 def as_json(jobs: Sequence[Any], query: dict[str, Any], total: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The table as JSON; ``totals.rows`` says how many lines there are in all when ``jobs`` are the newest."""
-    out = [{"job_id": job_label(j), "raw_job_id": j.job_id, "run": j.run, "cluster": j.cluster, "user": j.user,
-            "account": j.account, "state": state_word(j), "end_time": iso(j.end_time),
-            "elapsed_s": j.elapsed_s, "gpus": j.gpu_count, "gpu_hours": j.gpu_hours,
-            "kernel_active": j.kernel_active, "sm_active": j.sm_active, "tensor_active": j.tensor_active,
-            "cpu_efficiency": _cpu(j), "alloc_cpus": j.alloc_cpus, "total_cpu_s": j.total_cpu_s,
-            "max_rss_bytes": j.max_rss_bytes, "idle_gpu_hours": j.idle_gpu_hours,
-            "underfilled_gpu_hours": j.underfilled_gpu_hours,
-            "waste_gpu_hours": _waste(j), "energy_j": j.energy_j, "verdict": j.verdict,
-            "verdict_title": j.verdict_title, "analyzed": j.analyzed_at is not None} for j in jobs]
+    """The table as JSON; ``totals.rows`` says how many lines there are in all when ``jobs`` are the newest.
+    Figures are rounded as in the one-job document, totals too."""
+    out = [_rounded({
+        "job_id": job_label(j), "raw_job_id": j.job_id, "run": j.run, "cluster": j.cluster, "user": j.user,
+        "account": j.account, "state": state_word(j), "end_time": iso(j.end_time),
+        "elapsed_s": j.elapsed_s, "gpus": j.gpu_count, "gpu_hours": j.gpu_hours,
+        "kernel_active": j.kernel_active, "sm_active": j.sm_active, "tensor_active": j.tensor_active,
+        "cpu_efficiency": _cpu(j), "alloc_cpus": j.alloc_cpus, "total_cpu_s": j.total_cpu_s,
+        "max_rss_bytes": j.max_rss_bytes, "idle_gpu_hours": j.idle_gpu_hours,
+        "underfilled_gpu_hours": j.underfilled_gpu_hours,
+        "waste_gpu_hours": _waste(j), "energy_j": j.energy_j, "verdict": j.verdict,
+        "verdict_title": j.verdict_title, "analyzed": j.analyzed_at is not None}) for j in jobs]
     return {"schema": SCHEMA, "schema_version": VERSION, "query": query, "jobs": out,
-            "totals": total if total is not None else totals(jobs)}
+            "totals": _rounded(total if total is not None else totals(jobs))}

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..analysis.diagnose import Diagnosis
 from ..analysis.figures import MEANS, GpuFigures, JobFigures, Waste
-from ..fmt import iso, job_label
+from ..fmt import iso, job_label, number
 from .text import Runs, Timelines, final_state, is_live, state_text, state_word
 
 if TYPE_CHECKING:  # an ORM row or a plain row of storage.sqlite_read: only attributes are read
@@ -21,29 +21,25 @@ SCHEMA = "slurm-gpueff/seff-gpu"
 SCHEMA_VERSION = 1
 
 
-def _num(x: float | None, digits: int = 6) -> float | None:
-    return None if x is None else round(float(x), digits)
-
-
 def _waste(w: Waste, hours: float | None) -> dict[str, Any]:
-    return {"gpu_hours": _num(hours), "idle_gpu_hours": _num(w.idle_h),
-            "underfilled_gpu_hours": _num(w.underfilled_h), "sm_active_gpu_hours": _num(w.sm_active_h),
+    return {"gpu_hours": number(hours), "idle_gpu_hours": number(w.idle_h),
+            "underfilled_gpu_hours": number(w.underfilled_h), "sm_active_gpu_hours": number(w.sm_active_h),
             "reason": w.reason}
 
 
 def _figures(fig: JobFigures) -> dict[str, Any]:
     m, src = fig.missing, fig.sources
-    values = {"gpu_hours": _num(fig.hours), **{name: _num(fig.mean(name)) for name in MEANS},
-              "efficiency": _num(fig.efficiency)}
+    values = {"gpu_hours": number(fig.hours), **{name: number(fig.mean(name)) for name in MEANS},
+              "efficiency": number(fig.efficiency)}
     out: dict[str, Any] = {name: {"value": value, "source": src.get(name, "none"), "missing": m.get(name)}
                            for name, value in values.items()}
     mem_src, mem_missing = src.get("memory", "none"), m.get("memory")
     for name, size in (("memory_used_peak_bytes", fig.memory_used_peak_bytes),
                        ("memory_total_bytes", fig.memory_total_bytes)):
         out[name] = {"value": size, "source": mem_src, "missing": mem_missing if size is None else None}
-    out["memory_fraction"] = {"value": _num(fig.memory_fraction), "source": mem_src, "missing": mem_missing}
+    out["memory_fraction"] = {"value": number(fig.memory_fraction), "source": mem_src, "missing": mem_missing}
     for name, value in (("energy_j", fig.energy_j), ("power_mean_w", fig.power_mean_w)):
-        out[name] = {"value": _num(value, 1), "source": src.get(name, "none"), "missing": m.get(name)}
+        out[name] = {"value": number(value, 1), "source": src.get(name, "none"), "missing": m.get(name)}
     return out
 
 
@@ -56,28 +52,28 @@ def series(points: Sequence[Sequence[Any]] | None) -> dict[str, list[Any]] | Non
         return None
 
     def column(i: int) -> list[float | None]:
-        return [_num(p[i]) if len(p) > i and p[i] is not None else None for p in pts]
+        return [number(p[i]) if len(p) > i and p[i] is not None else None for p in pts]
 
-    return {"t_s": [_num(p[0], 1) for p in pts], "kernel_active": column(1), "sm_active": column(2),
+    return {"t_s": [number(p[0], 1) for p in pts], "kernel_active": column(1), "sm_active": column(2),
             "tensor_active": column(3)}
 
 
 def _gpu(g: GpuFigures, timelines: Timelines) -> dict[str, Any]:
     return {"node": g.node, "index": g.index, "uuid": g.uuid, "model": g.model, "source": g.source,
-            "samples": g.samples, "gpu_hours": _num(g.hours), **{name: _num(g.mean(name)) for name in MEANS},
-            "efficiency": _num(g.efficiency), "memory_used_peak_bytes": g.memory_used_peak_bytes,
-            "memory_total_bytes": g.memory_total_bytes, "energy_j": _num(g.energy_j, 1),
-            "power_mean_w": _num(g.power_mean_w, 1), "waste": _waste(g.waste, g.hours),
-            "window_s": _num(g.window_s, 3), "measured_s": _num(g.measured_s, 3), "coverage": g.coverage_note,
+            "samples": g.samples, "gpu_hours": number(g.hours), **{name: number(g.mean(name)) for name in MEANS},
+            "efficiency": number(g.efficiency), "memory_used_peak_bytes": g.memory_used_peak_bytes,
+            "memory_total_bytes": g.memory_total_bytes, "energy_j": number(g.energy_j, 1),
+            "power_mean_w": number(g.power_mean_w, 1), "waste": _waste(g.waste, g.hours),
+            "window_s": number(g.window_s, 3), "measured_s": number(g.measured_s, 3), "coverage": g.coverage_note,
             "missing": dict(sorted(g.missing.items())), "series": series(timelines.get((g.node, g.index)))} | (
                 {"shards": g.shards, "shard_count": g.shard_count} if g.shards else {}) | (  # held whole: as before
-                {"shared": {**g.shared, "share": _num(g.share),
-                            "own": {m: _num(v) for m, v in (g.own or {}).items()}}} if g.shared else {})
+                {"shared": {**g.shared, "share": number(g.share),
+                            "own": {m: number(v) for m, v in (g.own or {}).items()}}} if g.shared else {})
 
 
 def _run(job: Job, fig: JobFigures) -> dict[str, Any]:
     return {"run": job.run, "sluid": job.sluid, "state": final_state(job), "start_time": iso(job.start_time),
-            "end_time": iso(job.end_time), "gpu_hours": _num(fig.hours), "missing": fig.missing.get("gpu_hours")}
+            "end_time": iso(job.end_time), "gpu_hours": number(fig.hours), "missing": fig.missing.get("gpu_hours")}
 
 
 def job_document(job: Job, fig: JobFigures, diag: Diagnosis, runs: Runs = (),
@@ -103,13 +99,13 @@ def job_document(job: Job, fig: JobFigures, diag: Diagnosis, runs: Runs = (),
             "nodes": nodes, "gpu_count": fig.gpu_count or job.gpu_count,
             "gpu_model": ", ".join(models) if models else job.gpu_type,
             "start_time": iso(job.start_time), "end_time": iso(job.end_time),
-            "elapsed_s": _num(fig.elapsed_s, 3),
+            "elapsed_s": number(fig.elapsed_s, 3),
             "backend": job.backend, "reason": job.reason,
-            "measured_s": _num(fig.measured_s, 3), "coverage": fig.coverage_note,
+            "measured_s": number(fig.measured_s, 3), "coverage": fig.coverage_note,
         },
         "figures": _figures(fig),
-        "cpu": {"alloc_cpus": fig.cpu.alloc_cpus, "total_cpu_s": _num(fig.cpu.total_cpu_s, 3),
-                "efficiency": _num(fig.cpu.efficiency), "max_rss_bytes": fig.cpu.max_rss_bytes,
+        "cpu": {"alloc_cpus": fig.cpu.alloc_cpus, "total_cpu_s": number(fig.cpu.total_cpu_s, 3),
+                "efficiency": number(fig.cpu.efficiency), "max_rss_bytes": fig.cpu.max_rss_bytes,
                 "missing": dict(sorted(fig.cpu.missing.items()))},
         "waste": _waste(fig.waste, fig.hours),
         "verdicts": [{"name": v.name, "title": v.title, "severity": v.severity, "why": v.why,

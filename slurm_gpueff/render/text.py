@@ -355,7 +355,8 @@ def render_card(job: Job, fig: JobFigures, diag: Diagnosis, runs: Runs = (),
 def cpu_line(fig: JobFigures) -> str | None:
     """``efficiency 93.0% of 8 CPUs (TotalCPU 02:10:05), peak host memory 12.3 GiB``, n/a parts with why.
     Both unknown: one phrase, "not known yet" until Slurm's accounting is read; None (no line) where the
-    accounting has been read and holds neither, since they can then never be known."""
+    accounting has been read and holds neither, or where the site keeps none (analysis.cpu.NO_ACCOUNTING),
+    since they can then never be known."""
     from ..analysis.cpu import PENDING
 
     c = fig.cpu

@@ -137,7 +137,7 @@ def _cards(query: SeffQuery, spec: JobSpec, config: Config, viewer: Viewer) -> A
 
     items = []
     for job, gpus in found:
-        fig = job_figures(job, gpus)
+        fig = job_figures(job, gpus, config.sacct.accounting)
         items.append((job, fig, assess(fig, config.analysis)))
     cards, runs = by_job(items)
     # Timelines only for what shows them: every card, the JSON and the pages; not a long array's table.

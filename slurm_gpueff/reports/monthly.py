@@ -21,7 +21,8 @@ from .prices import Prices, bar_part, share
 from .queries import PARTS
 from .templates import Page, render, sentence, toml
 
-ORDER = {r.name: n for n, r in enumerate(RULES)}
+ORDER = {**{r.name: n for n, r in enumerate(RULES)}, "": len(RULES)}  # then "" (no problem found), then None
+NO_PROBLEM = "No problem found"  # a GPU no verdict concerns, of a job with a verdict on its other GPUs
 
 
 def month_bounds(month: str) -> tuple[datetime, datetime]:
@@ -84,22 +85,44 @@ def by_group(session: Session, by: str, start: datetime, end: datetime, account:
     return {key: _totals(rows, prices) for key, rows in groups.items()}
 
 
-def verdict_costs(session: Session, start: datetime, end: datetime, account: str | None,
-                  prices: Prices) -> dict[str, str | None]:
-    """Cost of the GPU-hours lost per verdict, priced per GPU model; empty when prices are off."""
-    if not prices.enabled:
-        return {}
-    wasted: dict[str, list[tuple[float, str | None]]] = {}
-    for verdict, model, hours in queries.wasted_by_verdict_and_model(session, start, end, account):
-        if verdict:
-            wasted.setdefault(verdict, []).append((hours, model))
-    return {verdict: prices.fmt(prices.total(pairs)) for verdict, pairs in wasted.items()}
+def by_verdict(parts: Sequence[queries.VerdictPart], prices: Prices) -> list[dict[str, Any]]:
+    """The month's GPUs by their verdict (queries.verdict_parts), in the rules' order: how many GPUs, of how
+    many jobs and users, their GPU-hours and lost hours, and the cost of those priced per GPU model. The
+    rows add up to the month's GPUs, GPU-hours and lost hours; a job whose GPUs differ counts in each of
+    their rows, so the jobs do not add up."""
+    rows: dict[str | None, dict[str, Any]] = {}
+    for part in parts:
+        row = rows.setdefault(part.verdict, {"verdict": part.verdict, "gpus": 0, "jobs": 0, "hours": 0.0,
+                                             "wasted": 0.0, "users": set(), "priced": []})
+        row["gpus"] += part.gpus
+        row["jobs"] += part.jobs
+        row["hours"] += part.hours
+        row["wasted"] += part.wasted
+        row["priced"].append((part.wasted, part.gpu_type))
+        if part.user is not None:
+            row["users"].add(part.user)
+    return [{**{k: v for k, v in row.items() if k != "priced"}, "users": len(row["users"]),
+             "label": None if verdict is None else NO_PROBLEM if verdict == "" else label_of(verdict),
+             "hours_text": fmt.gpu_hours(row["hours"]), "wasted_text": fmt.gpu_hours(row["wasted"]),
+             "cost": prices.fmt(prices.total(row["priced"])) if prices.enabled and verdict is not None else None}
+            for verdict, row in sorted(rows.items(), key=lambda kv: 99 if kv[0] is None else ORDER.get(kv[0], 98))]
+
+
+def worst_verdicts(parts: Sequence[queries.VerdictPart]) -> dict[str, str]:
+    """Per user (or account, the parts' key): the verdict whose GPUs lost it the most GPU-hours; healthy,
+    no problem found and not assessed are no problem to name."""
+    lost: dict[str, dict[str, float]] = {}
+    for part in parts:
+        if part.verdict not in (None, "", "healthy"):
+            by = lost.setdefault(part.key or "(unknown)", {})
+            by[str(part.verdict)] = by.get(str(part.verdict), 0.0) + part.wasted
+    return {key: max(sorted(by), key=lambda v: by[v]) for key, by in lost.items()}
 
 
 def things_to_change(verdicts: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The three verdicts that lost the most GPU-hours, each with what the group could change."""
     texts = {k: " ".join(str(v).split()) for k, v in toml("advice.toml").items()}
-    ranked = sorted((v for v in verdicts if v["verdict"] not in (None, "healthy") and v["wasted"] > 0),
+    ranked = sorted((v for v in verdicts if v["verdict"] not in (None, "", "healthy") and v["wasted"] > 0),
                     key=lambda v: v["wasted"], reverse=True)[:3]
     return [{**v, "text": texts.get(v["verdict"], "See the job cards for what to try.")} for v in ranked]
 
@@ -122,14 +145,8 @@ def build_summary(session: Session, config: Config, month: str, account: str | N
     prev_t = totals(session, *month_bounds(prev), account, prices)
     group_name = "user" if account is not None else "account"
     rows = _group_rows(by_group(session, group_name, start, end, account, prices),
-                       queries.worst_verdict_by(session, group_name, start, end, account), prices)
-    vcost = verdict_costs(session, start, end, account, prices)
-    verdicts = [{"verdict": v.verdict, "label": label_of(v.verdict) if v.verdict else None,
-                 "jobs": v.jobs, "users": v.users, "hours": v.hours, "wasted": v.wasted,
-                 "hours_text": fmt.gpu_hours(v.hours), "wasted_text": fmt.gpu_hours(v.wasted),
-                 "cost": vcost.get(v.verdict) if v.verdict else None}
-                for v in sorted(queries.verdict_counts(session, start, end, account),
-                                key=lambda v: ORDER.get(v.verdict or "", 99))]
+                       worst_verdicts(queries.verdict_parts(session, start, end, account, by=group_name)), prices)
+    verdicts = by_verdict(queries.verdict_parts(session, start, end, account), prices)
     top_jobs = [{"id": fmt.job_label(j), "name": clean(j.job_name, 28), "user": clean(j.user, 20) or "n/a",
                  "account": clean(j.account, 20) or "n/a", "hours": fmt.gpu_hours(j.gpu_hours),
                  "wasted": fmt.gpu_hours(wasted), "wasted_share": fmt.pct(share(wasted, j.gpu_hours)),
@@ -156,7 +173,7 @@ def build_summary(session: Session, config: Config, month: str, account: str | N
         "wasted_cost": prices.fmt(now_t.wasted_cost),
         "trend": trend, "group_name": group_name, "rows": rows, "top_jobs": top_jobs, "verdicts": verdicts,
         "changes": things_to_change(verdicts), "prices": prices.enabled, "contact": clean(rep.contact, 200),
-        "site_wide": account is None,
+        "site_wide": account is None, "simulated": queries.simulated_jobs(session, start, end, account),
     }
     chart = charts.split_chart(rows, sentence("monthly_chart_title", **ctx))
     return Page("monthly.html.j2", subject=sentence("monthly_subject", **ctx), text=render("monthly.txt.j2", **ctx),

@@ -10,7 +10,7 @@ their own: their GPU-hours all count, the job once (:func:`~slurm_gpueff.models.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from sqlalchemy import Executable, Float, RowMapping, and_, case, cast, exists, func, or_, select
 from sqlalchemy.sql.elements import ColumnElement
@@ -40,12 +40,20 @@ class Split(NamedTuple):
     hours: dict[str, float]  # PARTS -> GPU-hours
 
 
-class VerdictCount(NamedTuple):
+class VerdictPart(NamedTuple):
+    """GPUs under one verdict, of one group (``key``: a user or an account, None without ``by``), GPU model
+    and user. ``verdict``: each GPU's first verdict (job.gpu_verdicts), "" for a GPU no verdict concerns in a
+    job with a verdict on its other GPUs, None for a job not assessed. ``jobs`` counts the jobs with GPUs
+    here (a requeued job once): a job whose GPUs differ has a part under each of their verdicts."""
+
+    key: str | None
     verdict: str | None
+    gpu_type: str | None
+    user: str | None
+    gpus: int
     jobs: int
     hours: float
     wasted: float
-    users: int
 
 
 def _where(start: datetime, end: datetime, account: str | None) -> list[ColumnElement[bool]]:
@@ -76,35 +84,33 @@ def split(session: Session, start: datetime, end: datetime, account: str | None,
                   {p: float(r[p] or 0.0) for p in PARTS}) for r in _rows(session, stmt)]
 
 
-def verdict_counts(session: Session, start: datetime, end: datetime, account: str | None) -> list[VerdictCount]:
-    stmt = (select(col(Job.verdict), func.sum(last_run_count()).label("jobs"),
-                   func.sum(col(Job.gpu_hours)).label("hours"),
-                   func.sum(WASTED).label("wasted"), func.count(func.distinct(col(Job.user))).label("users"))
-            .where(*_where(start, end, account)).group_by(col(Job.verdict)))
-    return [VerdictCount(r["verdict"], int(r["jobs"] or 0), float(r["hours"] or 0.0), float(r["wasted"] or 0.0),
-                         int(r["users"])) for r in _rows(session, stmt)]
+def simulated_jobs(session: Session, start: datetime, end: datetime, account: str | None) -> int:
+    """How many of the month's jobs were measured on simulated GPUs (the demo, tests): their summary says so."""
+    stmt = select(func.sum(last_run_count())).where(*_where(start, end, account), col(Job.backend) == "simulated")
+    return int(session.connection().execute(stmt).scalar() or 0)
 
 
-def wasted_by_verdict_and_model(session: Session, start: datetime, end: datetime, account: str | None
-                                ) -> list[tuple[str | None, str | None, float]]:
-    """(verdict, GPU model, GPU-hours lost): the input of the cost per verdict."""
-    stmt = (select(col(Job.verdict), col(Job.gpu_type), func.sum(WASTED).label("w"))
-            .where(*_where(start, end, account)).group_by(col(Job.verdict), col(Job.gpu_type)))
-    return [(r["verdict"], r["gpu_type"], float(r["w"] or 0.0)) for r in _rows(session, stmt)]
-
-
-def worst_verdict_by(session: Session, by: str, start: datetime, end: datetime, account: str | None
-                     ) -> dict[str, str]:
-    """Per user (or account): the verdict that cost it the most GPU-hours (healthy and none excluded)."""
-    stmt = (select(GROUPS[by], col(Job.verdict), func.sum(WASTED).label("w"))
-            .where(*_where(start, end, account), col(Job.verdict).is_not(None), col(Job.verdict) != "healthy")
-            .group_by(GROUPS[by], col(Job.verdict)))
-    best: dict[str, tuple[float, str]] = {}
-    for r in _rows(session, stmt):
-        key, w = r[by] or "(unknown)", float(r["w"] or 0.0)
-        if key not in best or w > best[key][0]:
-            best[key] = (w, r["verdict"])
-    return {k: v for k, (_, v) in best.items()}
+def verdict_parts(session: Session, start: datetime, end: datetime, account: str | None, by: str | None = None
+                  ) -> list[VerdictPart]:
+    """The month's GPUs by verdict (:class:`VerdictPart`), per ``by`` ("user", "account") if given. The jobs
+    whose GPUs all have their verdict (gpu_verdicts NULL: nearly all) are summed in SQL; the others, few,
+    are split here from their stored parts. The parts add up to the month: GPUs, GPU-hours, lost hours."""
+    keys: list[Any] = [GROUPS[by].label("key")] if by else []
+    uniform = col(Job.gpu_verdicts).is_(None)
+    groups = [*keys, col(Job.verdict), col(Job.gpu_type), col(Job.user)]
+    stmt = (select(*groups, func.sum(col(Job.gpu_count)).label("gpus"), func.sum(last_run_count()).label("jobs"),
+                   func.sum(col(Job.gpu_hours)).label("hours"), func.sum(WASTED).label("wasted"))
+            .where(*_where(start, end, account), uniform).group_by(*groups))
+    parts = [VerdictPart(r["key"] if by else None, r["verdict"], r["gpu_type"], r["user"], int(r["gpus"] or 0),
+                         int(r["jobs"] or 0), float(r["hours"] or 0.0), float(r["wasted"] or 0.0))
+             for r in _rows(session, stmt)]
+    split = (select(*keys, col(Job.gpu_type), col(Job.user), col(Job.gpu_verdicts), last_run_count().label("last"))
+             .where(*_where(start, end, account), ~uniform))
+    for r in _rows(session, split):
+        for name, (gpus, hours, wasted) in (r["gpu_verdicts"] or {}).items():
+            parts.append(VerdictPart(r["key"] if by else None, name, r["gpu_type"], r["user"], int(gpus),
+                                     int(r["last"]), float(hours), float(wasted)))
+    return parts
 
 
 def most_wasteful(session: Session, start: datetime, end: datetime, account: str | None, limit: int = 10

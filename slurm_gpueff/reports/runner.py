@@ -86,9 +86,10 @@ def _archive_dir(rep: ReportsConfig, kind: str, when: datetime, slug: str, dry_r
 def render_job_card(session: Session, job: Job, config: Config) -> Page:
     gpus = job_gpus(session, job)
     timelines = gpu_timelines(session, gpus)
-    fig = job_figures(job, gpus)
+    fig = job_figures(job, gpus, config.sacct.accounting)
     diag = assess(fig, config.analysis)
-    runs = [(r, fig if r.id == job.id else job_figures(r, job_gpus(session, r))) for r in job_runs(session, job)]
+    runs = [(r, fig if r.id == job.id else job_figures(r, job_gpus(session, r), config.sacct.accounting))
+            for r in job_runs(session, job)]
     return build_card(job, fig, diag, [timelines[g.id] for g in gpus if g.id in timelines], config,
                       runs=runs if len(runs) > 1 else ())
 

@@ -1,20 +1,23 @@
 """``gpueff serve``'s HTTP API: how users read their jobs from a database private to the service, and how
 GPU nodes hand it their records.
 
-``POST /v1/seff``: the body is seff-gpu's query (reports.jobview.SeffQuery as JSON), the header
-``Authorization: MUNGE <credential>``; the answer is the reports.jobview.Answer as JSON, the same bytes
-seff-gpu's direct path prints. ``POST /v1/records``: a node's ``gpueff forward`` pushing spool records
-(service/intake.py), taken from root and ``[service] push_users`` only. ``GET /v1/health``: 200 ``ok``.
-Anything else: 404.
+``POST /v1/seff``: seff-gpu's query (reports.jobview.SeffQuery as JSON); the answer is the
+reports.jobview.Answer as JSON, the same bytes seff-gpu's direct path prints. ``POST /v1/records``: a
+node's ``gpueff forward`` pushing spool records (service/intake.py), taken from root and ``[service]
+push_users`` only. ``POST /v1/ping``: a sealed round trip and nothing else (doctor). ``GET /v1/health``:
+whether the service runs, not sealed, for anyone. Anything else: 404.
 
-Who asks is what munged vouches for, never what the request says: the service decodes the credential
-with ``unmunge`` and takes its uid. The credential's payload must be the SHA-256 of the body (recomputed
-here), so a credential cannot carry another query, and munged refuses one decoded twice. Then the
-privacy rules (slurm_gpueff.access.privacy) decide what the uid may see, as on the direct path. A missing,
-refused or (for a push) unauthorised credential is 401, a bad body 400, one too large 413 (a query beyond
-``MAX_BODY``, a push beyond ``[service] push_max_mb``), munged not answering or the database down 503; each
-with a one-line reason, and nothing written. One log line per request: uid, what kind of query, status,
-time; never a job's contents. A refused request's line is written at most once a minute per uid and reason,
+Every POST is sealed (access/sealed.py): the request for this service's account, its envelope in the
+``Authorization: MUNGE`` header; the answer for the uid that asked, naming the request it answers, its
+envelope in the ``Gpueff-Seal`` header. Who asks is what munged vouches for, never what the request says,
+and a relayed request gives the relayer nothing it can open. Then the privacy rules
+(slurm_gpueff.access.privacy) decide what the uid may see, as on the direct path. Refusals made before the
+service knows who asks (no or a refused credential: 401; a body beyond any sealed request of its kind:
+413; munged not answering: 503; busy: 503) cannot be sealed and are plain one-line texts, which a client
+takes as a reason, never as an answer. After that every answer is sealed: a bad query 400, a push of
+someone who may not push 401, a payload too large 413, the database down or damaged 503, each with a
+one-line reason, and nothing written. One log line per request: uid, what kind of query, status, time;
+never a job's contents. A refused request's line is written at most once a minute per uid and reason,
 with a count of the others (service/refusals.py).
 
 Listens on ``[service] api_listen``: ``HOST:PORT`` (TCP) or ``unix:/PATH`` (a socket file made 0666 so
@@ -25,6 +28,7 @@ request; each request opens and closes its own database reads.
 from __future__ import annotations
 
 import contextlib
+import errno
 import http.server
 import json
 import logging
@@ -39,10 +43,13 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
-from ..access.client import HEALTH_PATH, RECORDS_PATH, SEFF_PATH
-from ..access.munge import CredentialRefused, Decoded, MungeError, body_digest, decode
+from .. import __version__
+from ..access import peer, sealed
+from ..access.client import HEALTH_PATH, PING_PATH, RECORDS_PATH, SEFF_PATH
+from ..access.munge import CredentialRefused, MungeError
 from ..access.privacy import Viewer, user_name, viewer
 from ..config import Config
+from ..errors import GpueffError
 from ..reports.jobview import MAX_LIMIT, TABLE_LIMIT, SeffQuery, answer, keep_engines
 from .intake import Intake, IntakeError, push_uids
 from .refusals import Pace, refusal
@@ -51,6 +58,7 @@ log = logging.getLogger("gpueff.api")
 
 MAX_BODY = 16 * 1024  # a query is a few hundred bytes
 REFUSALS = Pace()  # the log lines of refused requests (service/refusals.py)
+KINDS = {SEFF_PATH: "seff", RECORDS_PATH: "push", PING_PATH: "ping"}  # the POST paths, as the log names them
 COORDINATORS_TTL_S = 300.0  # sacctmgr is asked at most this often
 _TEXT = ("jobid", "user", "account", "start", "end", "cluster", "state")
 _FLAGS = ("json", "html")
@@ -236,16 +244,23 @@ class Api:
     def viewer(self, uid: int) -> Viewer:
         return viewer(self.config, uid, user_name(uid), os.getuid(), self.coordinators)
 
-    def sender(self, authorization: str | None, path: str) -> Decoded:
-        """Who munged says made this request's credential, asked before its body is read (a push of someone
-        who may not push is refused without holding its body); :meth:`check_body` then binds it to the body."""
+    def sender(self, authorization: str | None, path: str) -> sealed.Envelope:
+        """Who munged says sealed this request, asked before its body is read (a push of someone who may not
+        push is refused without holding its body); :meth:`open_body` then opens the body it names."""
         scheme, _, credential = (authorization or "").partition(" ")
         if scheme != "MUNGE" or not credential.strip():
-            raise HttpError(401, "missing credential: send Authorization: MUNGE <credential> (seff-gpu does)")
+            raise HttpError(401, "missing credential: send Authorization: MUNGE <sealed envelope> (seff-gpu does)")
+        socket_, timeout = self.config.service.munge_socket, self.config.service.api_timeout_s
         try:
-            who = decode(credential.strip(), self.config.service.munge_socket, self.config.service.api_timeout_s)
+            env = sealed.open_envelope(credential, socket_, timeout)
         except CredentialRefused as exc:
+            if "unauthorized" in str(exc):  # sealed for another uid: the sender's [service] user is not ours
+                me = user_name(os.getuid()) or f"uid {os.getuid()}"
+                raise HttpError(401, f"{exc}: the request was sealed for another account than this service's "
+                                     f"({me}); set [service] user = \"{me}\" on the sending host") from None
             raise HttpError(401, str(exc)) from None
+        except sealed.SealError as exc:
+            raise HttpError(401, f"{exc} (a client older or newer than this service?)") from None
         except MungeError as exc:
             raise HttpError(503, f"the service cannot check credentials: {exc}") from None
         damage = self.damage()
@@ -254,32 +269,47 @@ class Api:
         if path == RECORDS_PATH:
             if self.intake is None:
                 raise HttpError(404, "this service takes no records")
-            if who.uid not in self.pushers:
-                raise HttpError(401, f"uid {who.uid} may not push records: only root and [service] push_users may")
-        return who
+            if env.uid not in self.pushers:
+                raise HttpError(401, f"uid {env.uid} may not push records: only root and [service] push_users may")
+        return env
 
-    @staticmethod
-    def check_body(who: Decoded, body: bytes) -> None:
-        """The credential must be made for exactly this body."""
-        if who.payload != body_digest(body):
-            raise HttpError(401, f"uid {who.uid}: the credential was made for another request")
+    def open_body(self, env: sealed.Envelope, body: bytes, limit: int) -> bytes:
+        """The request's payload: the envelope's and the body's parts, at most ``limit`` bytes."""
+        try:
+            return sealed.open_parts(env, body, limit, self.config.service.munge_socket,
+                                     self.config.service.api_timeout_s)
+        except sealed.TooLarge:
+            raise HttpError(413, f"the request must be at most {limit} bytes") from None
+        except (sealed.SealError, CredentialRefused) as exc:
+            raise HttpError(401, str(exc)) from None
+        except MungeError as exc:
+            raise HttpError(503, f"the service cannot check credentials: {exc}") from None
 
-    def push(self, who: Decoded, body: bytes) -> tuple[int, bytes, str]:
+    def seal(self, env: sealed.Envelope, envelope: str, status: int, data: bytes) -> sealed.Sealed:
+        """``data`` sealed for the uid that asked, naming the request (its envelope) and the status."""
+        return sealed.seal(data, env.uid, self.config.service.munge_socket, self.config.service.api_timeout_s,
+                           {"re": sealed.digest(envelope), "status": status})
+
+    def push(self, uid: int, body: bytes) -> tuple[int, bytes, str]:
         """(HTTP status, JSON reply, what to log) for one ``POST /v1/records``. HttpError on refusal."""
         assert self.intake is not None  # sender() refused the push otherwise
-        self.check_body(who, body)
         try:
-            reply, what = self.intake.push(who.uid, body)
+            reply, what = self.intake.push(uid, body)
         except IntakeError as exc:
             raise HttpError(exc.status, str(exc)) from None
         return 200, json.dumps(reply).encode(), what
 
-    def seff(self, who: Decoded, body: bytes) -> tuple[int, bytes, str]:
+    def seff(self, uid: int, body: bytes) -> tuple[int, bytes, str]:
         """(HTTP status, JSON answer, what to log) for one ``POST /v1/seff``. HttpError on refusal."""
-        self.check_body(who, body)
         query = parse_query(body)
-        result = answer(query, self.config, self.viewer(who.uid))
-        return 200, json.dumps(result.to_json()).encode(), f"uid {who.uid} {query.kind()} exit {result.exit_code}"
+        result = answer(query, self.config, self.viewer(uid))
+        return 200, json.dumps(result.to_json()).encode(), f"uid {uid} {query.kind()} exit {result.exit_code}"
+
+    @staticmethod
+    def ping(uid: int, body: bytes) -> tuple[int, bytes, str]:
+        """(HTTP status, JSON reply, what to log) for one ``POST /v1/ping``: who the service is, who asked."""
+        return 200, json.dumps({"service": "gpueff", "version": __version__, "uid": os.getuid(),
+                                "asked_by": uid}).encode(), f"uid {uid} ping"
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -298,39 +328,59 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         t0 = time.monotonic()
-        what = "seff" if self.path == SEFF_PATH else "push"
+        what = KINDS.get(self.path, "POST ?")
         api = self.server.api
         unread = 0  # body bytes to discard on a refusal, so the client reads the answer, not a broken pipe
+        env: sealed.Envelope | None = None  # once opened, every answer is sealed for its sender
+        envelope = ""
         try:
-            if self.path not in (SEFF_PATH, RECORDS_PATH):
+            if self.path not in KINDS:
                 raise HttpError(404, "not found")
             try:
                 length = int(self.headers.get("Content-Length", ""))
             except ValueError:
                 raise HttpError(411, "Content-Length required") from None
             limit = api.max_body(self.path)
-            unread = min(max(length, 0), 2 * limit)
-            if length < 0 or length > limit:
-                raise HttpError(413, f"the body must be at most {limit} bytes")
+            wire = sealed.wire_limit(limit)
+            unread = min(max(length, 0), 2 * wire)
+            if length < 0 or length > wire:
+                raise HttpError(413, f"the request must be at most {limit} bytes")
             with api.push_slot() if self.path == RECORDS_PATH else contextlib.nullcontext():
-                who = api.sender(self.headers.get("Authorization"), self.path)
+                authorization = self.headers.get("Authorization")
+                env = api.sender(authorization, self.path)
+                envelope = (authorization or "").partition(" ")[2].strip()
                 body, unread = self.rfile.read(length), 0
                 if len(body) < length:
                     raise HttpError(400, "the body ended early")
-                handle = api.seff if self.path == SEFF_PATH else api.push
-                status, data, what = handle(who, body)
-            self._send(status, data, "application/json", what, t0)
+                payload = api.open_body(env, body, limit)
+                handle = {SEFF_PATH: api.seff, RECORDS_PATH: api.push, PING_PATH: api.ping}[self.path]
+                status, data, what = handle(env.uid, payload)
+            self._answer(env, envelope, status, data, what, t0)
         except HttpError as exc:
             self._discard(unread)
             self.close_connection = True
-            self._send(exc.status, f"{exc}\n".encode(), "text/plain", f"{what}: {exc}", t0, exc.retry_after_s)
+            self._answer(env, envelope, exc.status, f"{exc}\n".encode(), f"{what}: {exc}", t0, exc.retry_after_s)
         except (BrokenPipeError, ConnectionResetError):  # the client gave up waiting: nobody to answer
             self.close_connection = True
             log.info("api POST %s: the client went away before its answer (%d ms)", what,
                      (time.monotonic() - t0) * 1000)
         except Exception:  # a bug: the caller gets one line, the log the traceback (no job contents in it)
             log.exception("api: request failed")
-            self._send(500, b"internal error (see the service log)\n", "text/plain", what, t0)
+            self._answer(env, envelope, 500, b"internal error (see the service log)\n", what, t0)
+
+    def _answer(self, env: sealed.Envelope | None, envelope: str, status: int, data: bytes, what: str, t0: float,
+                retry_after_s: int | None = None) -> None:
+        """The answer, sealed for its sender once the service knows who that is; before, a plain refusal."""
+        if env is None:
+            self._send(status, data, "text/plain", what, t0, retry_after_s)
+            return
+        try:
+            out = self.server.api.seal(env, envelope, status, data)
+        except MungeError as exc:
+            self._send(503, f"the service cannot seal its answer: {exc}\n".encode(), "text/plain",
+                       f"{what}: cannot seal the answer: {exc}", t0)
+            return
+        self._send(status, out.parts, sealed.CONTENT_TYPE, what, t0, retry_after_s, out.envelope)
 
     def _discard(self, length: int) -> None:
         while length > 0:
@@ -340,14 +390,17 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             length -= len(chunk)
 
     def _send(self, status: int, data: bytes, ctype: str, what: str, t0: float,
-              retry_after_s: int | None = None) -> None:
+              retry_after_s: int | None = None, seal: str | None = None) -> None:
         self.send_response(status)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(data)))
         if retry_after_s is not None:
             self.send_header("Retry-After", str(retry_after_s))
+        if seal is not None:
+            self.send_header(sealed.SEAL_HEADER, seal)
         self.end_headers()
-        self.wfile.write(data)
+        if data:  # an answer all in its envelope has no body; a write of none to a client gone fails
+            self.wfile.write(data)
         line = f"api {self.command} {what} -> {status} in {(time.monotonic() - t0) * 1000:.0f} ms"
         for paced in REFUSALS.lines(refusal(status, what), line):  # a refusal at most once a minute, counted
             log.info("%s", paced)
@@ -393,7 +446,8 @@ class UnixApiServer(ApiServer):
 
 
 def _clear_stale(path: str) -> None:
-    """Remove a socket file left by a service that is gone; refuse a live one or another kind of file."""
+    """Remove a socket file left by a service that is gone; refuse a live one (naming who holds it) or another
+    kind of file."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -404,12 +458,14 @@ def _clear_stale(path: str) -> None:
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         probe.connect(path)
+        holder = peer.unix_holder(probe)
     except OSError:
         os.unlink(path)  # nobody listens: stale
         return
     finally:
         probe.close()
-    raise OSError(f"{path}: another service already listens there")
+    raise OSError(errno.EADDRINUSE, f"{path}: another process already listens there"
+                                    + (f" ({holder.describe()})" if holder else ""))
 
 
 def start(config: Config, engine: Engine | None = None,
@@ -418,6 +474,7 @@ def start(config: Config, engine: Engine | None = None,
     ``engine``, it also takes the nodes' pushed records into that database. While ``damage()`` says what
     is wrong with the database, every request but the health check is answered 503 with that line."""
     listen = config.service.api_listen
+    check_account(config)
     server: ApiServer
     if listen.startswith("unix:"):
         server = UnixApiServer(listen[len("unix:"):], _Handler)  # type: ignore[arg-type]
@@ -425,12 +482,34 @@ def start(config: Config, engine: Engine | None = None,
         host, _, port = listen.rpartition(":")
         host = host.strip("[]")
         cls = type("ApiServer6", (ApiServer,), {"address_family": socket.AF_INET6}) if ":" in host else ApiServer
-        server = cls((host, int(port)), _Handler)
+        try:
+            server = cls((host, int(port)), _Handler)
+        except OSError as exc:
+            holder = peer.port_holder(int(port)) if exc.errno == errno.EADDRINUSE else None
+            if holder is None:
+                raise
+            raise OSError(exc.errno, f"the port is held by {holder.describe()}") from None
     server.api = Api(config, engine, damage)
     keep_engines()  # its answers reuse one engine's connections
     threading.Thread(target=server.serve_forever, name="gpueff-api", daemon=True).start()
     log.info("seff-gpu API on %s", listen)
     return server
+
+
+def check_account(config: Config) -> None:
+    """The service answers as ``[service] user`` or not at all: its clients take no answer sealed by another
+    account, so a service under the wrong account would look like an impostor to every user."""
+    from ..access.client import Unreachable, service_uid
+
+    try:
+        want = service_uid(config.service)
+    except Unreachable as exc:
+        raise GpueffError(str(exc)) from None
+    me = os.getuid()
+    if me != want:
+        raise GpueffError(f"gpueff serve runs as {user_name(me) or f'uid {me}'} but [service] user = "
+                          f"{config.service.user!r}: clients take answers only from that account; run the service "
+                          "as it, or set [service] user (the same on every host)")
 
 
 def stop(server: ApiServer) -> None:

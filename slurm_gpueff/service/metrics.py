@@ -18,15 +18,11 @@ under ``other``; an unknown user or account reads ``unknown``. A figure nobody m
 from __future__ import annotations
 
 import contextlib
-import hmac
 import os
-import socketserver
-import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -34,6 +30,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from sqlmodel import col
 
+from ..access.scrape import serve as serve  # the scheduler's name for it: the one guarded /metrics server
 from ..config import Config
 from ..models import UsageRollup
 from .tasks import Context
@@ -140,34 +137,3 @@ def registry_for(engine: Any, config: Config, ctx: Context | None = None) -> Any
     reg = CollectorRegistry()
     reg.register(UsageCollector(engine, config, ctx))
     return reg
-
-
-class _ThreadingWSGIServer(socketserver.ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
-        pass
-
-
-def serve(registry: Any, address: str, port: int, token: str | None) -> tuple[WSGIServer, threading.Thread]:
-    """/metrics of ``registry`` on ``address:port`` in a daemon thread. With ``token``, a scrape without
-    ``Authorization: Bearer <token>`` gets 401 and no figure; the token is compared in constant time."""
-    from prometheus_client import make_wsgi_app
-
-    app = make_wsgi_app(registry)
-    expected = f"Bearer {token}".encode() if token else None
-
-    def guarded(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
-        given = str(environ.get("HTTP_AUTHORIZATION", "")).encode()
-        if expected is not None and not hmac.compare_digest(given, expected):
-            start_response("401 Unauthorized", [("Content-Type", "text/plain; charset=utf-8"),
-                                                ("WWW-Authenticate", 'Bearer realm="gpueff"')])
-            return [b"a bearer token is required ([service] metrics_token_file)\n"]
-        return app(environ, start_response)
-
-    server = make_server(address, port, guarded, _ThreadingWSGIServer, handler_class=_QuietHandler)
-    thread = threading.Thread(target=server.serve_forever, name="gpueff-metrics", daemon=True)
-    thread.start()
-    return server, thread

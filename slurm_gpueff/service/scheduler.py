@@ -93,10 +93,12 @@ def serve(config: Config) -> int:
 
         try:
             api = api_mod.start(config, engine, lambda: ctx.damage)
-        except OSError as exc:
+        except (OSError, GpueffError) as exc:
             if server is not None:
                 server.shutdown()
             engine.dispose()
+            if isinstance(exc, GpueffError):
+                raise
             why = exc.strerror or exc
             raise GpueffError(f"cannot listen on [service] api_listen = {s.api_listen}: {why}") from None
         ctx.make_way = api.api.make_way

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
-from ..analysis.diagnose import assess
+from ..analysis.diagnose import assess, gpu_split
 from ..analysis.figures import JobFigures, job_figures
 from ..analysis.verdicts.base import ThresholdSource
 from ..models import Job, JobGpu, utcnow
@@ -44,6 +44,7 @@ def apply_summary(job: Job, gpus: Sequence[JobGpu], thresholds: ThresholdSource 
     job.energy_j = fig.energy_j
     job.verdict = primary.name if primary else None
     job.verdict_title = primary.title[:128] if primary else None
+    job.gpu_verdicts = gpu_split(fig, diag)
     job.analyzed_at = utcnow()
 
 

@@ -245,8 +245,9 @@ class _Run:
             self.res.errors.append(f"{path}: {error}; and cannot quarantine it: {exc}")
             return
         self.res.quarantined += 1
+        # Said once, by whoever runs the ingest with its errors (the service's ingest task logs them, the
+        # command prints them): a log line here as well made every quarantined record two.
         self.res.errors.append(f"{os.path.basename(path)}: {error} (quarantined as {dest})")
-        log.warning("quarantined %s: %s", path, error)
 
 
 @dataclass

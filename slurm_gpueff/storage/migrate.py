@@ -16,6 +16,7 @@ other tables and no revision is another program's: it is refused, never filled w
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import sys
 from typing import Any
@@ -27,6 +28,7 @@ from sqlmodel import SQLModel
 from .. import models  # noqa: F401  (registers the tables on SQLModel.metadata)
 from ..errors import GpueffError
 
+log = logging.getLogger(__name__)
 # pg_advisory_xact_lock key of schema upgrades ("gpueff" in ASCII): any constant that other programs do not use.
 PG_LOCK = 0x677075656666
 MIGRATIONS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "migrations")
@@ -122,6 +124,20 @@ def upgrade(engine: Engine, revision: str = "head") -> tuple[str | None, str | N
         return before, current(conn)
 
 
+def migrated(before: str | None, after: str | None) -> str:
+    """What an upgrade from ``before`` to ``after`` did, in words: "migrated from 0011 (2 migrations: 0012,
+    0013)", "made new (13 migrations: 0001 to 0013)", "nothing to migrate"."""
+    from alembic.script import ScriptDirectory
+
+    if before == after:
+        return "nothing to migrate"
+    script = ScriptDirectory.from_config(alembic_config())
+    steps = [r.revision for r in script.iterate_revisions(after or "base", before or "base")][::-1]
+    ids = ", ".join(steps) if len(steps) <= 3 else f"{steps[0]} to {steps[-1]}"
+    n = f"{len(steps)} migration{'' if len(steps) == 1 else 's'}: {ids}"
+    return f"migrated from {before} ({n})" if before else f"made new ({n})"
+
+
 def diffs(conn: Connection) -> list[Any]:
     """Differences between the database and models.py (Alembic autogenerate's view); [] = identical."""
     from alembic.autogenerate import compare_metadata
@@ -153,12 +169,16 @@ def ensure_schema(engine: Engine) -> None:
 
 
 def _ensure_schema(engine: Engine) -> None:
+    """Logs one INFO line, the schema's revision and what was migrated (Alembic's own lines, one or two per
+    migration and per context, are left to ``-v``: cli.common.log_to_stderr)."""
     with engine.connect() as conn:
         rev = current(conn)
     if rev == head():
+        log.info("database schema: revision %s, nothing to migrate", rev)
         return
     if engine.dialect.name == "sqlite":
-        upgrade(engine)
+        before, after = upgrade(engine)
+        log.info("database schema: revision %s, %s", after, migrated(before, after))
         return
     url = engine.url.render_as_string(hide_password=True)
     state = f"is at revision {rev}" if rev else "has no slurm-gpueff schema yet"
