@@ -33,7 +33,7 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [_ROOT, os.path.join(_ROOT, "tests"), os.path.join(_ROOT, "bench")]  # synthetic, pushsite
 
 import synthetic  # noqa: E402
-from pushsite import ROOT, fresh_pg, pending, start_site  # noqa: E402
+from pushsite import ROOT, answered, fresh_pg, pending, start_site  # noqa: E402
 
 from slurm_gpueff import spool  # noqa: E402
 
@@ -139,8 +139,8 @@ def main() -> int:
     log = Path(site.log).read_text()
     print(f"written {written}; job_gpu rows {rows}, distinct keys {distinct}, jobs {jobs}")
     print(f"lost {written - distinct}, duplicated {rows - distinct}")
-    print(f"service log: {log.count(' -> 200 ')} pushes answered 200, {log.count(' -> 503 ')} 503, "
-          f"{log.count(' -> 401 ')} 401; forwarder logs: "
+    print(f"service log: {answered(log, 200)} pushes answered 200, {answered(log, 503)} 503, "
+          f"{answered(log, 401)} 401; forwarder logs: "
           f"{sum(Path(x).read_text().count('cannot reach') for x in logs)} unreachable passes")
     site.kill(signal.SIGTERM)
     munged.kill()

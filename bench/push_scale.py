@@ -38,7 +38,7 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [_ROOT, os.path.join(_ROOT, "tests"), os.path.join(_ROOT, "bench")]  # synthetic, pushsite
 
 import synthetic  # noqa: E402
-from pushsite import cpu_s, fresh_pg, node_name, pending, rss_mb, run_nodes, start_site  # noqa: E402
+from pushsite import answered, cpu_s, fresh_pg, node_name, pending, rss_mb, run_nodes, start_site  # noqa: E402
 
 from slurm_gpueff import spool  # noqa: E402
 
@@ -162,8 +162,8 @@ def main() -> int:
           f"= {1000 * (nodes_cpu1 - nodes_cpu0) / gen_s / a.nodes:.2f} ms per node per second")
     log = Path(site.log).read_text()
     ms = sorted(int(m) for m in re.findall(r"records, stored .* -> 200 in (\d+) ms", log))
-    print(f"service log: {log.count(' -> 200 ')} pushes answered 200, {log.count(' -> 503 ')} 503, "
-          f"{log.count(' -> 401 ')} 401, {log.count(' -> 500 ')} 500; push handling p50 {ms[len(ms) // 2]} ms, "
+    print(f"service log: {answered(log, 200)} pushes answered 200, {answered(log, 503)} 503, "
+          f"{answered(log, 401)} 401, {answered(log, 500)} 500; push handling p50 {ms[len(ms) // 2]} ms, "
           f"p99 {ms[int(0.99 * (len(ms) - 1))]} ms, max {ms[-1]} ms")
     for line in re.findall(r".*task \w+: .*", log)[-6:]:
         print("service task:", line)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import re
 import subprocess
 import sys
 import threading
@@ -31,6 +32,14 @@ def start_node_munged(base: str, site_munge: str) -> tuple[subprocess.Popen, str
     """A second munged with the site's key, at nice 19, for the simulated nodes: on a real site each node makes
     its credentials with its own munged, and the service host's munged only decodes them."""
     return start_munged(base, "node-munge", key=os.path.join(site_munge, "munge.key"), nice=19)
+
+
+def answered(log: str, status: int) -> int:
+    """How many requests the service's log says it answered with ``status``: each one's line, plus the counts
+    of the refusals it held back (service/refusals.py: ``refused N more times ..., the last: ... -> 503``)."""
+    shown = sum(1 for line in log.splitlines() if f" -> {status} " in line and " refused " not in line)
+    held = sum(int(n) for n in re.findall(rf" refused (\d+) more times? in the last .* -> {status} ", log))
+    return shown + held
 
 
 def pending(spool_dir: str) -> int:

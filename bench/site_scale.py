@@ -62,7 +62,7 @@ sys.path[:0] = [_ROOT, os.path.join(_ROOT, "tests"), os.path.join(_ROOT, "bench"
 
 import synthetic  # noqa: E402
 from daemons import free_port  # noqa: E402
-from pushsite import cpu_s, fresh_pg, node_name, rss_mb, run_nodes, start_node_munged, start_site  # noqa: E402
+from pushsite import answered, cpu_s, fresh_pg, node_name, rss_mb, run_nodes, start_node_munged, start_site  # noqa: E402
 
 from slurm_gpueff import spool  # noqa: E402
 
@@ -456,7 +456,7 @@ def outage(a: argparse.Namespace, sz: dict[str, int], url: str, base: str, site:
     with open(site.log) as fh:
         after = fh.read()[log_from:]
     stored_lines = re.findall(r"^(\S+ \S+) .*records, stored (\d+),", after, re.M)
-    busy = after.count(" -> 503 ")
+    busy = answered(after, 503)
     if stored_lines:
         first = datetime.strptime(stored_lines[0][0], "%Y-%m-%d %H:%M:%S,%f")
         last = datetime.strptime(stored_lines[-1][0], "%Y-%m-%d %H:%M:%S,%f")

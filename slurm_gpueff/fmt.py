@@ -39,10 +39,14 @@ def visible(text: str) -> str:
     return UNSEEN.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
+LINE_BREAKS = re.compile("[\r\n\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")  # every one str.splitlines() breaks at
+
+
 def one_line(text: str) -> str:
-    """``text`` as one line, whatever it holds (a configured path or a driver's message may hold a line
-    break): line breaks escaped, so an error stays one line in a terminal and in a log."""
-    return text.replace("\r", "\\r").replace("\n", "\\n")
+    """``text`` as one line, whatever it holds (a configured path, a driver's message or a query's value may
+    hold a line break): every line break escaped (``\\n``, ``\\r``, ``\\u000c``...), so an error stays one
+    line in a terminal, in a log and for a program that splits it into lines."""
+    return LINE_BREAKS.sub(lambda m: {"\r": "\\r", "\n": "\\n"}.get(m.group(), f"\\u{ord(m.group()):04x}"), text)
 
 
 def plural(n: int, noun: str, nouns: str | None = None) -> str:

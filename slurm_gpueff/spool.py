@@ -163,10 +163,10 @@ def pending_by_job(spool_dir: str, stale_tmp_s: float | None = None) -> list[lis
     for name in _listing(d, stale_tmp_s):  # job_of, inline: this loop and the one below run per file
         parts = name.split("-", 2)
         by_job.setdefault(parts[1] if len(parts) == 3 and parts[0] == "job" else name, []).append(name)
-    ids = [k for k in by_job if k.isdigit()]
+    ids = [k for k in by_job if k.isascii() and k.isdigit()]  # a job's files (another script's digits: named otherwise)
     ids.sort(key=int)
     if len(ids) < len(by_job):  # files named otherwise, last
-        ids += sorted(k for k in by_job if not k.isdigit())
+        ids += sorted(k for k in by_job if not (k.isascii() and k.isdigit()))
     prefix = d + os.sep
     out = []
     for key in ids:

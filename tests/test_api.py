@@ -6,11 +6,14 @@ the package alone: the service path needs nothing beyond the standard library.
 
 Only Slurm is absent: no controller runs here, so the services find no ``sacct``/``sacctmgr``/``squeue`` (PATH
 without them, and an absent ``[sacct] command``, also for seff-gpu's direct path), which leaves the
-coordinators empty (logged) exactly as a failing sacctmgr does.
+coordinators empty (logged) exactly as a failing sacctmgr does. Their ``scontrol`` is a stand-in printing the
+``PrivateData`` line of ``scontrol show config`` (``none``: another user's job is refused, exit 6; ``jobs``
+for the service that hides them), as the real one does on the clusters of tests/slurm/.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
 import json
@@ -73,7 +76,8 @@ def site():
         shutil.copytree(os.path.join(ROOT, "slurm_gpueff"), os.path.join(lib, "slurm_gpueff"),
                         ignore=shutil.ignore_patterns("__pycache__"))
         subprocess.run(["chmod", "-R", "a+rX", lib], check=True)
-        os.makedirs(os.path.join(base, "bin"))  # PATH of the services: no Slurm commands
+        os.makedirs(os.path.join(base, "bin"))  # PATH of the services: no Slurm commands but scontrol's stand-in
+        fake_scontrol(os.path.join(base, "bin"), "none")
         db_dir = os.path.join(base, "db")
         os.makedirs(db_dir, mode=0o755)
         db = os.path.join(db_dir, "gpueff.db")
@@ -130,6 +134,17 @@ def site():
         shutil.rmtree(base, ignore_errors=True)
 
 
+def fake_scontrol(bin_dir: str, private_data: str | None) -> None:
+    """``bin_dir``/scontrol: ``scontrol show config``'s PrivateData line (``none``, ``jobs,usage``...), or, with
+    None, the failure of a scontrol that reaches no controller."""
+    body = (f"printf 'PrivateData             = %s\\n' '{private_data}'" if private_data is not None else
+            "echo 'slurm_load_ctl_conf error: Unable to contact slurm controller (connect failure)' >&2; exit 1")
+    path = os.path.join(bin_dir, "scontrol")
+    with open(path, "w") as fh:
+        fh.write(f'#!/bin/sh\n[ "$1 $2" = "show config" ] || exit 2\n{body}\n')
+    os.chmod(path, 0o755)
+
+
 def seff(site, *args: str, cfg: str = "unix", as_user: str | None = USER, via: str | None = None,
          cwd: str | None = None) -> subprocess.CompletedProcess:
     """seff-gpu as gpuser (Debian's python3, the package copy), or as root with the test interpreter."""
@@ -164,6 +179,13 @@ def credential(payload: str, sock: str) -> str:
 def ids(table: str) -> set[int]:
     """The job ids a -u/-A table lists."""
     return {int(line.split()[0]) for line in table.splitlines() if line[:1].isdigit()}
+
+
+def log_since(site, offset: int, server: str = "unix") -> str:
+    """What the service wrote to its log after ``offset`` bytes: a test's own requests' lines."""
+    with open(site["servers"][server][2], "rb") as fh:
+        fh.seek(offset)
+        return fh.read().decode("utf-8", "replace")
 
 
 def one_line_error(p: subprocess.CompletedProcess, code: int) -> str:
@@ -213,6 +235,41 @@ def test_own_table_json_and_html(site, tmp_path):
     one_line_error(seff(site, "-u", "root", "-S", "2020-01-01", "-E", "2030-01-01"), 6)
 
 
+def test_html_never_clobbers_a_file_nor_follows_a_link(site):
+    """The issue's attack, as the ordinary user and as root: ``ln -s target.txt link.html; seff-gpu --html
+    link.html 100`` rewrote target.txt. Now an existing name (a link, a file) is refused in one line, exit 2,
+    nothing printed and nothing written; --force replaces the name itself (a link by a file), never a link's
+    target."""
+    d = os.path.join(site["base"], "clobber")
+    os.makedirs(d)
+    shutil.chown(d, USER)
+    target, link, card = f"{d}/target.txt", f"{d}/link.html", f"{d}/card.html"
+    for path, text in ((target, "precious\n"), (card, "old card\n")):
+        with open(path, "w") as fh:
+            fh.write(text)
+        shutil.chown(path, USER)
+    os.symlink("target.txt", link)
+    os.lchown(link, GPUSER_UID, -1)
+    for as_user in (USER, None):  # gpuser through the service; root on the direct path (where it writes anywhere)
+        err = one_line_error(seff(site, "100", "--html", link, as_user=as_user), 2)
+        assert err == f"seff-gpu: {link} exists (a symbolic link, not followed): not overwritten; --force " \
+                      "replaces it\n", err
+        err = one_line_error(seff(site, "100", "--html", card, as_user=as_user), 2)
+        assert err == f"seff-gpu: {card} exists (a file): not overwritten; --force replaces it\n", err
+        assert pathlib.Path(target).read_text() == "precious\n" and os.path.islink(link)
+        assert pathlib.Path(card).read_text() == "old card\n"
+    assert sorted(os.listdir(d)) == ["card.html", "link.html", "target.txt"]
+    p = seff(site, "100", "--html", link, "--force")
+    assert p.returncode == 0 and p.stderr == f"wrote {link}\n", p.stderr
+    assert not os.path.islink(link) and os.stat(link).st_uid == GPUSER_UID
+    assert pathlib.Path(link).read_text().lstrip().lower().startswith("<!doctype html")
+    assert pathlib.Path(target).read_text() == "precious\n"
+    p = seff(site, "100", "--html", card, "--force")
+    assert p.returncode == 0 and pathlib.Path(card).read_text().lstrip().lower().startswith("<!doctype html")
+    one_line_error(seff(site, "100", "--force"), 2)  # --force alone: a usage error
+    assert sorted(os.listdir(d)) == ["card.html", "link.html", "target.txt"]
+
+
 def test_a_lead_sees_the_accounts_jobs_and_not_others(site):
     assert seff(site, "201", cfg="tcp").returncode == 0  # root's job in physics, which gpuser leads there
     one_line_error(seff(site, "200", cfg="tcp"), 6)  # root's job in vision
@@ -226,6 +283,75 @@ def test_a_lead_sees_the_accounts_jobs_and_not_others(site):
     one_line_error(seff(site, "-A", "vision", "-S", "2020-01-01", "-E", "2030-01-01", cfg="tcp"), 6)  # not led
     p = seff(site, "-u", USER, "-A", "vision", "-S", "2020-01-01", "-E", "2030-01-01", cfg="tcp")
     assert p.returncode == 0 and ids(p.stdout) == {100, 300}  # one's own jobs in any account
+
+
+@contextlib.contextmanager
+def service_where_slurm_says(site, name: str, private_data: str | None):
+    """Another ``gpueff serve`` of the same database and state directory, its API on its own Unix socket, whose
+    ``scontrol`` prints ``PrivateData = <private_data>`` (None: fails, as with no controller); yields the name
+    of gpuser's config for it in ``site["cfg"]``."""
+    base = site["base"]
+    bin_dir = os.path.join(base, f"bin-{name}")
+    os.makedirs(bin_dir, exist_ok=True)
+    fake_scontrol(bin_dir, private_data)
+    uds = os.path.join(base, "run", f"api-{name}.sock")
+    common = f'[sacct]\ncommand = "{bin_dir}/sacct"\n'  # absent; scontrol is taken from beside it
+    intervals = "".join(f"{k} = 0\n" for k in ("ingest_interval_s", "enrich_interval_s", "rollup_interval_s",
+                                               "rollup_full_interval_s", "retention_interval_s", "cards_interval_s"))
+    server = str(site_config(pathlib.Path(base), pathlib.Path(site["db"]), name=f"server-{name}.toml",
+                             extra=common + f'[service]\nmetrics_port = 0\n{intervals}api_listen = "unix:{uds}"\n'
+                                            f'munge_socket = "{site["munge_socket"]}"\n'))
+    client = str(site_config(pathlib.Path(base), pathlib.Path(site["db"]), name=f"client-{name}.toml",
+                             extra=f'[service]\napi_url = "unix:{uds}"\nmunge_socket = "{site["munge_socket"]}"\n'))
+    os.chmod(client, 0o644)
+    site["cfg"][name] = client
+    log = os.path.join(base, f"serve-{name}.log")
+    with open(log, "w") as fh:
+        p = subprocess.Popen([sys.executable, "-m", "slurm_gpueff.cli.gpueff", "--config", server, "serve"],
+                             env=site["env"], stdout=fh, stderr=subprocess.STDOUT)
+    try:
+        wait_health(lambda: UnixConn(uds), p, log)
+        yield name, log
+    finally:
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(30) == 0
+
+
+def test_another_users_job_is_no_such_job_where_slurm_hides_jobs(site):
+    """Where Slurm's PrivateData includes jobs, "not yours" (exit 6) would tell any user which job ids exist,
+    running ones included: there another user's job, finished or running on the service host, gets exactly the
+    answer of a job that does not exist (exit status, stdout, stderr, with or without --json). The same where
+    scontrol cannot answer (the safe side), which the service's log says once. Elsewhere, exit 6 as before.
+    gpuser through real services with a real munged; root's job 200 is in the database, root's job 8200 runs on
+    the service host (its Prolog state), 999 and 8201 exist nowhere."""
+    from slurm_gpueff import jobstate
+
+    jobstate.save(jobstate.path(os.path.join(site["base"], "run"), 8200),
+                  {"start_time": time.time() - 60, "job": {"job_id": 8200, "user": "root", "uid": 0,
+                                                          "account": "vision"}})
+    try:
+        for args in (["200"], ["--json", "200"], ["8200"]):  # PrivateData = none (the site's own service)
+            err = one_line_error(seff(site, *args), 6)
+            assert "belongs to another user" in err, err
+        for private_data in ("accounts,jobs,usage", None):
+            with service_where_slurm_says(site, "hide" if private_data else "unknown", private_data) as (cfg, log):
+                assert seff(site, "100", cfg=cfg).returncode == 0  # one's own job as ever
+                for others, missing in ((["200"], ["999"]), (["--json", "200"], ["--json", "999"]),
+                                        (["8200"], ["8201"])):
+                    other, none = seff(site, *others, cfg=cfg), seff(site, *missing, cfg=cfg)
+                    said = (none.returncode, none.stdout, none.stderr.replace(missing[-1], others[-1]))
+                    assert (other.returncode, other.stdout, other.stderr) == said, (private_data, others)
+                    err = one_line_error(other, 3)
+                    assert err == f"seff-gpu: job {others[-1]} is not in the GPU job database (it had no GPUs, has " \
+                                  "not been ingested yet, or the id is wrong)\n", err
+                with open(log) as fh:
+                    text = fh.read()
+                warned = text.count("Slurm's PrivateData is unknown")
+                assert warned == (0 if private_data else 1), text[-2000:]
+                if not private_data:
+                    assert "answered as one that does not exist (exit 3), the safe side" in text
+    finally:
+        os.unlink(jobstate.path(os.path.join(site["base"], "run"), 8200))
 
 
 def test_no_gpus_names_the_reason(site):
@@ -361,12 +487,65 @@ def test_bad_requests(site):
     c.request("POST", "/v1/seff", b"x" * 40000)
     r = c.getresponse()  # beyond any sealed query: refused before anything is opened, plainly
     assert r.status == 413 and r.getheader("Gpueff-Seal") is None
+    # 14 KB of [[[...]]] made the JSON parser raise RecursionError (500, a traceback in the log); text a
+    # database cannot take (NUL, an unpaired surrogate) went on to SQLite's or PostgreSQL's driver
+    logged = os.path.getsize(site["servers"]["unix"][2])
+    for body, says in ((b"[" * 7000 + b"]" * 7000, "the body nests deeper than 2 levels"),
+                       (b'{"jobid": ' + b"[" * 7000 + b'"100"' + b"]" * 7000 + b"}", "nests deeper"),
+                       (b'{"user": "al\\u0000ice", "start": "2020-01-01", "end": "2030-01-01"}', "user holds a NUL"),
+                       (b'{"jobid": "\\ud800"}', "jobid holds a NUL character or an unpaired surrogate")):
+        reply = post_signed(service, "/v1/seff", body)
+        assert reply.sealed and reply.status == 400 and reply.body.count(b"\n") == 1, (body[:40], reply)
+        assert says in reply.reason(), (body[:40], reply)
+    assert "Traceback" not in log_since(site, logged)
     c = UnixConn(site["uds"])
     c.request("GET", "/v1/other")
     assert c.getresponse().status == 404
     c = http.client.HTTPConnection("127.0.0.1", site["port"], timeout=10)
     c.request("GET", "/v1/health")
     assert c.getresponse().status == 200
+
+
+def test_a_table_window_with_offsets_is_that_window_in_utc(site):
+    """``start``/``end`` with an offset (``+14:00``, ``-12:00``) are turned into UTC: the same table as the
+    window written in UTC, header included. Compared as they came, an aware time against the database's naive
+    ones was a TypeError: a 500 with a traceback in the log. A time UTC cannot hold is seff-gpu's usage
+    answer (exit 2), one line."""
+    from slurm_gpueff.access.client import post_signed
+    from slurm_gpueff.config import Config
+    from slurm_gpueff.reports.jobview import Answer
+
+    service = Config({"service": {"api_url": f"unix:{site['uds']}", "munge_socket": site["munge_socket"]}}).service
+    logged = os.path.getsize(site["servers"]["unix"][2])
+
+    def ask(start: str, end: str) -> Answer:
+        reply = post_signed(service, "/v1/seff", json.dumps({"user": USER, "start": start, "end": end}).encode())
+        assert reply.status == 200, reply
+        return Answer.from_json(json.loads(reply.body))
+
+    utc = ask("2020-01-01T00:00:00", "2030-01-01T00:00:00")
+    assert utc.exit_code == 0 and ids(utc.stdout) == {100, 101, 300}, utc
+    assert ask("2020-01-01T14:00:00+14:00", "2029-12-31T12:00:00-12:00") == utc
+    assert ask("2020-01-01T00:00:00Z", "2030-01-01T00:00:00+00:00") == utc
+    late = ask("2030-01-01T00:00:00+14:00", "2030-01-02T00:00:00")  # 2029-12-31 10:00 UTC: no job then
+    assert late.exit_code == 0 and "2029-12-31 10:00" in late.stdout and ids(late.stdout) == set(), late
+    for start in ("0001-01-01T00:00+14:00", "0001-01-01T13:59+14:00"):
+        early = ask(start, "2030-01-01")
+        assert early.exit_code == 2 and early.stdout == "", early
+        assert early.stderr == "seff-gpu: a table's start or end time is out of range once turned into UTC\n"
+    assert "Traceback" not in log_since(site, logged)
+
+
+def test_job_ids_in_other_scripts_digits_are_refused_on_every_path(site):
+    """``seff-gpu ７００３`` and ``٧٠٠٣`` were read as job 7003; here job 100 exists, and ``１００`` (full-width)
+    and ``١٠٠`` (Arabic-Indic) are no id of it: one line, exit 2, the same through the service as gpuser and on
+    root's direct path."""
+    for text in ("\uff11\uff10\uff10", "\u0661\u0660\u0660"):
+        runs = [seff(site, text), seff(site, text, as_user=None)]
+        for p in runs:
+            err = one_line_error(p, 2)
+            assert err.startswith(f"seff-gpu: invalid job id {text!r}: ") and "digits 0-9 only" in err, err
+        assert runs[0].stderr == runs[1].stderr
 
 
 def test_serve_stops_cleanly_and_a_stale_socket_is_replaced(site):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import shlex
 import subprocess
 import sys
@@ -117,3 +118,46 @@ def test_demo_folder_with_quotes_and_backslashes_in_its_name(tmp_path):
     assert p.returncode == 0, p.stderr
     assert "ingested 9 spool records" in p.stdout and "quarantined 0, failed 0" in p.stdout
     assert (tmp_path / 'my "demo" \\ dir' / "gpueff.db").is_file()
+
+
+def test_demo_folder_is_never_a_link_nor_another_users(tmp_path):
+    """Run by root in a shared directory, ``gpueff demo --dir`` must not follow a symbolic link (to the folder,
+    or planted in it as the config it writes) nor wipe a folder that only looks like the demo's: another user's
+    folder with the demo's marker file. Each is one line, exit 2, and the files stay as they were. The folder's
+    owner is the ordinary user gpuser where the test runs as root (skipped otherwise)."""
+    from slurm_gpueff.cli.common import UsageError
+    from slurm_gpueff.cli.demo import MARKER, prepare
+
+    (tmp_path / "precious").mkdir()
+    (tmp_path / "precious" / "thesis.tex").write_text("do not delete")
+    (tmp_path / "link").symlink_to(tmp_path / "precious")
+    with pytest.raises(UsageError, match="is a symbolic link: not followed"):
+        prepare(str(tmp_path / "link"))
+    planted = tmp_path / "planted"  # the demo's own folder, its marker a link to someone's file
+    planted.mkdir()
+    (planted / MARKER).symlink_to(tmp_path / "precious" / "thesis.tex")
+    with pytest.raises(UsageError, match="was not made by the demo run as you"):
+        prepare(str(planted))
+    assert (tmp_path / "precious" / "thesis.tex").read_text() == "do not delete" and (planted / MARKER).is_symlink()
+    if os.geteuid() == 0 and subprocess.run(["id", "gpuser"], capture_output=True).returncode == 0:
+        import pwd
+
+        uid = pwd.getpwnam("gpuser").pw_uid
+        theirs = tmp_path / "theirs"
+        theirs.mkdir()
+        (theirs / MARKER).write_text("made by gpueff demo; safe to delete\n")
+        (theirs / "thesis.tex").write_text("gpuser's")
+        for p in (theirs, theirs / MARKER, theirs / "thesis.tex"):
+            os.chown(p, uid, uid)
+        with pytest.raises(UsageError, match="was not made by the demo run as you"):
+            prepare(str(theirs))
+        assert (theirs / "thesis.tex").read_text() == "gpuser's"
+        empty = tmp_path / "empty-theirs"
+        empty.mkdir()
+        os.chown(empty, uid, uid)
+        with pytest.raises(UsageError, match="is not yours"):
+            prepare(str(empty))
+    made = prepare(str(tmp_path / "fresh"))  # and a new folder is made as before
+    assert pathlib.Path(made).read_text().startswith("# Written by `gpueff demo`")
+    assert os.stat(tmp_path / "fresh").st_mode & 0o777 == 0o700
+    assert prepare(str(tmp_path / "fresh")) == made  # its own folder is made again

@@ -167,3 +167,16 @@ def test_sparkline_empty_input_is_no_line(points, span):
 
 def test_sparkline_lone_point_covers_the_span():
     assert fmt.sparkline([(100, 0.5)], 7200, width=5) == fmt.SPARKS[4] * 5
+
+
+def test_one_line_escapes_every_line_break():
+    """An error line holding a value typed by anyone (a --cluster of "\\f" once split an answer's one line in
+    two for a program reading it) stays one line whatever break it holds: each one str.splitlines() knows."""
+    from slurm_gpueff.fmt import one_line
+
+    for brk, shown in (("\n", "\\n"), ("\r", "\\r"), ("\x0b", "\\u000b"), ("\x0c", "\\u000c"), ("\x1c", "\\u001c"),
+                       ("\x1d", "\\u001d"), ("\x1e", "\\u001e"), ("\x85", "\\u0085"), ("\u2028", "\\u2028"),
+                       ("\u2029", "\\u2029")):
+        assert one_line(f"a{brk}b") == f"a{shown}b"
+        assert len(one_line(f"cluster {brk}x{brk}").splitlines()) == 1
+    assert one_line("plain \t text") == "plain \t text"

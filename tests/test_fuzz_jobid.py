@@ -30,7 +30,8 @@ FUZZ = settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_to
                                        HealthCheck.filter_too_much])
 SEFF_CODES = {0, 1, 3, 4, 5, 6}  # seff-gpu's documented statuses for a valid id (2: a bad one)
 
-# Decimal digits of several scripts (int() reads every Unicode Nd digit), spaces of several kinds.
+# Decimal digits of several scripts (int() and \\d read every Unicode Nd digit; a job id is ASCII's 0-9 only, so these
+# must be refused), spaces of several kinds.
 UNICODE_DIGITS = "0123456789\u0660\u0663\u06f5\u0966\u09e7\uff10\uff11\uff19\U0001d7ce\U0001d7d9"
 SPACES = " \t\n\r\x0b\x0c\u00a0\u2003\u3000\u2028"
 HUGE = ("4294967294", "4294967295", "4294967296", "9223372036854775807", "9223372036854775808",
@@ -75,15 +76,16 @@ FULLWIDTH = str.maketrans("0123456789", "".join(chr(0xFF10 + i) for i in range(1
 
 
 def stored_ids() -> st.SearchStrategy[tuple[str, int]]:
-    """(a stored id as users type it: leading zeros, a step suffix, blanks, another script's digits; its status)."""
+    """(a stored id as users type it: leading zeros, a step suffix, blanks; its status), or one written in
+    full-width digits, which is no job id (status 2) although it looks like the stored one."""
     def typed(parts: tuple[str, str, str, str, bool]) -> tuple[str, int]:
         zeros, text, suffix, pad, wide = parts
         typed = f"{pad}{zeros}{text}{suffix}{pad}"
-        return (typed.translate(FULLWIDTH) if wide else typed), STORED[text]
+        return (typed.translate(FULLWIDTH), 2) if wide else (typed, STORED[text])
 
     return st.tuples(st.sampled_from(["", "", "0", "000"]), st.sampled_from(sorted(STORED)),
                      st.sampled_from(["", "", ".batch", ".extern", ".0"]), st.sampled_from(["", "", " ", "\t"]),
-                     st.booleans()).map(typed)
+                     st.sampled_from([False, False, False, True])).map(typed)
 
 
 # Half the cases a stored id (so the card, the running job and the CPU-only answers are reached), half anything.
@@ -126,10 +128,22 @@ def test_huge_and_signed_ids_are_refused_in_one_line(text):
     assert len(str(info.value).splitlines()) == 1 and len(str(info.value)) < 300
 
 
-def test_leading_zeros_and_unicode_digits_read_as_numbers():
+def test_leading_zeros_read_as_numbers():
     assert parse("0" * 5000 + "42") == JobSpec(42)
-    assert parse("\uff14\uff12\uff10\uff11_\u0663") == JobSpec(4201, task=3)
     assert parse(f"{MAX_ID}+{MAX_ID}.batch") == JobSpec(MAX_ID, het_offset=MAX_ID)
+
+
+@pytest.mark.parametrize("text", ["\uff17\uff10\uff10\uff13", "\u0667\u0660\u0660\u0663", "7003_\u0663",
+                                  "\uff14\uff12\uff10\uff11_\u0663", "70\U0001d7ce3", "7\u00b2"])
+def test_digits_of_other_scripts_are_no_job_id(text):
+    """``seff-gpu ７００３`` (full-width) and ``٧٠٠٣`` (Arabic-Indic) were read as job 7003: int() and \\d take
+    every script's digits. A job id is written with 0-9 only; the error says why, in one line."""
+    with pytest.raises(JobIdError) as info:
+        parse(text)
+    msg = str(info.value)
+    assert msg.startswith(f"invalid job id {text!r}: ") and len(msg.splitlines()) == 1, msg
+    if text != "7\u00b2":  # a superscript is no decimal digit: the usual "expected a number" line
+        assert "digits 0-9 only" in msg, msg
 
 
 @pytest.fixture(scope="module")
@@ -170,7 +184,7 @@ def test_seff_gpu_answers_any_job_id_with_a_documented_status_and_one_line(site,
     ran: dict[str, int] = {"n": 0, "stored": 0}
     codes: dict[int, int] = {}
 
-    known = {"42": 0, "4201": 0, "0042.batch": 0, " 4201 ": 0, "\uff14\uff12\uff10\uff11": 0, "4300+0": 0, "5000": 0,
+    known = {"42": 0, "4201": 0, "0042.batch": 0, " 4201 ": 0, "\uff14\uff12\uff10\uff11": 2, "4300+0": 0, "5000": 0,
              "5000_1": 0, "6000": 4, "7000": 5, "9999": 3, "4201_4294967294": 2}
     for text, expected in known.items():  # each documented answer, from the database's jobs
         code = seff.main(seff_argv(text, cfg))

@@ -121,6 +121,30 @@ def test_hook_install_writes_both_hooks(tmp_path):
 
 
 @pytest.mark.process
+def test_hook_install_replaces_scripts_only_with_force_and_never_through_a_link(tmp_path):
+    """Installing again over existing hooks is refused in one line (exit 2) before either script is written;
+    --force replaces them, and a symbolic link in DIR named ``epilog`` is replaced itself, its target (here a
+    file of the admin's) left as it was."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (tmp_path / "precious.conf").write_text("keep me\n")
+    (hooks / "epilog").symlink_to(tmp_path / "precious.conf")
+    p = gpueff("hook", "install", str(hooks))
+    assert p.returncode == 2 and p.stdout == "", (p.returncode, p.stdout, p.stderr)
+    assert p.stderr == (f"gpueff: {hooks}/epilog exists (a symbolic link, not followed): not overwritten; --force "
+                        "replaces it\n"), p.stderr
+    assert not (hooks / "prolog").exists()  # nothing written when one name is taken
+    assert (tmp_path / "precious.conf").read_text() == "keep me\n"
+    p = gpueff("hook", "install", str(hooks), "--force")
+    assert p.returncode == 0, p.stderr
+    assert not (hooks / "epilog").is_symlink() and (hooks / "epilog").read_text().startswith("#!")
+    assert (tmp_path / "precious.conf").read_text() == "keep me\n"
+    assert all(os.stat(hooks / k).st_mode & 0o777 == 0o755 for k in ("prolog", "epilog"))
+    p = gpueff("hook", "install", str(hooks))
+    assert p.returncode == 2 and "prolog exists (a file): not overwritten; --force replaces it" in p.stderr
+
+
+@pytest.mark.process
 def test_help_lists_every_command_of_the_registry():
     """``gpueff --help`` is made from the registry: every command, each group's title and examples; an example
     is a command line that parses (one naming a command that went would fail here), and nothing in the help

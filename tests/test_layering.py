@@ -23,7 +23,8 @@ PKG = os.path.join(ROOT, "slurm_gpueff")
 
 # Lowest first. A module may import its own layer and the layers before it, never a later one.
 LAYERS: list[tuple[str, set[str]]] = [
-    ("base", {"__init__", "__version__", "errors", "config", "record", "spool", "jobstate", "fmt", "slurm", "access"}),
+    ("base", {"__init__", "__version__", "errors", "config", "record", "spool", "jobstate", "fmt", "outfile", "slurm",
+              "access"}),
     ("collectors", {"collectors"}),
     ("hook", {"hook"}),
     ("models", {"models"}),

@@ -279,47 +279,115 @@ def test_no_service_for_a_private_database_is_one_line(site):
     assert "private to the service account" in p.stderr and "[service] api_listen" in p.stderr
 
 
-def test_another_users_job_running_here_answers_like_any_other_path(tmp_path):
+def empty_database(where) -> str:
+    """A job database with no job in it: a job id asked of it does not exist (exit 3)."""
+    from slurm_gpueff.storage.db import make_engine
+
+    make_engine(str(where / "empty.db")).dispose()
+    return str(where / "empty.db")
+
+
+def scontrol_saying(where, private_data: str | None) -> str:
+    """A directory holding a stand-in ``scontrol`` (no controller runs outside tests/slurm/) that prints what
+    ``scontrol show config`` prints of ``PrivateData`` (``none``, ``jobs,usage``), or fails as it does with no
+    controller (``private_data`` None). Put on PATH, the Slurm runner finds it there."""
+    bin_dir = where / "slurm-bin"
+    bin_dir.mkdir()
+    body = (f"printf 'PrivateData             = %s\\n' '{private_data}'" if private_data is not None else
+            "echo 'slurm_load_ctl_conf error: Unable to contact slurm controller (connect failure)' >&2; exit 1")
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\n[ "$1 $2" = "show config" ] || exit 2\n{body}\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    return str(bin_dir)
+
+
+@pytest.mark.parametrize("private_data", ["none", "accounts,jobs,usage", None])
+def test_another_users_job_running_here_answers_like_any_other_path(tmp_path, monkeypatch, private_data):
     """A job running on this node (its Prolog state is here) is shown as running only to those who may see its
     card: its owner, a lead of its account, an admin. Anyone else gets the refusal a finished job's card
-    gives (exit 6), not "still running" (which would tell that the job exists and runs here)."""
+    gives (exit 6), not "still running" (which would tell that the job exists and runs here); where Slurm's
+    PrivateData hides jobs (or scontrol cannot say, the safe side), exactly the answer of a job that does not
+    exist, whether --json or not."""
     from slurm_gpueff import jobstate
     from slurm_gpueff.access.privacy import Viewer
-    from slurm_gpueff.reports.jobview import EXIT_DENIED, EXIT_RUNNING, SeffQuery, answer
+    from slurm_gpueff.reports.jobview import EXIT_DENIED, EXIT_RUNNING, EXIT_UNKNOWN, SeffQuery, answer
 
-    config = Config({"paths": {"state_dir": str(tmp_path / "state"), "database": str(tmp_path / "none.db")}})
+    monkeypatch.setenv("PATH", scontrol_saying(tmp_path, private_data))
+    config = Config({"paths": {"state_dir": str(tmp_path / "state"), "database": empty_database(tmp_path)}})
+    hidden = private_data != "none"
+    missing = {as_json: answer(SeffQuery(jobid="8200", json=as_json), config, Viewer(1001, "alice"))
+               for as_json in (False, True)}  # before the job runs here: it does not exist
+    assert missing[False].exit_code == EXIT_UNKNOWN and missing[True] == missing[False], missing
     jobstate.save(jobstate.path(config.paths.state_dir, 8200),
                   {"start_time": 1.7e9, "job": {"job_id": 8200, "user": "bob", "uid": 1002, "account": "physics"}})
     asked = SeffQuery(jobid="8200")
-    for who, status in ((Viewer(1001, "alice"), EXIT_DENIED), (Viewer(1002, "bob"), EXIT_RUNNING),
+    for who, status in ((Viewer(1001, "alice"), EXIT_UNKNOWN if hidden else EXIT_DENIED),
+                        (Viewer(1002, "bob"), EXIT_RUNNING),
                         (Viewer(1003, "carol", accounts=frozenset({"physics"})), EXIT_RUNNING),
                         (Viewer(1009, "eve", all=True), EXIT_RUNNING)):
         got = answer(asked, config, who)
         assert got.exit_code == status, (who, got)
-    denied = answer(asked, config, Viewer(1001, "alice"))
-    assert "belongs to another user" in denied.stderr and "running" not in denied.stderr
+    for as_json in (False, True):
+        other = answer(SeffQuery(jobid="8200", json=as_json), config, Viewer(1001, "alice"))
+        if hidden:
+            assert other == missing[as_json]
+        else:
+            assert "belongs to another user" in other.stderr and "running" not in other.stderr
 
 
-def test_another_users_job_that_squeue_shows_answers_like_any_other_path(tmp_path, monkeypatch):
+@pytest.mark.parametrize("private_data", ["none", "jobs"])
+def test_another_users_job_that_squeue_shows_answers_like_any_other_path(tmp_path, monkeypatch, private_data):
     """Where no Prolog state is on this host, squeue says whether the job still runs, and whose it is: only
-    those who may see the card hear that it runs. (The squeue here is a stand-in printing what
-    `squeue -h -o '%T|%u|%a'` prints; the real one of three Slurm versions runs in tests/slurm/.)"""
+    those who may see the card hear that it runs; where Slurm hides jobs, anyone else hears what a job that does
+    not exist gives. (The squeue here is a stand-in printing what `squeue -h -o '%T|%u|%a'` prints, beside a
+    stand-in scontrol; the real ones of three Slurm versions run in tests/slurm/.)"""
     from slurm_gpueff.access.privacy import Viewer
-    from slurm_gpueff.reports.jobview import EXIT_DENIED, EXIT_RUNNING, SeffQuery, answer
+    from slurm_gpueff.reports.jobview import EXIT_DENIED, EXIT_RUNNING, EXIT_UNKNOWN, SeffQuery, answer
     from slurm_gpueff.slurm.commands import ActiveJob, parse_active
 
-    squeue = tmp_path / "squeue"
-    squeue.write_text("#!/bin/sh\necho 'RUNNING|bob|physics'\n")
+    bin_dir = scontrol_saying(tmp_path, private_data)
+    squeue = tmp_path / "slurm-bin" / "squeue"
+    squeue.write_text("#!/bin/sh\n[ -e \"$0.off\" ] || echo 'RUNNING|bob|physics'\n")
     squeue.chmod(0o755)
-    monkeypatch.setenv("PATH", str(tmp_path))
-    config = Config({"paths": {"state_dir": str(tmp_path / "state"), "database": str(tmp_path / "none.db")}})
+    monkeypatch.setenv("PATH", bin_dir)
+    config = Config({"paths": {"state_dir": str(tmp_path / "state"), "database": empty_database(tmp_path)}})
     asked = SeffQuery(jobid="8300")
-    assert answer(asked, config, Viewer(1001, "alice")).exit_code == EXIT_DENIED
+    other = answer(asked, config, Viewer(1001, "alice"))
+    assert other.exit_code == (EXIT_DENIED if private_data == "none" else EXIT_UNKNOWN)
     assert answer(asked, config, Viewer(1002, "bob")).exit_code == EXIT_RUNNING
     assert answer(asked, config, Viewer(1003, "carol", accounts=frozenset({"physics"}))).exit_code == EXIT_RUNNING
+    (tmp_path / "slurm-bin" / "squeue.off").touch()  # the job ends: squeue lists nothing, no record either
+    if private_data == "jobs":
+        assert answer(asked, config, Viewer(1001, "alice")) == other
     assert parse_active("PENDING|alice|vision\nRUNNING|alice|vision\n") == ActiveJob("PENDING", "alice", "vision")
     assert parse_active("RUNNING\n") == ActiveJob("RUNNING", None, None)
     assert parse_active("COMPLETED|a|b\n") is None
+
+
+def test_private_data_is_read_from_scontrol_and_kept_a_while(tmp_path, monkeypatch, caplog):
+    """``scontrol show config``'s PrivateData line, as Slurm 22.05 to 26.05 print it (``none``, or its flags
+    comma-separated), read through the Slurm runner; kept PRIVATE_DATA_TTL_S in the process (the service asks
+    once every few minutes); scontrol failing hides jobs and says so in the log once."""
+    from slurm_gpueff.access import privacy
+    from slurm_gpueff.errors import SlurmCommandError
+    from slurm_gpueff.slurm.commands import parse_private_data
+
+    assert parse_private_data("AuthType                = auth/munge\nPrivateData             = none\n") == frozenset()
+    assert parse_private_data("PrivateData = accounts,Jobs,usage\n") == {"accounts", "jobs", "usage"}
+    with pytest.raises(SlurmCommandError):
+        parse_private_data("slurm_load_ctl_conf: nothing\n")
+    monkeypatch.setenv("PATH", scontrol_saying(tmp_path, "jobs"))
+    config = Config()
+    assert privacy.hides_others_jobs(config)
+    (tmp_path / "slurm-bin" / "scontrol").write_text("#!/bin/sh\nprintf 'PrivateData = none\\n'\n")
+    assert privacy.hides_others_jobs(config)  # kept: not asked again within the TTL
+    monkeypatch.setattr(privacy, "PRIVATE_DATA_TTL_S", 0.0)
+    assert not privacy.hides_others_jobs(config)  # asked again once it is old
+    (tmp_path / "slurm-bin" / "scontrol").write_text("#!/bin/sh\necho 'Unable to contact slurm controller' >&2\n"
+                                                      "exit 1\n")
+    with caplog.at_level("WARNING", logger="gpueff.privacy"):
+        assert privacy.hides_others_jobs(config)
+    assert "Slurm's PrivateData is unknown (scontrol failed (exit 1): Unable to contact slurm controller): " \
+           "another user's job is answered as one that does not exist (exit 3), the safe side" in caplog.text
 
 
 def test_watch_never_goes_back_to_older_figures(capsys, monkeypatch):

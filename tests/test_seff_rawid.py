@@ -226,3 +226,36 @@ def test_a_site_without_accounting_says_the_epilogs_view_is_final(site):
         assert "not known yet" not in body and "read after the job" not in body, kind
     assert "CPU:" not in parts["text/plain"] and ">CPU</td>" not in parts["text/html"]
     assert calls(site) == []  # neither seff-gpu nor the service asked sacct or sacctmgr
+
+
+@pytest.mark.parametrize("private_data", ["none", "jobs"])
+def test_another_users_cpu_only_job_is_not_told(tmp_path, monkeypatch, private_data):
+    """A CPU-only job has no record; seff-gpu asks sacct, which (run by the service) knows every user's job,
+    and said "had no GPUs" (exit 5) to anyone: which told that the job exists. Now only those who may see the
+    job hear it; anyone else gets "not yours" (exit 6), or, where Slurm's PrivateData hides jobs, exactly the
+    answer of a job that does not exist. Jobs 4, 8 and 14 of the capture are alice's (uid 1000), CPU only;
+    scontrol is a stand-in printing the PrivateData line (no controller runs here)."""
+    from slurm_gpueff.access.privacy import Viewer
+    from slurm_gpueff.config import Config
+    from slurm_gpueff.reports.jobview import SeffQuery, answer
+
+    bin_dir = tmp_path / "bin"
+    install_fake(bin_dir, "sacct")
+    (bin_dir / "scontrol").write_text(f"#!/bin/sh\nprintf 'PrivateData             = {private_data}\\n'\n")
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    monkeypatch.setenv("FAKE_SLURM_DATA", os.path.dirname(CAPTURE))
+    db = tmp_path / "gpueff.db"
+    make_engine(str(db)).dispose()
+    config = Config({"paths": {"database": str(db), "state_dir": str(tmp_path / "run")},
+                     "sacct": {"command": str(bin_dir / "sacct")}})
+    alice, bob = Viewer(1000, "alice"), Viewer(1002, "bob")
+    for job in ("8", "14"):
+        own = answer(SeffQuery(jobid=job), config, alice)
+        assert own.exit_code == 5 and "had no GPUs allocated (sacct AllocTRES: " in own.stderr, own
+        other = answer(SeffQuery(jobid=job), config, bob)
+        if private_data == "none":
+            assert other.exit_code == 6 and "belongs to another user" in other.stderr, other
+        else:
+            missing = answer(SeffQuery(jobid="99"), config, bob)  # no such job, in the database or sacct
+            assert other.exit_code == 3 and other == missing._replace(stderr=missing.stderr.replace("99", job))

@@ -104,6 +104,22 @@ def test_bad_time_and_missing_arguments_are_usage_errors(site):
     assert seff(cfg).returncode == 2
 
 
+@pytest.mark.parametrize("tz", ["Asia/Tokyo", "America/New_York", "UTC"])
+def test_times_beyond_the_calendar_once_in_utc_are_one_line(site, tz):
+    """Year 1 or 9999 in local time may fall outside what a datetime holds once turned into UTC, and -E in
+    year 1's first week leaves no room for the default -S a week before: each was a traceback."""
+    cfg, _engine = site
+    for args, says in ((["-S", "0001-01-01"], "out of range once turned into UTC"),
+                       (["-S", "9999-12-31T23:00", "-E", "9999-12-31T23:59:59"], "out of range once turned into UTC"),
+                       (["-E", "0001-01-03T00:00+00:00"], "too early for the default -S")):
+        p = subprocess.run([sys.executable, "-m", "slurm_gpueff.cli.seff", "--config", cfg, "-u", "x", *args],
+                           cwd=ROOT, capture_output=True, text=True, timeout=60, env={**os.environ, "TZ": tz})
+        if tz == "UTC" and says.startswith("out of range") and p.returncode == 0:  # in UTC they may fit
+            continue
+        assert p.returncode == 2 and p.stdout == "", (tz, args, p.stdout, p.stderr)
+        assert p.stderr.startswith("seff-gpu: ") and says in p.stderr and p.stderr.count("\n") == 1, p.stderr
+
+
 def test_a_long_table_shows_the_newest_lines_and_totals_over_all(tmp_path):
     """A year of an account is half a million jobs: the table prints the newest --limit lines (and says so) while
     its totals line and the JSON totals stay over every job, the same figures as the whole table's."""

@@ -13,12 +13,20 @@ for on the service's API. The same pure rules decide on both paths:
 
 Enforcing this in ``seff-gpu`` alone would be a courtesy: the database itself is private to the service
 account, and users read it through the service, which applies these rules where the data is.
+
+A job the viewer may not see is refused as another user's (exit 6), except where Slurm's own ``PrivateData``
+includes ``jobs``: there sacct and squeue show a user nothing of other users' jobs, and "not yours" would
+tell which job ids exist, so such a job gets exactly the answer of a job that does not exist
+(:func:`hides_others_jobs`).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import pwd
+import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple, Protocol, TypeVar
 
@@ -26,6 +34,9 @@ from ..config import Config
 from ..errors import GpueffError
 
 EXIT_DENIED = 6
+PRIVATE_DATA_TTL_S = 300.0  # Slurm's PrivateData is asked at most this often by a process that answers many
+
+log = logging.getLogger("gpueff.privacy")
 
 
 class Denied(GpueffError):
@@ -141,3 +152,38 @@ def denied_message(spec: str, v: Viewer) -> str:
     return (f"job {spec} belongs to another user: seff-gpu shows {who} only their own jobs and those of accounts "
             "they lead (like sacct with PrivateData=jobs). Ask the job's owner, or an administrator to add you to "
             "[privacy] admins or to [leads].")
+
+
+_private: dict[str | None, tuple[float, bool]] = {}  # scontrol's path -> (when asked, whether jobs are hidden)
+_asking = threading.Lock()
+
+
+def hides_others_jobs(config: Config) -> bool:
+    """Whether a job the viewer may not see is answered exactly as one that does not exist (seff-gpu's exit 3,
+    its line and nothing more), as Slurm answers where ``PrivateData`` includes ``jobs``; otherwise it is
+    refused as another user's (exit 6).
+
+    Read from ``scontrol show config`` through the Slurm runner (one bounded call) and kept
+    :data:`PRIVATE_DATA_TTL_S` in this process: the service asks once every few minutes, seff-gpu's direct path
+    once when it needs to. Where scontrol cannot answer (not installed, no controller, a time-out) jobs are
+    hidden: "no such job" tells nothing, "not yours" would tell that the job exists, so that is the safe way
+    to be wrong. The service's log says so, once per :data:`PRIVATE_DATA_TTL_S`; the commands print nothing
+    more (their answer must be the bytes the service gives)."""
+    from ..slurm.commands import RESOLVE_TIMEOUT_S, private_data
+    from ..slurm.runner import SlurmCommandError, SlurmRunner
+
+    runner = SlurmRunner.from_config(config)
+    where = runner.path("scontrol")
+    with _asking:
+        at, hidden = _private.get(where, (-PRIVATE_DATA_TTL_S, True))
+        if time.monotonic() - at < PRIVATE_DATA_TTL_S:
+            return hidden
+        try:
+            hidden = "jobs" in private_data(runner, min(RESOLVE_TIMEOUT_S, config.sacct.timeout_s))
+        except SlurmCommandError as exc:
+            hidden = True
+            if log.hasHandlers():  # the service's log; a command's stderr is its answer alone
+                log.warning("Slurm's PrivateData is unknown (%s): another user's job is answered as one that "
+                            "does not exist (exit 3), the safe side; asked again in %.0f s", exc, PRIVATE_DATA_TTL_S)
+        _private[where] = (time.monotonic(), hidden)
+        return hidden

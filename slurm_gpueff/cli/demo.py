@@ -11,6 +11,7 @@ import json
 import os
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -82,33 +83,53 @@ def toml_string(text: str) -> str:
 def prepare(root: str) -> str:
     """Create (or recreate) the demo folder; refuse to wipe a folder the demo did not make. Any problem with
     the folder is a UsageError naming it (exit 2): a file in the way, no permission, a path the database URL
-    cannot hold."""
+    cannot hold.
+
+    A folder "made by the demo" is a real directory (no symbolic link is followed, to it or in it) owned by
+    whoever runs the demo, holding the demo's marker file, also theirs: run by root in a shared /tmp, another
+    user's folder dressed up as the demo's is refused rather than wiped, or written through. Its files are
+    written by :mod:`outfile` (never through a link)."""
+    from .. import outfile
+
     if any(c in root for c in "?#%") or "://" in root:
         raise UsageError(f"demo folder {root!r}: its path may not contain ?, #, % or :// (the database URL names "
                          "a file in it); choose another --dir")
+    if os.path.islink(root):
+        raise UsageError(f"demo folder {root} is a symbolic link: not followed; choose another --dir")
     if os.path.lexists(root) and not os.path.isdir(root):
         raise UsageError(f"demo folder {root} exists and is not a directory; choose another --dir")
     try:
-        if os.path.exists(os.path.join(root, MARKER)):
+        if os.path.lexists(os.path.join(root, MARKER)):
+            marker = os.lstat(os.path.join(root, MARKER))
+            if not (_ours(root) and stat.S_ISREG(marker.st_mode) and marker.st_uid == os.geteuid()):
+                raise UsageError(f"{root} was not made by the demo run as you (its owner or its marker file "
+                                 f"{MARKER} is another user's, or a link); choose another --dir")
             shutil.rmtree(root)
         elif os.path.exists(root) and os.listdir(root):
             raise UsageError(f"{root} exists and was not made by the demo; choose another --dir")
         os.makedirs(root, mode=0o700, exist_ok=True)
+        if not _ours(root):  # an empty folder of someone else's, or one put in its place meanwhile
+            raise UsageError(f"demo folder {root} is not yours (or is a link); choose another --dir")
         os.chmod(root, 0o700)  # its database holds (simulated) users' jobs: private, as doctor expects
-        with open(os.path.join(root, MARKER), "w") as fh:
-            fh.write("made by gpueff demo; safe to delete\n")
+        outfile.write(os.path.join(root, MARKER), b"made by gpueff demo; safe to delete\n")
         path = os.path.join(root, "gpueff.toml")
-        with open(path, "w", encoding="utf-8") as fh:
-            fh.write(CONFIG.format(spool=toml_string(f"{root}/spool"), state=toml_string(f"{root}/run"),
-                                   database=toml_string(f"sqlite:///{root}/gpueff.db"),
-                                   reports=toml_string(f"{root}/reports")))
+        outfile.write(path, CONFIG.format(spool=toml_string(f"{root}/spool"), state=toml_string(f"{root}/run"),
+                                          database=toml_string(f"sqlite:///{root}/gpueff.db"),
+                                          reports=toml_string(f"{root}/reports")).encode("utf-8"))
     except OSError as exc:  # a file where a folder must be, no permission, a read-only file system ...
         where = f" ({exc.filename})" if exc.filename and exc.filename != root else ""
         raise UsageError(f"cannot make the demo folder {root}{where}: {exc.strerror or exc}; choose another "
                          "--dir") from None
+    except outfile.OutputError as exc:
+        raise UsageError(f"cannot make the demo folder {root}: {exc}; choose another --dir") from None
     except UnicodeEncodeError:
         raise UsageError(f"demo folder {root!r}: its name is not valid UTF-8; choose another --dir") from None
     return path
+
+
+def _ours(path: str) -> bool:
+    """Whether ``path`` itself (not a link's target) is owned by whoever runs the demo."""
+    return os.lstat(path).st_uid == os.geteuid()
 
 
 def slurm_env(config_path: str, job_id: int, user: str, account: str, gpus: int, now: float,

@@ -43,6 +43,8 @@ def add_parsers(sub: Subparsers, common: argparse.ArgumentParser) -> None:
                                    "or `hook install DIR` to copy the hook scripts into DIR.")
     h.add_argument("kind", choices=("prolog", "epilog", "install"))
     h.add_argument("dir", nargs="?", help="target directory (install only)")
+    h.add_argument("--force", action="store_true", help="install: replace existing prolog/epilog scripts in DIR "
+                   "(without it they are left as they are, exit 2)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -51,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     if args.command == "live":
         return _live(args)
     if args.kind == "install":
-        return _install(args.dir, args.config)
+        return _install(args.dir, args.config, args.force)
     from .. import hook  # the hook path: stdlib only
 
     hook.main(args.kind, args.config)  # arms its watchdog, writes the record, exits 0
@@ -83,12 +85,12 @@ def _live(args: argparse.Namespace) -> int:
     return 0
 
 
-def _install(target: str | None, config_path: str | None) -> int:
+def _install(target: str | None, config_path: str | None, force: bool) -> int:
     if not target:
         raise UsageError("hook install needs a target directory: gpueff hook install DIR")
     from ..node.hook_install import install_hooks
 
     # `gpueff --config PATH hook install DIR`: the scripts read PATH (slurmd passes no GPUEFF_CONFIG).
-    for path in install_hooks(target, config_path=config_path):
+    for path in install_hooks(target, config_path=config_path, force=force):
         print(f"installed {path}")
     return 0

@@ -60,12 +60,14 @@ examples:
   GPUEFF_CONFIG=/path/gpueff.toml seff-gpu 4201
 
 exit status:
-  0 ok, 1 error (e.g. database unreachable), 2 bad usage or job id,
+  0 ok, 1 error (e.g. database unreachable), 2 bad usage or job id (also:
+    --html FILE exists and no --force; a symbolic link is never followed),
   3 job unknown, 4 job still running or pending with no figures yet,
   5 job had no GPUs,
   6 another user's job (you see your own, your accounts' as their lead or
     coordinator, every job as an admin; [privacy] and [leads] in the
-    config), 130 stopped by Ctrl-C (SIGINT), 143 by SIGTERM
+    config); where Slurm's PrivateData hides jobs, such a job is 3, as
+    one that does not exist; 130 stopped by Ctrl-C (SIGINT), 143 by SIGTERM
 
 Where the job database is private to the service account, seff-gpu asks
 `gpueff serve` for the answer, proving who you are with MUNGE.
@@ -92,7 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "over every job either way")
     p.add_argument("--json", action="store_true", help="print a machine-readable JSON document instead")
     p.add_argument("--html", metavar="FILE", help="also write the card as an HTML page (the mailed card, one "
-                   "self-contained file; several jobs: FILE-<jobid>.html)")
+                   "self-contained file; several jobs: FILE-<jobid>.html); an existing file is not overwritten, "
+                   "nor a symbolic link followed (exit 2)")
+    p.add_argument("--force", action="store_true", help="--html: replace an existing FILE (a symbolic link is "
+                   "replaced itself, never its target)")
     p.add_argument("--config", metavar="PATH", help=CONFIG_HELP)
     p.add_argument("--cluster", metavar="NAME", help="only jobs of this cluster (default: any cluster in the "
                    "database)")
@@ -109,6 +114,8 @@ def _refuse_conflicts(parser: argparse.ArgumentParser, args: argparse.Namespace)
         parser.error(f"{', '.join(table)} (a table of jobs) cannot be combined with a JOBID (a job's card)")
     if args.jobid is None and args.html:
         parser.error("--html writes a job's card: give a JOBID, not -u/-A")
+    if args.force and not args.html:
+        parser.error("--force replaces the --html FILE: give --html FILE")
     if args.jobid is not None and args.state:
         parser.error("-s/--state filters a table of jobs (-u/-A), not a JOBID's card")
     if args.state:
@@ -144,7 +151,7 @@ def _run(args: argparse.Namespace) -> int:
                       args.state, args.limit)
     if args.watch is not None:
         return watch(lambda: _ask(query, config), args.watch)
-    return emit(_ask(query, config), args.html)
+    return emit(_ask(query, config), args.html, args.force)
 
 
 def _ask(query: SeffQuery, config: Config) -> Answer:
@@ -218,7 +225,10 @@ def _times(args: argparse.Namespace) -> tuple[str | None, str | None]:
     if args.jobid is not None:
         return None, None
     end = parse_time(args.end) if args.end else datetime.now(UTC).replace(tzinfo=None)
-    start = parse_time(args.start) if args.start else end - timedelta(days=TABLE_DAYS)
+    try:
+        start = parse_time(args.start) if args.start else end - timedelta(days=TABLE_DAYS)
+    except OverflowError:  # -E in the first week of year 1
+        raise UsageError(f"-E {args.end}: too early for the default -S (a week before it); give -S") from None
     if start >= end:
         raise UsageError("-S/--starttime must be before -E/--endtime")
     return start.isoformat(), end.isoformat()
@@ -230,29 +240,41 @@ def parse_time(text: str) -> datetime:
         local = datetime.fromisoformat(text)
     except ValueError:
         raise UsageError(f"bad time {text!r}: use YYYY-MM-DD or YYYY-MM-DDTHH:MM[:SS]") from None
-    if local.tzinfo is None:
-        local = local.astimezone()  # interpret as this host's local time
-    return local.astimezone(UTC).replace(tzinfo=None)
+    try:
+        if local.tzinfo is None:
+            local = local.astimezone()  # interpret as this host's local time
+        return local.astimezone(UTC).replace(tzinfo=None)
+    except (ValueError, OverflowError):  # year 1 or 9999 moved past the calendar's ends by the offset
+        raise UsageError(f"bad time {text!r}: out of range once turned into UTC") from None
 
 
-def emit(result: Answer, html_path: str | None) -> int:
+def emit(result: Answer, html_path: str | None, force: bool = False) -> int:
     """Write the Answer's HTML pages (``FILE``; several: ``FILE-<job>.html``), then print it; its status.
-    Everything goes through :func:`fmt.visible`: a record's text cannot drive the terminal or reorder a line."""
+    Everything goes through :func:`fmt.visible`: a record's text cannot drive the terminal or reorder a line.
+
+    The pages are written by :mod:`outfile`: an existing name is refused (exit 2) unless ``force``, and a
+    symbolic link is never followed; every name is checked before any is written."""
+    from .. import outfile
     from ..fmt import visible
 
     if html_path and result.html:
         stem, ext = os.path.splitext(html_path)
-        try:
-            for label, page in result.html:
-                out = html_path if len(result.html) == 1 else f"{stem}-{visible(label)}{ext or '.html'}"
-                with open(out, "w", encoding="utf-8") as fh:
-                    fh.write(visible(page))
-                print(f"wrote {visible(out)}", file=sys.stderr)
-        except OSError as exc:
-            raise CommandError(f"cannot write {html_path}: {exc.strerror or exc}", EXIT_ERROR) from None
+        outs = [html_path] if len(result.html) == 1 else [
+            f"{stem}-{_file_label(label)}{ext or '.html'}" for label, _page in result.html]
+        for out in outs:
+            outfile.refuse_existing(out, force)
+        for out, (_label, page) in zip(outs, result.html, strict=True):
+            outfile.write(out, visible(page).encode("utf-8"), force=force)
+            print(f"wrote {visible(out)}", file=sys.stderr)
     sys.stderr.write(visible(result.stderr))
     sys.stdout.write(visible(result.stdout))
     return result.exit_code
+
+
+def _file_label(label: str) -> str:
+    """A job's label (``4201``, ``5000_1``, ``13+1``) as part of a file name: anything else (a ``/`` from an
+    answer that is not the service's) becomes ``_``, so a page never lands outside FILE's directory."""
+    return "".join(c if c.isascii() and (c.isalnum() or c in "_+.-") else "_" for c in label).lstrip(".") or "_"
 
 
 # -- the direct path ------------------------------------------------------------------------------------------

@@ -50,7 +50,7 @@ def add_parsers(sub: Subparsers, common: argparse.ArgumentParser) -> None:
 def parse_date(text: str) -> float:
     """Epoch seconds from ``YYYY-MM-DD[THH:MM[:SS]]`` (local time, like sacct), ``now``, ``now-3d``/``-6h``/``-30m``."""
     s = text.strip()
-    m = re.fullmatch(r"now(?:-(\d+)([dhm]))?", s)
+    m = re.fullmatch(r"now(?:-(\d+)([dhm]))?", s, re.ASCII)
     if m:
         ago = int(m.group(1)) * {"d": 86400, "h": 3600, "m": 60}[m.group(2)] if m.group(1) else 0
         return time.time() - ago

@@ -89,7 +89,7 @@ class NoneCollector(Collector):
         return Measurement(self.name, gpus, self.reason)
 
 
-_NVIDIA_DEV = re.compile(r"^nvidia(\d+)$")
+_NVIDIA_DEV = re.compile(r"^nvidia(\d+)$", re.ASCII)
 
 
 def device_minors(dev_dir: str = "/dev") -> list[int]:

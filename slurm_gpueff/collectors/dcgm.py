@@ -188,7 +188,7 @@ class DcgmCollector(Collector):
         """Seconds DCGM keeps the job's samples: the configured age, or longer if the job may run longer."""
         keep = float(self.dc.keep_age_s)
         end = job.env.get("SLURM_JOB_END_TIME", "")
-        if end.isdigit():
+        if end.isascii() and end.isdigit():
             keep = max(keep, float(end) - self.now() + 3600.0)
         return keep
 

@@ -127,9 +127,9 @@ def parse_address(address: str) -> tuple[str, str, int]:
     if a.startswith("["):
         host, _, rest = a[1:].partition("]")
         port = rest[1:] if rest.startswith(":") else ""
-        return "tcp", host, int(port) if port.isdigit() else DEFAULT_PORT
+        return "tcp", host, int(port) if port.isascii() and port.isdigit() else DEFAULT_PORT
     host, sep, port = a.rpartition(":")
-    if sep and port.isdigit() and host:
+    if sep and port.isascii() and port.isdigit() and host:
         return "tcp", host, int(port)
     return "tcp", a, DEFAULT_PORT
 

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 PROC_GPUS = "/proc/driver/nvidia/gpus"
 
 _BUS = re.compile(r"^(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])$")
-_LEGACY_MIG = re.compile(r"^MIG-(GPU-[0-9a-fA-F-]+)/(\d+)/(\d+)$")
+_LEGACY_MIG = re.compile(r"^MIG-(GPU-[0-9a-fA-F-]+)/(\d+)/(\d+)$", re.ASCII)
 
 
 def normalize_bus_id(bus_id: str | None) -> str | None:
@@ -44,7 +44,7 @@ def parse_proc_information(text: str) -> dict[str, Any]:
         if not sep:
             continue
         key, value = key.strip(), value.strip()
-        if key == "Device Minor" and value.isdigit():
+        if key == "Device Minor" and value.isascii() and value.isdigit():
             out["minor"] = int(value)
         elif key == "GPU UUID" and value.startswith("GPU-"):
             out["uuid"] = value

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .. import spool
+from .. import outfile
 from ..hook import KINDS
 
 _TEMPLATE = '''#!{python}
@@ -40,9 +40,12 @@ except BaseException as exc:  # a broken install must not drain the node
 '''
 
 
-def install_hooks(dest_dir: str, config_path: str | None = None, python: str | None = None) -> list[str]:
+def install_hooks(dest_dir: str, config_path: str | None = None, python: str | None = None,
+                  force: bool = False) -> list[str]:
     """Write ``prolog`` and ``epilog`` into ``dest_dir`` with an absolute shebang to this Python; with
     ``config_path`` they read that config file, not the default one (slurmd passes no GPUEFF_CONFIG).
+    Existing scripts are replaced only with ``force`` (outfile.py: a symbolic link there is replaced itself,
+    never followed); otherwise :class:`outfile.OutputExists` names the first one, before either is written.
 
     ``python``: another interpreter for the shebang, for a slurmd that cannot run this one (a slurmd in a
     chroot has its own python3); it is given this package's directory, as the hook path is stdlib-only."""
@@ -50,13 +53,13 @@ def install_hooks(dest_dir: str, config_path: str | None = None, python: str | N
     installed = os.path.basename(pkg_parent) in ("site-packages", "dist-packages") and python is None
     path_line = "" if installed else f"    sys.path.insert(0, {pkg_parent!r})\n"
     os.makedirs(dest_dir, mode=0o755, exist_ok=True)
-    out = []
-    for kind in KINDS:
-        path = os.path.join(os.path.abspath(dest_dir), kind)
+    out = [os.path.join(os.path.abspath(dest_dir), kind) for kind in KINDS]
+    for path in out:
+        outfile.refuse_existing(path, force)
+    for kind, path in zip(KINDS, out, strict=True):
         call = (f"hook.{kind}_main()" if config_path is None else
                 f"hook.main({kind!r}, {os.path.abspath(config_path)!r})")
         text = _TEMPLATE.format(python=python or sys.executable, kind=kind, Kind=kind.capitalize(), path=path,
                                 path_line=path_line, call=call)
-        spool.atomic_write(path, text.encode(), mode=0o755)
-        out.append(path)
+        outfile.write(path, text.encode(), force=force, mode=0o755, exact_mode=True)
     return out

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ..access.privacy import Denied, Viewer, denied_message, may_see, shown, table_scope
+from ..access.privacy import Denied, Viewer, denied_message, hides_others_jobs, may_see, shown, table_scope
 from ..errors import GpueffError
 
 if TYPE_CHECKING:
@@ -257,7 +257,9 @@ def still_running(spec: JobSpec, config: Config, timeout: float | None = None,
     """Why we think the job has not finished (None if it has or we cannot tell).
 
     Two signs, cheapest first: the Prolog's state file for the job on this node, then ``squeue``
-    (when installed), bounded by ``timeout`` so a slow controller cannot hang the command.
+    (when installed), bounded by ``timeout`` so a slow controller cannot hang the command. A job ``viewer``
+    may not see is refused as another user's (:func:`not_yours`), or, where Slurm hides other users' jobs,
+    None: as for a job that does not run.
     """
     from .. import jobstate
     from ..slurm import commands
@@ -266,15 +268,26 @@ def still_running(spec: JobSpec, config: Config, timeout: float | None = None,
     plain = spec.task is None and spec.het_offset is None
     if plain and jobstate.exists(config.paths.state_dir, spec.job):
         if viewer is not None and not _may_see_running(config, spec, viewer):
-            raise Denied(denied_message(str(spec), viewer))  # as the finished job's card would answer
+            not_yours(spec, config, viewer)  # as the finished job's card would answer
+            return None
         return "it is still running on this node (its Prolog state file exists)"
     job = commands.active_job(SlurmRunner.from_config(config), str(spec),
                               commands.SQUEUE_TIMEOUT_S if timeout is None else timeout)
     if job is None:
         return None
     if viewer is not None and not _may_see_owner(viewer, job.uid, job.user, job.account):
-        raise Denied(denied_message(str(spec), viewer))
+        not_yours(spec, config, viewer)
+        return None
     return f"squeue reports it {job.state}"
+
+
+def not_yours(spec: JobSpec, config: Config, viewer: Viewer) -> None:
+    """``spec`` names a job that ``viewer`` may not see: Denied (exit 6, "belongs to another user"), unless
+    Slurm's PrivateData hides other users' jobs (access/privacy.py, :func:`hides_others_jobs`): then this
+    returns, and the caller goes on as for a job that does not exist, to give exactly that answer (the same
+    status and line, whatever else it asks on the way)."""
+    if not hides_others_jobs(config):
+        raise Denied(denied_message(str(spec), viewer))
 
 
 def _may_see_running(config: Config, spec: JobSpec, viewer: Viewer) -> bool:
@@ -400,7 +413,7 @@ def _inquire(spec: JobSpec, config: Config, cluster: str | None,
         error = exc
     found, hidden = shown(found, viewer)  # like sacct's PrivateData=jobs, plus account leads
     if hidden and not found:
-        raise Denied(denied_message(str(spec), viewer))
+        not_yours(spec, config, viewer)  # or, hidden as Slurm hides them, on as for no such job
     if not found:
         running = still_running(spec, config, viewer=viewer)
         if running:
@@ -408,11 +421,13 @@ def _inquire(spec: JobSpec, config: Config, cluster: str | None,
                           EXIT_RUNNING)
         if error:
             raise error
-        from ..slurm.sacct import no_gpus_note  # CPU-only jobs have no record by design: ask accounting
+        from ..slurm.sacct import cpu_only, no_gpus_note  # CPU-only jobs have no record by design: ask accounting
 
-        note = no_gpus_note(str(spec), config) if config.sacct.accounting else None
-        if note:
-            raise Refused(note, EXIT_NO_GPUS)
+        cpu_jobs = cpu_only(str(spec), config) if config.sacct.accounting else []
+        if cpu_jobs and not all(_may_see_owner(viewer, j.uid, j.user, j.account) for j in cpu_jobs):
+            not_yours(spec, config, viewer)  # accounting knows another user's job: as a card would answer
+        elif cpu_jobs:
+            raise Refused(no_gpus_note(str(spec), cpu_jobs), EXIT_NO_GPUS)
         where = f" on cluster {cluster}" if cluster else ""
         raw_only = ("; this site keeps no Slurm accounting, so records know only raw job ids: ask for an array task "
                     "or het component by its raw id" if spec.one_part and not config.sacct.accounting else "")
@@ -486,6 +501,26 @@ def _none_first(value: Any) -> tuple[bool, Any]:
 
 # -- tables -----------------------------------------------------------------------------------------------
 
+def table_window(start: str | None, end: str | None) -> tuple[datetime, datetime]:
+    """A table's [start, end) as naive UTC, how the database stores times: ISO text without an offset is UTC
+    already (seff-gpu turned the user's local time into UTC); with one (``+14:00``, ``Z``) it is turned into
+    UTC here (compared as it came, an aware time against a naive one was a TypeError). Refused (exit 2) when
+    either is not a time, UTC cannot hold it (``0001-01-01T00:00+14:00``), or start is not before end."""
+    from datetime import UTC
+
+    try:
+        times = [datetime.fromisoformat(text or "") for text in (start, end)]
+    except ValueError:
+        raise Refused("a table needs its start and end times (ISO, UTC)", EXIT_USAGE) from None
+    try:
+        first, last = (t if t.tzinfo is None else t.astimezone(UTC).replace(tzinfo=None) for t in times)
+    except OverflowError:
+        raise Refused("a table's start or end time is out of range once turned into UTC", EXIT_USAGE) from None
+    if first >= last:
+        raise Refused("-S/--starttime must be before -E/--endtime", EXIT_USAGE)
+    return first, last
+
+
 def _table(query: SeffQuery, config: Config, viewer: Viewer) -> Answer:
     """One line per job that ended in [start, end) of the user/account the viewer may list, with totals."""
     from sqlalchemy.exc import SQLAlchemyError
@@ -495,12 +530,7 @@ def _table(query: SeffQuery, config: Config, viewer: Viewer) -> Answer:
     from ..render.jobs_table import as_json, render
     from ..storage.queries import list_jobs, table_totals
 
-    try:
-        start, end = datetime.fromisoformat(query.start or ""), datetime.fromisoformat(query.end or "")
-    except ValueError:
-        raise Refused("a table needs its start and end times (ISO, UTC)", EXIT_USAGE) from None
-    if start >= end:
-        raise Refused("-S/--starttime must be before -E/--endtime", EXIT_USAGE)
+    start, end = table_window(query.start, query.end)
     user, account = table_scope(viewer, query.user, query.account)
     states = [s.strip().upper() for s in (query.state or "").split(",") if s.strip()] or None
     engine = _engine(config)

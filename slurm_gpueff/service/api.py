@@ -19,7 +19,8 @@ service knows who asks (no or a refused credential: 401; a body beyond any seale
 takes as a reason, never as an answer. After that every answer is sealed: a bad query 400, a push of
 someone who may not push 401, a payload too large 413, the database down or damaged 503, each with a
 one-line reason, and nothing written. One log line per request: uid, what kind of query, status, time;
-never a job's contents.
+never a job's contents. A refused request's line is written at most once a minute per uid and reason,
+with a count of the others (service/refusals.py).
 
 Listens on ``[service] api_listen``: ``HOST:PORT`` (TCP) or ``unix:/PATH`` (a socket file made 0666 so
 every local user can connect; the uid still comes from MUNGE). stdlib ``http.server``, a thread per
@@ -54,10 +55,12 @@ from ..config import Config
 from ..errors import GpueffError
 from ..reports.jobview import MAX_LIMIT, TABLE_LIMIT, SeffQuery, answer, keep_engines
 from .intake import Intake, IntakeError, push_uids
+from .refusals import Pace, refusal
 
 log = logging.getLogger("gpueff.api")
 
 MAX_BODY = 16 * 1024  # a query is a few hundred bytes
+REFUSALS = Pace()  # the log lines of refused requests (service/refusals.py)
 KINDS = {SEFF_PATH: "seff", RECORDS_PATH: "push", PING_PATH: "ping"}  # the POST paths, as the log names them
 COORDINATORS_TTL_S = 300.0  # sacctmgr is asked at most this often
 _TEXT = ("jobid", "user", "account", "start", "end", "cluster", "state")
@@ -71,11 +74,21 @@ class HttpError(Exception):
         self.retry_after_s = retry_after_s
 
 
+MAX_DEPTH = 2  # a query is one object of plain values; a list in it (depth 2) is refused by its key's check
+
+
 def parse_query(body: bytes) -> SeffQuery:
-    """The SeffQuery in a request body; HttpError 400 if it is not one."""
+    """The SeffQuery in a request body; HttpError 400 if it is not one. Every value is checked before use: its
+    type, its size, and text a database can take (no NUL, no unpaired surrogate: SQLite's driver cannot encode
+    one, PostgreSQL refuses the other); nesting is bounded before the JSON parser recurses into it (20,000
+    ``[`` made it raise RecursionError). The times are ISO text; one with an offset (``+14:00``) is turned into
+    UTC by the answer (reports/jobview.py), one that is not a time gets seff-gpu's usage answer there."""
+    if nests_deeper(body, MAX_DEPTH):
+        raise HttpError(400, f"the body nests deeper than {MAX_DEPTH} levels: a query is one JSON object of "
+                             "strings, numbers, true/false and null")
     try:
         d = json.loads(body)
-    except ValueError:
+    except ValueError:  # also text that is not UTF-8, and numbers of 4,300 digits and more
         raise HttpError(400, "the body is not JSON") from None
     if not isinstance(d, dict) or not set(d) <= {*_TEXT, *_FLAGS, "limit"}:
         raise HttpError(400, f"the body must be an object with keys among {', '.join((*_TEXT, *_FLAGS, 'limit'))}")
@@ -85,12 +98,46 @@ def parse_query(body: bytes) -> SeffQuery:
     for key in _TEXT:
         if not (d.get(key) is None or (isinstance(d[key], str) and len(d[key]) <= 256)):
             raise HttpError(400, f"{key} must be a string or null")
+        if isinstance(d.get(key), str) and not storable(d[key]):
+            raise HttpError(400, f"{key} holds a NUL character or an unpaired surrogate: no text a query can use")
     for key in _FLAGS:
         if not isinstance(d.get(key, False), bool):
             raise HttpError(400, f"{key} must be true or false")
     if d.get("jobid") is None and d.get("user") is None and d.get("account") is None:
         raise HttpError(400, "give a jobid, or a user or account for a table")
     return SeffQuery(**d)
+
+
+def nests_deeper(body: bytes, limit: int) -> bool:
+    """Whether the JSON text ``body`` opens more than ``limit`` arrays or objects inside each other (brackets in
+    strings do not count). One pass over the bytes, before any parser: bounded whatever the body holds."""
+    depth, in_string, escaped = 0, False, False
+    for byte in body:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            if depth > limit:
+                return True
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return False
+
+
+def storable(text: str) -> bool:
+    """Whether a database takes ``text`` as a parameter: no NUL and no unpaired surrogate (JSON's ``\\ud800``)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return "\x00" not in text
 
 
 PUSH_SLOTS = 2  # pushes stored at once (about one per CPU of a small service host; PostgreSQL needs the rest)
@@ -370,14 +417,20 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         if data:  # an answer all in its envelope has no body; a write of none to a client gone fails
             self.wfile.write(data)
-        log.info("api %s %s -> %d in %.0f ms", self.command, what, status, (time.monotonic() - t0) * 1000)
+        line = f"api {self.command} {what} -> {status} in {(time.monotonic() - t0) * 1000:.0f} ms"
+        for paced in REFUSALS.lines(refusal(status, what), line):  # a refusal at most once a minute, counted
+            log.info("%s", paced)
 
     def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
         """Each request is logged once, by :meth:`_send`."""
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (http.server's name)
-        """http.server's own lines (errors of malformed requests) go to the service log."""
-        log.info("api: " + format, *args)
+        """http.server's own lines (its refusals of malformed requests: no such method, a request line too
+        long) go to the service log, paced as the API's refusals are (anyone may send them, no credential
+        needed)."""
+        text = format % args
+        for line in REFUSALS.lines((None, text), f"api: {text}"):
+            log.info("%s", line)
 
 
 GONE = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, TimeoutError)  # the client is gone

@@ -1,10 +1,10 @@
 """Slurm's answers to the small questions slurm-gpueff asks, each in one bounded call through
 :class:`.runner.SlurmRunner`: an array task's or het component's raw job id (``sacct``), the account
-coordinators (``sacctmgr``), the running jobs as ``squeue`` shows them, the Prolog/Epilog settings
-(``scontrol show config``), and the two actions of the idle-GPU policy (``scontrol update`` of the
-AdminComment, ``scancel``). Each raises :class:`SlurmCommandError` saying why, so a caller can fall back
-instead of failing; the parsers are apart from the calls, for the captured outputs of every Slurm version.
-Stdlib only.
+coordinators (``sacctmgr``), the running jobs as ``squeue`` shows them, the Prolog/Epilog settings and
+what ``PrivateData`` hides (``scontrol show config``), and the two actions of the idle-GPU policy
+(``scontrol update`` of the AdminComment, ``scancel``). Each raises :class:`SlurmCommandError` saying why,
+so a caller can fall back instead of failing; the parsers are apart from the calls, for the captured outputs
+of every Slurm version. Stdlib only.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import re
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, NamedTuple
 
+from .jobid import is_digits
 from .runner import SlurmCommandError, SlurmRunner
 from .sacct_rows import ACTIVE_STATES, job_ids_of
 
@@ -93,7 +94,7 @@ def parse_squeue(text: str) -> dict[int, SlurmJob]:
     jobs: dict[int, SlurmJob] = {}
     for line in text.splitlines():
         cells = line.split()
-        if len(cells) != 5 or not cells[0].isdigit():
+        if len(cells) != 5 or not is_digits(cells[0]):
             continue
         batch = {"1": False, "0": True}.get(cells[1])
         jobs[int(cells[0])] = SlurmJob(cells[4].upper(), cells[2], cells[3], batch)
@@ -150,8 +151,8 @@ def cancel(slurm: SlurmRunner, job_id: int, timeout_s: float = ALERTS_TIMEOUT_S)
 HOOK_KEYS = ("Prolog", "Epilog", "PrologFlags", "ClusterName", "AccountingStorageType")
 
 
-_SHARDS_USED = re.compile(r"(?:^|,)shard(?::[^:(,=\s]+)?:\d+\(([0-9/,-]+)\)")
-_CONFIGURED = re.compile(r"(?:^|,)(gpu|shard)(?::[^:(,=\s]+)?:(\d+)")
+_SHARDS_USED = re.compile(r"(?:^|,)shard(?::[^:(,=\s]+)?:\d+\(([0-9/,-]+)\)", re.ASCII)
+_CONFIGURED = re.compile(r"(?:^|,)(gpu|shard)(?::[^:(,=\s]+)?:(\d+)", re.ASCII)
 
 
 def parse_shard_counts(text: str) -> dict[int, int]:
@@ -164,7 +165,7 @@ def parse_shard_counts(text: str) -> dict[int, int]:
     m = _SHARDS_USED.search(fields.get("GresUsed", ""))
     if m:
         pairs = [p.split("/") for p in m.group(1).split(",")]
-        return {i: int(p[1]) for i, p in enumerate(pairs) if len(p) == 2 and p[1].isdigit()}
+        return {i: int(p[1]) for i, p in enumerate(pairs) if len(p) == 2 and is_digits(p[1])}
     configured: dict[str, int] = {}
     for kind, n in _CONFIGURED.findall(fields.get("Gres", "")):
         configured[kind] = configured.get(kind, 0) + int(n)
@@ -193,6 +194,24 @@ def shard_counter(slurm: SlurmRunner) -> Callable[[str], dict[int, int]]:
         return known[node]
 
     return counts
+
+
+def private_data(slurm: SlurmRunner, timeout_s: float = CONFIG_TIMEOUT_S) -> frozenset[str]:
+    """What the controller's ``PrivateData`` hides from ordinary users (``jobs``, ``usage``, ...), from one
+    bounded ``scontrol show config``; SlurmCommandError if it fails or prints no such line."""
+    return parse_private_data(slurm.run("scontrol", ["show", "config"], timeout_s))
+
+
+def parse_private_data(text: str) -> frozenset[str]:
+    """The ``PrivateData`` line of ``scontrol show config`` (``PrivateData             = accounts,jobs``, or
+    ``= none``) as lower-case words; SlurmCommandError when the text has no such line (not scontrol's listing
+    of a configuration: then nobody can say what Slurm hides)."""
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip() == "PrivateData":
+            words = {w.strip().lower() for w in value.split(",") if w.strip()}
+            return frozenset(words - {"none", "(null)"})
+    raise SlurmCommandError("scontrol show config printed no PrivateData line")
 
 
 def show_config(slurm: SlurmRunner, timeout_s: float = CONFIG_TIMEOUT_S) -> dict[str, str]:

@@ -38,7 +38,7 @@ from .sacct_rows import (
 from .sacct_steps import STEP_FIELDS, attach, parse_steps
 
 __all__ = ["ACTIVE_STATES", "EXIT_CODES_WRONG", "FINAL_STATE_CODES", "PARSABLE_FIELDS", "RESTARTS_FIELDS",
-           "SacctError", "SacctJob", "SacctReader", "exit_codes_wrong", "expand_hostlist", "no_gpus_note",
+           "SacctError", "SacctJob", "SacctReader", "cpu_only", "exit_codes_wrong", "expand_hostlist", "no_gpus_note",
            "number", "parse_exit_codes", "parse_json", "parse_parsable", "parse_tres", "plugin_name",
            "raw_id_of", "slurm_time", "state_word"]
 
@@ -204,15 +204,24 @@ def _quick_reader(config: Config, timeout_s: float) -> SacctReader:
     return reader
 
 
-def no_gpus_note(spec: str, config: Config, timeout_s: float = 5.0) -> str | None:
-    """For seff-gpu: a sentence if sacct knows job ``spec`` and it finished without any GPU, else None.
+def cpu_only(spec: str, config: Config, timeout_s: float = 5.0) -> list[SacctJob]:
+    """For seff-gpu: the jobs sacct knows as ``spec`` if every one finished without any GPU, else none.
 
-    CPU-only jobs get no record by design, so "not in the database" would mislead. Bounded by
-    ``timeout_s``; any sacct problem just gives None (seff-gpu then says unknown)."""
+    CPU-only jobs get no record by design, so "not in the database" would mislead. Bounded by ``timeout_s``;
+    any sacct problem just gives none (seff-gpu then says unknown). Whose they are is the caller's to check."""
     try:
         jobs = _quick_reader(config, timeout_s)._query(["-j", spec], None)
     except SacctError:
-        return None
+        return []
+    if jobs and all(j.final and not j.gpu_count and not j.shards for j in jobs):  # shards are of GPUs
+        return jobs
+    return []
+
+
+def no_gpus_note(spec: str, jobs: Sequence[SacctJob]) -> str:
+    """The sentence seff-gpu answers for the CPU-only ``jobs`` of :func:`cpu_only`."""
+    tres = jobs[0].alloc_tres or "nothing allocated"
+    return f"job {spec} had no GPUs allocated (sacct AllocTRES: {tres}): nothing to report"
     if jobs and all(j.final and not j.gpu_count and not j.shards for j in jobs):  # shards are of GPUs
         tres = jobs[0].alloc_tres or "nothing allocated"
         return f"job {spec} had no GPUs allocated (sacct AllocTRES: {tres}): nothing to report"

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .hookenv import parse_exit_text
-from .jobid import MAX_ID
+from .jobid import MAX_ID, is_digits
 
 # The job fields asked of ``sacct -P``; JobName last because it may contain the delimiter.
 PARSABLE_FIELDS = ("JobIDRaw", "JobID", "Cluster", "User", "UID", "Account", "Partition", "QOS", "NodeList",
@@ -161,7 +161,7 @@ def expand_hostlist(text: str | None) -> list[str]:
         prefix, ranges, suffix = m.groups()
         for r in ranges.split(","):
             lo, sep, hi = r.partition("-")
-            if sep and lo.isdigit() and hi.isdigit():
+            if sep and is_digits(lo) and is_digits(hi):
                 width = len(lo)
                 out.extend(f"{prefix}{n:0{width}d}{suffix}" for n in range(int(lo), int(hi) + 1))
             else:
@@ -176,10 +176,10 @@ def _split_top(text: str) -> list[str]:
 
 def ids_from_text(job: SacctJob) -> None:
     """Array / het ids from the display JobID (``6_1``, ``7+1``): all ``-P`` offers in 22.05."""
-    m = re.fullmatch(r"(\d+)_(\d+)", job.job_id_text)
+    m = re.fullmatch(r"(\d+)_(\d+)", job.job_id_text, re.ASCII)
     if m:
         job.array_job_id, job.array_task_id = int(m.group(1)), int(m.group(2))
-    m = re.fullmatch(r"(\d+)\+(\d+)", job.job_id_text)
+    m = re.fullmatch(r"(\d+)\+(\d+)", job.job_id_text, re.ASCII)
     if m:
         job.het_job_id, job.het_job_offset = int(m.group(1)), int(m.group(2))
 
@@ -203,7 +203,7 @@ def to_int(value: object) -> int | None:
     if isinstance(value, int):
         return value
     text = str(value).strip()
-    return int(text) if text.isdigit() else None
+    return int(text) if is_digits(text) else None
 
 
 def parse_parsable(text: str, delimiter: str = "|", fields: Sequence[str] = PARSABLE_FIELDS) -> list[SacctJob]:
@@ -255,7 +255,7 @@ def parse_exit_codes(text: str, delimiter: str = "|") -> dict[tuple[int, float |
     out = {}
     for line in text.splitlines():
         cells = line.split(delimiter)
-        if len(cells) in (2, 3) and cells[0].strip().isdigit():
+        if len(cells) in (2, 3) and is_digits(cells[0].strip()):
             start = epoch(cells[1]) if len(cells) == 3 else None
             out[(int(cells[0]), start)] = parse_exit_text(cells[-1].strip())
     return out
@@ -298,7 +298,7 @@ def job_ids_of(text: str, delimiter: str = "|") -> dict[int, str]:
     for line in text.splitlines():
         cells = line.split(delimiter)
         raw = cells[0].strip()
-        if len(cells) >= 2 and raw.isascii() and raw.isdigit() and len(raw) <= 10 and 0 < int(raw) <= MAX_ID \
+        if len(cells) >= 2 and is_digits(raw) and len(raw) <= 10 and 0 < int(raw) <= MAX_ID \
                 and "[" not in cells[1]:
             out[int(raw)] = cells[1].strip()
     return out

@@ -13,6 +13,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from .jobid import is_digits
 from .sacct_rows import SacctJob
 
 STEP_FIELDS = ("JobIDRaw", "JobID", "AllocCPUS", "TotalCPU", "MaxRSS")
@@ -57,13 +58,13 @@ def parse_steps(text: str, delimiter: str = "|") -> dict[int, CpuUse]:
             continue  # not one of our lines (a warning sacct printed to stdout)
         raw, _shown, cpu_text, total, rss_text = (c.strip() for c in cells)
         head, dot, _step = raw.partition(".")
-        if not head.isdigit():
+        if not is_digits(head):
             continue
         job_id = int(head)
         if dot:
             steps.setdefault(job_id, []).append((cpu_seconds(total), size_bytes(rss_text)))
         else:
-            alloc[job_id] = (int(cpu_text) if cpu_text.isdigit() and len(cpu_text) < 10 else None, cpu_seconds(total))
+            alloc[job_id] = (int(cpu_text) if is_digits(cpu_text) and len(cpu_text) < 10 else None, cpu_seconds(total))
     out = {}
     for job_id in alloc.keys() | steps.keys():
         cpus, alloc_total = alloc.get(job_id, (None, None))

@@ -99,3 +99,13 @@ def test_a_lead_sees_their_account_and_no_other(slurm, private_jobs, lead):
 def test_an_admin_sees_every_job(slurm, private_jobs):
     out = _ok(slurm.seff(private_jobs["physics"], user=ADMIN))
     assert f"User/Account: root/{OTHER_ACCOUNT}" in out
+
+
+def test_the_controllers_private_data_reads_as_none(slurm):
+    """seff-gpu answers another user's job as Slurm's PrivateData says (access/privacy.py): "not yours" (exit 6,
+    the tests above) where it does not hide jobs. These clusters set no PrivateData: the real ``scontrol show
+    config`` of each version prints a line that reads as no flags, not as a failure (which would hide jobs)."""
+    from slurm_gpueff.slurm.commands import parse_private_data
+
+    p = slurm.run(["scontrol", "show", "config"], check=True)
+    assert parse_private_data(p.stdout) == frozenset(), [ln for ln in p.stdout.splitlines() if "Private" in ln]
