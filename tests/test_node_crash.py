@@ -243,7 +243,7 @@ def test_who_cancelled_a_job_is_said_on_its_card_and_json(tmp_path):
 
 
 def test_a_final_record_that_comes_after_enrichment_ended_the_live_row(tmp_path):
-    """Enrichment finished a live row whose final record had not come for an hour; when it comes after all,
+    """Enrichment finished a live row whose final record had not come for a while; when it comes after all,
     its figures replace the live ones and the reason that said it never came goes."""
     engine = make_engine(str(tmp_path / "g.db"))
     try:

@@ -297,9 +297,11 @@ def last_runs(jobs: list[SacctJob]) -> list[SacctJob]:
     return [j for j in jobs if latest[j.job_id] is j]
 
 
-def _run_order(j: SacctJob) -> tuple[int, float]:
+def _run_order(j: SacctJob) -> tuple[int, bool, float]:
+    """Runs in the order they ran; a run that never started (a requeued job's next run, pending or cancelled
+    while it waited) is the last one, whatever its submit time says."""
     rc = j.restart_count if j.restart_count is not None else -1
-    return rc, j.start or j.submit or 0.0
+    return rc, not j.start, j.start or j.submit or 0.0
 
 
 def job_ids_of(text: str, delimiter: str = "|") -> dict[int, str]:

@@ -66,7 +66,11 @@ class BackfillResult:
     errors: list[str] = field(default_factory=list)
 
 
-LIVE_QUIET_S = 3600.0
+# A live row whose snapshots stopped this long ago (three of the agent's default live intervals) is asked about:
+# its final record normally replaces it within a minute of the job's end; one whose node never sent it (a node
+# that died and stayed down, so no Epilog ran) is finished from accounting, so that an ended run is not listed
+# as running for longer. A final record that comes after all still replaces it (storage/merge.py).
+LIVE_QUIET_S = 900.0
 
 
 def finish_live(job: Job) -> None:
@@ -258,7 +262,7 @@ def runs_by_job(sacct_jobs: Iterable[SacctJob]) -> dict[int, list[SacctJob]]:
     for sj in sacct_jobs:
         by_job.setdefault(sj.job_id, []).append(sj)
     for runs in by_job.values():
-        runs.sort(key=lambda r: (_run_of(r), r.start or 0.0, r.end or 0.0))
+        runs.sort(key=lambda r: (_run_of(r), not r.start, r.start or 0.0, r.end or 0.0))  # never started: last
         for n, sj in enumerate(runs):
             if sj.run is None:
                 sj.run = sj.restart_count if sj.restart_count is not None else n
