@@ -139,6 +139,42 @@ def test_a_crash_before_any_live_reading_says_na_with_the_reason(site, tmp_path)
         engine.dispose()
 
 
+@pytest.mark.parametrize("version", ["22.05.8", "24.11.5", "26.05.5"])
+def test_the_lost_runs_epilog_ends_its_live_run_on_every_slurm_version(tmp_path, version):
+    """The hooks in-process on the Prolog and Epilog environments of a requeued job captured on real Slurm
+    (tests/data/runs: the Epilog of run 0 already counts the requeue; 24.11+ give its start time, 26.05 its
+    SLUID): the node lost the Prolog state in between, so the Epilog's record is provisional, and ingest ties
+    it to run 0, which was live on that node: one row, not running, the live figures kept."""
+    from test_runs import Node
+
+    node = Node(tmp_path, version)
+    cfg = load(node.site.config_path)
+    node.run("prolog0", GPUEFF_SIM_PROFILE="bf16-healthy")
+    saved = json.loads(Path(node.site.state_file(_job_id(version))).read_text())
+    (path,) = live.publish(cfg, now=saved["start_time"] + BUSY_S)
+    shutil.rmtree(node.site.state)
+    node.run("epilog0")
+    (final,) = [r for name, r in node.records().items() if "~live" not in name]
+    assert final["run_provisional"] is True and final["run"] == 1
+    engine = make_engine(str(tmp_path / "g.db"))
+    try:
+        res = ingest_spool(engine, node.site.spool)
+        assert (res.ingested, res.quarantined, res.failed) == (2, 0, 0), res.errors
+        with Session(engine) as s:
+            (job,) = s.exec(select(Job)).all()
+            (gpu,) = s.exec(select(JobGpu)).all()
+        assert (job.run, job.record_source) == (0, "hook") and gpu.kernel_active > 0.9
+        assert "no Prolog state for this job" in job.reason
+    finally:
+        engine.dispose()
+
+
+def _job_id(version: str) -> int:
+    from test_runs import VERSIONS
+
+    return VERSIONS[version]
+
+
 class Reader:
     """The sacct reader interface over given records (as SacctReader.jobs with runs=True)."""
 
