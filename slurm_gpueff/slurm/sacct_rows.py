@@ -107,8 +107,7 @@ def state_word(text: str | None) -> str | None:
 def cancelled_by(text: str | None) -> str | None:
     """The uid in ``CANCELLED by 1002`` (sacct -P's State), else None."""
     words = (text or "").split()
-    if len(words) == 3 and words[0].upper() == "CANCELLED" and words[1] == "by" and words[2].isascii() \
-            and words[2].isdigit():
+    if len(words) == 3 and words[0].upper() == "CANCELLED" and words[1] == "by" and is_digits(words[2]):
         return words[2]
     return None
 

@@ -28,6 +28,7 @@ from sqlmodel import Session, col, select
 from .. import record as recmod
 from ..config import SacctConfig
 from ..models import AlertLog, Job, JobGpu
+from ..slurm.jobid import is_digits
 from ..slurm.sacct import SacctError, SacctJob
 from .db import first_line
 from .merge import LIVE_ONLY, cut, keep_measured, measured, utc
@@ -148,7 +149,7 @@ def note_cancel(session: Session, job: Job, sj: SacctJob) -> None:
 
 def _who(by: str, job: Job) -> str:
     """``its owner alice (uid 1002)``, ``root (uid 0)``, ``bob (uid 1003)``, ``uid 1004`` or a name as given."""
-    if not by.isdigit():
+    if not is_digits(by):
         return f"its owner {by}" if by == job.user else by
     uid = int(by)
     try:
