@@ -236,7 +236,9 @@ def test_who_cancelled_a_job_is_said_on_its_card_and_json(tmp_path):
     (``CANCELLED by 1000`` in sacct -P, ``kill_request_user`` in --json): the reason, shown on the card's Note
     line and in ``--json``, says who and why."""
     from slurm_gpueff.analysis import assess, job_figures
+    from slurm_gpueff.config import Config
     from slurm_gpueff.render import dumps, render_card
+    from slurm_gpueff.reports.card import build_card
 
     assert cancelled_by("CANCELLED by 0") == "0" and cancelled_by("CANCELLED") is None
     assert cancelled_by("COMPLETED") is None and cancelled_by("CANCELLED by ٣") is None
@@ -274,12 +276,15 @@ def test_who_cancelled_a_job_is_said_on_its_card_and_json(tmp_path):
         assert "State: CANCELLED" in card and "Note: cancelled by gpueff's idle-GPU policy ([alerts])" in card
         doc = json.loads(dumps([(jobs[6], fig, assess(fig))]))["jobs"][0]["job"]
         assert doc["state"] == "CANCELLED" and doc["reason"].startswith("cancelled by gpueff's idle-GPU policy")
+        page = build_card(jobs[6], fig, assess(fig), [], Config())  # the mailed card (and --html) says it too
+        assert "cancelled by gpueff&#39;s idle-GPU policy" in page.html(), page.html()
     finally:
         engine.dispose()
 
 
 def test_a_final_record_that_comes_after_enrichment_ended_the_live_row(tmp_path):
-    """Enrichment finished a live row whose final record had not come for a while; when it comes after all,
+    """A live row without new readings for 15 minutes is asked about (a node that died and stayed down runs no
+    Epilog): accounting says the run ended, so enrichment finishes it; when its final record comes after all,
     its figures replace the live ones and the reason that said it never came goes."""
     engine = make_engine(str(tmp_path / "g.db"))
     try:
@@ -287,7 +292,9 @@ def test_a_final_record_that_comes_after_enrichment_ended_the_live_row(tmp_path)
             ingest_record(s, make_record(9, gpus=1, start=T0, end=T0 + BUSY_S, live=True, exit_code=None,
                                          signal=None))
             s.commit()
-        enrich_jobs(engine, Reader(_sj(9, 0, "COMPLETED", T0, T0 + 100)), settle_s=0, now=T0 + 7200)
+        reader = Reader(_sj(9, 0, "COMPLETED", T0, T0 + 100))
+        assert enrich_jobs(engine, reader, settle_s=0, now=T0 + BUSY_S + 600).checked == 0  # readings 10 min old
+        assert enrich_jobs(engine, reader, settle_s=0, now=T0 + BUSY_S + 901).enriched == 1  # 15 min: asked
         with Session(engine) as s:
             job = s.exec(select(Job)).one()
             assert job.record_source == "hook" and "no final record came" in job.reason
