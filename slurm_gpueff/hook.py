@@ -21,7 +21,7 @@ import time
 from . import __version__, jobstate, spool
 from . import config as cfgmod
 from . import record as recmod
-from .collectors.base import JobContext, Measurement, NoneCollector
+from .collectors.base import NO_START, JobContext, Measurement, NoneCollector
 from .slurm import hookenv
 
 TYPE_CHECKING = False  # typing, for annotations only, would slow every Prolog/Epilog's start-up
@@ -308,6 +308,8 @@ class HookRun:
         if not isinstance(meas, Measurement):
             why = err or f"collector returned {type(meas).__name__}, not a Measurement"
             meas = NoneCollector(cfg, why).stop(jc, None)  # allocation only, with the reason
+        elif self.state_problem and meas.reason == NO_START:
+            meas.reason = None  # the state problem above says it already; each GPU's figures still say why
         run = (self.run_index, self.run_provisional)
         rec = build_record(job, jc, meas, reasons, run)
         data, problem = recmod.serialise(rec)

@@ -22,15 +22,21 @@ class Inbox:
 
 
 class RefusingInbox(Inbox):
-    """An Inbox that refuses every recipient (550) until ``accept`` is set: mail that cannot be delivered."""
+    """An Inbox that refuses recipients until ``accept`` is set: mail that cannot be delivered. ``reply`` is
+    the refusal (550, permanent, by default; a 4xx one is temporary); ``only``, when set, names the addresses
+    refused (the others are accepted); ``asked`` counts every RCPT the server was sent."""
 
     def __init__(self) -> None:
         super().__init__()
         self.accept = False
+        self.reply = "550 5.1.1 mailbox unavailable"
+        self.only: set[str] | None = None
+        self.asked: list[str] = []
 
     async def handle_RCPT(self, server, session, envelope, address, rcpt_options):  # noqa: N802 - aiosmtpd's
-        if not self.accept:
-            return "550 5.1.1 mailbox unavailable"
+        self.asked.append(address)
+        if not self.accept and (self.only is None or address in self.only):
+            return self.reply
         envelope.rcpt_tos.append(address)
         return "250 OK"
 

@@ -100,10 +100,12 @@ def test_the_steps_warn_warn_again_then_cancel_only_when_enabled():
     assert idle.decide(j, after, CFG, T).action == idle.WARN, "idle again after recovering: from the start"
 
 
-def test_parse_squeue_reads_batch_flag_partition_and_qos():
-    text = "101   1   gpu   normal   RUNNING\n102  0  debug  high  RUNNING\n103_4 1 gpu normal RUNNING\nbad\n"
-    assert parse_squeue(text) == {101: SlurmJob("RUNNING", "gpu", "normal", False),
-                                  102: SlurmJob("RUNNING", "debug", "high", True)}
+def test_parse_squeue_reads_batch_flag_partition_qos_and_run():
+    text = ("101   1   gpu   normal   RUNNING   0\n102  0  debug  high  RUNNING 3\n103_4 1 gpu normal RUNNING 0\n"
+            "104 1 gpu normal RUNNING\nbad\n")
+    assert parse_squeue(text) == {101: SlurmJob("RUNNING", "gpu", "normal", False, 0),
+                                  102: SlurmJob("RUNNING", "debug", "high", True, 3),
+                                  104: SlurmJob("RUNNING", "gpu", "normal", False, None)}
 
 
 def _db(tmp_path, jobs: dict[int, str]):
@@ -170,40 +172,109 @@ def test_a_pass_mails_the_owner_audits_and_cancels_nothing_by_default(tmp_path, 
         engine.dispose()
 
 
+def _steps(r) -> list[str]:
+    return [a.split(": ")[1].split(" ")[0] for a in r.actions if a.startswith("job ")]
+
+
 @pytest.mark.smtp
-def test_a_job_whose_owner_was_not_warned_is_never_cancelled(tmp_path, monkeypatch, refusing_smtp_server):
-    """With cancel on, through a real SMTP server on loopback that refuses the owner's address: every
-    warning fails, so each pass warns again (no second warning, no cancel), and the audit says no mail
-    reached anyone. Once mail goes through, the two warnings and then the cancel follow."""
+def test_a_refused_address_is_backed_off_the_admins_told_once_and_the_owner_never_unwarned_cancelled(
+        tmp_path, monkeypatch, refusing_smtp_server):
+    """With cancel on, through a real SMTP server on loopback that refuses the owner's address with 550 (the
+    admins' address it accepts): no warning reaches the owner, so nothing goes further than a warning; the
+    address is tried after 1, 2, 4 intervals (held back in between, and the server sees no RCPT then), the
+    admins are told once; three refused warnings spend none of the two mails a day allowed. Once the address
+    takes mail, the next try is the first warning, then the second, then the cancel."""
     from slurm_gpueff.service import alerts
 
     handler, port = refusing_smtp_server
+    handler.only = {"alice@cluster.example"}
     cancelled: list[int] = []
     monkeypatch.setattr(alerts, "cancel", lambda config, job: cancelled.append(job.job_id) or "cancelled")
     cfg = Config({"site": {"cluster": "testc"}, "mail": {"host": "127.0.0.1", "port": port, "retries": 1},
-                  "reports": {"address_pattern": "{user}@cluster.example"},
-                  "alerts": {"enabled": True, "window_min": 60, "cancel": True, "cancel_after_min": 0,
-                             "warn_again_min": 1}})
+                  "reports": {"address_pattern": "{user}@cluster.example", "admins": ["hpc@cluster.example"],
+                              "dir": str(tmp_path / "reports")},
+                  "alerts": {"enabled": True, "interval_s": 60, "window_min": 60, "cancel": True,
+                             "cancel_after_min": 0, "warn_again_min": 1, "max_mails_per_user_per_day": 2}})
     engine = _db(tmp_path, {11: "alice"})
-    squeue = {11: SlurmJob("RUNNING", "gpu", "normal", False)}
+    squeue = {11: SlurmJob("RUNNING", "gpu", "normal", False, 0)}
     try:
         run_alerts(engine, cfg, now=T - timedelta(minutes=99), squeue=lambda ids: squeue)  # the window's start
         _later_snapshot(engine, [11], T.timestamp())
-        for k in range(4):
+        steps = []
+        for k in range(4):  # passes 2 min apart: tries at T, T+2 (1 min on), T+4 (2 min on); T+6 waits 4 min
             r = run_alerts(engine, cfg, now=T + timedelta(minutes=2 * k), squeue=lambda ids: squeue)
-            assert [a.split(": ")[1].split(" ")[0] for a in r.actions] == ["warn"], r
-        assert cancelled == [] and handler.messages == []
+            steps += _steps(r)
+        assert steps == ["warn", "warn", "warn", "warn"], steps
+        assert "held back (mail to alice@cluster.example refused permanently 3 times in a row; next try after " \
+               "2026-11-27 12:08:00 UTC)" in r.actions[0], r
+        assert handler.asked.count("alice@cluster.example") == 3  # the held-back pass did not ask the server
+        assert cancelled == []
+        admins = [m for rcpt, m in handler.messages if rcpt == ["hpc@cluster.example"]]
+        assert len(admins) == 1 and "Idle-GPU warnings to alice@cluster.example are refused" in admins[0]["Subject"]
+        assert "550 5.1.1 mailbox unavailable" in admins[0].get_body(("plain",)).get_content()
         with Session(engine) as s:
             rows = s.exec(select(AlertLog).order_by(AlertLog.id)).all()
-        assert [x.action for x in rows] == ["warn"] * 4
-        assert all(x.outcome.startswith("mail to alice@cluster.example failed") for x in rows), rows[0].outcome
+        assert [x.action for x in rows] == ["warn"] * 3
+        assert all(x.outcome.startswith("mail to alice@cluster.example refused permanently: recipients refused")
+                   for x in rows), rows[0].outcome
         handler.accept = True
         steps = []
-        for k in range(4, 8):
+        for k in range(4, 8):  # T+8: the wait is over, and the warning goes (three refused ones spent nothing)
             r = run_alerts(engine, cfg, now=T + timedelta(minutes=2 * k), squeue=lambda ids: squeue)
-            steps += [a.split(": ")[1].split(" ")[0] for a in r.actions]
+            steps += _steps(r)
         assert steps == ["warn", "warn_again", "cancel"], steps
-        assert cancelled == [11] and len(handler.messages) == 3  # two warnings, then the cancel notice
+        assert cancelled == [11]
+        owner = [m["Subject"] for rcpt, m in handler.messages if rcpt == ["alice@cluster.example"]]
+        assert len(owner) == 3 and "Warning" in owner[0] and "Cancelled" in owner[2], owner
+        assert len([m for rcpt, m in handler.messages if rcpt == ["hpc@cluster.example"]]) == 1  # told once
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.smtp
+def test_a_mail_outage_retries_every_pass_and_spends_no_allowance(tmp_path, refusing_smtp_server):
+    """A temporary refusal (451, as a mail server that is down or full answers) is tried again at every pass,
+    with no backoff and no admin notice; ten failed warnings against an allowance of two mails a day leave the
+    allowance whole, so the pass after mail works again warns at once (before: rate_limited for a day)."""
+    handler, port = refusing_smtp_server
+    handler.reply = "451 4.3.0 mail system busy, try again later"
+    cfg = Config({"site": {"cluster": "testc"}, "mail": {"host": "127.0.0.1", "port": port, "retries": 1},
+                  "reports": {"address_pattern": "{user}@cluster.example", "admins": ["hpc@cluster.example"],
+                              "dir": str(tmp_path / "reports")},
+                  "alerts": {"enabled": True, "window_min": 60, "warn_again_min": 30,
+                             "max_mails_per_user_per_day": 2}})
+    engine = _db(tmp_path, {11: "alice"})
+    squeue = {11: SlurmJob("RUNNING", "gpu", "normal", False, 0)}
+    try:
+        run_alerts(engine, cfg, now=T - timedelta(minutes=99), squeue=lambda ids: squeue)
+        _later_snapshot(engine, [11], T.timestamp())
+        for k in range(10):
+            r = run_alerts(engine, cfg, now=T + timedelta(minutes=k), squeue=lambda ids: squeue)
+            assert len(r.actions) == 1 and "(mail to alice@cluster.example failed: " in r.actions[0], r
+        assert handler.messages == [] and len(handler.asked) == 10
+        handler.accept = True
+        r = run_alerts(engine, cfg, now=T + timedelta(minutes=10), squeue=lambda ids: squeue)
+        assert r.actions == ["job 11: warn (mailed alice@cluster.example)"], r
+        (rcpt, msg), = handler.messages
+        assert rcpt == ["alice@cluster.example"] and "Warning" in msg["Subject"]
+    finally:
+        engine.dispose()
+
+
+def test_a_run_that_slurm_no_longer_runs_is_not_judged(tmp_path):
+    """A requeued job runs again under the same id: squeue's restart count says which run Slurm runs, and the
+    live row of the run that ended (its node failed) is not judged on the new run's account."""
+    cfg = Config({"site": {"cluster": "testc"}, "alerts": {"enabled": True, "window_min": 60}})
+    engine = _db(tmp_path, {11: "alice"})
+    try:
+        run_alerts(engine, cfg, now=T - timedelta(minutes=99), squeue=lambda ids: {}, dry_run=True)  # samples
+        _later_snapshot(engine, [11], T.timestamp())
+        r = run_alerts(engine, cfg, now=T, squeue=lambda ids: {11: SlurmJob("RUNNING", "gpu", "normal", False, 1)},
+                       dry_run=True)
+        assert r.judged == 0 and r.actions == [], r
+        r = run_alerts(engine, cfg, now=T, squeue=lambda ids: {11: SlurmJob("RUNNING", "gpu", "normal", False, 0)},
+                       dry_run=True)
+        assert r.judged == 1 and _steps(r) == ["warn"], r
     finally:
         engine.dispose()
 

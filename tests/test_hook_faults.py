@@ -108,6 +108,11 @@ def _make_fifo(site: HookSite, job_id: int) -> None:
 
 def test_epilog_bounded_when_collector_hangs(site):
     site.write_config(collector={"hook_timeout_s": 2.0})
+    site.run("prolog", 801)
+    with open(site.state_file(801)) as fh:  # a start state that names no profile: the Epilog reads the FIFO
+        saved = json.load(fh)
+    saved["start"].pop("profile")
+    jobstate.save(site.state_file(801), saved)
     _make_fifo(site, 801)
     p, wall = site.run("epilog", 801, timeout=30)
     assert p.returncode == 0
@@ -160,7 +165,9 @@ def test_missing_prolog_state_records_unknown_start(site):
     rec = record.validate(site.record(1001))
     assert rec["start_time"] is None and "no Prolog state" in rec["reason"]
     assert "start time unknown" in rec["reason"]
-    assert rec["gpus"][0]["kernel_active"] is not None  # the collector still measured what it could
+    # without the Prolog's start state nothing was measured: every figure None with why, never a made-up one
+    assert all(rec["gpus"][0][m] is None for m in record.METRICS)
+    assert rec["gpus"][0]["missing"]["kernel_active"].startswith("no start state")
 
     site.run("epilog", 1002, SLURM_JOB_START_TIME="1700000000")
     rec = site.record(1002)

@@ -19,6 +19,11 @@ if TYPE_CHECKING:
     from ..config import Config
 
 
+# Why a backend measured nothing at the Epilog: the Prolog's start state is missing (the Prolog did not run, or
+# its state was lost: a node that crashed and rebooted mid-job). Every backend says it in these words.
+NO_START = "no start state: the Prolog did not run or its saved state was lost"
+
+
 class JobContext:
     """What the hook knows about the job from Slurm's environment (plus the clock). ``gpu_indexes`` are
     Slurm's (SLURM_JOB_GPUS), *not* NVML indexes: see :func:`slurm_index_to_minor`."""

@@ -20,7 +20,7 @@ from ..record import METRICS, empty_gpu
 from . import dcgm_bindings as dcgmb
 from . import gpu_ids
 from .agent_files import read_state, state_path
-from .base import Collector, JobContext, Measurement, NoneCollector, slurm_index_to_minor
+from .base import NO_START, Collector, JobContext, Measurement, NoneCollector, slurm_index_to_minor
 from .dcgm_bindings import fp64, handle, handle_int, i32, i64
 from .gpu_ids import PROC_GPUS, job_slices, normalize_bus_id, proc_gpus
 
@@ -276,8 +276,7 @@ class DcgmCollector(Collector):
         if st.get("backend") in ("nvml", "nvml-gpm") and "gpus" in st:
             return self._nvml().stop(job, st)  # the Prolog ran another backend (auto chose nvml then): finish it
         if not isinstance(d, dict):
-            why = st.get("dcgm_error") or ("no start state: the Prolog did not run or its saved state was lost"
-                                           if not st else "DCGM was not used at job start")
+            why = st.get("dcgm_error") or (NO_START if not st else "DCGM was not used at job start")
             return self._fall_back(job, st, why)
         try:
             gpus, reason = self._with_dcgm(lambda b, h: self._dcgm_stop(job, d, b, h))

@@ -21,7 +21,7 @@ from ..record import empty_gpu
 from . import gpu_ids, integrals, tickwire
 from . import window as win
 from .agent_files import mig_key, read_job_timeline, state_path
-from .base import Collector, JobContext, Measurement, slurm_index_to_minor
+from .base import NO_START, Collector, JobContext, Measurement, slurm_index_to_minor
 from .nvml_sampler import GPM_METRICS, NO_GPM_REASON
 
 TYPE_CHECKING = False
@@ -216,7 +216,7 @@ class NvmlCollector(Collector):
                     err: str | None) -> str | None:
         """Why no GPU of the job can be measured, or None."""
         if not isinstance(start_state, dict) or "gpus" not in start_state:
-            return "no start state: the Prolog did not run or its saved state was lost"
+            return NO_START
         if start_state.get("error"):
             return f"at job start: {start_state['error']}"
         if err is not None or state is None:  # _read_now gives no state only with a reason

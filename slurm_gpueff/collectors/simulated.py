@@ -3,6 +3,10 @@
 For tests, the demo and the Slurm test cluster (fake ``mknod`` GPUs). A job's profile, first match wins:
 ``GPUEFF_SIM_PROFILE`` in the hook's environment (the demo), a file ``<state_dir>/sim/<job_id>.profile``
 (tests under real slurmd, whose job environment does not reach the Prolog), ``simulated.profile``.
+
+Like a real backend, it measures nothing without the Prolog's start state (a node that crashed and rebooted
+mid-job, a lost state directory): the job's GPUs are then listed with the reason, never given the figures
+of a profile over a window nobody watched.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import os
 import zlib
 
 from ..record import FRACTIONS, empty_gpu
-from .base import Collector, JobContext, Measurement
+from .base import NO_START, Collector, JobContext, Measurement
 from .gpu_ids import UTIL_REASON, job_slices, parse_legacy_mig
 
 TYPE_CHECKING = False
@@ -91,7 +95,9 @@ class SimulatedCollector(Collector):
         return self.stop(job, start_state)  # figures of the profile up to job.end_time (now)
 
     def stop(self, job: JobContext, start_state: dict[str, Any] | None) -> Measurement:
-        profile_name = (start_state or {}).get("profile") or choose_profile(self.config, job)
+        if not isinstance(start_state, dict):
+            return Measurement(self.name, [empty_gpu(i, self.name, NO_START) for i in job.gpu_indexes], NO_START)
+        profile_name = start_state.get("profile") or choose_profile(self.config, job)
         profile = PROFILES.get(profile_name)
         if profile is None:
             reason = f"unknown simulated profile {profile_name!r} (known: {', '.join(PROFILES)})"

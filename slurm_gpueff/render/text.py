@@ -239,6 +239,14 @@ def _gpu_rows(fig: JobFigures, diag: Diagnosis) -> list[str]:
     return out
 
 
+def note(job: Job, fig: JobFigures) -> str | None:
+    """The job's stored reason (what the hooks, the collector or Slurm's accounting said about it: a node that
+    failed, a Prolog state lost, who cancelled it and why), unless the Measured by line says it already."""
+    if not job.reason or "none" in (fig.backends or [job.backend or "none"]):
+        return None
+    return str(job.reason)
+
+
 def measured_by(job: Job, fig: JobFigures) -> list[str]:
     """One phrase per backend that measured the job (with its sample count), for the card and the mail."""
     out: list[str] = []
@@ -339,6 +347,7 @@ def render_card(job: Job, fig: JobFigures, diag: Diagnosis, runs: Runs = (),
         ("Peak GPU memory", _memory(fig, na_)), ("Energy", _energy(fig, na_)),
         *([("CPU", cpu)] if (cpu := cpu_line(fig)) else []),
         *([("Coverage", fig.coverage_note)] if fig.coverage_note else []),
+        *([("Note", text)] if (text := note(job, fig)) else []),
     ]
     for key, value in fields:
         lines += _line(key, value)

@@ -18,7 +18,18 @@ from ..analysis.figures import JobFigures
 from ..analysis.precision import split
 from ..config import Config
 from ..models import Job
-from ..render.text import SIM_BANNER, Runs, cpu_line, gpus_line, measured_by, na, render_card, runs_line, state_text
+from ..render.text import (
+    SIM_BANNER,
+    Runs,
+    cpu_line,
+    gpus_line,
+    measured_by,
+    na,
+    note,
+    render_card,
+    runs_line,
+    state_text,
+)
 from . import charts
 from .prices import Prices, bar_part, share
 from .templates import Page, render, sentence
@@ -120,6 +131,7 @@ def build_card(job: Job, fig: JobFigures, diag: Diagnosis, timelines: Sequence[S
             *([("CPU", cpu)] if (cpu := cpu_line(fig)) else []),
             ("Energy", fmt.energy(fig.energy_j) if fig.energy_j is not None else na(fig.missing.get("energy_j"))),
             *([("Coverage", fig.coverage_note)] if fig.coverage_note else []),
+            *([("Note", clean(text, 1024))] if (text := note(job, fig)) else []),
         ],
         "not_assessed": [f"{s.title}: {s.reason}" for s in diag.not_assessed],
         "measured_by": measured_by(job, fig),

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from email.utils import parseaddr
+from html import escape
 from pathlib import Path
 
 from sqlalchemy.engine import Engine
@@ -163,6 +164,27 @@ def send_cards(config: Config, engine: Engine, *, dry_run: bool | None = None, n
             _deliver(session, row, config, parts, [addr], folder, dry, now, result,  # type: ignore[list-item]
                      {"X-Gpueff-Job": f"{job.cluster}:{job_label(job)}"})
     return result
+
+
+def notify_admins(config: Config, session: Session, *, kind: str, key: str, subject: str, text: str,
+                  now: datetime, user: str | None = None) -> str:
+    """A plain-text notice to ``[reports] admins``, at most once per ``kind`` and ``key`` (the sent-log's
+    claim: a second call finds the row), archived and retried like the cards; the outcome in words."""
+    to = _valid(config.reports.admins)
+    skip = None if to else "no [reports] admins to tell"
+    row = sentlog.claim(session, kind=kind, subject=key, dry_run=config.mail.dry_run, now=now, user=user,
+                        recipients=",".join(to), status="skipped" if skip else "sending", reason=skip)
+    if row is None:
+        return "told before"
+    if skip:
+        log.warning("%s %s: %s", kind, key, skip)
+        return skip
+    parts = message.Parts(subject=subject, text=text, html_mail=f"<pre>{escape(text)}</pre>", html_file="",
+                          images={}, name=kind)
+    result = RunResult()
+    _deliver(session, row, config, parts, to, _archive_dir(config.reports, kind, now, key, config.mail.dry_run),
+             config.mail.dry_run, now, result, {"X-Gpueff-Notice": kind})
+    return result.lines[-1]
 
 
 def retry_failed(config: Config, engine: Engine, *, now: datetime | None = None) -> RunResult:

@@ -1,7 +1,9 @@
 """SMTP delivery with retries and backoff (settings in ``[mail]``).
 
 A message is tried ``mail.retries`` times in one run, waiting ``backoff_s``, ``2*backoff_s``, ... in
-between; permanent refusals (5xx, bad credentials) are not retried in the run. Whatever still fails is
+between; permanent refusals (5xx, bad credentials) are not retried in the run, and a 5xx refusal of every
+recipient is marked ``refused`` (the address is at fault, not the mail server: the idle-GPU alerts back off
+such an address). Whatever still fails is
 the caller's to keep for a later run (the sent-log marks it ``failed`` and the archived ``.eml`` is
 re-sent), so a mail server outage delays reports but never blocks ingest or loses a message. Every SMTP
 conversation is bounded by ``timeout_s``.
@@ -18,11 +20,13 @@ from ..config import MailConfig
 
 
 class DeliveryError(Exception):
-    """The message could not be delivered; ``permanent`` when retrying cannot help (5xx, auth)."""
+    """The message could not be delivered; ``permanent`` when retrying cannot help (5xx, auth); ``refused``
+    when the server refused the recipients themselves with 5xx ("550 User unknown")."""
 
-    def __init__(self, message: str, permanent: bool = False):
+    def __init__(self, message: str, permanent: bool = False, refused: bool = False):
         super().__init__(message)
         self.permanent = permanent
+        self.refused = refused
 
 
 def _password(mail: MailConfig) -> str | None:
@@ -86,7 +90,8 @@ def send(mail: MailConfig, recipients: Sequence[str], data: bytes) -> int:
         except (smtplib.SMTPException, OSError) as exc:
             last = exc
             if _permanent(exc):
-                raise DeliveryError(_describe(exc), permanent=True) from None
+                refused = isinstance(exc, smtplib.SMTPRecipientsRefused)  # _permanent: each one a 5xx
+                raise DeliveryError(_describe(exc), permanent=True, refused=refused) from None
             if attempt < mail.retries:
                 time.sleep(mail.backoff_s * 2 ** (attempt - 1))
     raise DeliveryError(f"{_describe(last)} (after {mail.retries} tries)" if last else "not sent")

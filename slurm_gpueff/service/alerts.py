@@ -2,9 +2,16 @@
 
 One pass: record each running job's newest live figures as a sample (models.LiveSample; samples of jobs
 that have ended are dropped), ask ``squeue`` which of them Slurm still runs and how (batch or interactive,
-partition, QOS), decide per job, then act: a warning mail to the owner (rate-limited per user and day),
-and only where ``[alerts] cancel = true`` the cancel, with the reason written to the job's AdminComment
-first so that ``sacct -o AdminComment`` shows why. Every decision that changes something and every action
+partition, QOS, which run), decide per job, then act: a warning mail to the owner (at most
+``max_mails_per_user_per_day`` delivered a day: a warning that did not reach anyone spends nothing), and
+only where ``[alerts] cancel = true`` the cancel, with the reason written to the job's AdminComment first so
+that ``sacct -o AdminComment`` shows why.
+
+Mail that fails for a while (the server down, 4xx) is tried again at the next pass. An address the server
+refuses with 5xx ("550 User unknown") is backed off: after its n-th refusal in a row its next warning waits
+``interval_s`` x 2^(n-1), at most a day, and the first refusal is reported once to ``[reports] admins``
+(the reports' sent-log, kind ``refused``, keeps it to once per address). The audit keeps each attempt's
+outcome, from which the backoff is read again at every pass. Every decision that changes something and every action
 goes to the audit table ``alert_log`` with what was seen and how it went (``gpueff alerts log``).
 ``dry_run`` (``[alerts] dry_run`` or ``gpueff alerts run --dry-run``) decides and audits the same way,
 marked as a dry run, and neither mails nor cancels; a dry run's steps never hold back a real one.
@@ -113,8 +120,8 @@ def run_alerts(engine: Engine, config: Config, *, dry_run: bool | None = None, n
             audit.setdefault((r.cluster, r.job_id, r.run), []).append(idle.Past(r.at, r.action, delivered(r)))
         for job in jobs:
             sj = slurm.get(job.job_id)
-            if sj is None or sj.state != "RUNNING":
-                continue  # ended (its final record will come) or suspended: nothing to judge
+            if sj is None or sj.state != "RUNNING" or (sj.run is not None and sj.run != job.run):
+                continue  # ended (its final record will come; a requeued job runs another run) or suspended
             res.judged += 1
             rj = idle.RunningJob(job.cluster, job.job_id, job.run, job.user, job.account, job.start_time,
                                  job.end_time or t, sj.partition, sj.qos, sj.interactive, samples.get(job.id or 0, {}))
@@ -127,6 +134,10 @@ def run_alerts(engine: Engine, config: Config, *, dry_run: bool | None = None, n
                 action = idle.RATE_LIMITED
                 if any(p.action == idle.RATE_LIMITED and t - p.at < timedelta(days=1) for p in past):
                     continue
+            held = None if dry or action not in idle.MAILS else held_back(session, config, job.user, t)
+            if held is not None:  # not audited: the refusal that started the wait is
+                res.actions.append(f"job {job_label(job)}: {action} held back ({held})")
+                continue
             seen = d.detail.split("; ")
             outcome = "noted"
             if action in (*idle.MAILS, idle.CANCEL):
@@ -136,7 +147,59 @@ def run_alerts(engine: Engine, config: Config, *, dry_run: bool | None = None, n
                                  outcome=outcome[:512]))
             session.commit()
             res.actions.append(f"job {job_label(job)}: {action}{' (dry run)' if dry else ''} ({outcome})")
+            refusal = next((p for p in outcome.split("; ") if REFUSED in p), None)
+            if refusal is not None and not dry:
+                res.actions.append(tell_admins(config, session, job, refusal, t))
     return res
+
+
+REFUSED = "refused permanently"  # in an outcome: the server refused the address itself (5xx)
+BACKOFF_MAX_S = 86400.0  # the longest wait between two tries of a refused address
+BACKOFF_LOOKBACK = timedelta(days=30)
+
+
+def held_back(session: Session, config: Config, user: str | None, t: datetime) -> str | None:
+    """Why a warning to ``user`` is not mailed now, or None: their address was refused permanently ``n``
+    times in a row (the audit's outcomes since its last delivered mail), the last at ``at``, and ``at`` +
+    ``interval_s`` x 2^(n-1) (at most a day) is still to come."""
+    from ..reports.runner import user_address
+
+    to = user_address(user, config.reports)
+    if to is None:
+        return None
+    rows = session.exec(select(AlertLog.at, AlertLog.outcome).where(
+        AlertLog.dry_run == False, col(AlertLog.action).in_((*idle.MAILS, idle.CANCEL)),  # noqa: E712
+        AlertLog.at > t - BACKOFF_LOOKBACK, col(AlertLog.outcome).contains(to, autoescape=True))
+        .order_by(col(AlertLog.at).desc(), col(AlertLog.id).desc()).limit(64)).all()
+    refused, last = 0, None
+    for at, outcome in rows:
+        parts = (outcome or "").split("; ")
+        if f"mailed {to}" in parts:
+            break
+        if any(p.startswith(f"mail to {to} {REFUSED}") for p in parts):
+            refused += 1
+            last = last or at
+    if last is None:
+        return None
+    until = last + timedelta(seconds=min(BACKOFF_MAX_S, config.alerts.interval_s * 2 ** (refused - 1)))
+    if t >= until:
+        return None
+    return (f"mail to {to} {REFUSED} {refused} time{'s' if refused > 1 else ''} in a row; next try after "
+            f"{until:%Y-%m-%d %H:%M:%S} UTC")
+
+
+def tell_admins(config: Config, session: Session, job: Job, refusal: str, t: datetime) -> str:
+    """Tell ``[reports] admins`` once per address that the server refuses it (the reports' sent-log keeps it
+    to once); the outcome in words."""
+    from ..reports.runner import notify_admins, user_address
+    from ..reports.templates import render, sentence
+
+    to = user_address(job.user, config.reports) or ""
+    ctx = {"cluster": job.cluster, "address": to, "user": job.user or "", "job_label": job_label(job),
+           "refusal": refusal, "interval_s": f"{config.alerts.interval_s:g}"}
+    said = notify_admins(config, session, kind="refused", key=to, subject=sentence("refused_subject", **ctx),
+                         text=render("refused.txt.j2", **ctx), now=t, user=job.user)
+    return f"admins about {to}: {said}"
 
 
 def delivered(row: AlertLog) -> bool:
@@ -148,10 +211,11 @@ def delivered(row: AlertLog) -> bool:
 
 
 def _mails_today(session: Session, user: str | None, dry: bool, t: datetime) -> int:
+    """Warnings that reached ``user`` in the day before ``t``: one that failed or was refused spent nothing."""
     rows = session.exec(select(AlertLog).where(
         AlertLog.user == user, AlertLog.dry_run == dry, col(AlertLog.action).in_(idle.MAILS),
         AlertLog.at > t - timedelta(days=1))).all()
-    return len(rows)
+    return sum(delivered(r) for r in rows)
 
 
 def perform(config: Config, action: str, job: Job, seen: list[str], dry: bool) -> str:
@@ -205,5 +269,5 @@ def mail(config: Config, action: str, job: Job, seen: list[str], dry: bool) -> s
         send(config.mail, [to], msg.as_bytes())
     except DeliveryError as exc:
         log.warning("alert mail for job %s to %s failed: %s", job_label(job), to, exc)
-        return f"mail to {to} failed: {exc}"
+        return f"mail to {to} {REFUSED}: {exc}" if exc.refused else f"mail to {to} failed: {exc}"
     return f"mailed {to}"

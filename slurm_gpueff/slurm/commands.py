@@ -78,26 +78,30 @@ def coordinators(slurm: SlurmRunner, timeout_s: float) -> dict[str, list[str]]:
 
 
 class SlurmJob(NamedTuple):
-    """A running job as squeue shows it."""
+    """A running job as squeue shows it; ``run``: its restart count, the run now in Slurm's hands (None where
+    squeue did not say), so that a run that ended (requeued after a node failure) is not taken for the next."""
 
     state: str
     partition: str | None
     qos: str | None
     interactive: bool | None
+    run: int | None = None
 
 
-SQUEUE_FIELDS = "JobID:40,BatchFlag:8,Partition:200,QOS:200,State:24"
+SQUEUE_FIELDS = "JobID:40,BatchFlag:8,Partition:200,QOS:200,State:24,RestartCnt:12"
 
 
 def parse_squeue(text: str) -> dict[int, SlurmJob]:
-    """``{raw job id: SlurmJob}`` from squeue -O JobID,BatchFlag,Partition,QOS,State (no field holds a space)."""
+    """``{raw job id: SlurmJob}`` from squeue -O JobID,BatchFlag,Partition,QOS,State,RestartCnt (no field holds
+    a space; a line without the count is read without it)."""
     jobs: dict[int, SlurmJob] = {}
     for line in text.splitlines():
         cells = line.split()
-        if len(cells) != 5 or not is_digits(cells[0]):
+        if len(cells) not in (5, 6) or not is_digits(cells[0]):
             continue
         batch = {"1": False, "0": True}.get(cells[1])
-        jobs[int(cells[0])] = SlurmJob(cells[4].upper(), cells[2], cells[3], batch)
+        run = int(cells[5]) if len(cells) == 6 and is_digits(cells[5]) else None
+        jobs[int(cells[0])] = SlurmJob(cells[4].upper(), cells[2], cells[3], batch, run)
     return jobs
 
 

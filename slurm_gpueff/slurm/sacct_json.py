@@ -148,6 +148,8 @@ def _job_from_json(j: dict[str, Any], plugin: str | None) -> SacctJob:
     job.state = state_word(json_state(_obj(j.get("state")).get("current") if isinstance(j.get("state"), dict)
                                       else j.get("state")))
     job.state_text = job.state
+    if job.state == "CANCELLED":
+        job.cancelled_by = text_or_none(j.get("kill_request_user"))
     job.exit_code, job.signal = json_exit(_obj(j.get("exit_code")))
     job.restart_count = number(j.get("restart_cnt"))
     job.sluid = text_or_none(j.get("sluid"))

@@ -80,6 +80,9 @@ class SacctJob:
     alloc_cpus: int | None = None    # the CPU side (sacct_steps.py): allocated CPUs, TotalCPU, largest MaxRSS
     total_cpu_s: float | None = None
     max_rss_bytes: int | None = None
+    # who cancelled it, where accounting says: a uid ("CANCELLED by 0" in -P text) or a user name (the JSON's
+    # kill_request_user; 22.05's JSON has none)
+    cancelled_by: str | None = None
 
     @property
     def final(self) -> bool:
@@ -99,6 +102,14 @@ def state_word(text: str | None) -> str | None:
     if not text:
         return None
     return text.split()[0].upper() or None
+
+
+def cancelled_by(text: str | None) -> str | None:
+    """The uid in ``CANCELLED by 1002`` (sacct -P's State), else None."""
+    words = (text or "").split()
+    if len(words) == 3 and words[0].upper() == "CANCELLED" and words[1] == "by" and is_digits(words[2]):
+        return words[2]
+    return None
 
 
 def parse_tres(text: str | None) -> tuple[int, str | None]:
@@ -241,6 +252,7 @@ def parse_parsable(text: str, delimiter: str = "|", fields: Sequence[str] = PARS
         job.elapsed_s = float(elapsed) if elapsed is not None else None
         job.state_text = text_or_none(row["State"])
         job.state = state_word(job.state_text)
+        job.cancelled_by = cancelled_by(job.state_text)
         job.exit_code, job.signal = parse_exit_text(row["ExitCode"].strip())
         job.restart_count = to_int(row.get("Restarts"))
         out.append(job)
@@ -284,9 +296,11 @@ def last_runs(jobs: list[SacctJob]) -> list[SacctJob]:
     return [j for j in jobs if latest[j.job_id] is j]
 
 
-def _run_order(j: SacctJob) -> tuple[int, float]:
+def _run_order(j: SacctJob) -> tuple[int, bool, float]:
+    """Runs in the order they ran; a run that never started (a requeued job's next run, pending or cancelled
+    while it waited) is the last one, whatever its submit time says."""
     rc = j.restart_count if j.restart_count is not None else -1
-    return rc, j.start or j.submit or 0.0
+    return rc, not j.start, j.start or j.submit or 0.0
 
 
 def job_ids_of(text: str, delimiter: str = "|") -> dict[int, str]:

@@ -11,7 +11,9 @@ failure (sacct absent, slow, slurmdbd down) changes nothing and is reported. The
 
 from __future__ import annotations
 
+import functools
 import itertools
+import pwd
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -25,10 +27,11 @@ from sqlmodel import Session, col, select
 
 from .. import record as recmod
 from ..config import SacctConfig
-from ..models import Job, JobGpu
+from ..models import AlertLog, Job, JobGpu
+from ..slurm.jobid import is_digits
 from ..slurm.sacct import SacctError, SacctJob
 from .db import first_line
-from .merge import cut, utc
+from .merge import LIVE_ONLY, cut, keep_measured, measured, utc
 from .rollups import moved_month, note_moved
 from .writer import UNAVAILABLE, ingest_record
 
@@ -64,8 +67,11 @@ class BackfillResult:
     errors: list[str] = field(default_factory=list)
 
 
-LIVE_QUIET_S = 3600.0
-LIVE_ONLY = "no final record came from the node: figures up to the job's last live record"
+# A live row whose snapshots stopped this long ago (three of the agent's default live intervals) is asked about:
+# its final record normally replaces it within a minute of the job's end; one whose node never sent it (a node
+# that died and stayed down, so no Epilog ran) is finished from accounting, so that an ended run is not listed
+# as running for longer. A final record that comes after all still replaces it (storage/merge.py).
+LIVE_QUIET_S = 900.0
 
 
 def finish_live(job: Job) -> None:
@@ -77,7 +83,10 @@ def finish_live(job: Job) -> None:
 
 def apply_sacct(job: Job, sj: SacctJob) -> datetime | None:
     """Write what accounting says into ``job`` (a finished job): accounting wins where it knows. Returns the
-    job's old end time when accounting moved it into another month (for rollups.note_moved), else None."""
+    job's old end time when accounting moved it into another month (for rollups.note_moved), else None. A
+    live row that gets here ends too: a run accounting calls ended is never listed as running."""
+    if job.record_source == "live":
+        finish_live(job)
     old_end = job.end_time
     for attr, value, size in (("user", sj.user, 128), ("account", sj.account, 128), ("partition", sj.partition, 128),
                               ("qos", sj.qos, 128), ("job_name", sj.job_name, 512)):
@@ -112,6 +121,44 @@ def apply_sacct(job: Job, sj: SacctJob) -> datetime | None:
     job.enriched = True
     job.analyzed_at = None  # the stored summary depends on state and times
     return old_end if moved_month(old_end, job.end_time) else None
+
+
+ALERT_CANCEL = "cancel"  # alert_log.action of the idle-GPU policy's cancel (analysis/idle.py CANCEL)
+
+
+def note_cancel(session: Session, job: Job, sj: SacctJob) -> None:
+    """Say on a cancelled run who cancelled it and why, in its reason (the card's Note, ``--json``'s
+    ``reason``): gpueff's idle-GPU policy where its audit (``alert_log``) holds the cancel of this run (its
+    scancel runs as root, so Slurm alone would name root), else whom Slurm's accounting names, where it does."""
+    if sj.state != "CANCELLED":
+        return
+    audit = session.exec(select(AlertLog).where(
+        AlertLog.cluster == job.cluster, AlertLog.job_id == job.job_id, AlertLog.run == job.run,
+        AlertLog.action == ALERT_CANCEL, AlertLog.dry_run == False,  # noqa: E712
+        col(AlertLog.outcome).startswith("cancelled")).order_by(col(AlertLog.at).desc())).first()
+    if audit is not None:
+        why = (f"cancelled by gpueff's idle-GPU policy ([alerts]) at {audit.at:%Y-%m-%d %H:%M} UTC: its GPUs were "
+               f"idle ({audit.detail}) after two warnings mailed to the owner")
+    elif sj.cancelled_by is None:
+        return
+    else:
+        why = f"cancelled by {_who(sj.cancelled_by, job)} (Slurm's accounting)"
+    parts = set(filter(None, (job.reason or "").split("; "))) | {why}
+    job.reason = cut("; ".join(sorted(parts)), 1024)
+
+
+def _who(by: str, job: Job) -> str:
+    """``its owner alice (uid 1002)``, ``root (uid 0)``, ``bob (uid 1003)``, ``uid 1004`` or a name as given."""
+    if not is_digits(by):
+        return f"its owner {by}" if by == job.user else by
+    uid = int(by)
+    try:
+        name: str | None = pwd.getpwuid(uid).pw_name
+    except (KeyError, OverflowError):
+        name = None
+    if uid == job.uid:
+        return f"its owner {job.user or name or ''} (uid {uid})".replace("owner  (", "owner (")
+    return f"{name} (uid {uid})" if name else f"uid {uid}"
 
 
 def enrich_jobs(engine: Engine, reader: Any, *, since: datetime | None = None, limit: int | None = None,
@@ -176,6 +223,7 @@ def enrich_jobs(engine: Engine, reader: Any, *, since: datetime | None = None, l
                         if job.enriched:  # folded into a row of its run that accounting had already filled
                             continue
                         moved.append(apply_sacct(job, sj))
+                        note_cancel(session, job, sj)
                         if sj.shards:
                             apply_shards(session, job, sj.shards, shard_counts or (lambda _node: {}))
                         res.enriched += 1
@@ -215,7 +263,7 @@ def runs_by_job(sacct_jobs: Iterable[SacctJob]) -> dict[int, list[SacctJob]]:
     for sj in sacct_jobs:
         by_job.setdefault(sj.job_id, []).append(sj)
     for runs in by_job.values():
-        runs.sort(key=lambda r: (_run_of(r), r.start or 0.0, r.end or 0.0))
+        runs.sort(key=lambda r: (_run_of(r), not r.start, r.start or 0.0, r.end or 0.0))  # never started: last
         for n, sj in enumerate(runs):
             if sj.run is None:
                 sj.run = sj.restart_count if sj.restart_count is not None else n
@@ -237,6 +285,7 @@ def match_run(job: Job, runs: list[SacctJob]) -> SacctJob | None:
     the run with the same SLUID (26.05+), else the one whose time span overlaps the row's the most."""
     if job.run >= 0:
         return next((sj for sj in runs if sj.run == job.run), None)
+    runs = [sj for sj in runs if sj.start]  # a run that never started (cancelled while requeued) has no record
     if job.sluid and any(sj.sluid for sj in runs):
         return next((sj for sj in runs if sj.sluid == job.sluid), None)
     end = job.end_time.replace(tzinfo=UTC).timestamp() if job.end_time else None
@@ -254,7 +303,12 @@ def match_run(job: Job, runs: list[SacctJob]) -> SacctJob | None:
 
 def settle_run(session: Session, job: Job, sj: SacctJob) -> Job:
     """Give a row with a provisional run its run from accounting; where another row (another node's record)
-    already holds that run, move this row's GPUs there and drop it. Returns the row that holds the run."""
+    already holds that run, move this row's GPUs there and drop it. Returns the row that holds the run.
+
+    Where that row is the run's live row (this final record is the run's first), the run has ended: the row
+    becomes a hook record, and as at ingest (storage/merge.py) this record's GPUs replace the live ones,
+    except where they measured nothing and the live ones did, whose figures up to their last reading stay;
+    this record's reason joins the row's."""
     run = sj.run if sj.run is not None else job.run
     if job.run == run:
         return job
@@ -265,14 +319,29 @@ def settle_run(session: Session, job: Job, sj: SacctJob) -> Job:
         session.add(job)
         session.flush()
         return job
-    taken = {(g.node, g.gpu_index) for g in session.exec(select(JobGpu).where(JobGpu.job_pk == other.id))}
+    ending = other.record_source == "live" and job.record_source != "live"
+    taken = {(g.node, g.gpu_index): g for g in session.exec(select(JobGpu).where(JobGpu.job_pk == other.id))}
+    live = dict(taken) if ending else {}  # the live rows this record's do not replace keep a note
     for g in session.exec(select(JobGpu).where(JobGpu.job_pk == job.id)).all():
-        if (g.node, g.gpu_index) in taken:
+        have = taken.get((g.node, g.gpu_index))
+        if have is not None and not (ending and _replaces(g, have)):
             session.delete(g)
-        else:
-            taken.add((g.node, g.gpu_index))
-            g.job_pk = other.id or 0
-            session.add(g)
+            continue
+        if have is not None:
+            live.pop((g.node, g.gpu_index), None)
+            session.delete(have)
+        taken[(g.node, g.gpu_index)] = g
+        g.job_pk = other.id or 0
+        session.add(g)
+    for have in live.values():
+        if measured(functools.partial(getattr, have)):
+            have.window = keep_measured({"window": have.window, "end_time": have.end_time})["window"]
+            session.add(have)
+    if ending:
+        other.record_source = "hook"
+        other.state = None  # accounting's comes next (apply_sacct)
+    parts = set(filter(None, f"{other.reason or ''}; {job.reason or ''}".split("; ")))
+    other.reason = cut("; ".join(sorted(parts)), 1024) or None
     nodes = set(filter(None, f"{other.nodelist or ''},{job.nodelist or ''}".split(","))) | {n for n, _i in taken}
     other.nodelist = cut(",".join(sorted(nodes)), 1024)
     other.gpu_count = len(taken)
@@ -280,6 +349,12 @@ def settle_run(session: Session, job: Job, sj: SacctJob) -> Job:
     session.delete(job)
     session.flush()
     return other
+
+
+def _replaces(new: JobGpu, live: JobGpu) -> bool:
+    """Whether a final record's GPU row replaces the run's live row of the same GPU: unless it measured
+    nothing where the live one had figures."""
+    return measured(functools.partial(getattr, new)) or not measured(functools.partial(getattr, live))
 
 
 def backfill_jobs(engine: Engine, sacct_jobs: Iterable[SacctJob], *, default_cluster: str,
@@ -319,6 +394,7 @@ def _backfill_one(engine: Engine, sj: SacctJob, default_cluster: str, res: Backf
                 finish_live(job)  # ended an hour ago and its final record never came
             if not job.enriched and job.record_source != "live":
                 note_moved(session.connection(), [apply_sacct(job, sj)])
+                note_cancel(session, job, sj)
                 session.commit()
                 res.enriched += 1
             return
@@ -327,6 +403,7 @@ def _backfill_one(engine: Engine, sj: SacctJob, default_cluster: str, res: Backf
         assert job is not None
         job.record_source = "backfill"
         apply_sacct(job, sj)
+        note_cancel(session, job, sj)
         session.commit()
     res.created += 1
     res.created_ids.append(sj.job_id_text)

@@ -10,14 +10,22 @@ outcome whatever order a job's node records arrive in, and again when a record i
 * ``ingested_at`` is set once; ``analyzed_at`` is cleared so that the job's summary is recomputed;
 * a running job's ``live`` records make a row with ``record_source = "live"`` and state RUNNING, each
   snapshot replacing its node's GPU rows; the job's first final record drops every live GPU row and the
-  row becomes a hook record; a live record arriving after that changes nothing.
+  row becomes a hook record; a live record arriving after that changes nothing;
+* what was measured is never replaced by nothing: a final record's GPU that measured nothing (its node
+  crashed and rebooted, so the Epilog found no Prolog state; the agent was down at the end) keeps the
+  figures its node's live records had up to their last reading, with a note saying so, instead of an empty
+  row; the time after that reading is nobody's figures, so no idle time is charged for it;
+* a final record whose run the Epilog could not settle (``run_provisional``: no Prolog state) ends the run
+  that is live on its node, when that run is the Epilog's restart count or one less (the rule the Epilog
+  itself applies to a saved state, docs/DESIGN.md "Runs"): a crash and requeue then never leaves an ended
+  run listed as running.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from .. import record as recmod
@@ -37,6 +45,10 @@ _IDENTITY = (("array_job_id", None), ("array_task_id", None), ("het_job_id", Non
              ("user", 128), ("uid", None), ("account", 128), ("partition", 128), ("sluid", 32))
 _JOB_COLS = tuple(c.name for c in _JOB.columns)
 _GPU_COLS = tuple(c.name for c in _GPU.columns)
+# The reason enrichment gives a live row whose node never sent the final record (storage/enrich.py); a final
+# record that comes after all takes it away.
+LIVE_ONLY = "no final record came from the node: figures up to the job's last live record"
+PROVISIONAL_SLACK = timedelta(seconds=300)  # node clocks: a live reading may seem this much after the Epilog
 
 
 @dataclass
@@ -49,6 +61,8 @@ class Plan:
     old_gpu_ids: set[int]
     # (job, node) whose GPU rows a record replaced -> GPU index -> timeline points
     timelines: dict[tuple[Key, str], dict[int, list[Any]]]
+    # stored GPU rows that a final record found unmeasured kept (their live figures): their timelines stay
+    kept: set[int] = field(default_factory=set)
 
     def gpu_changes(self) -> tuple[list[Row], list[Row], list[int]]:
         """(new GPU rows, stored rows to rewrite: those of touched nodes, ids of stored rows now gone).
@@ -99,10 +113,11 @@ def merge(recs: list[Row], stored_jobs: dict[Key, Row], stored_gpus: dict[Key, d
     gpus: dict[Key, dict[Spot, Row]] = {job_key(r): {} for r in recs}
     gpus.update((k, {s: dict(r) for s, r in v.items()}) for k, v in stored_gpus.items())
     timelines: dict[tuple[Key, str], dict[int, list[Any]]] = {}
+    kept: set[int] = set()
     for rec in recs:
-        key = job_key(rec)
-        job = jobs.get(key)
         live = rec.get("live") is True
+        key = (live_run_of(rec, jobs) if rec.get("run_provisional") and not live else None) or job_key(rec)
+        job = jobs.get(key)
         if live and job is not None and job["record_source"] != "live":
             continue  # a running job's snapshot after its final record (or backfill): it changes nothing
         if job is None:  # not stored yet
@@ -110,18 +125,70 @@ def merge(recs: list[Row], stored_jobs: dict[Key, Row], stored_gpus: dict[Key, d
             job.update(cluster=key[0], job_id=key[1], run=key[2], record_source="live" if live else "hook",
                        gpu_count=0, backend="none", enriched=False)
         node = cut(rec["node"], 128)
-        _fold(job, gpus[key], rec, node, now)
-        timelines[(key, node)] = {g["index"]: g.get("timeline") or [] for g in rec["gpus"]}
+        rows = gpus.setdefault(key, {})
+        held = _fold(job, rows, rec, node, now)
+        before = timelines.get((key, node), {})  # a kept row's points from a live record in this batch stay
+        timelines[(key, node)] = {g["index"]: before.get(g["index"], []) if g["index"] in held
+                                  else g.get("timeline") or [] for g in rec["gpus"]}
+        kept |= {i for idx in held if (i := rows[(node, idx)].get("id")) is not None}
     old_ids = {r["id"] for rows in stored_gpus.values() for r in rows.values()}
-    return Plan(jobs, dict(stored_jobs), gpus, old_ids, timelines)
+    return Plan(jobs, dict(stored_jobs), gpus, old_ids, timelines, kept)
 
 
-def _fold(job: Row, gpus: dict[Spot, Row], rec: Row, node: str, now: datetime) -> None:
-    """Apply one node record to the in-memory job and its GPU rows (the rules of the module doc)."""
+def live_run_of(rec: Row, jobs: dict[Key, Row]) -> Key | None:
+    """The running job's row that a provisional final record (``run_provisional``: an Epilog without the
+    Prolog's state) ends: the job's live row on the record's node whose run is the Epilog's count or one less,
+    with the same SLUID where both have one and its last reading not after the record's end. A node runs one
+    run of a job at a time, and a live row exists only while its Prolog state did: the Epilog that found none
+    ends that run. None when there is no such row (enrichment then settles the run from accounting)."""
+    count = int(rec.get("run") or 0)
+    node, end = cut(rec["node"], 128), utc(rec["end_time"])
+    for run in (count, count - 1):
+        key = (cut(rec["cluster"], 64), rec["job_id"], run)
+        row = jobs.get(key)
+        if row is None or row["record_source"] != "live" or node not in (row["nodelist"] or "").split(","):
+            continue
+        if rec.get("sluid") and row.get("sluid") and rec["sluid"] != row["sluid"]:
+            continue
+        if row["end_time"] is not None and end is not None and row["end_time"] > end + PROVISIONAL_SLACK:
+            continue
+        return key
+    return None
+
+
+def measured(get: Callable[[str], Any]) -> bool:
+    """Whether a GPU (a record's entry or a stored row, read through ``get``) holds any measured figure."""
+    return any(get(m) is not None for m in recmod.METRICS)
+
+
+def kept_note(as_of: datetime | None) -> str:
+    """What a GPU row kept from its live records says about the time after them (the card's Coverage line)."""
+    when = f" at {as_of:%H:%M:%S} UTC" if as_of is not None else ""
+    return (f"measured up to the last reading{when}; the record from the job's end measured nothing, so the "
+            "time after that reading is not in these figures")
+
+
+def keep_measured(row: Row) -> Row:
+    """A stored GPU row kept in place of a final record's empty one: its figures, window and timeline stay,
+    its coverage says up to when (:func:`kept_note`)."""
+    window = dict(row.get("window") or {})
+    note = kept_note(row.get("end_time"))
+    old = window.get("break")
+    window["break"] = note if not isinstance(old, str) or note in old else f"{old}; {note}"
+    row["window"] = window
+    return row
+
+
+def _fold(job: Row, gpus: dict[Spot, Row], rec: Row, node: str, now: datetime) -> set[int]:
+    """Apply one node record to the in-memory job and its GPU rows (the rules of the module doc); returns the
+    GPU indexes whose earlier, measured rows were kept in place of the record's unmeasured entries."""
+    final = rec.get("live") is not True
+    live_rows: dict[int, Row] = {}  # this node's measured live rows, which its final record may keep
     if job["record_source"] == "backfill":  # the hook's record came after all (storage/enrich.py):
         job["record_source"], job["reason"] = "hook", None  # it replaces the allocation-only backfill,
         gpus.clear()  # whose GPU rows were placeholders (sacct keeps no GPU indexes)
-    elif job["record_source"] == "live" and rec.get("live") is not True:  # the job's first final record:
+    elif job["record_source"] == "live" and final:  # the job's first final record:
+        live_rows = {k[1]: r for k, r in gpus.items() if k[0] == node}
         job.update(record_source="hook", reason=None, start_time=None, end_time=None, state=None)
         gpus.clear()  # every node's live rows go; each node's final record brings its own
     start, end = utc(rec.get("start_time")), utc(rec["end_time"])
@@ -129,8 +196,17 @@ def _fold(job: Row, gpus: dict[Spot, Row], rec: Row, node: str, now: datetime) -
     for idx in mine:
         del gpus[(node, idx)]
     backend = rec["backend"]
+    kept: set[int] = set()  # GPU indexes
+    kept_start: datetime | None = None  # the kept rows' start: an Epilog without the Prolog's state knew none
     for g in rec["gpus"]:
         get = g.get
+        before = mine.get(g["index"]) or live_rows.get(g["index"])
+        if final and before is not None and not measured(get) and measured(before.get):
+            mine.pop(g["index"], None)
+            gpus[(node, g["index"])] = keep_measured(before)
+            kept.add(g["index"])
+            kept_start = _pick([kept_start, before["start_time"]], min)
+            continue
         row = mine.pop(g["index"], None) or dict.fromkeys(_GPU_COLS)
         row.update(zip(_GPU_FIELDS, map(get, _GPU_FIELDS), strict=True))  # C-level copy of the fields
         row["node"], row["gpu_index"] = node, g["index"]
@@ -151,16 +227,18 @@ def _fold(job: Row, gpus: dict[Spot, Row], rec: Row, node: str, now: datetime) -
     models = sorted({r["model"] for r in all_rows if r["model"]})
     job["backend"] = max((r["source"] for r in all_rows), key=lambda s: _BACKEND_RANK.get(s, 0),
                          default=rec["backend"])
-    if rec.get("reason"):
-        parts = set(filter(None, (job["reason"] or "").split("; "))) | set(rec["reason"].split("; "))
-        job["reason"] = cut("; ".join(sorted(parts)), 1024)
+    if rec.get("reason") or (final and job["reason"] and LIVE_ONLY in job["reason"]):
+        parts = set(filter(None, (job["reason"] or "").split("; "))) | set((rec.get("reason") or "").split("; "))
+        if final:
+            parts.discard(LIVE_ONLY)  # the final record came after all
+        job["reason"] = cut("; ".join(sorted(filter(None, parts))), 1024) or None
     for key, size in _IDENTITY:
         value = rec.get(key)
         if value is not None and (job[key] is None or not job["enriched"]):
             job[key] = cut(value, size) if size else value
     if not job["enriched"]:  # sacct enrichment owns these once it has run
         job["gpu_type"] = cut(", ".join(models), 128) if models else job["gpu_type"]
-        job["start_time"] = _pick([job["start_time"], start], min)
+        job["start_time"] = _pick([job["start_time"], start, kept_start], min)
         job["end_time"] = _pick([job["end_time"], end], max)
         job["elapsed_s"] = ((job["end_time"] - job["start_time"]).total_seconds()
                             if job["start_time"] is not None and job["end_time"] is not None else None)
@@ -170,6 +248,7 @@ def _fold(job: Row, gpus: dict[Spot, Row], rec: Row, node: str, now: datetime) -
     if job["ingested_at"] is None:
         job["ingested_at"] = now
     job["analyzed_at"] = None  # new data: the stored summary (slurm_gpueff.service.summarize) must be recomputed
+    return kept
 
 
 def utc(epoch: float | None) -> datetime | None:

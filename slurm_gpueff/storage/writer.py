@@ -71,7 +71,8 @@ def write_records(conn: Connection, recs: list[Row]) -> None:
                       ("cluster", "job_id", "run"), by="job_id")
         db.update(_JOB, [plan.jobs[k] for k in plan.old_jobs if plan.jobs[k] != plan.old_jobs[k]])
         inserts, updates, gone = plan.gpu_changes()
-        db.delete_in("job_gpu_timeline", "job_gpu_id", gone + sorted(r["id"] for r in updates))
+        redone = sorted(r["id"] for r in updates if r["id"] not in plan.kept)  # a kept row keeps its timeline
+        db.delete_in("job_gpu_timeline", "job_gpu_id", gone + redone)
         db.delete_in("job_gpu", "id", gone)  # after their timelines: no reliance on FK cascades
         db.update(_GPU, updates)
         db.insert_ids(_GPU, inserts, ("job_pk", "node", "gpu_index"), by="job_pk")
@@ -79,13 +80,14 @@ def write_records(conn: Connection, recs: list[Row]) -> None:
 
 
 def read_stored(conn: Connection, keys: set[Key]) -> tuple[dict[Key, Row], dict[Key, dict[Spot, Row]]]:
-    """The stored job rows of ``keys`` (locked on PostgreSQL) and their GPU rows by (node, GPU index)."""
+    """The stored job rows of ``keys`` and every live row of their jobs (the run an Epilog without its Prolog
+    state may end: merge.live_run_of), locked on PostgreSQL, and their GPU rows by (node, GPU index)."""
     jobs: dict[Key, Row] = {}
     for part in _chunks(sorted({k[1] for k in keys})):
         stmt = select(_JOB).where(_JOB.c.job_id.in_(part)).order_by(_JOB.c.id).with_for_update()
         for row in conn.execute(stmt).mappings():
             key = (row["cluster"], row["job_id"], row["run"])
-            if key in keys:
+            if key in keys or row["record_source"] == "live":
                 jobs[key] = dict(row)
     gpus: dict[Key, dict[Spot, Row]] = {k: {} for k in jobs}
     by_pk = {v["id"]: k for k, v in jobs.items()}

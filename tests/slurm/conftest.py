@@ -32,6 +32,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -301,6 +302,53 @@ class SlurmCluster:
         with open(path) as fh:
             m = re.search(r"GPUS=([\d,]*)", fh.read())
         return [int(x) for x in m.group(1).split(",") if x] if m else []
+
+    # -- a node crash (tests/slurm/test_slurm_crash.py)
+    def slurmd_pid(self) -> int:
+        name = f"slurmd-{self.node}.pid" if self.chroot else "slurmd.pid"  # the chroot's SlurmdPidFile has %n
+        with open(os.path.join(self.base, "run", name)) as fh:
+            return int(fh.read().strip())
+
+    def job_processes(self, job_id: int) -> list[int]:
+        """The pids of the job's slurmstepds (``slurmstepd: [ID.batch]``, ...) and everything below them."""
+        children: dict[int, list[int]] = {}
+        steps = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                    cmd = fh.read().replace(b"\0", b" ").decode(errors="replace")
+                with open(f"/proc/{entry}/stat") as fh:
+                    ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+            if cmd.startswith(f"slurmstepd: [{job_id}."):
+                steps.append(int(entry))
+        out, todo = [], list(steps)
+        while todo:
+            pid = todo.pop()
+            out.append(pid)
+            todo += children.get(pid, [])
+        return out
+
+    def crash_node(self, job_id: int) -> None:
+        """What a node crash leaves of a running job: slurmd and the job's processes killed (SIGKILL, by pid:
+        this cluster's own), the node's gpueff state directory gone as after a reboot (/run is a tmpfs)."""
+        pids = [self.slurmd_pid(), *self.job_processes(job_id)]
+        assert len(pids) > 1, f"job {job_id} has no slurmstepd on this node"
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(self.state)
+
+    def start_slurmd(self) -> None:
+        """Start the node's slurmd again (as the start scripts do: in the chroot for 24.11+)."""
+        argv = ["slurmd"] if not self.chroot else [
+            "env", "-i", f"PATH={SYS_PATH}", "LANG=C.UTF-8", "HOME=/root", "chroot", self.chroot, "slurmd", "-N",
+            self.node]
+        self.run(argv, check=True, env=dict(self.env, PATH=SYS_PATH))
 
     def log_tail(self, n: int = 40) -> str:
         out = []

@@ -2,8 +2,8 @@
 
 Real slurmctld/slurmd/slurmdbd (each version of tests/slurm/conftest.py), the real hooks, ``gpueff live``,
 ingest, ``gpueff alerts run`` (real squeue, scontrol and scancel), mail through a real SMTP server on
-loopback that first refuses the job owner's address. Only the GPUs are simulated: each job's profile (idle,
-busy) is chosen before its Prolog runs.
+loopback that first refuses the job owner's address (550) and accepts the admins'. Only the GPUs are
+simulated: each job's profile (idle, busy) is chosen before its Prolog runs.
 """
 
 from __future__ import annotations
@@ -28,9 +28,12 @@ from_address = "gpueff@cluster.example"
 
 [reports]
 address_pattern = "{{user}}@cluster.example"
+admins = ["{admin}"]
 
 [alerts]
 enabled = true
+interval_s = 2.0
+max_mails_per_user_per_day = {max_mails}
 window_min = 0.2
 min_coverage_pct = 50.0
 grace_min = 0.0
@@ -53,10 +56,16 @@ LiveServer(socket_path(cfg.paths.state_dir), answerer(cfg)).serve_forever()
 """
 
 
+ADMIN_MAIL = "hpc@cluster.example"
+OWNER_MAIL = f"{USER}@cluster.example"
+MAX_MAILS = 2  # warnings a day to one user
+
+
 def _config(c, port: int, cancel: bool) -> None:
     c.write_config()
     with open(c.config_path, "a") as fh:
-        fh.write(ALERTS.format(port=port, cancel=str(cancel).lower(), exempt=OTHER_ACCOUNT))
+        fh.write(ALERTS.format(port=port, cancel=str(cancel).lower(), exempt=OTHER_ACCOUNT, admin=ADMIN_MAIL,
+                               max_mails=MAX_MAILS))
 
 
 def _submit(c, profile: str, *args: str, user: str | None = None) -> int:
@@ -80,12 +89,15 @@ def _pass(c) -> str:
 
 
 def test_running_jobs_are_shown_and_an_idle_one_is_warned_then_cancelled(slurm, refusing_smtp_server):
-    """The SMTP server refuses the owner's address at first: every pass warns again (each warning fails), nothing
-    goes further and the audit says no mail reached anyone. Once mail goes through: the first warning, the
-    second, then (cancel off) only a note that it would cancel, then (cancel on) the cancel, whose AdminComment
-    says both warnings were mailed, which is true by construction."""
+    """The SMTP server refuses the owner's address (550) at first, for more warnings than the two a day allowed:
+    nothing goes further than a warning and the audit says no mail reached anyone; the address is tried again
+    after 1, 2, 4 intervals (held back in between) and the admins are told once. Once mail goes through, the
+    next try is the first warning (the refused ones spent no allowance), then the second, then (cancel off)
+    only a note that it would cancel, then (cancel on) the cancel, whose AdminComment says both warnings were
+    mailed, which is true by construction; the cancelled job's card says gpueff's policy cancelled it, and why."""
     c = slurm
     inbox, port = refusing_smtp_server
+    inbox.only = {OWNER_MAIL}
     _config(c, port, cancel=False)
     ids: dict[str, int] = {}
     try:
@@ -126,17 +138,29 @@ def test_running_jobs_are_shown_and_an_idle_one_is_warned_then_cancelled(slurm, 
             srv.terminate()
             srv.wait(10)
 
-        # mail refused: each pass warns again, and nothing more happens to the job
+        # mail refused (550), more times than the day's allowance: the address backs off, the admins hear once
         deadline = time.monotonic() + 90
-        while sum(a["action"] == "warn" for a in _audit(c) if a["job_id"] == ids["idle"]) < 2:
+        while sum(a["action"] == "warn" for a in _audit(c) if a["job_id"] == ids["idle"]) <= MAX_MAILS:
             assert time.monotonic() < deadline, _audit(c)
             time.sleep(1.0)
             _pass(c)
+        held = c.gpueff("alerts", "run").stdout  # within the wait after the third refusal (8 s)
+        assert f"job {ids['idle']}: warn held back (mail to {OWNER_MAIL} refused permanently 3 times" in held, held
         failed = [a for a in _audit(c) if a["job_id"] == ids["idle"]]
         assert [a["action"] for a in failed] == ["warn"] * len(failed), failed
-        assert all(a["outcome"].startswith(f"mail to {USER}@cluster.example failed") for a in failed), failed
-        assert inbox.messages == []
+        assert all(a["outcome"].startswith(f"mail to {OWNER_MAIL} refused permanently") for a in failed), failed
+        assert inbox.asked.count(OWNER_MAIL) == len(failed)  # a held-back pass did not ask the server
+        assert [rcpt for rcpt, _m in inbox.messages] == [[ADMIN_MAIL]], inbox.messages
+        assert f"warnings to {OWNER_MAIL} are refused" in inbox.messages[0][1]["Subject"]
         inbox.accept = True
+        # the first try after the wait is the first warning, mailed: the refused ones spent no allowance
+        deadline = time.monotonic() + 60
+        while not any(a["action"] == "warn" and a["outcome"] == f"mailed {OWNER_MAIL}" for a in _audit(c)):
+            assert time.monotonic() < deadline, _audit(c)
+            time.sleep(1.0)
+            out = _pass(c)
+            assert "rate_limited" not in out, out
+        assert [a["action"] for a in _audit(c) if a["job_id"] == ids["idle"]] == ["warn"] * (len(failed) + 1)
 
         # cancel off: warn, warn again, then only noted that it would cancel
         deadline = time.monotonic() + 90
@@ -156,6 +180,20 @@ def test_running_jobs_are_shown_and_an_idle_one_is_warned_then_cancelled(slurm, 
                      check=True).stdout
         assert acct.startswith("CANCELLED") and "slurm-gpueff: cancelled, GPUs idle" in acct, acct
         assert "after two warnings mailed to the owner" in acct, acct
+        # the owner's card says who cancelled it and why (the audit's cancel of this run)
+        deadline = time.monotonic() + 60
+        while f"job-{ids['idle']}-{c.node}.json" not in c.spool_files():
+            assert time.monotonic() < deadline, c.spool_files()
+            time.sleep(0.3)
+        c.gpueff("ingest")
+        c.settle()
+        c.gpueff("enrich", "--since", "now-1d")
+        c.gpueff("ingest")
+        card = " ".join(c.seff(ids["idle"], user=USER).stdout.split())
+        assert "State: CANCELLED" in card and "Note: cancelled by gpueff's idle-GPU policy ([alerts])" in card, card
+        assert "after two warnings mailed to the owner" in card, card
+        doc = json.loads(c.seff(ids["idle"], "--json", user=USER).stdout)["jobs"][0]["job"]
+        assert doc["reason"].startswith("cancelled by gpueff's idle-GPU policy"), doc
 
         rows = _audit(c)
         by_job = {name: [r["action"] for r in rows if r["job_id"] == j] for name, j in ids.items()}
@@ -164,8 +202,9 @@ def test_running_jobs_are_shown_and_an_idle_one_is_warned_then_cancelled(slurm, 
         cancel = next(r for r in rows if r["action"] == "cancel")
         assert cancel["outcome"].startswith("cancelled; reason recorded") and "kernel 0.0 %" in cancel["detail"]
         assert not any(r["dry_run"] for r in rows)
-        mails = [(rcpt, m["Subject"]) for rcpt, m in inbox.messages]
-        assert [r for r, _s in mails] == [[f"{USER}@cluster.example"]] * 3, mails
+        mails = [(rcpt, m["Subject"]) for rcpt, m in inbox.messages if rcpt != [ADMIN_MAIL]]
+        assert [r for r, _s in mails] == [[OWNER_MAIL]] * 3, mails
+        assert len(inbox.messages) == 4  # and the one notice to the admins
         assert [s.split("]")[1].split(":")[0].strip() for _r, s in mails] == ["Warning", "Second warning",
                                                                               "Cancelled"]
         for name in ("busy", "exempt"):
