@@ -6,8 +6,9 @@ Inside it, and nowhere else (the namespace's mounts are private and die with its
   syslog(3) talks to it exactly as to journald or rsyslogd on a node, which this machine does not run;
 - the directories named in ``tmpfs`` are hidden under a fresh tmpfs (``/tmp``, ``/var/tmp``, a state dir), so
   a test decides which places a reboot would empty; ``ro`` ones under a read-only tmpfs (nothing can be
-  written there). A directory above the test's own ``base`` (``/tmp``) keeps ``base`` reachable: it is bound
-  aside first and back into the new tmpfs.
+  written there). A hidden directory above the test's own ``base``, the checkout or the venv (all may be
+  under ``/tmp``, as in CI's fresh clone) keeps them reachable: each is bound aside first and back into the
+  new tmpfs.
 """
 
 from __future__ import annotations
@@ -17,9 +18,13 @@ import shlex
 import shutil
 import socket
 import subprocess
+import sys
 import time
 
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+# What the process runs from stays reachable under a hidden /tmp: the checkout (hooks/, the package; CI clones
+# it under /tmp) and the interpreter's environment.
+KEEP = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))), sys.prefix)
 _PATH = "/usr/sbin:/usr/bin:/sbin:/bin"  # for the prelude's own commands; not exported to the process
 
 
@@ -84,17 +89,24 @@ def prelude(base: str, devlog: str | None, tmpfs: tuple[str, ...] = (), ro: tupl
     lines.append("ln -s /proc/self/fd /dev/fd")
     if devlog:
         lines.append(f"touch /dev/log; mount --bind {q(devlog)} /dev/log")
+    keep = _outermost([base, *KEEP])
     for d, opts in [*((d, "mode=755") for d in tmpfs), *((d, "ro,mode=755") for d in ro)]:
-        if (base + "/").startswith(d.rstrip("/") + "/"):  # keep the test's own files reachable
-            lines += ["mkdir -p /dev/.base", f"mount --rbind {q(base)} /dev/.base",
-                      f"mount -t tmpfs -o {opts} ns-tmp {q(d)}", f"mkdir -p {q(base)}",
-                      f"mount --rbind /dev/.base {q(base)}"]
-            if "ro" in opts.split(","):
-                raise ValueError(f"{d} holds the test's base: it cannot be read-only")
-        else:
-            lines.append(f"mkdir -p {q(d)}; mount -t tmpfs -o {opts} ns-tmp {q(d)}")
+        inside = [k for k in keep if (k + "/").startswith(d.rstrip("/") + "/")]
+        if inside and "ro" in opts.split(","):
+            raise ValueError(f"{d} holds {inside[0]}, which the process needs: it cannot be read-only")
+        for i, k in enumerate(inside):  # keep the test's files, the checkout and the venv reachable
+            lines += [f"mkdir -p /dev/.keep{i}", f"mount --rbind {q(k)} /dev/.keep{i}"]
+        lines.append(f"mkdir -p {q(d)}; mount -t tmpfs -o {opts} ns-tmp {q(d)}")
+        for i, k in enumerate(inside):
+            lines += [f"mkdir -p {q(k)}", f"mount --rbind /dev/.keep{i} {q(k)}", f"umount -l /dev/.keep{i}"]
     lines.append('if [ -n "$NS_STDERR" ]; then exec "$@"; else exec "$@" 2>&-; fi')
     return "\n".join(lines)
+
+
+def _outermost(paths: list[str]) -> list[str]:
+    """The paths not inside another of them (binding the outer one keeps the inner one too)."""
+    real = sorted({os.path.realpath(p) for p in paths})
+    return [p for p in real if not any(p != o and (p + "/").startswith(o + "/") for o in real)]
 
 
 def run(argv: list[str], *, base: str, devlog: str | None, env: dict[str, str], tmpfs: tuple[str, ...] = (),
