@@ -298,7 +298,7 @@ class HookRun:
         reasons = [*self.reasons, *job.problems]
         if self.state_problem:
             reasons.append(self.state_problem + (": start time from SLURM_JOB_START_TIME" if jc.start_time
-                                                 else ": start time unknown"))
+                                                 else recmod.START_UNKNOWN))
         elif saved and saved.get("reason"):
             reasons.append(f"at job start: {saved['reason']}")
         if jc.start_time is not None and jc.end_time is not None and jc.start_time > jc.end_time:

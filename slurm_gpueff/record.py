@@ -35,6 +35,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, TypeGuard
 
+START_UNKNOWN = ": start time unknown"  # how a record's reason says its start is unknown (an Epilog without
+# the Prolog's state); where the job's own live rows supply the start, ingest says so instead (storage/merge.py)
 SCHEMA_VERSION = 1
 
 # Time-weighted mean fractions in [0, 1]; then other per-GPU measurements (non-negative numbers).

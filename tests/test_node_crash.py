@@ -91,7 +91,8 @@ def test_a_crashed_node_keeps_the_live_figures_and_never_says_never_used(site, t
             (job,) = s.exec(select(Job).where(Job.job_id == 77)).all()  # one row: the live run's own
             gpus = s.exec(select(JobGpu).where(JobGpu.job_pk == job.id)).all()
         assert (job.run, job.record_source) == (0, "hook") and job.state != "RUNNING"
-        assert "no Prolog state for this job" in job.reason and "start time unknown" in job.reason
+        assert "no Prolog state for this job" in job.reason and "start time unknown" not in job.reason
+        assert "start time and figures from the node's last live record" in job.reason
         assert len(gpus) == 2 and all(g.kernel_active and g.kernel_active > 0.9 for g in gpus), gpus
         assert job.start_time == datetime.fromtimestamp(T0, UTC).replace(tzinfo=None)
         assert job.gpu_hours == pytest.approx(2 * BUSY_S / 3600)  # the measured seconds, not to the Epilog

@@ -48,6 +48,7 @@ _GPU_COLS = tuple(c.name for c in _GPU.columns)
 # The reason enrichment gives a live row whose node never sent the final record (storage/enrich.py); a final
 # record that comes after all takes it away.
 LIVE_ONLY = "no final record came from the node: figures up to the job's last live record"
+START_FROM_LIVE = ": start time and figures from the node's last live record"  # in place of START_UNKNOWN
 PROVISIONAL_SLACK = timedelta(seconds=300)  # node clocks: a live reading may seem this much after the Epilog
 
 
@@ -228,7 +229,10 @@ def _fold(job: Row, gpus: dict[Spot, Row], rec: Row, node: str, now: datetime) -
     job["backend"] = max((r["source"] for r in all_rows), key=lambda s: _BACKEND_RANK.get(s, 0),
                          default=rec["backend"])
     if rec.get("reason") or (final and job["reason"] and LIVE_ONLY in job["reason"]):
-        parts = set(filter(None, (job["reason"] or "").split("; "))) | set((rec.get("reason") or "").split("; "))
+        said = rec.get("reason") or ""
+        if kept_start is not None:  # the job's own live rows knew the start the Epilog did not
+            said = said.replace(recmod.START_UNKNOWN, START_FROM_LIVE)
+        parts = set(filter(None, (job["reason"] or "").split("; "))) | set(said.split("; "))
         if final:
             parts.discard(LIVE_ONLY)  # the final record came after all
         job["reason"] = cut("; ".join(sorted(filter(None, parts))), 1024) or None
