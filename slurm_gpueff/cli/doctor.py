@@ -624,49 +624,42 @@ def check_db_files(rep: Report, path: str) -> None:
 def check_metrics(rep: Report, cfg: Config) -> None:
     """The service's /metrics: per-user series (each user's GPU-hours and waste) must not be open to every local
     user. Says nothing where there is nothing to say (no per-user series, no token file)."""
-    from ..config import read_secret
-    from ..errors import GpueffError
-
     s = cfg.service
-    if not s.metrics_port or not (s.metrics_per_user or s.metrics_token_file):
-        return
-    if s.metrics_token_file:
-        try:
-            read_secret(s.metrics_token_file, "service.metrics_token_file", "the bearer token Prometheus sends")
-        except GpueffError as exc:
-            rep.add(FAIL, "metrics", f"{exc}; `gpueff serve` refuses to start")
-            return
-        rep.add(PASS, "metrics", f"/metrics on {s.metrics_address}:{s.metrics_port} answers only the bearer token "
-                                 f"in {s.metrics_token_file}")
-    else:
-        rep.add(WARN, "metrics", f"service.metrics_per_user = true and no service.metrics_token_file: every local "
-                                 f"user can read every user's GPU-hours on {s.metrics_address}:{s.metrics_port}; "
-                                 "set a token file (chmod 600) and Prometheus' authorization.credentials_file")
+    _metrics_privacy(rep, "metrics", "service", s.metrics_address, s.metrics_port, s.metrics_per_user,
+                     s.metrics_token_file, "`gpueff serve` refuses to start",
+                     "every local user can read every user's GPU-hours")
 
 
 def check_agent_metrics(rep: Report, cfg: Config) -> None:
     """The agent's /metrics on a GPU node: with per-user series on (job ids labelled with their user and
     account), a token, as for the service's (:func:`check_metrics`); any user with a job here reaches
     127.0.0.1. Says nothing when the endpoint is off, or has neither."""
+    a = cfg.agent
+    _metrics_privacy(rep, "agent metrics", "agent", a.metrics_address, a.metrics_port, a.metrics_per_user,
+                     a.metrics_token_file, "the agent serves no /metrics",
+                     "every user with a job on this node can read who runs which job")
+
+
+def _metrics_privacy(rep: Report, check: str, section: str, address: str, port: int, per_user: bool,
+                     token_file: str, if_unreadable: str, exposed: str) -> None:
+    """One /metrics endpoint's privacy: its token file usable (FAIL: ``if_unreadable`` follows), else per-user
+    series open to whoever reaches ``address`` (WARN: ``exposed``)."""
     from ..config import read_secret
     from ..errors import GpueffError
 
-    a = cfg.agent
-    if not a.metrics_port or not (a.metrics_per_user or a.metrics_token_file):
+    if not port or not (per_user or token_file):
         return
-    if a.metrics_token_file:
+    if token_file:
         try:
-            read_secret(a.metrics_token_file, "agent.metrics_token_file", "the bearer token Prometheus sends")
+            read_secret(token_file, f"{section}.metrics_token_file", "the bearer token Prometheus sends")
         except GpueffError as exc:
-            rep.add(FAIL, "agent metrics", f"{exc}; the agent serves no /metrics")
+            rep.add(FAIL, check, f"{exc}; {if_unreadable}")
             return
-        rep.add(PASS, "agent metrics", f"/metrics on {a.metrics_address}:{a.metrics_port} answers only the bearer "
-                                       f"token in {a.metrics_token_file}")
+        rep.add(PASS, check, f"/metrics on {address}:{port} answers only the bearer token in {token_file}")
     else:
-        rep.add(WARN, "agent metrics", f"agent.metrics_per_user = true and no agent.metrics_token_file: every user "
-                                       "with a job on this node can read who runs which job on "
-                                       f"{a.metrics_address}:{a.metrics_port}; set a token file (chmod 600) and "
-                                       "Prometheus' authorization.credentials_file")
+        rep.add(WARN, check, f"{section}.metrics_per_user = true and no {section}.metrics_token_file: {exposed} on "
+                             f"{address}:{port}; set a token file (chmod 600) and Prometheus' "
+                             "authorization.credentials_file")
 
 
 def _closed_to_others(path: str, want: int) -> str | None:
