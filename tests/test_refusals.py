@@ -12,7 +12,7 @@ import time
 import pytest
 from daemons import start_munged
 
-from slurm_gpueff.service.refusals import Pace, refusal
+from slurm_gpueff.service.refusals import Pace
 
 
 class Clock:
@@ -67,25 +67,22 @@ def test_the_kinds_followed_are_bounded():
     assert pace.due() == ["refused 1 more time in the last 60 s, the last: u8"]
 
 
-@pytest.mark.parametrize("status, what, key", [
-    (401, "seff: missing credential: send Authorization: MUNGE <credential> (seff-gpu does)",
-     (None, "seff: missing credential: send Authorization: MUNGE <credential> (seff-gpu does)")),
-    (401, "seff: uid 1001: the credential was made for another request",
-     (1001, "seff: uid 1001: the credential was made for another request")),
-    (200, "uid 1001 card exit 6", (1001, "uid 1001 card exit 6")),
-    (200, "uid 1001 card+json exit 3", (1001, "uid 1001 card+json exit 3")),
-    (200, "uid 1001 card exit 2", (1001, "uid 1001 card exit 2")),
-    (200, "uid 1001 card exit 0", None),
-    (200, "uid 1001 table exit 4", None),
-    (200, "uid 1001 card exit 5", None),
-    (200, "health", None),
-    (200, "uid 0 node gpu-node01: 3 records, stored 3, quarantined 0, left 0", None),
-    (503, "push: busy: other nodes' pushes are being stored; the forwarder retries",
-     (None, "push: busy: other nodes' pushes are being stored; the forwarder retries")),
-    (404, "GET ?", (None, "GET ?")),
-])
-def test_what_is_a_refusal_and_whose(status, what, key):
-    assert refusal(status, what) == key
+def test_an_answer_that_is_no_card_is_a_refusal_and_whose(tmp_path):
+    """The API itself says which of its answers are refusals (paced in the log) and who asked: a seff-gpu answer
+    of an unknown job is (exit 3, uid as munged named it), a ping is not; cards, running jobs and jobs without
+    GPUs are answers."""
+    from slurm_gpueff.config import Config
+    from slurm_gpueff.reports.jobview import EXIT_NO_GPUS, EXIT_OK, EXIT_RUNNING
+    from slurm_gpueff.service import api as api_mod
+    from slurm_gpueff.storage.db import make_engine
+
+    db = f"{tmp_path}/g.db"
+    make_engine(db).dispose()  # an empty database: no job is known
+    api = api_mod.Api(Config({"paths": {"database": db}, "sacct": {"accounting": False}}))
+    done = api.seff(1001, b'{"jobid": "99"}')
+    assert done.refused and done.what == "uid 1001 card exit 3", done
+    assert not api.ping(1001, b"{}").refused
+    assert set(api_mod.ANSWERED) == {EXIT_OK, EXIT_RUNNING, EXIT_NO_GPUS}
 
 
 @pytest.mark.process

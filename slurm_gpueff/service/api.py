@@ -42,7 +42,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy.engine import Engine
 
@@ -53,9 +53,18 @@ from ..access.munge import CredentialRefused, MungeError
 from ..access.privacy import Viewer, user_name, viewer
 from ..config import Config
 from ..errors import GpueffError
-from ..reports.jobview import MAX_LIMIT, TABLE_LIMIT, SeffQuery, answer, keep_engines
+from ..reports.jobview import (
+    EXIT_NO_GPUS,
+    EXIT_OK,
+    EXIT_RUNNING,
+    MAX_LIMIT,
+    TABLE_LIMIT,
+    SeffQuery,
+    answer,
+    keep_engines,
+)
 from .intake import Intake, IntakeError, push_uids
-from .refusals import Pace, refusal
+from .refusals import Key, Pace
 
 log = logging.getLogger("gpueff.api")
 
@@ -65,6 +74,19 @@ KINDS = {SEFF_PATH: "seff", RECORDS_PATH: "push", PING_PATH: "ping"}  # the POST
 COORDINATORS_TTL_S = 300.0  # sacctmgr is asked at most this often
 _TEXT = ("jobid", "user", "account", "start", "end", "cluster", "state")
 _FLAGS = ("json", "html")
+
+
+ANSWERED = (EXIT_OK, EXIT_RUNNING, EXIT_NO_GPUS)  # seff-gpu's statuses of an answer; the others are refusals
+
+
+class Handled(NamedTuple):
+    """A request's outcome: its HTTP status, answer and log line, and whether it was refused (its log line is
+    paced: service/refusals.py)."""
+
+    status: int
+    data: bytes
+    what: str
+    refused: bool = False
 
 
 class HttpError(Exception):
@@ -295,26 +317,28 @@ class Api:
         return sealed.seal(data, env.uid, self.config.service.munge_socket, self.config.service.api_timeout_s,
                            {"re": sealed.digest(envelope), "status": status})
 
-    def push(self, uid: int, body: bytes) -> tuple[int, bytes, str]:
-        """(HTTP status, JSON reply, what to log) for one ``POST /v1/records``. HttpError on refusal."""
+    def push(self, uid: int, body: bytes) -> Handled:
+        """One ``POST /v1/records``; HttpError on refusal."""
         assert self.intake is not None  # sender() refused the push otherwise
         try:
             reply, what = self.intake.push(uid, body)
         except IntakeError as exc:
             raise HttpError(exc.status, str(exc)) from None
-        return 200, json.dumps(reply).encode(), what
+        return Handled(200, json.dumps(reply).encode(), what)
 
-    def seff(self, uid: int, body: bytes) -> tuple[int, bytes, str]:
-        """(HTTP status, JSON answer, what to log) for one ``POST /v1/seff``. HttpError on refusal."""
+    def seff(self, uid: int, body: bytes) -> Handled:
+        """One ``POST /v1/seff``; HttpError on a bad query. An answer that is no card (a bad or unknown id,
+        another user's job, an error) is a refusal too, for the log's pace."""
         query = parse_query(body)
         result = answer(query, self.config, self.viewer(uid))
-        return 200, json.dumps(result.to_json()).encode(), f"uid {uid} {query.kind()} exit {result.exit_code}"
+        return Handled(200, json.dumps(result.to_json()).encode(), f"uid {uid} {query.kind()} exit {result.exit_code}",
+                       refused=result.exit_code not in ANSWERED)
 
-    def ping(self, uid: int, body: bytes) -> tuple[int, bytes, str]:
-        """(HTTP status, JSON reply, what to log) for one ``POST /v1/ping``: who the service is, who asked, and
+    def ping(self, uid: int, body: bytes) -> Handled:
+        """One ``POST /v1/ping``: who the service is, who asked, and
         its scheduled tasks' report (as on /v1/health, but sealed: doctor trusts no other)."""
-        return 200, json.dumps({"service": "gpueff", "version": __version__, "uid": os.getuid(), "asked_by": uid,
-                                **self.tasks()}).encode(), f"uid {uid} ping"
+        return Handled(200, json.dumps({"service": "gpueff", "version": __version__, "uid": os.getuid(),
+                                        "asked_by": uid, **self.tasks()}).encode(), f"uid {uid} ping")
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -334,7 +358,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self._send(503 if damage else 200, json.dumps(health).encode() + b"\n", "application/json",
                            "health", t0)
             else:
-                self._send(404, b"not found\n", "text/plain", "GET ?", t0)
+                self._send(404, b"not found\n", "text/plain", "GET ?", t0, key=(None, "GET ?"))
         except GONE:
             self._gone("GET", t0)
 
@@ -366,33 +390,35 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                     raise HttpError(400, "the body ended early")
                 payload = api.open_body(env, body, limit)
                 handle = {SEFF_PATH: api.seff, RECORDS_PATH: api.push, PING_PATH: api.ping}[self.path]
-                status, data, what = handle(env.uid, payload)
-            self._answer(env, envelope, status, data, what, t0)
+                done = handle(env.uid, payload)
+            self._answer(env, envelope, done.status, done.data, done.what, t0, refused=done.refused)
         except HttpError as exc:
             self._discard(unread)
             self.close_connection = True
-            self._answer(env, envelope, exc.status, f"{exc}\n".encode(), f"{what}: {exc}", t0, exc.retry_after_s)
-        except (BrokenPipeError, ConnectionResetError):  # the client gave up waiting: nobody to answer
-            self.close_connection = True
-            log.info("api POST %s: the client went away before its answer (%d ms)", what,
-                     (time.monotonic() - t0) * 1000)
+            self._answer(env, envelope, exc.status, f"{exc}\n".encode(), f"{what}: {exc}", t0, exc.retry_after_s,
+                         refused=True)
+        except GONE:  # the client gave up waiting: nobody to answer
+            self._gone(f"POST {what}", t0)
         except Exception:  # a bug: the caller gets one line, the log the traceback (no job contents in it)
             log.exception("api: request failed")
             self._answer(env, envelope, 500, b"internal error (see the service log)\n", what, t0)
 
     def _answer(self, env: sealed.Envelope | None, envelope: str, status: int, data: bytes, what: str, t0: float,
-                retry_after_s: int | None = None) -> None:
-        """The answer, sealed for its sender once the service knows who that is; before, a plain refusal."""
+                retry_after_s: int | None = None, refused: bool = False) -> None:
+        """The answer, sealed for its sender once the service knows who that is; before, a plain refusal.
+        ``refused``: its log line is paced (service/refusals.py), per the uid munged named (None before)."""
+        key = (env.uid if env else None, what) if refused else None
         if env is None:
-            self._send(status, data, "text/plain", what, t0, retry_after_s)
+            self._send(status, data, "text/plain", what, t0, retry_after_s, key=key)
             return
         try:
             out = self.server.api.seal(env, envelope, status, data)
         except MungeError as exc:
-            self._send(503, f"the service cannot seal its answer: {exc}\n".encode(), "text/plain",
-                       f"{what}: cannot seal the answer: {exc}", t0)
+            what = f"{what}: cannot seal the answer: {exc}"
+            self._send(503, f"the service cannot seal its answer: {exc}\n".encode(), "text/plain", what, t0,
+                       key=(env.uid, what))
             return
-        self._send(status, out.parts, sealed.CONTENT_TYPE, what, t0, retry_after_s, out.envelope)
+        self._send(status, out.parts, sealed.CONTENT_TYPE, what, t0, retry_after_s, out.envelope, key)
 
     def _gone(self, method: str, t0: float) -> None:
         self.close_connection = True
@@ -406,7 +432,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             length -= len(chunk)
 
     def _send(self, status: int, data: bytes, ctype: str, what: str, t0: float,
-              retry_after_s: int | None = None, seal: str | None = None) -> None:
+              retry_after_s: int | None = None, seal: str | None = None, key: Key | None = None) -> None:
         self.send_response(status)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(data)))
@@ -418,7 +444,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if data:  # an answer all in its envelope has no body; a write of none to a client gone fails
             self.wfile.write(data)
         line = f"api {self.command} {what} -> {status} in {(time.monotonic() - t0) * 1000:.0f} ms"
-        for paced in REFUSALS.lines(refusal(status, what), line):  # a refusal at most once a minute, counted
+        for paced in REFUSALS.lines(key, line):  # a refusal at most once a minute, counted
             log.info("%s", paced)
 
     def log_request(self, code: int | str = "-", size: int | str = "-") -> None:

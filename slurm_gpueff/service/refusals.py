@@ -10,36 +10,21 @@ with nothing counted closes silently and the next such refusal is logged at once
 A window's count is written by the first request of anyone after it closes (the API calls :meth:`Pace.due`
 with every request), so a flood that stops is counted within about a minute at a service that is in use.
 
-The lines stay as the API words them; a refusal's uid and reason are read from that line (the API names who
-asked as ``uid N`` once munged said so; before that the sender is unknown: uid None). The number of (uid,
-reason) pairs followed at once is bounded: beyond :data:`MAX_KEYS` they share one count.
+The API says which requests it refused (an HTTP error, or a seff-gpu answer that is no card) and who asked:
+the uid munged named, or None before the service knows. The number of (uid, reason) pairs followed at once is
+bounded: beyond :data:`MAX_KEYS` they share one count.
 """
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections.abc import Callable
 
 WINDOW_S = 60.0
 MAX_KEYS = 10_000
-ANSWERED = (0, 4, 5)  # seff-gpu's statuses of an answer (a card, a running job, a job without GPUs): not refusals
-_UID = re.compile(r"\buid (\d+)\b", re.ASCII)
-_EXIT = re.compile(r" exit (\d+)$", re.ASCII)
 
-Key = tuple[int | None, str]
-
-
-def refusal(status: int, what: str) -> Key | None:
-    """(uid, reason) when the request ``what`` (the API's description of it) was refused: an HTTP status of 400
-    or more, or a seff-gpu answer that is no card (a bad or unknown id, another user's job, an error); else
-    None (logged as it comes)."""
-    exit_code = _EXIT.search(what)
-    if status < 400 and (exit_code is None or int(exit_code.group(1)) in ANSWERED):
-        return None
-    uid = _UID.search(what)
-    return (int(uid.group(1)) if uid else None), what
+Key = tuple[int | None, str]  # (who asked, the refusal's line)
 
 
 class Pace:
