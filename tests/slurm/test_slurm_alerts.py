@@ -29,6 +29,7 @@ from_address = "gpueff@cluster.example"
 [reports]
 address_pattern = "{{user}}@cluster.example"
 admins = ["{admin}"]
+dir = "{reports}"
 
 [alerts]
 enabled = true
@@ -65,7 +66,7 @@ def _config(c, port: int, cancel: bool) -> None:
     c.write_config()
     with open(c.config_path, "a") as fh:
         fh.write(ALERTS.format(port=port, cancel=str(cancel).lower(), exempt=OTHER_ACCOUNT, admin=ADMIN_MAIL,
-                               max_mails=MAX_MAILS))
+                               max_mails=MAX_MAILS, reports=f"{c.base}/gpueff/reports"))
 
 
 def _submit(c, profile: str, *args: str, user: str | None = None) -> int:
