@@ -90,7 +90,7 @@ def open_envelope(envelope: str, socket: str, timeout_s: float) -> Envelope:
     line, sep, first = decoded.payload.partition(b"\n")
     try:
         head = json.loads(line) if sep and len(line) <= MAX_HEAD else None
-    except ValueError:
+    except (ValueError, RecursionError):  # anyone with a credential chooses these bytes: "[[[[..." included
         head = None
     if not isinstance(head, dict) or head.get("v") != VERSION or not isinstance(head.get("parts"), int) \
             or isinstance(head.get("parts"), bool) or not isinstance(head.get("sha256"), str):
@@ -102,6 +102,8 @@ def open_parts(env: Envelope, body: bytes, limit: int, socket: str, timeout_s: f
     """The whole payload of an opened envelope and its parts (the body as received), at most ``limit``
     bytes (TooLarge beyond). Every part must be made by the envelope's maker, the body be exactly what the
     head names."""
+    if not isinstance(env.head["parts"], int) or env.head["parts"] > max_parts(limit):  # each costs an unmunge
+        raise TooLarge(f"the message is larger than {limit} bytes")
     if digest(body) != env.head["sha256"]:
         raise SealError(f"uid {env.uid}: the body is not the one the envelope was sealed with")
     lines = body.split(b"\n") if body else []
@@ -125,8 +127,12 @@ def open_parts(env: Envelope, body: bytes, limit: int, socket: str, timeout_s: f
     return payload
 
 
+def max_parts(limit: int) -> int:
+    """The most parts a payload of ``limit`` bytes is sealed in (compressed, it is never much larger)."""
+    return limit // munge.MAX_PAYLOAD + 2
+
+
 def wire_limit(limit: int) -> int:
     """The most body bytes a sealed payload of ``limit`` bytes can take on the wire (incompressible data:
     zlib's few bytes more, base64's 4/3, a credential's header a part): larger bodies are refused unread."""
-    parts = limit // munge.MAX_PAYLOAD + 2
-    return (limit + 64 + limit // 1000) * 4 // 3 + parts * 512
+    return (limit + 64 + limit // 1000) * 4 // 3 + max_parts(limit) * 512
