@@ -167,6 +167,7 @@ def _db_check(config: Config, limit_s: float) -> int:
     """Check the whole database now and leave (or take away) SQLite's damage mark: after a restore, or to
     see for oneself what the service's daily check found. Exit 0 sound, 1 damaged or not finished."""
     from ..storage import integrity
+    from ..storage.db import check_engine
     from ..storage.dburl import database_url, safe_url, sqlite_file
 
     path = sqlite_file(database_url(config.paths.database))
@@ -175,7 +176,7 @@ def _db_check(config: Config, limit_s: float) -> int:
         raise GpueffError(f"job database {path} does not exist (yet): nothing to check")
     marked = path is not None and os.path.exists(integrity.mark_of(path))
     with database(config, create=False, read_only=not path, checking=True) as engine:
-        state, detail = integrity.check_engine(engine, limit_s or 1e9)
+        state, detail = check_engine(engine, limit_s or 1e9)
     if path:
         try:
             integrity.record(path, state, detail)

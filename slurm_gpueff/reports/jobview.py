@@ -230,7 +230,7 @@ def _read_timelines(config: Config, gpus: list[Any]) -> dict[int, list[Any]]:
     if path is not None:
         import sqlite3
 
-        from ..storage.sqlite_read import answer_busy_s
+        from ..storage.dburl import answer_busy_s
         from ..storage.sqlite_read import timelines as read_sqlite
 
         try:
@@ -328,7 +328,7 @@ def lookup(config: Config, spec: JobSpec | RawIds, cluster: str | None) -> list[
                               "`gpueff ingest` creates it)")
         import sqlite3
 
-        from ..storage.sqlite_read import answer_busy_s
+        from ..storage.dburl import answer_busy_s
         from ..storage.sqlite_read import lookup as read_sqlite
 
         try:
@@ -369,8 +369,7 @@ def _engine(config: Config) -> Any:
     """A read-only engine of the configured database (with its password file); Refused if it cannot open.
     Give it back with :func:`_done`."""
     from ..storage.db import engine_for
-    from ..storage.dburl import database_url, safe_url
-    from ..storage.sqlite_read import answer_busy_s
+    from ..storage.dburl import answer_busy_s, database_url, safe_url
 
     url = database_url(config.paths.database)
     with _KEEP:

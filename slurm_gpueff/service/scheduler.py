@@ -142,7 +142,7 @@ def serve(config: Config) -> int:
 
     api = pushes = None
     if s.api_listen:
-        from ..storage.sqlite_read import answer_busy_s
+        from ..storage.dburl import answer_busy_s
         from . import api as api_mod
         from .taskhealth import report
 

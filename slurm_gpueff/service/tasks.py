@@ -99,10 +99,11 @@ def database_check(ctx: Context) -> str:
     (:func:`run_task`) and the API answers 503, with one line, until a check finds the file sound again
     (restored from a backup); SQLite's file also gets the mark that stops every command (storage/integrity.py)."""
     from ..storage import integrity
+    from ..storage.db import check_engine
     from ..storage.dburl import database_url, safe_url, sqlite_file
 
     name = safe_url(ctx.config.paths.database)
-    state, detail = integrity.check_engine(ctx.engine, ctx.config.service.integrity_limit_s)
+    state, detail = check_engine(ctx.engine, ctx.config.service.integrity_limit_s)
     path = sqlite_file(database_url(ctx.config.paths.database))
     if path:
         try:
