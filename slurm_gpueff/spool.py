@@ -5,7 +5,7 @@ Layout under ``paths.spool_dir``::
     incoming/    job-<job_id>-<node>.json   one per job and node; written atomically; a requeued job's
                  job-<job_id>-r<run>[p<time>]-<node>.json  later runs (p: run not settled, docs/DESIGN.md "Runs")
     quarantine/  <name> + <name>.error      what ingest would not take, with the reason: records it could not
-                                            read, and entries it does not trust (storage/ingest.py)
+                                            read, and entries it does not trust (access/spool_trust.py)
     .tmp-*       half-written files (never read; cleaned up by ingest when old)
 
 Writes are temp file + fsync + rename + directory fsync, mode 0600 in 0700 directories (records name

@@ -96,9 +96,10 @@ def run(args: argparse.Namespace) -> int:
 def _ingest(config: Config, limit: int | None, quiet: bool) -> int:
     import logging
 
+    from ..access.spool_trust import configured_trust
     from ..service.summarize import summarize_pending
     from ..storage.db import first_line
-    from ..storage.ingest import configured_trust, ingest_spool
+    from ..storage.ingest import ingest_spool
 
     if not logging.getLogger().handlers:  # its log lines are for `gpueff serve`'s journal; here the result
         logging.getLogger("slurm_gpueff.storage").addHandler(logging.NullHandler())  # says it, once

@@ -38,17 +38,15 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
 from .. import spool
 from ..access.client import RECORDS_PATH, Reply, Unreachable, api_url, post_signed
+from ..access.spool_trust import SpoolTrust, configured_trust, read_json, spool_trust
 from ..config import Config
 from ..errors import ConfigError, RecordError
-
-if TYPE_CHECKING:
-    from ..storage.ingest import SpoolTrust
 
 log = logging.getLogger("gpueff.forward")
 
@@ -84,8 +82,6 @@ class Forwarder:
     """This node's spool, the service's address, and what a pass needs between passes."""
 
     def __init__(self, config: Config, batch: int = BATCH):
-        from ..storage.ingest import configured_trust
-
         if not api_url(config.service):
             raise ConfigError("gpueff forward pushes records to gpueff serve: set [service] api_url to the service's "
                               "address (e.g. http://gpueff.example.org:9820), as on login nodes")
@@ -127,8 +123,6 @@ class Forwarder:
     def _stranded(self, in_spool: set[str], res: PassResult) -> list[str]:
         """The records waiting in fallback spools (those the drain could not move back), oldest first; one
         whose name is in the spool, or in another fallback before it, is quarantined where it is instead."""
-        from ..storage.ingest import spool_trust
-
         out: list[str] = []
         seen = set(in_spool)
         for d in spool.fallback_dirs(self.config, os.environ):
@@ -148,8 +142,6 @@ class Forwarder:
         return out
 
     def _read(self, path: str, res: PassResult, fallback: bool = False) -> _Item | None:
-        from ..storage.ingest import read_json
-
         trust = self.fallback_trust.get(os.path.normpath(_spool_of(path)), self.trust) if fallback else self.trust
         try:
             st = os.lstat(path)

@@ -124,7 +124,8 @@ def database_check(ctx: Context) -> str:
 
 
 def ingest(ctx: Context) -> str:
-    from ..storage.ingest import configured_trust, ingest_spool
+    from ..access.spool_trust import configured_trust
+    from ..storage.ingest import ingest_spool
     from .summarize import summarize_pending
 
     res = ingest_spool(ctx.engine, ctx.config.paths.spool_dir, trust=configured_trust(ctx.config))
