@@ -513,7 +513,7 @@ def test_a_table_window_with_offsets_is_that_window_in_utc(site):
     answer (exit 2), one line."""
     from slurm_gpueff.access.client import post_signed
     from slurm_gpueff.config import Config
-    from slurm_gpueff.reports.jobview import Answer
+    from slurm_gpueff.seff.query import Answer
 
     service = Config({"service": {"api_url": f"unix:{site['uds']}", "munge_socket": site["munge_socket"]}}).service
     logged = os.path.getsize(site["servers"]["unix"][2])

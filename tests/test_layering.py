@@ -35,6 +35,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("render", {"render"}),
     ("reports", {"reports"}),
     ("node", {"node"}),
+    ("seff", {"seff"}),
     ("service", {"service"}),
     ("commands", {"cli"}),
 ]

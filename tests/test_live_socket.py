@@ -1,7 +1,7 @@
 """seff-gpu on the job's own node: the agent's socket answers with the running job's card up to the second.
 
 The server is the real one (collectors/live_socket.py) with the real answer function the agent is given
-(cli/liveview.py), run in this process as the agent runs it; the job's Prolog is the real hook; the GPUs are
+(seff/livecard.py), run in this process as the agent runs it; the job's Prolog is the real hook; the GPUs are
 simulated. Who asks is what the kernel says (SO_PEERCRED): root here; other uids through the answer function.
 """
 
@@ -19,7 +19,7 @@ from hooksite import ROOT, HookSite
 
 from slurm_gpueff.config import load
 from slurm_gpueff.node import live_socket
-from slurm_gpueff.node.liveview import live_answer
+from slurm_gpueff.seff.livecard import live_answer
 
 pytestmark = pytest.mark.process  # hooks as slurmd runs them, the agent and seff-gpu as processes
 

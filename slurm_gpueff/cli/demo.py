@@ -191,7 +191,7 @@ def summary(config: Config, job_ids: list[int]) -> str:
     from ..analysis.figures import job_figures
     from ..fmt import gpu_hours, pct
     from ..render.text import SIM_BANNER, render_table
-    from ..reports.jobview import lookup
+    from ..seff.lookup import lookup
     from ..slurm.jobid import JobSpec
 
     items = []

@@ -65,9 +65,10 @@ def _agent(args: argparse.Namespace) -> int:
         raise UsageError("--energy-interval must be a positive number of seconds")
     config = load_config(args)
     from ..node.run import run_agent
+    from ..seff.livecard import answerer
 
     log_to_stderr(args.verbose, "agent")
-    return run_agent(config, once=args.once, energy_interval_s=interval)
+    return run_agent(config, once=args.once, energy_interval_s=interval, live_card=answerer(config))
 
 
 def _live(args: argparse.Namespace) -> int:

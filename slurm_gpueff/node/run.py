@@ -4,7 +4,8 @@
 the schedule, a hook's request for a reading (:mod:`slurm_gpueff.collectors.tickwire`, served in a socket
 thread and taken by the main loop between its regular ticks), /metrics with the per-job series
 (:mod:`.job_metrics`), the running jobs' live records (:mod:`.live`) every ``agent.live_interval_s``, and
-seff-gpu's socket on this node (:mod:`.live_socket`, answered by :mod:`.liveview`).
+seff-gpu's socket on this node (:mod:`.live_socket`, answered by the function ``gpueff agent`` hands over:
+seff-gpu's engine lies above the node's layer).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from ..collectors import tickwire
 from ..collectors.nvml_sampler import GPM_MIN_S, GPM_SKIP_S, GPM_STEP_S, NvmlSampler, Sampler
 from ..config import read_secret
 from ..errors import CollectorError, GpueffError
-from . import live, live_socket, liveview
+from . import live, live_socket
 from .agent import Agent
 from .live_socket import LiveServer
 
@@ -63,11 +64,12 @@ def _metrics_token(config: Config) -> str | None:
 
 
 def run_agent(config: Config, *, once: bool = False, sampler: Sampler | None = None,
-              energy_interval_s: float | None = None) -> int:
+              energy_interval_s: float | None = None, live_card: Answerer | None = None) -> int:
     """The body of ``gpueff agent``: sample until SIGTERM/SIGINT (or one tick with ``once``). Returns 1
     (after logging why) when the GPUs cannot be read at all, e.g. no NVIDIA driver. The running jobs' live
-    records are written right after a reading every ``agent.live_interval_s``; seff-gpu on this node gets a
-    running job's card up to the second through the live socket (not with ``once``)."""
+    records are written right after a reading every ``agent.live_interval_s``; with ``live_card``
+    (seff/livecard.py's), seff-gpu on this node gets a running job's card up to the second through the live
+    socket (not with ``once``)."""
     agent = Agent(config, sampler if sampler is not None else NvmlSampler(),
                   energy_interval_s=energy_interval_s)
     try:
@@ -98,7 +100,7 @@ def run_agent(config: Config, *, once: bool = False, sampler: Sampler | None = N
             old[sig] = signal.signal(sig, _handler)
     readings_server = None if once else serve_readings(
         tickwire.socket_path(agent.state_dir), readings, float(config.collector.tick_wait_s) + 1.0, log.error)
-    live_server = None if once else _serve_live(agent.state_dir, liveview.answerer(config))
+    live_server = None if once or live_card is None else _serve_live(agent.state_dir, live_card)
     try:
         requested = False
         next_t = live_due = time.monotonic()

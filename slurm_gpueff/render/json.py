@@ -14,7 +14,7 @@ from ..analysis.figures import MEANS, GpuFigures, JobFigures, Waste
 from ..fmt import iso, job_label, number
 from .text import Runs, Timelines, final_state, is_live, state_text, state_word
 
-if TYPE_CHECKING:  # an ORM row or a plain row of storage.sqlite_read: only attributes are read
+if TYPE_CHECKING:  # an ORM row or a plain row of seff.sqlite_read: only attributes are read
     from ..models import Job
 
 SCHEMA = "slurm-gpueff/seff-gpu"

@@ -48,7 +48,7 @@ exempt_accounts = ["{exempt}"]
 # What `gpueff agent` serves beside its sampling (no GPU here): seff-gpu's socket on the job's node.
 SERVE_LIVE = """
 import os, sys
-from slurm_gpueff.node.liveview import answerer
+from slurm_gpueff.seff.livecard import answerer
 from slurm_gpueff.node.live_socket import LiveServer, socket_path
 from slurm_gpueff.config import load
 cfg = load(sys.argv[1])

@@ -18,9 +18,9 @@ from typing import Any
 
 from orjson import loads as _json_loads
 
-from .dburl import BUSY_S, read_uri
-from .integrity import found
-from .jobmatch import ORDER, Cond, find
+from ..storage.dburl import BUSY_S, read_uri
+from ..storage.integrity import found
+from ..storage.jobmatch import ORDER, Cond, find
 
 # Declared column type of job and job_gpu -> the value SQLAlchemy gives for a stored one (NULL stays None).
 _CONVERT: dict[str, Callable[[Any], Any]] = {"DATETIME": datetime.fromisoformat, "BOOLEAN": bool, "JSON": _json_loads}
