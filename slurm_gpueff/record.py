@@ -12,7 +12,7 @@ Plain dicts, stdlib only (hook path). Unknown figures are ``None`` with the reas
      "run": int|null (absent or null: 0), "run_provisional": bool (absent: false), "sluid": str|null,
      "live": bool (absent: false)}
 
-    ``live`` marks a running job's figures so far (collectors' ``peek``, slurm_gpueff/node/live.py): its
+    ``live`` marks a running job's figures so far (collectors' ``peek``, slurm_gpueff/live.py): its
     ``end_time`` is when they were read, it has no exit code, and the job's final record replaces it.
 
     ``run`` is the run of a requeued job (its restart count when the run started); ``run_provisional``

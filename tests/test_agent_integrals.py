@@ -20,10 +20,10 @@ import time
 import pytest
 from fake_gpus import FakeClock, FakeSampler, GiB, ampere, close, hopper, make_config
 
-from slurm_gpueff.collectors import integrals
-from slurm_gpueff.collectors.nvml_sampler import NO_GPM_REASON, NvmlSampler
 from slurm_gpueff.errors import CollectorError
+from slurm_gpueff.node import integrals
 from slurm_gpueff.node.agent import Agent, line_time, state_path, timeline_path
+from slurm_gpueff.node.nvml_sampler import NO_GPM_REASON, NvmlSampler
 from slurm_gpueff.node.run import run_agent
 
 U0 = "GPU-aaaaaaaa-0000-0000-0000-000000000000"

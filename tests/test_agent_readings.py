@@ -1,7 +1,7 @@
 """Readings on request: the hooks' exact window ends, against the real agent process.
 
 The real ``run_agent`` loop runs in a subprocess with its default 5 s interval; the GPU is a fake sampler
-(tests/fake_gpus.py, the only mock). The hooks' client (collectors/tickwire.py) and the real collector talk
+(tests/fake_gpus.py, the only mock). The hooks' client (node/tickwire.py) and the real collector talk
 to it over its real Unix socket.
 """
 
@@ -19,9 +19,9 @@ import time
 import pytest
 from fake_gpus import make_config, make_dev_dir
 
-from slurm_gpueff.collectors import tickwire
 from slurm_gpueff.collectors.base import JobContext
 from slurm_gpueff.collectors.nvml import NvmlCollector
+from slurm_gpueff.node import tickwire
 from slurm_gpueff.node.agent import state_path
 
 U0 = "GPU-aaaaaaaa-0000-0000-0000-000000000000"

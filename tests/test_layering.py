@@ -26,25 +26,25 @@ PKG = os.path.join(ROOT, "slurm_gpueff")
 LAYERS: list[tuple[str, set[str]]] = [
     ("base", {"__init__", "__version__", "errors", "config", "record", "spool", "jobstate", "fmt", "outfile", "slurm",
               "access"}),
+    ("node", {"node"}),
     ("collectors", {"collectors"}),
-    ("hook", {"hook"}),
+    ("hook", {"hook", "live"}),
     ("models", {"models"}),
     ("migrations", {"migrations"}),
     ("storage", {"storage"}),
     ("analysis", {"analysis"}),
     ("render", {"render"}),
     ("reports", {"reports"}),
-    ("node", {"node"}),
     ("seff", {"seff"}),
     ("service", {"service"}),
     ("commands", {"cli"}),
 ]
-# Layers that must not import each other although the order alone would allow it. The node side
-# (collectors, hook) and the database side (models to render) are two branches that only the node agent
-# (node: its live card on the job's own node) and the commands join; the analysis and its rendering work
+# Layers that must not import each other although the order alone would allow it. The node side (the agent,
+# the backends, the hooks) and the database side (models to render) are two branches that only seff-gpu's
+# engine (its live card on the job's own node) and the commands join; the analysis and its rendering work
 # on plain data that storage fetched, and never reach for the database themselves. The node agent and the
 # service are two processes on different hosts: neither imports the other.
-NODE_SIDE = ("collectors", "hook")
+NODE_SIDE = ("node", "collectors", "hook")
 DB_SIDE = ("models", "migrations", "storage", "analysis", "render")
 APART: list[tuple[str, str]] = [(db, node) for db in DB_SIDE for node in NODE_SIDE] + [
     ("analysis", "storage"), ("render", "storage"), ("analysis", "migrations"), ("render", "migrations"),
@@ -208,7 +208,7 @@ def test_hook_modules_load_no_heavy_library(module):
 
 
 def imported_under_importtime(args: list[str], **kw) -> set[str]:
-    """The top-level names of every module a Python process imported (``-X importtime``), and its status."""
+    """What a Python process imported (``-X importtime``): every top-level name, and the package's modules."""
     p = subprocess.run([sys.executable, "-X", "importtime", *args], cwd=ROOT, capture_output=True, text=True,
                        env=dict(os.environ, PYTHONPATH=ROOT), timeout=120, **kw)
     names = {ln.split("|")[-1].strip() for ln in p.stderr.splitlines() if ln.startswith("import time:")}
@@ -236,6 +236,21 @@ def test_a_forward_pass_loads_no_database_code(tmp_path):
     loaded = names & {"sqlalchemy", "sqlmodel", "pydantic", "alembic", "slurm_gpueff.models", "slurm_gpueff.storage",
                       "slurm_gpueff.analysis", "slurm_gpueff.render"}
     assert not loaded, f"a forward pass loads {sorted(loaded)}"
+
+
+@pytest.mark.process
+def test_the_agent_loads_no_database_code(tmp_path):
+    """``gpueff agent`` wires the agent's process with all it serves (live records, seff-gpu's live card): none
+    of that loads SQLAlchemy, SQLModel or pydantic at start (here, with no GPU, it stops after wiring; with
+    one it ticks once)."""
+    cfg = tmp_path / "gpueff.toml"
+    cfg.write_text(f'[paths]\nstate_dir = "{tmp_path}/run"\nspool_dir = "{tmp_path}/spool"\n')
+    code = ("import sys; from slurm_gpueff.cli.gpueff import main\n"
+            "sys.exit(main(['--config', sys.argv[1], 'agent', '--once']))")
+    names = imported_under_importtime(["-c", code, str(cfg)])
+    assert {"slurm_gpueff.node.run", "slurm_gpueff.live", "slurm_gpueff.seff.livecard"} <= names
+    loaded = names & {"sqlalchemy", "sqlmodel", "pydantic", "alembic", "slurm_gpueff.models", "slurm_gpueff.storage.db"}
+    assert not loaded, f"gpueff agent loads {sorted(loaded)} at start"
 
 
 # Who may start processes, and why. Every Slurm client command (sacct, sacctmgr, squeue, scontrol, scancel)

@@ -17,8 +17,8 @@ from fake_gpus import FakeClock, FakeSampler, GiB, ampere, close, hopper, make_c
 from slurm_gpueff import record
 from slurm_gpueff.collectors.base import JobContext
 from slurm_gpueff.collectors.nvml import NvmlCollector
-from slurm_gpueff.collectors.nvml_sampler import NO_GPM_REASON
 from slurm_gpueff.node.agent import Agent, state_path
+from slurm_gpueff.node.nvml_sampler import NO_GPM_REASON
 
 U0 = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 U1 = "GPU-bbbbbbbb-1111-1111-1111-111111111111"

@@ -16,8 +16,8 @@ from fake_mig import FakeMigSampler, mig_dev, mig_parent
 from slurm_gpueff import record
 from slurm_gpueff.collectors.base import JobContext
 from slurm_gpueff.collectors.nvml import NvmlCollector
-from slurm_gpueff.collectors.nvml_sampler import NO_GPM_REASON
 from slurm_gpueff.node.agent import Agent, state_path
+from slurm_gpueff.node.nvml_sampler import NO_GPM_REASON
 
 P = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 S1 = mig_dev(P, 1, profile="3g.40gb", mem_gib=40)
@@ -177,8 +177,8 @@ def test_real_sampler_mig_calls_against_a_fake_pynvml(monkeypatch):
 
     import fake_pynvml_mig
 
-    from slurm_gpueff.collectors import nvml_sampler
-    from slurm_gpueff.collectors.nvml_sampler import NvmlSampler
+    from slurm_gpueff.node import nvml_sampler
+    from slurm_gpueff.node.nvml_sampler import NvmlSampler
 
     monkeypatch.setattr(nvml_sampler, "GPM_SKIP_S", 0.0)  # samples back to back (the real minimum is tested apart)
     gis = {1: {"uuid": "MIG-1", "ci": 0, "name": "NVIDIA H100 80GB HBM3 MIG 3g.40gb", "total": 40 << 30,

@@ -55,7 +55,7 @@ def check_nvml(rep: Report, cfg: Config) -> None:
     try:
         nv.nvmlInit()
     except nv.NVMLError as exc:
-        from ..collectors.nvml_sampler import explain_nvml_error
+        from ..node.nvml_sampler import explain_nvml_error
 
         rep.add(bad, "nvml", explain_nvml_error(nv, exc))
         return
@@ -107,7 +107,7 @@ def _nvml_gpu(rep: Report, nv: Any, i: int) -> None:
 
 
 def check_proc(rep: Report, cfg: Config) -> None:
-    from ..collectors.gpu_ids import PROC_GPUS, proc_gpus
+    from ..node.gpu_ids import PROC_GPUS, proc_gpus
 
     gpus = proc_gpus()
     if not gpus:
@@ -162,9 +162,9 @@ def check_backend(rep: Report, cfg: Config) -> None:
 
 def check_agent(rep: Report, cfg: Config) -> None:
     """The agent's state as the nvml collector reads it at job start: the hooks' verdict, word for word."""
-    from ..collectors.agent_files import state_path
     from ..collectors.nvml import NvmlCollector
-    from ..collectors.tickwire import request_reading
+    from ..node.agent_files import state_path
+    from ..node.tickwire import request_reading
 
     bad = FAIL if cfg.collector.backend == "nvml" else WARN
     st, why = NvmlCollector(cfg).read_state()

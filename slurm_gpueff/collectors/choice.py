@@ -21,7 +21,7 @@ def get_collector(config: Config) -> Collector:
     publishing, else allocation-only."""
     backend = config.collector.backend
     if backend == "auto":
-        from .agent_files import state_path
+        from ..node.agent_files import state_path
         from .dcgm_bindings import probe
 
         if probe(config.dcgm.hostengine, config.dcgm.connect_timeout_s) is None:  # a bounded connect, no bindings

@@ -16,13 +16,13 @@ import os
 import time
 
 from .. import spool
+from ..node import gpu_ids
+from ..node.agent_files import read_state, state_path
+from ..node.gpu_ids import PROC_GPUS, job_slices, normalize_bus_id, proc_gpus
 from ..record import METRICS, empty_gpu
 from . import dcgm_bindings as dcgmb
-from . import gpu_ids
-from .agent_files import read_state, state_path
 from .base import NO_START, Collector, JobContext, Measurement, NoneCollector, slurm_index_to_minor
 from .dcgm_bindings import fp64, handle, handle_int, i32, i64
-from .gpu_ids import PROC_GPUS, job_slices, normalize_bus_id, proc_gpus
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -17,12 +17,12 @@ import json
 import logging
 import time
 
+from ..node import gpu_ids, integrals, tickwire
+from ..node.agent_files import mig_key, read_job_timeline, state_path
+from ..node.nvml_sampler import GPM_METRICS, NO_GPM_REASON
 from ..record import empty_gpu
-from . import gpu_ids, integrals, tickwire
 from . import window as win
-from .agent_files import mig_key, read_job_timeline, state_path
 from .base import NO_START, Collector, JobContext, Measurement, slurm_index_to_minor
-from .nvml_sampler import GPM_METRICS, NO_GPM_REASON
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

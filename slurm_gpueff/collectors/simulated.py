@@ -14,9 +14,9 @@ from __future__ import annotations
 import os
 import zlib
 
+from ..node.gpu_ids import UTIL_REASON, job_slices, parse_legacy_mig
 from ..record import FRACTIONS, empty_gpu
 from .base import NO_START, Collector, JobContext, Measurement
-from .gpu_ids import UTIL_REASON, job_slices, parse_legacy_mig
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

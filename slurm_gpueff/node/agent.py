@@ -3,13 +3,13 @@
 A Prolog/Epilog pair runs only at a job's two ends, so the agent samples all through and publishes per
 GPU (and per MIG GPU instance) cumulative integrals in ``agent/state.json`` and timeline files, which the
 hooks difference (:mod:`slurm_gpueff.collectors.nvml`; docs/DESIGN.md "Data flow", docs/FIGURES.md). A hook
-can ask for a reading at once (:mod:`slurm_gpueff.collectors.tickwire`), so a job's window runs from its Prolog
+can ask for a reading at once (:mod:`slurm_gpueff.node.tickwire`), so a job's window runs from its Prolog
 to its Epilog; a restarted agent resumes its counters (:mod:`.resume`). Of jobs it knows only their peak
 memory and who runs them (for the per-job /metrics, :mod:`.job_metrics`), while a Prolog's
 ``jobs/<job_id>.json`` exists (:mod:`slurm_gpueff.jobstate`). The energy counter is NVML's slowest call:
 read every ``ENERGY_INTERVAL_S`` and at every requested reading, extended in between by the power integral;
 GPM samples are turned into figures at the same pace (and at every reading of a GPU that jobs share), since
-that is NVML's other costly call (:mod:`slurm_gpueff.collectors.nvml_sampler`).
+that is NVML's other costly call (:mod:`slurm_gpueff.node.nvml_sampler`).
 """
 
 from __future__ import annotations
@@ -25,10 +25,9 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from .. import jobstate, spool
-from ..collectors import integrals
-from ..collectors.agent_files import line_time, mig_key, state_path, timeline_path
-from ..collectors.gpu_ids import parse_legacy_mig
-from ..collectors.nvml_sampler import (
+from ..node.agent_files import line_time, mig_key, state_path, timeline_path
+from ..node.gpu_ids import parse_legacy_mig
+from ..node.nvml_sampler import (
     GPM_METRICS,
     NO_GPM_REASON,
     GpuInfo,
@@ -38,7 +37,7 @@ from ..collectors.nvml_sampler import (
     ProcSample,
     Sampler,
 )
-from . import attribution, resume
+from . import attribution, integrals, resume
 from .attribution import UNATTRIBUTED, JobShare
 from .job_metrics import GpuNow, JobFile, JobPart, job_series, read_job_file
 from .proc_jobs import ProcessJobs
@@ -47,8 +46,8 @@ if TYPE_CHECKING:
 
     from prometheus_client.metrics_core import Metric
 
-    from ..collectors.integrals import Counters
     from ..config import Config
+    from ..node.integrals import Counters
 
 log = logging.getLogger("slurm_gpueff.agent")
 

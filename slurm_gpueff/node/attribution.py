@@ -32,9 +32,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..collectors import integrals
-from ..collectors.nvml_sampler import ProcSample
-from . import resume
+from ..node.nvml_sampler import ProcSample
+from . import integrals, resume
 from .proc_jobs import Owner
 
 UNATTRIBUTED = "unattributed"

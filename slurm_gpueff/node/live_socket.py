@@ -3,11 +3,11 @@
 ``seff-gpu JOBID`` run on the node where the job runs asks here first: the agent takes a reading now and
 answers with the job's card so far, so its owner need not wait for the next live record and its ingest.
 Anyone may connect (the socket is 0666); the agent learns who asks from the kernel (``SO_PEERCRED``), never
-from the request, and the answer function it is given (seff/livecard.py's, handed over by node/run.py, which
-wires the agent's process) applies the privacy rules. seff-gpu, by the same means, asks only a process of
-root's there (the agent's account), else the service, which proves itself. The request is one JSON line
-``{"job": "123", "json": false}``; the answer one JSON line, a seff-gpu Answer. Stdlib only: seff-gpu's
-client side imports this.
+from the request, and the answer function it is given (seff/livecard.py's, handed over by ``gpueff agent``
+to node/run.py, which wires the agent's process) applies the privacy rules. seff-gpu, by the same means,
+asks only a process of root's there (the agent's account), else the service, which proves itself. The
+request is one JSON line ``{"job": "123", "json": false}``; the answer one JSON line, a seff-gpu Answer.
+Stdlib only: seff-gpu's client side imports this.
 """
 
 from __future__ import annotations

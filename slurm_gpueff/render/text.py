@@ -72,7 +72,7 @@ def state_word(job: Job) -> str:
 
 
 def is_live(job: Job) -> bool:
-    """A running job's row: its figures so far, from the latest live record (slurm_gpueff/node/live.py)."""
+    """A running job's row: its figures so far, from the latest live record (slurm_gpueff/live.py)."""
     return getattr(job, "record_source", "hook") == "live"
 
 

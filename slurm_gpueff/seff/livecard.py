@@ -3,7 +3,7 @@
 Runs inside the agent: node/live_socket.py serves it, handed :func:`answerer` by ``gpueff agent``
 (cli/node_cmds.py), which joins the agent and this engine. For a job running here: the same privacy rules as
 every path (access/privacy.py; the asker's uid comes from the kernel), a reading taken now, the job's live
-record (node/live.py) made into the rows ingest would store (storage/merge.py), and the same analysis and
+record (live.py) made into the rows ingest would store (storage/merge.py), and the same analysis and
 renderers as any card. A job not running on this node answers "not here" (exit 3), and seff-gpu then asks
 the database or the service as usual.
 """
@@ -15,12 +15,11 @@ from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from .. import jobstate
+from .. import jobstate, live
 from ..access.privacy import denied_message, may_see, user_name, viewer
 from ..analysis import assess, job_figures
-from ..collectors import tickwire
 from ..errors import GpueffError
-from ..node import live
+from ..node import tickwire
 from ..render import dumps, render_card
 from ..slurm.jobid import parse
 from .query import EXIT_DENIED, EXIT_OK, EXIT_UNKNOWN, Answer, failure

@@ -17,19 +17,19 @@ from __future__ import annotations
 
 import time
 
-from .. import jobstate, spool
-from .. import record as recmod
-from ..collectors.base import JobContext, Measurement, NoneCollector
-from ..collectors.choice import named_collector
-from ..hook import build_record
-from ..slurm import hookenv
+from . import jobstate, spool
+from . import record as recmod
+from .collectors.base import JobContext, Measurement, NoneCollector
+from .collectors.choice import named_collector
+from .hook import build_record
+from .slurm import hookenv
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-    from ..config import Config
+    from .config import Config
 
 
 def live_record(cfg: Config, saved: dict[str, Any], now: float) -> dict[str, Any] | None:
