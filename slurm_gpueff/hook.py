@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 
-from . import __version__, jobstate, spool
+from . import __version__, jobstate, spool, statedir
 from . import config as cfgmod
 from . import record as recmod
 from .collectors.base import NO_START, JobContext, Measurement, NoneCollector
@@ -269,7 +269,7 @@ class HookRun:
                  "job": {"job_id": job_id, "user": job.user, "uid": job.uid, "account": job.account,
                          "partition": job.partition, "run": run},
                  "env": {k: v for k, v in self.env.items() if k in hookenv.LIVE_ENV}}
-        path = jobstate.path(cfg.paths.state_dir, job_id)
+        path = statedir.job(cfg.paths.state_dir, job_id)
         try:
             jobstate.save(path, saved)
         except OSError as exc:
@@ -282,7 +282,7 @@ class HookRun:
     def epilog(self, cfg: Config, job_id: int) -> None:
         job, env = self.job, self.env
         end = _clock(cfg, env)
-        saved_path = jobstate.path(cfg.paths.state_dir, job_id)
+        saved_path = statedir.job(cfg.paths.state_dir, job_id)
         self.jc = self.job_context(cfg, job.gpu_indexes, job.start_time, end)
 
         def work() -> Measurement:

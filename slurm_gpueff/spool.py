@@ -30,6 +30,7 @@ import re
 import stat
 import time
 
+from . import statedir
 from .record import encode
 
 TYPE_CHECKING = False  # typing, for annotations only, would slow every Prolog/Epilog's start-up
@@ -241,7 +242,7 @@ def quarantine_data(spool_dir: str, name: str, data: bytes, error: str) -> str:
 def fallback_dirs(cfg: Config, env: Mapping[str, str]) -> list[str]:
     """The fallback spools in the order written (:func:`ranked_fallbacks` is the order they are tried in)."""
     out = [cfg.paths.spool_fallback_dir] if cfg.paths.spool_fallback_dir else []
-    out.append(os.path.join(cfg.paths.state_dir, "spool-fallback"))
+    out.append(statedir.spool_fallback(cfg.paths.state_dir))
     for base in (env.get("TMPDIR"), "/var/tmp", "/tmp"):
         if base and os.path.isabs(base):
             out.append(os.path.join(base, FALLBACK_NAME))

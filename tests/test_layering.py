@@ -24,8 +24,8 @@ PKG = os.path.join(ROOT, "slurm_gpueff")
 
 # Lowest first. A module may import its own layer and the layers before it, never a later one.
 LAYERS: list[tuple[str, set[str]]] = [
-    ("base", {"__init__", "__version__", "errors", "config", "record", "spool", "jobstate", "fmt", "outfile", "slurm",
-              "access"}),
+    ("base", {"__init__", "__version__", "errors", "config", "record", "spool", "statedir", "jobstate", "fmt",
+              "outfile", "slurm", "access"}),
     ("node", {"node"}),
     ("collectors", {"collectors"}),
     ("hook", {"hook", "live"}),

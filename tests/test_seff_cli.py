@@ -307,7 +307,7 @@ def test_another_users_job_running_here_answers_like_any_other_path(tmp_path, mo
     gives (exit 6), not "still running" (which would tell that the job exists and runs here); where Slurm's
     PrivateData hides jobs (or scontrol cannot say, the safe side), exactly the answer of a job that does not
     exist, whether --json or not."""
-    from slurm_gpueff import jobstate
+    from slurm_gpueff import jobstate, statedir
     from slurm_gpueff.access.privacy import Viewer
     from slurm_gpueff.seff.answer import answer
     from slurm_gpueff.seff.query import EXIT_DENIED, EXIT_RUNNING, EXIT_UNKNOWN, SeffQuery
@@ -318,7 +318,7 @@ def test_another_users_job_running_here_answers_like_any_other_path(tmp_path, mo
     missing = {as_json: answer(SeffQuery(jobid="8200", json=as_json), config, Viewer(1001, "alice"))
                for as_json in (False, True)}  # before the job runs here: it does not exist
     assert missing[False].exit_code == EXIT_UNKNOWN and missing[True] == missing[False], missing
-    jobstate.save(jobstate.path(config.paths.state_dir, 8200),
+    jobstate.save(statedir.job(config.paths.state_dir, 8200),
                   {"start_time": 1.7e9, "job": {"job_id": 8200, "user": "bob", "uid": 1002, "account": "physics"}})
     asked = SeffQuery(jobid="8200")
     for who, status in ((Viewer(1001, "alice"), EXIT_UNKNOWN if hidden else EXIT_DENIED),

@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
+from .. import statedir
 from ..config import Config
 
 PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
@@ -163,7 +164,6 @@ def check_backend(rep: Report, cfg: Config) -> None:
 def check_agent(rep: Report, cfg: Config) -> None:
     """The agent's state as the nvml collector reads it at job start: the hooks' verdict, word for word."""
     from ..collectors.nvml import NvmlCollector
-    from ..node.agent_files import state_path
     from ..node.tickwire import request_reading
 
     bad = FAIL if cfg.collector.backend == "nvml" else WARN
@@ -176,7 +176,7 @@ def check_agent(rep: Report, cfg: Config) -> None:
         rep.add(PASS if answer else WARN, "agent readings", f"a reading on request in {time.monotonic() - t0:.2f} s"
                 if answer else f"{late}: jobs' windows fall back to the agent's last reading (up to "
                 "agent.interval_s off at each end)")
-    elif st is None and not os.path.exists(state_path(cfg.paths.state_dir)):
+    elif st is None and not os.path.exists(statedir.agent_state(cfg.paths.state_dir)):
         rep.add(bad, "agent", f"{why}; start etc/gpueff-agent.service")
     else:  # unreadable, hung or dead; only a stopped agent is a mere warning where nvml is not the backend
         rep.add(bad if st and st.get("stopped") else FAIL, "agent", str(why))
@@ -383,7 +383,7 @@ def check_forwarder(rep: Report, cfg: Config) -> None:
     api_url there is no forwarder."""
     from .. import fmt
     from ..access.client import api_url
-    from ..node.push import heartbeat_path, read_heartbeat
+    from ..node.push import read_heartbeat
 
     if not api_url(cfg.service):
         rep.add(PASS, "forwarder", "none to check: no [service] api_url (the shared-spool layout, where the "
@@ -394,7 +394,7 @@ def check_forwarder(rep: Report, cfg: Config) -> None:
     while beat is None and time.monotonic() < deadline and _forwarders(cfg):  # started a moment ago, as right
         time.sleep(0.2)  # after `systemctl enable --now gpueff-forward`: give it its first heartbeat
         beat = read_heartbeat(cfg)
-    path = heartbeat_path(cfg)
+    path = statedir.forward_heartbeat(cfg.paths.state_dir)
     start = "systemctl enable --now gpueff-forward"
     if beat is None:
         rep.add(FAIL, "forwarder", f"gpueff forward has not run here (no {path} since the state dir was made, e.g. "

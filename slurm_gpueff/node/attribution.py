@@ -32,8 +32,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..node.nvml_sampler import ProcSample
 from . import integrals, resume
+from .nvml_sampler import ProcSample
 from .proc_jobs import Owner
 
 UNATTRIBUTED = "unattributed"

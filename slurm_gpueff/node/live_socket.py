@@ -18,6 +18,7 @@ import os
 import socket
 import socketserver
 
+from .. import statedir
 from ..access import peer
 
 TYPE_CHECKING = False
@@ -29,10 +30,6 @@ if TYPE_CHECKING:
 
 MAX_LINE = 4096
 MAX_ANSWER = 16 << 20
-
-
-def socket_path(state_dir: str) -> str:
-    return os.path.join(state_dir, "agent", "live.sock")
 
 
 AGENT_UID = 0  # the agent runs as root: it reads every job's processes and the GPUs' counters
@@ -75,7 +72,7 @@ class LiveServer(socketserver.ThreadingUnixStreamServer):
 
 def ask(state_dir: str, job: str, as_json: bool, timeout_s: float) -> dict[str, Any] | None:
     """The agent's answer for ``job``, or None when no agent answers here (then seff-gpu asks as usual)."""
-    path = socket_path(state_dir)
+    path = statedir.live_socket(state_dir)
     if not os.path.exists(path):
         return None
     try:

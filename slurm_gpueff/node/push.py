@@ -42,7 +42,7 @@ from typing import Any
 
 import orjson
 
-from .. import spool
+from .. import spool, statedir
 from ..access.client import RECORDS_PATH, Reply, Unreachable, api_url, post_signed
 from ..access.spool_trust import SpoolTrust, configured_trust, read_json, spool_trust
 from ..config import Config
@@ -51,7 +51,6 @@ from ..errors import ConfigError, RecordError
 log = logging.getLogger("gpueff.forward")
 
 BATCH = 500  # records per push: a few hundred kB for typical records
-HEARTBEAT = "forward.json"  # in state_dir
 MAX_RETRY_AFTER_S = 3600.0  # the longest a "busy" service may send a node away (its turn after a long herd)
 _ENVELOPE = 256  # bytes of the body around its records, and per record around its JSON
 
@@ -253,7 +252,7 @@ class Heartbeat:
     that cannot be written is logged once and the records still go."""
 
     def __init__(self, config: Config):
-        self.path = heartbeat_path(config)
+        self.path = statedir.forward_heartbeat(config.paths.state_dir)
         self.push_s = float(config.service.api_timeout_s)
         self.once = False
         self.failed = False
@@ -281,14 +280,10 @@ class Heartbeat:
             self.failed = True
 
 
-def heartbeat_path(config: Config) -> str:
-    return os.path.join(config.paths.state_dir, HEARTBEAT)
-
-
 def read_heartbeat(config: Config) -> dict[str, Any] | None:
     """The forwarder's last heartbeat; None when there is none (never ran since the state dir was made)."""
     try:
-        with open(heartbeat_path(config), "rb") as fh:
+        with open(statedir.forward_heartbeat(config.paths.state_dir), "rb") as fh:
             data = orjson.loads(fh.read(65536))
     except FileNotFoundError:
         return None

@@ -23,13 +23,14 @@ from collections.abc import Callable
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .. import statedir
 from ..access import scrape
 from ..config import read_secret
 from ..errors import CollectorError, GpueffError
-from ..node.nvml_sampler import GPM_MIN_S, GPM_SKIP_S, GPM_STEP_S, NvmlSampler, Sampler
-from . import live_socket, tickwire
+from . import tickwire
 from .agent import Agent
 from .live_socket import LiveServer
+from .nvml_sampler import GPM_MIN_S, GPM_SKIP_S, GPM_STEP_S, NvmlSampler, Sampler
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -106,7 +107,7 @@ def run_agent(config: Config, *, once: bool = False, sampler: Sampler | None = N
         for sig in (signal.SIGTERM, signal.SIGINT):
             old[sig] = signal.signal(sig, _handler)
     readings_server = None if once else serve_readings(
-        tickwire.socket_path(agent.state_dir), readings, float(config.collector.tick_wait_s) + 1.0, log.error)
+        statedir.reading_socket(agent.state_dir), readings, float(config.collector.tick_wait_s) + 1.0, log.error)
     live_server = None if once or live_card is None else _serve_live(agent.state_dir, live_card)
     try:
         requested = False
@@ -144,7 +145,7 @@ def run_agent(config: Config, *, once: bool = False, sampler: Sampler | None = N
 
 def _serve_live(state_dir: str, answer: Answerer) -> LiveServer | None:
     """seff-gpu's socket on this node, in a daemon thread; None (logged) when it cannot be made."""
-    path = live_socket.socket_path(state_dir)
+    path = statedir.live_socket(state_dir)
     try:
         server = LiveServer(path, answer)
     except OSError as exc:

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from .. import jobstate
+from .. import jobstate, statedir
 from ..access.privacy import Denied, Viewer, denied_message, hides_others_jobs, may_see, shown, table_scope
 from ..analysis import assess, job_figures
 from ..errors import GpueffError, JobIdError, SlurmCommandError
@@ -167,7 +167,7 @@ def not_yours(spec: JobSpec, config: Config, viewer: Viewer) -> None:
 def _may_see_running(config: Config, spec: JobSpec, viewer: Viewer) -> bool:
     """Whether ``viewer`` may see job ``spec``, running on this node, by the owner its Prolog saved; a state
     that names no owner (unreadable, or from a version before it did) is shown to those who see every job."""
-    saved, _problem = jobstate.load(jobstate.path(config.paths.state_dir, spec.job))
+    saved, _problem = jobstate.load(statedir.job(config.paths.state_dir, spec.job))
     ident = saved.get("job") if saved is not None else None
     if not isinstance(ident, dict):
         return viewer.all

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from .. import jobstate, live
+from .. import jobstate, live, statedir
 from ..access.privacy import denied_message, may_see, user_name, viewer
 from ..analysis import assess, job_figures
 from ..errors import GpueffError
@@ -42,7 +42,7 @@ def live_answer(config: Config, req: dict[str, Any], uid: int) -> dict[str, Any]
     not_here = failure(f"job {spec} is not running on this node", EXIT_UNKNOWN).to_json()
     if spec.one_part:
         return not_here  # the node knows raw ids only
-    saved, _problem = jobstate.load(jobstate.path(config.paths.state_dir, spec.job))
+    saved, _problem = jobstate.load(statedir.job(config.paths.state_dir, spec.job))
     if saved is None or not isinstance(saved.get("job"), dict):
         return not_here  # not running here, or a Prolog of a version before live records
     ident = saved["job"]
