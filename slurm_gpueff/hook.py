@@ -428,7 +428,7 @@ def _last_resort(env: Mapping[str, str], cfg: Config | None, reason: str, log: H
         data = json.dumps(snapshot, indent=1).encode()
         path, _ = spool.write_with_fallback(cfg or cfgmod.Config(), env, name, data, log, sub=spool.QUARANTINE)
         if path:
-            spool.atomic_write(path + ".error", (reason + "\n").encode())
+            spool.atomic_write(path + spool.ERROR, (reason + "\n").encode())
             log("error", f"kept the job's environment in {path} for a person to look at")
             return True
     except BaseException as exc:  # noqa: BLE001

@@ -66,7 +66,7 @@ def spool_trust(spool_dir: str, owner: str = "", max_file_mb: float = MAX_FILE_M
             except KeyError:
                 raise ConfigError(f"spool.owner = {owner!r}: no such user") from None
     else:
-        for d in (os.path.join(spool_dir, spool.INCOMING), spool_dir):
+        for d in (spool.incoming_dir(spool_dir), spool_dir):
             try:
                 owners.add(os.stat(d).st_uid)
                 break

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
-from .. import statedir
+from .. import spool, statedir
 from ..config import Config
 
 PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
@@ -280,12 +280,12 @@ def check_spool(rep: Report, cfg: Config) -> None:
     now = time.time()
     ages: list[float] = []
     quarantined: list[str] = []
-    incoming, qdir = (os.path.join(cfg.paths.spool_dir, d) for d in ("incoming", "quarantine"))
+    incoming, qdir = spool.incoming_dir(cfg.paths.spool_dir), spool.quarantine_dir(cfg.paths.spool_dir)
     with contextlib.suppress(FileNotFoundError), os.scandir(incoming) as it:
         ages = [now - e.stat(follow_symlinks=False).st_mtime for e in it if not e.name.startswith(".")]
     stuck = [a for a in ages if a > cfg.spool.stuck_h * 3600]
     with contextlib.suppress(FileNotFoundError), os.scandir(qdir) as it:
-        quarantined = [e.name for e in it if not e.name.endswith(".error") and not e.name.startswith(".")]
+        quarantined = [e.name for e in it if not e.name.endswith(spool.ERROR) and not e.name.startswith(".")]
     found = []
     if stuck:
         found.append(f"{len(stuck)} record(s) in {incoming} waiting longer than {cfg.spool.stuck_h:g} h (the oldest "
@@ -303,7 +303,7 @@ def check_spool_space(rep: Report, cfg: Config) -> None:
     """Room in the spool's filesystem for the largest record it takes (``[spool] max_file_mb``) and an inode: a
     full or read-only one sends every Epilog's record to a fallback. "Writable" (check_dirs) is only the
     permission."""
-    from .. import fmt, spool
+    from .. import fmt
 
     path = cfg.paths.spool_dir
     where = _existing(path)
@@ -343,7 +343,6 @@ def _existing(path: str) -> str:
 def check_spool_fallback(rep: Report, cfg: Config) -> None:
     """Records the Epilog put in a fallback spool because the spool would not take them: FAIL while any wait
     (saying where, how many, and whether a reboot loses them); else where the next one would go."""
-    from .. import spool
     from ..access.client import api_url
 
     waiting = []
