@@ -443,7 +443,7 @@ def _clock(cfg: Config, env: Mapping[str, str]) -> float:
             sim = float(env.get("GPUEFF_SIM_NOW", ""))
         except ValueError:
             sim = 0.0
-        if math.isfinite(sim) and 0 < sim <= hookenv.MAX_TIME:  # a date the database can hold
+        if math.isfinite(sim) and 0 < sim <= recmod.MAX_TIME:  # a date the database can hold
             return sim
     return time.time()
 

@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..record import MAX_WITH
 from . import integrals, resume
 from .nvml_sampler import ProcSample
 from .proc_jobs import Owner
@@ -39,7 +40,6 @@ from .proc_jobs import Owner
 UNATTRIBUTED = "unattributed"
 MPS_UNMEASURED = ("the GPU ran MPS clients: NVML credits all their kernels to the MPS server, so this job's own "
                   "part cannot be measured")
-MAX_WITH = 64  # other jobs named per job and GPU (a GPU split among more is rare; the count stays exact)
 
 
 @dataclass

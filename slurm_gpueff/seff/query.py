@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from ..access.privacy import EXIT_DENIED as EXIT_DENIED  # another user's job, and privacy is on
 from ..errors import GpueffError
 from ..fmt import one_line
 from ..storage.dburl import UNAVAILABLE
@@ -23,7 +24,6 @@ EXIT_USAGE = 2
 EXIT_UNKNOWN = 3
 EXIT_RUNNING = 4
 EXIT_NO_GPUS = 5
-EXIT_DENIED = 6  # another user's job, and privacy is on (slurm_gpueff.access.privacy)
 
 PROG = "seff-gpu"
 TABLE_LIMIT = 100  # a table's default lines: what a user reads; the totals still cover every job
