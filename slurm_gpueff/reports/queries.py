@@ -18,7 +18,7 @@ from sqlmodel import Session, col
 from sqlmodel import select as select_model
 
 from ..config import Config
-from ..models import Job, ReportLog, last_run_count
+from ..models import Job, ReportLog, last_run_count, not_live
 
 # A job's card waits for sacct's enrichment (its real final state: the Epilog sees a TIMEOUT or CANCELLED
 # job exit 0) at most this long. The service enriches every few minutes (settle_s + enrich_interval_s,
@@ -58,7 +58,7 @@ class VerdictPart(NamedTuple):
 
 def _where(start: datetime, end: datetime, account: str | None) -> list[ColumnElement[bool]]:
     cond = [col(Job.end_time) >= start, col(Job.end_time) < end, col(Job.gpu_hours).is_not(None),
-            col(Job.record_source) != "live"]  # a running job is summed once it has ended
+            not_live()]  # a running job is summed once it has ended
     if account is not None:
         cond.append(col(Job.account) == account)
     return cond
@@ -146,7 +146,7 @@ def card_candidates(session: Session, config: Config, now: datetime, dry_run: bo
     logged = exists().where(and_(col(ReportLog.kind) == "card", col(ReportLog.job_pk) == col(Job.id),
                                  col(ReportLog.dry_run) == dry_run))
     stmt = select_model(Job).where(col(Job.analyzed_at).is_not(None), col(Job.end_time).is_not(None),
-                             col(Job.record_source) != "live",
+                             not_live(),
                              col(Job.end_time) >= now - timedelta(hours=rep.card_lookback_h),
                              col(Job.gpu_hours) >= rep.card_min_gpu_hours, ~logged,
                              or_(col(Job.enriched).is_(True), col(Job.end_time) < now - enrich_wait(config)),
