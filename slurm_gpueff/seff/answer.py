@@ -295,7 +295,7 @@ def table_window(start: str | None, end: str | None) -> tuple[datetime, datetime
 
 def _table(query: SeffQuery, config: Config, viewer: Viewer) -> Answer:
     """One line per job that ended in [start, end) of the user/account the viewer may list, with totals."""
-    from ..storage.queries import list_jobs, table_totals  # SQLAlchemy: tables read the ORM everywhere
+    from ..storage.summaries import list_jobs, table_totals  # SQLAlchemy: tables read the ORM everywhere
 
     start, end = table_window(query.start, query.end)
     user, account = table_scope(viewer, query.user, query.account)
