@@ -270,9 +270,9 @@ def test_serve_says_its_schema_in_one_line(tmp_path):
 
 
 def test_serve_drains_a_backlog_in_one_process(tmp_path):
-    """A backlog of 500 records with ingest_workers = 2 (a setting ingest no longer uses: it is still
-    accepted) is drained by the scheduler thread, and the service still stops cleanly on SIGTERM."""
-    out = serve_until_ingested(tmp_path, 500, "ingest_workers = 2\n")
+    """A backlog of 500 records is drained by the scheduler thread, and the service still stops cleanly on
+    SIGTERM."""
+    out = serve_until_ingested(tmp_path, 500)
     assert "ingested 500, quarantined 0, failed 0" in out
 
 

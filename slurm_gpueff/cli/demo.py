@@ -51,7 +51,6 @@ database = {database}
 backend = "simulated"   # fake GPUs: every figure is labelled "simulated"
 
 [simulated]
-gpus_per_node = 4
 model = "Simulated H100 80GB"
 
 [privacy]
