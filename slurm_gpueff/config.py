@@ -322,7 +322,8 @@ class PrivacyConfig(Section):
 
 class ServiceConfig(Section):
     """[service]: ``gpueff serve``'s schedules (0 disables a task), /metrics, ``gpueff forward``."""
-    REMOVED = {"ingest_workers": "it did nothing (ingest runs in one process)"}
+    REMOVED = {"ingest_workers": "it did nothing (ingest runs in one process)",
+               "plugins": "gpueff serve runs its own tasks only (a site's own job belongs in cron or a systemd timer)"}
     ingest_interval_s: float = _key(60.0, _SCHEDULE)
     enrich_interval_s: float = _key(300.0, _SCHEDULE)
     rollup_interval_s: float = _key(600.0, _SCHEDULE)
@@ -334,7 +335,6 @@ class ServiceConfig(Section):
     integrity_interval_s: float = _key(86400.0, _SCHEDULE)
     integrity_limit_s: float = _key(300.0, _range(1, DAY))
     misfire_grace_s: float = _key(3600.0, _range(0, DAY))
-    plugins: list[str] = _key([], _not_empty, "a list of module names")
     metrics_address: str = "127.0.0.1"
     metrics_port: int = _key(9817, _PORT_OR_OFF)
     metrics_top_users: int = _key(50, _range(0, 100000))

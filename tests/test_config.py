@@ -50,7 +50,7 @@ def test_config_is_frozen_and_typed():
     assert cfg.reports.price_per_gpu_hour == {"default": 2.0}
     assert isinstance(cfg.reports.price_per_gpu_hour["default"], float)
     assert config.Config().paths == config.Config().paths != cfg.paths.__class__(spool_dir="/x")
-    assert config.Config().service.plugins is not config.Config().service.plugins  # no shared defaults
+    assert config.Config().service.push_users is not config.Config().service.push_users  # no shared defaults
 
 
 @pytest.mark.parametrize(
@@ -130,7 +130,6 @@ def test_config_is_frozen_and_typed():
         # lists and tables, item by item
         ("[privacy]\nadmins = ['alice', '']", "privacy.admins must be a list of user names"),
         ("[privacy]\nadmins = 'alice'", "privacy.admins must be a list of user names, got str"),
-        ("[service]\nplugins = [3]", "service.plugins must be a list of module names"),
         ("[reports]\nadmins = [1]", "reports.admins must be a list of addresses"),
         ('[reports]\naddresses = { bob = "b@x\\nBcc: y" }', "reports.addresses.bob must be one address (a string)"),
     ],
@@ -188,6 +187,8 @@ def test_the_old_leads_maps_say_where_they_went(tmp_path, section):
 @pytest.mark.parametrize("section, key, why", [
     ("simulated", "gpus_per_node", "it did nothing (a simulated job has the GPUs Slurm gave it)"),
     ("service", "ingest_workers", "it did nothing (ingest runs in one process)"),
+    ("service", "plugins",
+     "gpueff serve runs its own tasks only (a site's own job belongs in cron or a systemd timer)"),
 ])
 def test_a_removed_key_is_refused_saying_so(tmp_path, section, key, why):
     """A key that is gone is refused whatever its value, saying it was removed and why, not "unknown key"."""
