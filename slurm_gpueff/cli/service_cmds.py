@@ -37,8 +37,6 @@ def add_parsers(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     i = sub.add_parser("ingest", parents=[common],
                        help="load finished-job records from the spool into the database")
     i.add_argument("--limit", type=int, metavar="N", help="ingest at most N records")
-    i.add_argument("--workers", type=int, metavar="N",
-                   help="no effect, accepted so that existing scripts keep working: ingest runs in one process")
     i.add_argument("--quiet", action="store_true", help="no progress bar and no summary unless errors")
     db = sub.add_parser("db", parents=[common], help="the database: upgrade (migrate), show the revision, or "
                         "check its integrity",
@@ -70,14 +68,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--limit-s: `db check` only, 0 (no limit) or more seconds")
     if args.command == "ingest":
         at_least_one("--limit", args.limit)
-        if args.workers is not None and not 0 <= args.workers <= 64:
-            raise UsageError("--workers must be 0 to 64")
     if args.command == "forward":
         at_least_one("--batch", args.batch)
     config = load_config(args)
     if args.command == "ingest":
-        if args.workers is not None:
-            err("--workers has no effect: ingest runs in one process")
         return _ingest(config, args.limit, args.quiet)
     if args.command == "db" and args.action == "check":
         return _db_check(config, args.limit_s)
