@@ -33,8 +33,7 @@ if TYPE_CHECKING:
 
 
 def live_record(cfg: Config, saved: dict[str, Any], now: float) -> dict[str, Any] | None:
-    """The job's live record from its Prolog state, or None for a state without the job's environment
-    (a Prolog of a version before live records)."""
+    """The job's live record from its Prolog state, or None for a state without the job's environment."""
     env = saved.get("env")
     if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
         return None

@@ -64,7 +64,7 @@ def quarantine_dir(spool_dir: str) -> str:
 
 def record_name(job_id: int, node: str, run: str = "") -> str:
     """The file name of a job's record on a node (node names are sanitised, never a path); ``run`` from
-    :func:`run_tag` (empty for a job's first run: the name every record had before runs were told apart)."""
+    :func:`run_tag` (empty for a job's first run)."""
     return f"job-{int(job_id)}-{run + '-' if run else ''}{_SAFE.sub('_', node) or 'node'}.json"
 
 

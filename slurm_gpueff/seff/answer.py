@@ -166,7 +166,7 @@ def not_yours(spec: JobSpec, config: Config, viewer: Viewer) -> None:
 
 def _may_see_running(config: Config, spec: JobSpec, viewer: Viewer) -> bool:
     """Whether ``viewer`` may see job ``spec``, running on this node, by the owner its Prolog saved; a state
-    that names no owner (unreadable, or from a version before it did) is shown to those who see every job."""
+    that names no owner (unreadable, or written without one) is shown to those who see every job."""
     saved, _problem = jobstate.load(statedir.job(config.paths.state_dir, spec.job))
     ident = saved.get("job") if saved is not None else None
     if not isinstance(ident, dict):

@@ -44,7 +44,7 @@ def live_answer(config: Config, req: dict[str, Any], uid: int) -> dict[str, Any]
         return not_here  # the node knows raw ids only
     saved, _problem = jobstate.load(statedir.job(config.paths.state_dir, spec.job))
     if saved is None or not isinstance(saved.get("job"), dict):
-        return not_here  # not running here, or a Prolog of a version before live records
+        return not_here  # not running here, or a state that names no owner
     ident = saved["job"]
     who = viewer(config, uid, user_name(uid))
     owner = SimpleNamespace(uid=ident.get("uid"), user=ident.get("user"), account=ident.get("account"))
