@@ -19,8 +19,8 @@ from ..storage import summaries
 from ..storage.summaries import PARTS
 from . import charts
 from .card import clean
+from .pages import Page, render, sentence, toml
 from .prices import Prices, bar_part, share
-from .templates import Page, render, sentence, toml
 
 ORDER = {**{r.name: n for n, r in enumerate(RULES)}, "": len(RULES)}  # then "" (no problem found), then None
 NO_PROBLEM = "No problem found"  # a GPU no verdict concerns, of a job with a verdict on its other GPUs

@@ -40,7 +40,7 @@ from ..storage.queries import gpu_timelines, job_gpus, job_runs
 from . import cards_due, message, sentlog, smtp
 from .card import CHART_CID, build_card, clean
 from .monthly import build_summary, month_bounds, previous_month
-from .templates import Page
+from .pages import Page
 
 log = logging.getLogger(__name__)
 
