@@ -90,7 +90,7 @@ def nvml_call_costs(reps: int = 200) -> dict[str, dict[str, float]]:
     out["_gpus"] = {"count": n_gpus}
     out["_util_buffer"] = {"samples": len(buf), "span_s": span}
     # The agent's own code paths (one GPU): what a tick spends in NVML.
-    from slurm_gpueff.collectors.nvml_sampler import NvmlSampler
+    from slurm_gpueff.node.nvml_sampler import NvmlSampler
 
     smp = NvmlSampler()
     smp.open()
@@ -136,9 +136,9 @@ def tick_profile(tmp: str, ticks: int = 20) -> dict[str, Any]:
     import io
     import pstats
 
-    from slurm_gpueff.collectors.nvml_sampler import NvmlSampler
     from slurm_gpueff.config import Config
     from slurm_gpueff.node.agent import Agent
+    from slurm_gpueff.node.nvml_sampler import NvmlSampler
 
     ag = Agent(Config({"paths": {"state_dir": os.path.join(tmp, "prof")}}), NvmlSampler())
     ag.open()

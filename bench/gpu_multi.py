@@ -130,9 +130,9 @@ def check_gpus(name: str, rec: dict[str, Any], refs: dict[str, Reference]) -> li
 
 def agent_cpu(base: str, ticks: int = 8) -> dict[str, float]:
     """CPU seconds per tick of an in-process agent on the real sampler, 2 GPUs then 1, twice each."""
-    from slurm_gpueff.collectors.nvml_sampler import NvmlSampler
     from slurm_gpueff.config import Config
     from slurm_gpueff.node.agent import Agent
+    from slurm_gpueff.node.nvml_sampler import NvmlSampler
 
     class OneGpu(NvmlSampler):
         def open(self) -> Any:

@@ -71,7 +71,7 @@ FULL = {"nodes": 6250, "running": 25000, "ends_per_h": 6000, "history": 10_000_0
 GPUS = (1, 1, 1, 2, 2, 4, 4, 8, 8, 1)  # about 3.2 a job
 CLUSTER = "scale"
 DAY = 86400.0
-TIMELINE_POINTS = 100  # the most a record carries (collectors.integrals.timeline_points); jobs over 100 min do
+TIMELINE_POINTS = 100  # the most a record carries (node.integrals.timeline_points); jobs over 100 min do
 
 
 def sizes(scale: float) -> dict[str, int]:

@@ -140,7 +140,8 @@ class Section:
     """Base of the section classes: each annotated class attribute is a key, its value the default or a _key."""
 
     KEYS: ClassVar[dict[str, tuple[object, _Key]]]  # key -> (type, _Key), in the class's order
-    MOVED: ClassVar[dict[str, str]] = {}  # a key of an older version -> where it went, for its error message
+    MOVED: ClassVar[dict[str, str]] = {}  # a key that went elsewhere -> where, for its error message
+    REMOVED: ClassVar[dict[str, str]] = {}  # a key that is gone -> why, for its error message
 
     def __init_subclass__(cls) -> None:
         cls.KEYS = {}
@@ -230,8 +231,8 @@ class DcgmConfig(Section):
 
 class SimulatedConfig(Section):
     """[simulated]: synthetic GPUs for tests and demos."""
+    REMOVED = {"gpus_per_node": "it did nothing (a simulated job has the GPUs Slurm gave it)"}
     profile: str = "bf16-healthy"
-    gpus_per_node: int = _key(4, _range(1, 128))
     model: str = "Simulated H100 80GB"
 
 
@@ -321,8 +322,9 @@ class PrivacyConfig(Section):
 
 class ServiceConfig(Section):
     """[service]: ``gpueff serve``'s schedules (0 disables a task), /metrics, ``gpueff forward``."""
+    REMOVED = {"ingest_workers": "it did nothing (ingest runs in one process)",
+               "plugins": "gpueff serve runs its own tasks only (a site's own job belongs in cron or a systemd timer)"}
     ingest_interval_s: float = _key(60.0, _SCHEDULE)
-    ingest_workers: int = _key(0, _range(0, 64, text=" must be 0 to 64, got {v}"))  # no effect: one process
     enrich_interval_s: float = _key(300.0, _SCHEDULE)
     rollup_interval_s: float = _key(600.0, _SCHEDULE)
     rollup_full_interval_s: float = _key(86400.0, _SCHEDULE)
@@ -333,7 +335,6 @@ class ServiceConfig(Section):
     integrity_interval_s: float = _key(86400.0, _SCHEDULE)
     integrity_limit_s: float = _key(300.0, _range(1, DAY))
     misfire_grace_s: float = _key(3600.0, _range(0, DAY))
-    plugins: list[str] = _key([], _not_empty, "a list of module names")
     metrics_address: str = "127.0.0.1"
     metrics_port: int = _key(9817, _PORT_OR_OFF)
     metrics_top_users: int = _key(50, _range(0, 100000))
@@ -443,6 +444,8 @@ def _section(cls: type[Section], name: str, given: object, where: str) -> Sectio
     for key, value in given.items():
         if key in cls.MOVED:
             raise ConfigError(f"{where}: {name}.{key} moved to {cls.MOVED[key]}")
+        if key in cls.REMOVED:
+            raise ConfigError(f"{where}: {name}.{key} was removed: {cls.REMOVED[key]}; delete it from the file")
         if key not in cls.KEYS:
             raise ConfigError(f"{where}: unknown key {name}.{_name(key)}{_hint(key, cls.KEYS)}")
         tp, spec = cls.KEYS[key]

@@ -163,7 +163,7 @@ def iso(dt: datetime | None) -> str | None:
 
 
 class JobIds(Protocol):
-    """What :func:`job_label` reads: an ORM ``Job``, a plain row of storage.sqlite_read or storage.queries.list_jobs."""
+    """What :func:`job_label` reads: an ORM ``Job``, a plain row of seff.sqlite_read or storage.summaries.list_jobs."""
 
     @property
     def job_id(self) -> int: ...

@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 
-from . import __version__, jobstate, spool
+from . import __version__, jobstate, spool, statedir
 from . import config as cfgmod
 from . import record as recmod
 from .collectors.base import NO_START, JobContext, Measurement, NoneCollector
@@ -269,7 +269,7 @@ class HookRun:
                  "job": {"job_id": job_id, "user": job.user, "uid": job.uid, "account": job.account,
                          "partition": job.partition, "run": run},
                  "env": {k: v for k, v in self.env.items() if k in hookenv.LIVE_ENV}}
-        path = jobstate.path(cfg.paths.state_dir, job_id)
+        path = statedir.job(cfg.paths.state_dir, job_id)
         try:
             jobstate.save(path, saved)
         except OSError as exc:
@@ -282,7 +282,7 @@ class HookRun:
     def epilog(self, cfg: Config, job_id: int) -> None:
         job, env = self.job, self.env
         end = _clock(cfg, env)
-        saved_path = jobstate.path(cfg.paths.state_dir, job_id)
+        saved_path = statedir.job(cfg.paths.state_dir, job_id)
         self.jc = self.job_context(cfg, job.gpu_indexes, job.start_time, end)
 
         def work() -> Measurement:
@@ -428,7 +428,7 @@ def _last_resort(env: Mapping[str, str], cfg: Config | None, reason: str, log: H
         data = json.dumps(snapshot, indent=1).encode()
         path, _ = spool.write_with_fallback(cfg or cfgmod.Config(), env, name, data, log, sub=spool.QUARANTINE)
         if path:
-            spool.atomic_write(path + ".error", (reason + "\n").encode())
+            spool.atomic_write(path + spool.ERROR, (reason + "\n").encode())
             log("error", f"kept the job's environment in {path} for a person to look at")
             return True
     except BaseException as exc:  # noqa: BLE001
@@ -443,7 +443,7 @@ def _clock(cfg: Config, env: Mapping[str, str]) -> float:
             sim = float(env.get("GPUEFF_SIM_NOW", ""))
         except ValueError:
             sim = 0.0
-        if math.isfinite(sim) and 0 < sim <= hookenv.MAX_TIME:  # a date the database can hold
+        if math.isfinite(sim) and 0 < sim <= recmod.MAX_TIME:  # a date the database can hold
             return sim
     return time.time()
 

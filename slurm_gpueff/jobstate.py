@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 
-from . import spool
+from . import spool, statedir
 
 TYPE_CHECKING = False  # typing, for annotations only, would slow every Prolog/Epilog's start-up
 if TYPE_CHECKING:
@@ -25,19 +25,9 @@ if TYPE_CHECKING:
 NO_STATE = "no Prolog state for this job (the Prolog did not run, failed, or its state was lost)"
 
 
-def directory(state_dir: str) -> str:
-    """The folder of the running jobs' states."""
-    return os.path.join(state_dir, "jobs")
-
-
-def path(state_dir: str, job_id: int) -> str:
-    """Where the Prolog leaves job ``job_id``'s state for the Epilog."""
-    return os.path.join(directory(state_dir), f"{int(job_id)}.json")
-
-
 def exists(state_dir: str, job_id: int) -> bool:
     """Whether job ``job_id`` runs on this node (its Prolog's state is here)."""
-    return os.path.exists(path(state_dir, job_id))
+    return os.path.exists(statedir.job(state_dir, job_id))
 
 
 def save(state_path: str, saved: dict[str, Any]) -> None:
@@ -75,7 +65,7 @@ def entries(state_dir: str) -> list[os.DirEntry[str]]:
     """The running jobs' state files as directory entries (for callers that cache by mtime), in no
     particular order; none when the folder does not exist yet. Raises OSError when it cannot be listed."""
     try:
-        listing = list(os.scandir(directory(state_dir)))
+        listing = list(os.scandir(statedir.jobs(state_dir)))
     except FileNotFoundError:
         return []
     return [e for e in listing if job_id_of(e.name) is not None]

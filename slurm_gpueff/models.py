@@ -119,6 +119,13 @@ class Job(SQLModel, table=True):
     analyzed_at: datetime | None = Field(default=None, sa_type=UTC_NAIVE, index=True)
 
 
+def not_live() -> Any:
+    """SQL: a job row that is no running job's (the complement of :data:`LIVE`): what the reports and rollups
+    sum and enrichment may settle. A bound comparison, as those queries always wrote it; LIVE is a literal for
+    its partial index."""
+    return Job.metadata.tables["job"].c.record_source != "live"
+
+
 def ran_more_than_once() -> Any:
     """SQL: whether the job row's job has a run other than 0, i.e. more than one run (runs are unique). The
     few such jobs (the partial index ix_job_rerun) are read once into a hash; a look for another run of

@@ -12,7 +12,7 @@ Plain dicts, stdlib only (hook path). Unknown figures are ``None`` with the reas
      "run": int|null (absent or null: 0), "run_provisional": bool (absent: false), "sluid": str|null,
      "live": bool (absent: false)}
 
-    ``live`` marks a running job's figures so far (collectors' ``peek``, slurm_gpueff/node/live.py): its
+    ``live`` marks a running job's figures so far (collectors' ``peek``, slurm_gpueff/live.py): its
     ``end_time`` is when they were read, it has no exit code, and the job's final record replaces it.
 
     ``run`` is the run of a requeued job (its restart count when the run started); ``run_provisional``
@@ -64,21 +64,21 @@ OPTIONAL_GPU = OPTIONAL_INTS + OPTIONAL_STRS + OPTIONAL_SECONDS + ("throttle_s",
 # job's part could be measured (MPS), "gpu_kernel_active": fraction|null (the whole GPU's kernel activity over
 # the window, every job's)}: the GPU was shared during
 # the job, and its figures are the job's own part (collectors/nvml.py, node/attribution.py).
-MAX_WITH = 64
+MAX_WITH = 64  # other jobs named per job and GPU (a GPU split among more is rare; with_count stays exact)
 # window = {"start": epoch, "end": epoch (the readings' times), "start_offset_s", "end_offset_s": seconds the
 # reading was taken before the Prolog / Epilog (0 for an immediate reading), "start_exact", "end_exact": bool
 # (a reading taken on the hook's request), "gaps": [[from, to, why], ...] (agent down), "break": str|null
 # (why continuity was lost: reboot, GPU reset)}; all optional.
 WINDOW_NUMBERS = ("start", "end", "start_offset_s", "end_offset_s")
 WINDOW_BOOLS = ("start_exact", "end_exact")
-MAX_GAPS = 64
+MAX_GAPS = 64  # the agent keeps its latest this many (node/resume.py), a job's window too
 
 _NUMBER = frozenset((int, float))  # exact classes: bool (an int subclass) is refused
 # What the database's columns hold (a record beyond them would fail its whole batch, again at every ingest,
 # instead of going to quarantine): 64-bit ids and byte counts, 32-bit counts and codes, dates before 10000.
 INT64 = 2**63 - 1
 INT32 = 2**31 - 1
-MAX_TIME = 253402300799.0  # 9999-12-31T23:59:59Z
+MAX_TIME = 253402300799  # 9999-12-31T23:59:59Z: the latest time the database can hold
 _INT32_JOB = ("het_job_offset", "exit_code", "signal", "run")
 _INT32_GPU = ("index", "minor", "samples", "xid_errors", "mig_gi_id", "mig_ci_id")
 _QUANTITIES = (*QUANTITIES, "memory_total_bytes")

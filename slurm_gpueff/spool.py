@@ -5,7 +5,7 @@ Layout under ``paths.spool_dir``::
     incoming/    job-<job_id>-<node>.json   one per job and node; written atomically; a requeued job's
                  job-<job_id>-r<run>[p<time>]-<node>.json  later runs (p: run not settled, docs/DESIGN.md "Runs")
     quarantine/  <name> + <name>.error      what ingest would not take, with the reason: records it could not
-                                            read, and entries it does not trust (storage/ingest.py)
+                                            read, and entries it does not trust (access/spool_trust.py)
     .tmp-*       half-written files (never read; cleaned up by ingest when old)
 
 Writes are temp file + fsync + rename + directory fsync, mode 0600 in 0700 directories (records name
@@ -30,6 +30,7 @@ import re
 import stat
 import time
 
+from . import statedir
 from .record import encode
 
 TYPE_CHECKING = False  # typing, for annotations only, would slow every Prolog/Epilog's start-up
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
 
 INCOMING = "incoming"
 QUARANTINE = "quarantine"
+ERROR = ".error"  # beside a quarantined entry: why
 STALE_TMP_S = 3600.0  # a temp file this old was left by a writer that died
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 # What record_name makes: the only names ingest and the service take (anything else is quarantined).
@@ -50,9 +52,19 @@ RECORD_NAME = re.compile(r"job-[0-9]+-[A-Za-z0-9_.~-]+\.json")
 FALLBACK_NAME = "slurm-gpueff-spool-fallback"
 
 
+def incoming_dir(spool_dir: str) -> str:
+    """Where records wait for ingest."""
+    return os.path.join(spool_dir, INCOMING)
+
+
+def quarantine_dir(spool_dir: str) -> str:
+    """Where what ingest would not take waits for a person, each with its ``.error``."""
+    return os.path.join(spool_dir, QUARANTINE)
+
+
 def record_name(job_id: int, node: str, run: str = "") -> str:
     """The file name of a job's record on a node (node names are sanitised, never a path); ``run`` from
-    :func:`run_tag` (empty for a job's first run: the name every record had before runs were told apart)."""
+    :func:`run_tag` (empty for a job's first run)."""
     return f"job-{int(job_id)}-{run + '-' if run else ''}{_SAFE.sub('_', node) or 'node'}.json"
 
 
@@ -73,7 +85,7 @@ def live_tag(rec: dict[str, Any]) -> str:
 
 
 def ensure_dirs(spool_dir: str) -> None:
-    for d in (spool_dir, os.path.join(spool_dir, INCOMING), os.path.join(spool_dir, QUARANTINE)):
+    for d in (spool_dir, incoming_dir(spool_dir), quarantine_dir(spool_dir)):
         os.makedirs(d, mode=0o700, exist_ok=True)  # one at a time: makedirs gives only the leaf its mode
 
 
@@ -113,7 +125,7 @@ def atomic_write(path: str, data: bytes, mode: int = 0o600, durable: bool = True
 def record_path(spool_dir: str, record: dict[str, Any]) -> str:
     """Where a record goes in ``incoming/``: a final record by its run, a running job's by :func:`live_tag`."""
     tag = live_tag(record) if record.get("live") is True else run_tag(record)
-    return os.path.join(spool_dir, INCOMING, record_name(record["job_id"], record["node"], tag))
+    return os.path.join(incoming_dir(spool_dir), record_name(record["job_id"], record["node"], tag))
 
 
 def write_record(spool_dir: str, record: dict[str, Any], *, durable: bool = True) -> str:
@@ -128,7 +140,7 @@ def write_record(spool_dir: str, record: dict[str, Any], *, durable: bool = True
 def pending(spool_dir: str, stale_tmp_s: float | None = None) -> Iterator[str]:
     """Paths of records waiting in ``incoming/``, oldest first; with ``stale_tmp_s``, temp files older
     than that (left by a writer that died) are removed in the same pass."""
-    d = os.path.join(spool_dir, INCOMING)
+    d = incoming_dir(spool_dir)
     prefix = d + os.sep
     for name in _by_arrival(d, _listing(d, stale_tmp_s)):
         yield prefix + name
@@ -158,7 +170,7 @@ def pending_by_job(spool_dir: str, stale_tmp_s: float | None = None) -> list[lis
     jobs no order changes the outcome, so only jobs with several files are ``stat``-ed and the groups come
     in job id order (neighbouring ids go into the indexes together), files named otherwise last.
     """
-    d = os.path.join(spool_dir, INCOMING)
+    d = incoming_dir(spool_dir)
     by_job: dict[str, list[str]] = {}
     for name in _listing(d, stale_tmp_s):  # job_of, inline: this loop and the one below run per file
         parts = name.split("-", 2)
@@ -218,13 +230,13 @@ def quarantine(spool_dir: str, path: str, error: str) -> str:
     """Move a bad record aside with a ``.error`` file beside it; never delete it. The entry itself is renamed
     (a symbolic link stays a link, a FIFO a FIFO): nothing is followed, opened or copied."""
     ensure_dirs(spool_dir)
-    qdir = os.path.join(spool_dir, QUARANTINE)
+    qdir = quarantine_dir(spool_dir)
     base = os.path.basename(path)
     dest = os.path.join(qdir, base)
-    if os.path.lexists(dest) or os.path.lexists(dest + ".error"):
+    if os.path.lexists(dest) or os.path.lexists(dest + ERROR):
         dest = os.path.join(qdir, f"{int(time.time())}-{base}")
     os.replace(path, dest)
-    atomic_write(dest + ".error", (error.rstrip() + "\n").encode())
+    atomic_write(dest + ERROR, (error.rstrip() + "\n").encode())
     return dest
 
 def quarantine_data(spool_dir: str, name: str, data: bytes, error: str) -> str:
@@ -232,16 +244,16 @@ def quarantine_data(spool_dir: str, name: str, data: bytes, error: str) -> str:
     under a new name (``name`` is the sender's, so only its safe characters are kept)."""
     ensure_dirs(spool_dir)
     base = f"{time.time_ns()}-{_SAFE.sub('_', name)[:160] or 'record'}"
-    dest = os.path.join(spool_dir, QUARANTINE, base)
+    dest = os.path.join(quarantine_dir(spool_dir), base)
     atomic_write(dest, data)
-    atomic_write(dest + ".error", (error.rstrip() + "\n").encode())
+    atomic_write(dest + ERROR, (error.rstrip() + "\n").encode())
     return dest
 
 
 def fallback_dirs(cfg: Config, env: Mapping[str, str]) -> list[str]:
     """The fallback spools in the order written (:func:`ranked_fallbacks` is the order they are tried in)."""
     out = [cfg.paths.spool_fallback_dir] if cfg.paths.spool_fallback_dir else []
-    out.append(os.path.join(cfg.paths.state_dir, "spool-fallback"))
+    out.append(statedir.spool_fallback(cfg.paths.state_dir))
     for base in (env.get("TMPDIR"), "/var/tmp", "/tmp"):
         if base and os.path.isabs(base):
             out.append(os.path.join(base, FALLBACK_NAME))
@@ -317,8 +329,8 @@ def waiting(d: str) -> tuple[int, int]:
     of ours; (0, 0) for one that is not (:func:`private_dir`): the Epilog never wrote there."""
     if not private_dir(d, create=False):
         return 0, 0
-    q = _listing(os.path.join(d, QUARANTINE), None)  # entries of any kind: a planted link needs a person too
-    return len(_listing(os.path.join(d, INCOMING), None)), sum(1 for n in q if not n.endswith(".error"))
+    q = _listing(quarantine_dir(d), None)  # entries of any kind: a planted link needs a person too
+    return len(_listing(incoming_dir(d), None)), sum(1 for n in q if not n.endswith(ERROR))
 
 
 def private_dir(path: str, create: bool) -> bool:
@@ -404,8 +416,8 @@ def drain_fallbacks(cfg: Config, env: Mapping[str, str], log: Log) -> int:
                         os.unlink(src)
                         continue
                     if sub == INCOMING and os.path.lexists(dest):
-                        dest = os.path.join(primary, QUARANTINE, f"fallback-{name}")
-                        atomic_write(dest + ".error", (
+                        dest = os.path.join(quarantine_dir(primary), f"fallback-{name}")
+                        atomic_write(dest + ERROR, (
                             f"stranded in fallback spool {d}; a newer record for the same job and node "
                             "was already in incoming/\n").encode())
                     atomic_write(dest, data)

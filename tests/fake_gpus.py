@@ -1,7 +1,7 @@
 """The GPU mock for the nvml backend's CPU tests: a fake sampler fed into the *real* agent.
 
 Only the GPU is faked. :class:`FakeSampler` implements the same interface as
-``slurm_gpueff.collectors.nvml_sampler.NvmlSampler`` (``open``/``sample``/``close``) and returns
+``slurm_gpueff.node.nvml_sampler.NvmlSampler`` (``open``/``sample``/``close``) and returns
 scripted readings at times set by a :class:`FakeClock`; the agent's loop, integrals, state file,
 timeline files and the hook-side collector under test are all the real code.
 """
@@ -12,8 +12,8 @@ import math
 import os
 from typing import Any
 
-from slurm_gpueff.collectors.nvml_sampler import GPM_METRICS, NO_GPM_REASON, GpuInfo, GpuSample, ProcSample
 from slurm_gpueff.config import Config
+from slurm_gpueff.node.nvml_sampler import GPM_METRICS, NO_GPM_REASON, GpuInfo, GpuSample, ProcSample
 
 GiB = 1024**3
 

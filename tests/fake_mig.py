@@ -14,7 +14,7 @@ from typing import Any
 
 from fake_gpus import FakeClock, FakeSampler, GiB, hopper
 
-from slurm_gpueff.collectors.nvml_sampler import GPM_METRICS, NO_GPM_REASON, GpuInfo, GpuSample, MigInfo, MigSample
+from slurm_gpueff.node.nvml_sampler import GPM_METRICS, NO_GPM_REASON, GpuInfo, GpuSample, MigInfo, MigSample
 
 GPM_NAMES = tuple(GPM_METRICS)
 

@@ -43,7 +43,7 @@ def record(job_id: int, *, rng: random.Random | None = None, cluster: str = "syn
             "memory_used_peak_bytes": rng.randrange(2**30, 80 * 2**30), "energy_j": dur * rng.uniform(80, 700),
             "power_mean_w": rng.uniform(80, 700), "samples": int(dur / 5), "source": "simulated",
             "missing": missing,
-            # rounded as the collectors round timeline points (collectors.integrals.timeline_points)
+            # rounded as the collectors round timeline points (node.integrals.timeline_points)
             "timeline": [[60.0 * (p + 1), *(None if v is None else round(v, 4) for v in (k, s, t))]
                          for p in range(timeline_points)],
         })

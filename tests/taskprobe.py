@@ -1,5 +1,6 @@
-"""A scheduled task for the scheduling tests, loaded by a real ``gpueff serve`` as a plugin
-(``[service] plugins = ["taskprobe"]``, with this directory on PYTHONPATH) or registered in-process.
+"""A scheduled task for the scheduling tests, run in-process (``build_scheduler``) or beside the built-in tasks
+of a real service: ``python tests/taskprobe.py CONFIG`` is ``gpueff --config CONFIG serve`` with the probe
+every ``$GPUEFF_PROBE_INTERVAL_S`` seconds (default 1), through ``serve``'s ``extra_tasks``.
 
 Each run appends a JSON line to ``$GPUEFF_PROBE_DIR/runs``: its start by the wall clock and by the monotonic
 clock (system-wide on Linux, so the test process compares them with its own), and how many runs of it were
@@ -11,10 +12,11 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
 
-from slurm_gpueff.service.tasks import Context, register_task
+from slurm_gpueff.service.tasks import Context, Task
 
 _lock = threading.Lock()
 _going = 0
@@ -48,5 +50,16 @@ def runs(folder: str) -> list[dict[str, float]]:
         return []
 
 
-if os.environ.get("GPUEFF_PROBE_DIR"):  # imported by `gpueff serve` as a plugin
-    register_task("probe", probe, interval_s=float(os.environ.get("GPUEFF_PROBE_INTERVAL_S", "1")))
+def main(config_path: str) -> int:
+    """The service as ``gpueff serve`` runs it (its logging, its scheduler, its API), with the probe."""
+    from slurm_gpueff.cli.common import log_to_stderr
+    from slurm_gpueff.config import load
+    from slurm_gpueff.service.scheduler import serve
+
+    log_to_stderr(False, "serve")
+    every = float(os.environ.get("GPUEFF_PROBE_INTERVAL_S", "1"))
+    return serve(load(config_path), extra_tasks=[Task("probe", probe, every)])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

@@ -15,7 +15,7 @@ from test_seff_cli import run
 
 from slurm_gpueff.fmt import NO_DATA, SPARKS
 from slurm_gpueff.models import JobGpu
-from slurm_gpueff.storage import sqlite_read
+from slurm_gpueff.seff import sqlite_read
 from slurm_gpueff.storage.db import make_engine
 from slurm_gpueff.storage.queries import gpu_timelines
 

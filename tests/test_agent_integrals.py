@@ -20,10 +20,12 @@ import time
 import pytest
 from fake_gpus import FakeClock, FakeSampler, GiB, ampere, close, hopper, make_config
 
-from slurm_gpueff.collectors import integrals
-from slurm_gpueff.collectors.nvml_sampler import NO_GPM_REASON, NvmlSampler
+from slurm_gpueff import statedir
 from slurm_gpueff.errors import CollectorError
-from slurm_gpueff.node.agent import Agent, line_time, state_path, timeline_path
+from slurm_gpueff.node import integrals
+from slurm_gpueff.node.agent import Agent
+from slurm_gpueff.node.agent_files import line_time
+from slurm_gpueff.node.nvml_sampler import NO_GPM_REASON, NvmlSampler
 from slurm_gpueff.node.run import run_agent
 
 U0 = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
@@ -45,7 +47,7 @@ def _read(path):
 
 
 def _state(cfg_or_agent):
-    with open(state_path(cfg_or_agent.state_dir)) as fh:
+    with open(statedir.agent_state(cfg_or_agent.state_dir)) as fh:
         return json.load(fh)
 
 
@@ -118,7 +120,7 @@ def test_state_file_contents_and_pre_hopper(tmp_path):
     assert (a["minor"], a["gpm_supported"], a["gpm_reason"]) == (0, False, NO_GPM_REASON)
     assert a["count"]["sm_active"] == 0 and a["count"]["kernel_active"] == 2
     assert a["memory_used_bytes"] == 1 * GiB
-    assert oct(os.stat(state_path(ag.state_dir)).st_mode & 0o777) == "0o644"
+    assert oct(os.stat(statedir.agent_state(ag.state_dir)).st_mode & 0o777) == "0o644"
 
 
 def test_energy_counter_read_every_n_seconds_and_extended_by_power(tmp_path):
@@ -174,7 +176,7 @@ def test_timeline_lines_difference_into_per_minute_means(tmp_path):
             fake.set(U0, kernel_pct=k, gpm={"sm_active": k / 2, "tensor_active": 1.0})
             ag.tick()
         assert minute >= 0
-    with open(timeline_path(ag.state_dir, U0)) as fh:
+    with open(statedir.timeline(ag.state_dir, U0)) as fh:
         lines = fh.readlines()
     assert len(lines) == 4  # t = 0, 60, 120, 180
     snaps = [(line_time(ln), json.loads(ln)) for ln in lines]
@@ -190,7 +192,7 @@ def test_timeline_lines_difference_into_per_minute_means(tmp_path):
 
 def test_old_timeline_lines_are_pruned(tmp_path):
     ag, fake, clock = _agent(tmp_path, [hopper(U0)], timeline_interval_s=60.0, timeline_keep_h=1.0)
-    path = timeline_path(ag.state_dir, U0)
+    path = statedir.timeline(ag.state_dir, U0)
     old = clock.wall() - 2 * 3600
     with open(path, "w") as fh:
         fh.write(json.dumps({"t": old, "instance": "x", "sum": {}, "covered_s": {}, "count": {}}) + "\n")
@@ -270,7 +272,7 @@ def test_sigterm_finishes_the_tick_and_exits_zero(tmp_path, repo_root):
         sys.exit(run_agent(load({str(cfg_path)!r}), sampler=FakeSampler(Clock(), [hopper({U0!r})])))
     """)
     proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
-    path = state_path(str(state_dir))
+    path = statedir.agent_state(str(state_dir))
     deadline = time.time() + 20
     while time.time() < deadline:
         if os.path.exists(path) and _read(path)["ticks"] >= 2:

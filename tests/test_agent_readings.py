@@ -1,7 +1,7 @@
 """Readings on request: the hooks' exact window ends, against the real agent process.
 
 The real ``run_agent`` loop runs in a subprocess with its default 5 s interval; the GPU is a fake sampler
-(tests/fake_gpus.py, the only mock). The hooks' client (collectors/tickwire.py) and the real collector talk
+(tests/fake_gpus.py, the only mock). The hooks' client (node/tickwire.py) and the real collector talk
 to it over its real Unix socket.
 """
 
@@ -19,10 +19,10 @@ import time
 import pytest
 from fake_gpus import make_config, make_dev_dir
 
-from slurm_gpueff.collectors import tickwire
+from slurm_gpueff import statedir
 from slurm_gpueff.collectors.base import JobContext
 from slurm_gpueff.collectors.nvml import NvmlCollector
-from slurm_gpueff.node.agent import state_path
+from slurm_gpueff.node import tickwire
 
 U0 = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 
@@ -44,9 +44,9 @@ def agent(tmp_path, repo_root):
         sys.exit(run_agent(make_config({str(tmp_path)!r}), sampler=FakeSampler(Clock(), [hopper({U0!r})])))
     """)
     proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
-    sock = tickwire.socket_path(cfg.paths.state_dir)
+    sock = statedir.reading_socket(cfg.paths.state_dir)
     deadline = time.time() + 20
-    while not (os.path.exists(sock) and os.path.exists(state_path(cfg.paths.state_dir))):
+    while not (os.path.exists(sock) and os.path.exists(statedir.agent_state(cfg.paths.state_dir))):
         if time.time() > deadline or proc.poll() is not None:
             proc.kill()
             pytest.fail(f"agent did not start: {proc.communicate()[1]}")
@@ -58,7 +58,7 @@ def agent(tmp_path, repo_root):
 
 
 def _state(cfg):
-    with open(state_path(cfg.paths.state_dir)) as fh:
+    with open(statedir.agent_state(cfg.paths.state_dir)) as fh:
         return json.load(fh)
 
 
@@ -144,7 +144,7 @@ def test_doctor_checks_that_the_agent_answers(agent, tmp_path):
     assert lines["agent"]["status"] == doctor.PASS
     readings = lines["agent readings"]
     assert readings["status"] == doctor.PASS and "a reading on request in" in readings["detail"]
-    os.unlink(tickwire.socket_path(agent.paths.state_dir))  # an agent that takes no requests
+    os.unlink(statedir.reading_socket(agent.paths.state_dir))  # an agent that takes no requests
     rep = doctor.Report()
     doctor.check_agent(rep, agent)
     line = {ln["check"]: ln for ln in rep.lines}["agent readings"]

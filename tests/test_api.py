@@ -32,7 +32,7 @@ import pytest
 from daemons import free_port, start_munged, wait_health
 from sites import sim_record, site_config, spool_records
 
-from slurm_gpueff import spool
+from slurm_gpueff import spool, statedir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 USER = "gpuser"
@@ -326,7 +326,7 @@ def test_another_users_job_is_no_such_job_where_slurm_hides_jobs(site):
     the service host (its Prolog state), 999 and 8201 exist nowhere."""
     from slurm_gpueff import jobstate
 
-    jobstate.save(jobstate.path(os.path.join(site["base"], "run"), 8200),
+    jobstate.save(statedir.job(os.path.join(site["base"], "run"), 8200),
                   {"start_time": time.time() - 60, "job": {"job_id": 8200, "user": "root", "uid": 0,
                                                           "account": "vision"}})
     try:
@@ -351,7 +351,7 @@ def test_another_users_job_is_no_such_job_where_slurm_hides_jobs(site):
                 if not private_data:
                     assert "answered as one that does not exist (exit 3), the safe side" in text
     finally:
-        os.unlink(jobstate.path(os.path.join(site["base"], "run"), 8200))
+        os.unlink(statedir.job(os.path.join(site["base"], "run"), 8200))
 
 
 def test_no_gpus_names_the_reason(site):
@@ -513,7 +513,7 @@ def test_a_table_window_with_offsets_is_that_window_in_utc(site):
     answer (exit 2), one line."""
     from slurm_gpueff.access.client import post_signed
     from slurm_gpueff.config import Config
-    from slurm_gpueff.reports.jobview import Answer
+    from slurm_gpueff.seff.query import Answer
 
     service = Config({"service": {"api_url": f"unix:{site['uds']}", "munge_socket": site["munge_socket"]}}).service
     logged = os.path.getsize(site["servers"]["unix"][2])

@@ -30,7 +30,7 @@ from sites import sim_record, site_config, spool_records
 from slurm_gpueff.access import munge, sealed
 from slurm_gpueff.access.client import HEALTH_PATH, RECORDS_PATH, SEFF_PATH, Reply, post_signed, request
 from slurm_gpueff.config import load
-from slurm_gpueff.reports.jobview import Answer
+from slurm_gpueff.seff.query import Answer
 
 pytestmark = [pytest.mark.process, pytest.mark.skipif(not shutil.which("munged"), reason="needs MUNGE")]
 

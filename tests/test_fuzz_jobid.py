@@ -23,7 +23,8 @@ from sqlmodel import Session
 from slurm_gpueff.cli import seff
 from slurm_gpueff.errors import JobIdError
 from slurm_gpueff.models import Job
-from slurm_gpueff.slurm.jobid import MAX_ID, JobSpec, parse
+from slurm_gpueff.slurm.hookenv import MAX_ID
+from slurm_gpueff.slurm.jobid import JobSpec, parse
 
 CASES = settings.default.max_examples  # the active Hypothesis profile's: 1,000 (ci) or 10,000 (deep); conftest.py
 FUZZ = settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,

@@ -15,8 +15,9 @@ from hooksite import make_record
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from slurm_gpueff.access.spool_trust import spool_trust
 from slurm_gpueff.errors import RecordError
-from slurm_gpueff.storage.ingest import read_record, spool_trust
+from slurm_gpueff.storage.ingest import read_record
 
 CASES = settings.default.max_examples  # the active Hypothesis profile's: 1,000 (ci) or 10,000 (deep); conftest.py
 FUZZ = settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,

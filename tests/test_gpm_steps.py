@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from slurm_gpueff.collectors import nvml_sampler
-from slurm_gpueff.collectors.nvml_sampler import GPM_MAX_STEPS, NvmlSampler
+from slurm_gpueff.node import nvml_sampler
+from slurm_gpueff.node.nvml_sampler import GPM_MAX_STEPS, NvmlSampler
 
 UUID = "GPU-11111111-2222-3333-4444-555555555555"
 

@@ -39,9 +39,9 @@ def node(tmp_path):
     """The real agent on the real NvmlSampler, 1 s interval, and a collector mapping Slurm index 0."""
     from slurm_gpueff.collectors.base import device_minors
     from slurm_gpueff.collectors.nvml import NvmlCollector
-    from slurm_gpueff.collectors.nvml_sampler import NvmlSampler
     from slurm_gpueff.config import Config
     from slurm_gpueff.node.agent import Agent
+    from slurm_gpueff.node.nvml_sampler import NvmlSampler
 
     cfg = Config({"paths": {"state_dir": str(tmp_path / "state")}, "agent": {"interval_s": 1.0}})
     agent = Agent(cfg, NvmlSampler())

@@ -177,16 +177,15 @@ def test_help_lists_every_command_of_the_registry():
 
 @pytest.mark.process
 def test_demo_help_shows_only_flags_that_do_something():
-    """``gpueff demo --help`` listed ``--keep`` ("keep the demo folder afterwards": it always does, the flag did
-    nothing) and ``--config`` (refused: the demo uses a config of its own). Both are gone from the help; the
-    folder's fate is said at --dir; --keep is still accepted, so scripts that pass it keep working."""
+    """``gpueff demo --help`` shows no ``--keep`` (the demo always keeps its folder: such a flag would do nothing)
+    and no ``--config`` (refused: the demo uses a config of its own); the folder's fate is said at --dir."""
     from slurm_gpueff.cli import gpueff as cli
 
     p = gpueff("demo", "--help")
     assert p.returncode == 0
     assert "--keep" not in p.stdout and "--config" not in p.stdout, p.stdout
     assert "kept afterwards" in " ".join(p.stdout.split())
-    assert cli.build_parser().parse_args(["demo", "--keep", "--dir", "x"]).dir == "x"
+    assert cli.build_parser().parse_args(["demo", "--dir", "x"]).dir == "x"
 
 
 @pytest.mark.process

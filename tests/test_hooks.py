@@ -15,7 +15,7 @@ import pytest
 from hooksite import HOOKS, ROOT, HookSite
 
 from slurm_gpueff import hook, record
-from slurm_gpueff.node import hook_install
+from slurm_gpueff.cli import hook_install
 from slurm_gpueff.slurm import hookenv
 
 # ``site``: a throwaway node (HookSite), the fixture in conftest.py

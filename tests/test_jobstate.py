@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import os
 
-from slurm_gpueff import jobstate
+from slurm_gpueff import jobstate, statedir
 
 
 def test_save_load_round_trip_private(tmp_path):
-    path = jobstate.path(str(tmp_path), 42)
+    path = statedir.job(str(tmp_path), 42)
     assert path == os.path.join(str(tmp_path), "jobs", "42.json")
     jobstate.save(path, {"start": {"uuids": ["GPU-a"]}, "start_time": 1.7e9, "gpus": [0, 1], "reason": None})
     saved, problem = jobstate.load(path)
@@ -21,15 +21,15 @@ def test_save_load_round_trip_private(tmp_path):
 
 def test_missing_damaged_and_startless_states_say_why(tmp_path):
     d = str(tmp_path)
-    assert jobstate.load(jobstate.path(d, 1)) == (None, jobstate.NO_STATE)
-    os.makedirs(jobstate.directory(d))
-    with open(jobstate.path(d, 2), "w") as fh:
+    assert jobstate.load(statedir.job(d, 1)) == (None, jobstate.NO_STATE)
+    os.makedirs(statedir.jobs(d))
+    with open(statedir.job(d, 2), "w") as fh:
         fh.write("{not json")
-    saved, problem = jobstate.load(jobstate.path(d, 2))
+    saved, problem = jobstate.load(statedir.job(d, 2))
     assert saved is None and problem is not None and "unreadable" in problem
-    with open(jobstate.path(d, 3), "w") as fh:
+    with open(statedir.job(d, 3), "w") as fh:
         fh.write('{"start_time": true, "gpus": [0]}')
-    saved, problem = jobstate.load(jobstate.path(d, 3))
+    saved, problem = jobstate.load(statedir.job(d, 3))
     assert saved is not None and saved["start_time"] is None and "no valid start time" in (problem or "")
 
 
@@ -37,9 +37,9 @@ def test_running_jobs_are_the_state_files_by_job_id(tmp_path):
     d = str(tmp_path)
     assert jobstate.running(d) == []  # no folder yet
     for job in (10, 9, 100):
-        jobstate.save(jobstate.path(d, job), {"start_time": 1.0})
+        jobstate.save(statedir.job(d, job), {"start_time": 1.0})
     for stray in (".tmp-9.json", "abc.json", "7.json.tmp", "\u00b2.json"):
-        with open(os.path.join(jobstate.directory(d), stray), "w") as fh:
+        with open(os.path.join(statedir.jobs(d), stray), "w") as fh:
             fh.write("{}")
     assert [os.path.basename(p) for p in jobstate.running(d)] == ["9.json", "10.json", "100.json"]
     assert sorted(e.name for e in jobstate.entries(d)) == ["10.json", "100.json", "9.json"]
@@ -54,7 +54,7 @@ def test_saved_gpus_and_uuids_take_only_what_is_well_formed():
 
 
 def test_an_unstorable_start_state_is_dropped_with_the_reason(tmp_path):
-    path = jobstate.path(str(tmp_path), 5)
+    path = statedir.job(str(tmp_path), 5)
     jobstate.save(path, {"start": {"sm": float("nan")}, "start_time": 1.7e9, "reason": "earlier"})
     saved, problem = jobstate.load(path)
     assert problem is None and saved is not None and saved["start"] is None

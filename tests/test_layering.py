@@ -5,8 +5,9 @@ subpackage by its directory); a module may import only its own layer and the lay
 docs/DESIGN.md ("Layers") explains what each layer is for. A new module that is not placed here fails
 `test_every_module_is_placed`: decide where it belongs before it lands.
 
-The hook path (base, collectors, hook) must stay stdlib-only at import time so that the Prolog and
-Epilog start in milliseconds: heavy libraries (pynvml) are imported inside functions only.
+The hook path (hook.py and every module it reaches) must stay stdlib-only at import time so that the Prolog
+and Epilog start in milliseconds: heavy libraries (pynvml) are imported inside functions only. The node's
+forwarder loads no database code: nodes have no database.
 """
 
 from __future__ import annotations
@@ -23,26 +24,27 @@ PKG = os.path.join(ROOT, "slurm_gpueff")
 
 # Lowest first. A module may import its own layer and the layers before it, never a later one.
 LAYERS: list[tuple[str, set[str]]] = [
-    ("base", {"__init__", "__version__", "errors", "config", "record", "spool", "jobstate", "fmt", "outfile", "slurm",
-              "access"}),
+    ("base", {"__init__", "__version__", "errors", "config", "record", "spool", "statedir", "jobstate", "fmt",
+              "outfile", "slurm", "access"}),
+    ("node", {"node"}),
     ("collectors", {"collectors"}),
-    ("hook", {"hook"}),
+    ("hook", {"hook", "live"}),
     ("models", {"models"}),
     ("migrations", {"migrations"}),
     ("storage", {"storage"}),
     ("analysis", {"analysis"}),
     ("render", {"render"}),
     ("reports", {"reports"}),
-    ("node", {"node"}),
+    ("seff", {"seff"}),
     ("service", {"service"}),
     ("commands", {"cli"}),
 ]
-# Layers that must not import each other although the order alone would allow it. The node side
-# (collectors, hook) and the database side (models to render) are two branches that only the node agent
-# (node: its live card on the job's own node) and the commands join; the analysis and its rendering work
+# Layers that must not import each other although the order alone would allow it. The node side (the agent,
+# the backends, the hooks) and the database side (models to render) are two branches that only seff-gpu's
+# engine (its live card on the job's own node) and the commands join; the analysis and its rendering work
 # on plain data that storage fetched, and never reach for the database themselves. The node agent and the
 # service are two processes on different hosts: neither imports the other.
-NODE_SIDE = ("collectors", "hook")
+NODE_SIDE = ("node", "collectors", "hook")
 DB_SIDE = ("models", "migrations", "storage", "analysis", "render")
 APART: list[tuple[str, str]] = [(db, node) for db in DB_SIDE for node in NODE_SIDE] + [
     ("analysis", "storage"), ("render", "storage"), ("analysis", "migrations"), ("render", "migrations"),
@@ -128,20 +130,71 @@ def test_layer_rules_catch_a_violation(tmp_path):
     assert names == ["cli"] and RANK["cli"] > RANK["record"]
 
 
-HOOK_PATH = {name for layer, names in LAYERS[:3] for name in names}
+def internal_imports(rel: list[str], tree: ast.AST) -> set[str]:
+    """The package's modules ``rel`` imports, anywhere in it (a function's import runs when it is called), as
+    paths under slurm_gpueff without ``.py`` ("spool", "collectors/nvml", "access/__init__")."""
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        names: list[list[str]] = []
+        if isinstance(node, ast.Import):
+            names = [a.name.split(".")[1:] for a in node.names if a.name.split(".")[0] == "slurm_gpueff"]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = rel[:-1][: len(rel) - node.level] if node.level > 1 else rel[:-1]
+            elif (node.module or "").split(".")[0] == "slurm_gpueff":
+                base = []
+            else:
+                continue
+            mod = base + (node.module.split(".")[1 if not node.level else 0:] if node.module else [])
+            names = [mod] + [mod + [a.name] for a in node.names]  # "from . import spool" names a module
+        for parts in names:
+            for i in range(1, len(parts) + 1):  # importing a.b runs a/__init__ first
+                out.add("/".join(parts[:i]))
+    return {m for m in out if m in MODULE_FILES} | {m + "/__init__" for m in out if m + "/__init__" in MODULE_FILES}
+
+
+MODULE_FILES = {"/".join(rel): path for rel, path in modules()}
+
+
+def reached_from(*entries: str) -> set[str]:
+    """Every module the entries import, directly or through others, the entries included."""
+    seen: set[str] = set()
+    todo = list(entries)
+    while todo:
+        mod = todo.pop()
+        if mod in seen:
+            continue
+        seen.add(mod)
+        path = MODULE_FILES[mod]
+        todo += internal_imports(mod.split("/"), ast.parse(read(path), path)) - seen
+    return seen
+
+
+# The hook path: what the Prolog and Epilog import, the backends they load (collectors/choice.py picks one
+# in a function) and everything those import in turn.
+HOOK_PATH = reached_from("hook")
 
 
 def test_hook_path_is_stdlib_only_at_import_time():
     stdlib = sys.stdlib_module_names
+    assert {"hook", "spool", "collectors/nvml", "collectors/dcgm", "collectors/simulated"} <= HOOK_PATH
     bad = []
-    for rel, path in modules():
-        if layer_of(rel) not in HOOK_PATH:
-            continue
+    for mod in sorted(HOOK_PATH):
+        path = MODULE_FILES[mod]
         tree = ast.parse(read(path), path)
-        for name, internal in imported_packages(rel, tree, top_level_only=True):
+        for name, internal in imported_packages(mod.split("/"), tree, top_level_only=True):
             if not internal and name not in stdlib and name != "__future__":
-                bad.append(f"{'/'.join(rel)}.py imports {name} at module level")
+                bad.append(f"{mod}.py imports {name} at module level")
     assert not bad, "\n".join(bad)
+
+
+def test_the_hook_path_follows_imports_in_functions():
+    """The walk is not vacuous: an import inside a function counts (the hook imports collectors.choice so)."""
+    tree = ast.parse("def f():\n    from .collectors.choice import get_collector\n")
+    assert {"collectors/__init__", "collectors/choice"} <= internal_imports(["hook"], tree)
+
+
+HEAVY = ("sqlalchemy", "sqlmodel", "pydantic", "pynvml", "argparse", "jinja2")
 
 
 @pytest.mark.process
@@ -149,10 +202,55 @@ def test_hook_path_is_stdlib_only_at_import_time():
                                     "slurm_gpueff.collectors.nvml", "slurm_gpueff.collectors.simulated"])
 def test_hook_modules_load_no_heavy_library(module):
     """Importing the hook path must not pull in SQLAlchemy, SQLModel, pydantic, pynvml or argparse."""
-    code = (f"import sys, {module}; heavy = ['sqlalchemy', 'sqlmodel', 'pydantic', 'pynvml', 'argparse', "
-            "'jinja2']; print(','.join(m for m in heavy if m in sys.modules))")
+    code = (f"import sys, {module}; heavy = {list(HEAVY)!r}; print(','.join(m for m in heavy if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "", f"{module} imports {out.stdout.strip()}"
+
+
+def imported_under_importtime(args: list[str], **kw) -> set[str]:
+    """What a Python process imported (``-X importtime``): every top-level name, and the package's modules."""
+    p = subprocess.run([sys.executable, "-X", "importtime", *args], cwd=ROOT, capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=ROOT), timeout=120, **kw)
+    names = {ln.split("|")[-1].strip() for ln in p.stderr.splitlines() if ln.startswith("import time:")}
+    return {n.split(".")[0] for n in names} | {n for n in names if n.startswith("slurm_gpueff.")}
+
+
+@pytest.mark.process
+def test_a_forward_pass_loads_no_database_code(tmp_path):
+    """``gpueff forward --once`` runs on nodes, which have no database by design: a whole pass over a spool
+    with a record (pushed to a service that is not there) loads no SQLAlchemy, SQLModel or pydantic, nor
+    the package's database side."""
+    from hooksite import make_record
+
+    from slurm_gpueff import spool
+
+    cfg = tmp_path / "gpueff.toml"
+    cfg.write_text(f'[paths]\nstate_dir = "{tmp_path}/run"\nspool_dir = "{tmp_path}/spool"\n'
+                   '[service]\napi_url = "http://127.0.0.1:9"\napi_timeout_s = 2\n')
+    spool.write_record(str(tmp_path / "spool"), make_record(7))
+    code = ("import sys; from slurm_gpueff.cli.gpueff import main\n"
+            "sys.exit(main(['--config', sys.argv[1], 'forward', '--once']))")
+    names = imported_under_importtime(["-c", code, str(cfg)])
+    assert "slurm_gpueff.node.push" in names  # the pass ran
+    assert os.path.exists(tmp_path / "run" / "forward.json")
+    loaded = names & {"sqlalchemy", "sqlmodel", "pydantic", "alembic", "slurm_gpueff.models", "slurm_gpueff.storage",
+                      "slurm_gpueff.analysis", "slurm_gpueff.render"}
+    assert not loaded, f"a forward pass loads {sorted(loaded)}"
+
+
+@pytest.mark.process
+def test_the_agent_loads_no_database_code(tmp_path):
+    """``gpueff agent`` wires the agent's process with all it serves (live records, seff-gpu's live card): none
+    of that loads SQLAlchemy, SQLModel or pydantic at start (here, with no GPU, it stops after wiring; with
+    one it ticks once)."""
+    cfg = tmp_path / "gpueff.toml"
+    cfg.write_text(f'[paths]\nstate_dir = "{tmp_path}/run"\nspool_dir = "{tmp_path}/spool"\n')
+    code = ("import sys; from slurm_gpueff.cli.gpueff import main\n"
+            "sys.exit(main(['--config', sys.argv[1], 'agent', '--once']))")
+    names = imported_under_importtime(["-c", code, str(cfg)])
+    assert {"slurm_gpueff.node.run", "slurm_gpueff.live", "slurm_gpueff.seff.livecard"} <= names
+    loaded = names & {"sqlalchemy", "sqlmodel", "pydantic", "alembic", "slurm_gpueff.models", "slurm_gpueff.storage.db"}
+    assert not loaded, f"gpueff agent loads {sorted(loaded)} at start"
 
 
 # Who may start processes, and why. Every Slurm client command (sacct, sacctmgr, squeue, scontrol, scancel)

@@ -14,10 +14,9 @@ import pytest
 from hooksite import ROOT, HookSite
 from sqlmodel import Session, select
 
-from slurm_gpueff import record, spool
+from slurm_gpueff import live, record, spool
 from slurm_gpueff.config import load
 from slurm_gpueff.models import Job, JobGpu
-from slurm_gpueff.node import live
 from slurm_gpueff.service.summarize import summarize_pending
 from slurm_gpueff.storage.db import make_engine
 from slurm_gpueff.storage.ingest import ingest_spool

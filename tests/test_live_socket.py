@@ -1,7 +1,7 @@
 """seff-gpu on the job's own node: the agent's socket answers with the running job's card up to the second.
 
 The server is the real one (collectors/live_socket.py) with the real answer function the agent is given
-(cli/liveview.py), run in this process as the agent runs it; the job's Prolog is the real hook; the GPUs are
+(seff/livecard.py), run in this process as the agent runs it; the job's Prolog is the real hook; the GPUs are
 simulated. Who asks is what the kernel says (SO_PEERCRED): root here; other uids through the answer function.
 """
 
@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 from hooksite import ROOT, HookSite
 
+from slurm_gpueff import statedir
 from slurm_gpueff.config import load
 from slurm_gpueff.node import live_socket
-from slurm_gpueff.node.liveview import live_answer
+from slurm_gpueff.seff.livecard import live_answer
 
 pytestmark = pytest.mark.process  # hooks as slurmd runs them, the agent and seff-gpu as processes
 
@@ -33,7 +34,7 @@ def node(tmp_path):
     site.run("prolog", 77, SLURM_JOB_UID="1000", SLURM_JOB_USER="alice")
     cfg = load(site.config_path)
     os.makedirs(os.path.join(site.state, "agent"), exist_ok=True)
-    server = live_socket.LiveServer(live_socket.socket_path(site.state), lambda req, uid: live_answer(cfg, req, uid))
+    server = live_socket.LiveServer(statedir.live_socket(site.state), lambda req, uid: live_answer(cfg, req, uid))
     t = threading.Thread(target=server.serve_forever, daemon=True)
     t.start()
     try:
@@ -68,12 +69,12 @@ def test_seff_gpu_on_the_node_asks_the_agent_before_any_database(node):
     p = subprocess.run([sys.executable, "-m", "slurm_gpueff.cli.seff", "78"], capture_output=True, text=True,
                        env=env, timeout=60)
     assert p.returncode == 1 and "does not exist yet" in p.stderr, "a job not here: the usual path answers"
-    assert oct(os.stat(live_socket.socket_path(site.state)).st_mode & 0o777) == "0o666"
+    assert oct(os.stat(statedir.live_socket(site.state)).st_mode & 0o777) == "0o666"
     import socket
 
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:  # garbage gets one line back, not a hang
         s.settimeout(10)
-        s.connect(live_socket.socket_path(site.state))
+        s.connect(statedir.live_socket(site.state))
         s.sendall(b"not json\n")
         got = json.loads(s.makefile().readline())
     assert got["exit_code"] == 1 and "bad request" in got["stderr"]
@@ -92,7 +93,7 @@ def test_seff_gpu_asks_only_the_agent_s_account_on_the_live_socket():
     os.chmod(tmp_path, 0o755)
     os.chmod(state, 0o755)
     os.chmod(state / "agent", 0o777)
-    sock = live_socket.socket_path(str(state))
+    sock = statedir.live_socket(str(state))
     squatter = subprocess.Popen(["runuser", "-u", "nobody", "--", "/usr/bin/python3", "-c", (
         "import socket, sys\n"
         f"s = socket.socket(socket.AF_UNIX); s.bind({sock!r}); s.listen(); print('up', flush=True)\n"

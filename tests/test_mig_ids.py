@@ -11,7 +11,8 @@ import os
 from slurm_gpueff import hook
 from slurm_gpueff.collectors import nvml
 from slurm_gpueff.collectors.base import JobContext
-from slurm_gpueff.collectors.gpu_ids import (
+from slurm_gpueff.config import Config
+from slurm_gpueff.node.gpu_ids import (
     job_slices,
     normalize_bus_id,
     parse_legacy_mig,
@@ -20,7 +21,6 @@ from slurm_gpueff.collectors.gpu_ids import (
     profile_from_name,
     resolve,
 )
-from slurm_gpueff.config import Config
 from slurm_gpueff.record import validate
 
 PARENT = "GPU-5fd74992-a5d1-450a-00ed-3391db2f1075"

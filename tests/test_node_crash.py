@@ -20,10 +20,9 @@ import pytest
 from hooksite import ROOT, HookSite, make_record
 from sqlmodel import Session, select
 
-from slurm_gpueff import record, spool
+from slurm_gpueff import live, record, spool
 from slurm_gpueff.config import load
 from slurm_gpueff.models import AlertLog, Job, JobGpu
-from slurm_gpueff.node import live
 from slurm_gpueff.service.summarize import summarize_pending
 from slurm_gpueff.slurm.sacct_json import parse_json
 from slurm_gpueff.slurm.sacct_rows import SacctJob, cancelled_by, parse_parsable

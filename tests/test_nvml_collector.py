@@ -14,11 +14,11 @@ import sys
 import pytest
 from fake_gpus import FakeClock, FakeSampler, GiB, ampere, close, hopper, make_config, make_dev_dir
 
-from slurm_gpueff import record
+from slurm_gpueff import record, statedir
 from slurm_gpueff.collectors.base import JobContext
 from slurm_gpueff.collectors.nvml import NvmlCollector
-from slurm_gpueff.collectors.nvml_sampler import NO_GPM_REASON
-from slurm_gpueff.node.agent import Agent, state_path
+from slurm_gpueff.node.agent import Agent
+from slurm_gpueff.node.nvml_sampler import NO_GPM_REASON
 
 U0 = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 U1 = "GPU-bbbbbbbb-1111-1111-1111-111111111111"
@@ -222,8 +222,8 @@ def test_long_job_timeline_from_files(tmp_path):
 
 def test_state_file_corrupt_or_foreign(tmp_path):
     cfg = make_config(tmp_path)
-    os.makedirs(os.path.dirname(state_path(cfg.paths.state_dir)))
-    with open(state_path(cfg.paths.state_dir), "w") as fh:
+    os.makedirs(os.path.dirname(statedir.agent_state(cfg.paths.state_dir)))
+    with open(statedir.agent_state(cfg.paths.state_dir), "w") as fh:
         fh.write("{half a file")
     coll = NvmlCollector(cfg, dev_dir=make_dev_dir(tmp_path, [0]))
     job = JobContext(9, "node1", "c", [0])

@@ -13,11 +13,11 @@ import os
 from fake_gpus import FakeClock, GiB, close, make_config, make_dev_dir
 from fake_mig import FakeMigSampler, mig_dev, mig_parent
 
-from slurm_gpueff import record
+from slurm_gpueff import record, statedir
 from slurm_gpueff.collectors.base import JobContext
 from slurm_gpueff.collectors.nvml import NvmlCollector
-from slurm_gpueff.collectors.nvml_sampler import NO_GPM_REASON
-from slurm_gpueff.node.agent import Agent, state_path
+from slurm_gpueff.node.agent import Agent
+from slurm_gpueff.node.nvml_sampler import NO_GPM_REASON
 
 P = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 S1 = mig_dev(P, 1, profile="3g.40gb", mem_gib=40)
@@ -68,7 +68,7 @@ def test_two_slices_each_job_gets_its_own_slice(tmp_path):
     n.fake.set_slice(P, 1, gpm={"sm_active": 5}, memory_used_bytes=30 * GiB)  # before the job: not counted
     n.fake.set_slice(P, 2, gpm=BUSY2, memory_used_bytes=9 * GiB)
     n.ticks(3)
-    with open(state_path(n.cfg.paths.state_dir)) as fh:
+    with open(statedir.agent_state(n.cfg.paths.state_dir)) as fh:
         inv = json.load(fh)["mig"]
     assert inv[S1.uuid] == {"parent_uuid": P, "parent_minor": 0, "gi_id": 1, "ci_id": 0, "profile": "3g.40gb",
                             "memory_total_bytes": 40 * GiB, "gen": inv[S1.uuid]["gen"]}
@@ -177,8 +177,8 @@ def test_real_sampler_mig_calls_against_a_fake_pynvml(monkeypatch):
 
     import fake_pynvml_mig
 
-    from slurm_gpueff.collectors import nvml_sampler
-    from slurm_gpueff.collectors.nvml_sampler import NvmlSampler
+    from slurm_gpueff.node import nvml_sampler
+    from slurm_gpueff.node.nvml_sampler import NvmlSampler
 
     monkeypatch.setattr(nvml_sampler, "GPM_SKIP_S", 0.0)  # samples back to back (the real minimum is tested apart)
     gis = {1: {"uuid": "MIG-1", "ci": 0, "name": "NVIDIA H100 80GB HBM3 MIG 3g.40gb", "total": 40 << 30,

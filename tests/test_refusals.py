@@ -72,7 +72,7 @@ def test_an_answer_that_is_no_card_is_a_refusal_and_whose(tmp_path):
     of an unknown job is (exit 3, uid as munged named it), a ping is not; cards, running jobs and jobs without
     GPUs are answers."""
     from slurm_gpueff.config import Config
-    from slurm_gpueff.reports.jobview import EXIT_NO_GPUS, EXIT_OK, EXIT_RUNNING
+    from slurm_gpueff.seff.query import EXIT_NO_GPUS, EXIT_OK, EXIT_RUNNING
     from slurm_gpueff.service import api as api_mod
     from slurm_gpueff.storage.db import make_engine
 

@@ -18,7 +18,7 @@ from sqlmodel import Session, select
 from slurm_gpueff.config import Config
 from slurm_gpueff.models import ReportLog
 from slurm_gpueff.reports import runner, sentlog
-from slurm_gpueff.reports.queries import CARD_ENRICH_WAIT_H
+from slurm_gpueff.reports.cards_due import CARD_ENRICH_WAIT_H
 from slurm_gpueff.service.summarize import summarize_pending
 
 pytestmark = pytest.mark.smtp

@@ -346,7 +346,7 @@ def test_two_runs_on_postgres(tmp_path, pg_url):  # noqa: F811
 
 def test_the_jobs_table_lists_each_run_and_counts_the_job_once(tmp_path):
     from slurm_gpueff.render.jobs_table import as_json, render
-    from slurm_gpueff.storage.queries import list_jobs
+    from slurm_gpueff.storage.summaries import list_jobs
 
     engine = store(tmp_path, run_records("24.11.5"))
     assert summarize_pending(engine) == 2

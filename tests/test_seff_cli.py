@@ -22,7 +22,7 @@ from slurm_gpueff.access.client import api_url
 from slurm_gpueff.cli import seff
 from slurm_gpueff.config import Config
 from slurm_gpueff.models import Job
-from slurm_gpueff.reports.jobview import still_running
+from slurm_gpueff.seff.answer import still_running
 from slurm_gpueff.slurm.jobid import parse
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -307,9 +307,10 @@ def test_another_users_job_running_here_answers_like_any_other_path(tmp_path, mo
     gives (exit 6), not "still running" (which would tell that the job exists and runs here); where Slurm's
     PrivateData hides jobs (or scontrol cannot say, the safe side), exactly the answer of a job that does not
     exist, whether --json or not."""
-    from slurm_gpueff import jobstate
+    from slurm_gpueff import jobstate, statedir
     from slurm_gpueff.access.privacy import Viewer
-    from slurm_gpueff.reports.jobview import EXIT_DENIED, EXIT_RUNNING, EXIT_UNKNOWN, SeffQuery, answer
+    from slurm_gpueff.seff.answer import answer
+    from slurm_gpueff.seff.query import EXIT_DENIED, EXIT_RUNNING, EXIT_UNKNOWN, SeffQuery
 
     monkeypatch.setenv("PATH", scontrol_saying(tmp_path, private_data))
     config = Config({"paths": {"state_dir": str(tmp_path / "state"), "database": empty_database(tmp_path)}})
@@ -317,7 +318,7 @@ def test_another_users_job_running_here_answers_like_any_other_path(tmp_path, mo
     missing = {as_json: answer(SeffQuery(jobid="8200", json=as_json), config, Viewer(1001, "alice"))
                for as_json in (False, True)}  # before the job runs here: it does not exist
     assert missing[False].exit_code == EXIT_UNKNOWN and missing[True] == missing[False], missing
-    jobstate.save(jobstate.path(config.paths.state_dir, 8200),
+    jobstate.save(statedir.job(config.paths.state_dir, 8200),
                   {"start_time": 1.7e9, "job": {"job_id": 8200, "user": "bob", "uid": 1002, "account": "physics"}})
     asked = SeffQuery(jobid="8200")
     for who, status in ((Viewer(1001, "alice"), EXIT_UNKNOWN if hidden else EXIT_DENIED),
@@ -341,7 +342,8 @@ def test_another_users_job_that_squeue_shows_answers_like_any_other_path(tmp_pat
     not exist gives. (The squeue here is a stand-in printing what `squeue -h -o '%T|%u|%a'` prints, beside a
     stand-in scontrol; the real ones of three Slurm versions run in tests/slurm/.)"""
     from slurm_gpueff.access.privacy import Viewer
-    from slurm_gpueff.reports.jobview import EXIT_DENIED, EXIT_RUNNING, EXIT_UNKNOWN, SeffQuery, answer
+    from slurm_gpueff.seff.answer import answer
+    from slurm_gpueff.seff.query import EXIT_DENIED, EXIT_RUNNING, EXIT_UNKNOWN, SeffQuery
     from slurm_gpueff.slurm.commands import ActiveJob, parse_active
 
     bin_dir = scontrol_saying(tmp_path, private_data)
@@ -393,7 +395,7 @@ def test_private_data_is_read_from_scontrol_and_kept_a_while(tmp_path, monkeypat
 def test_watch_never_goes_back_to_older_figures(capsys, monkeypatch):
     """When the job ends, the node's up-to-the-second card is gone and the database still holds an earlier
     live row until the final record is ingested: --watch keeps the newer card and says the job ended."""
-    from slurm_gpueff.reports.jobview import Answer
+    from slurm_gpueff.seff.query import Answer
 
     answers = iter([Answer(0, "card as of 05:33:22\n", running=True, as_of="2026-11-27T05:33:22"),
                     Answer(0, "card as of 05:20:35\n", running=True, as_of="2026-11-27T05:20:35"),

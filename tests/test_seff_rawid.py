@@ -237,7 +237,8 @@ def test_another_users_cpu_only_job_is_not_told(tmp_path, monkeypatch, private_d
     scontrol is a stand-in printing the PrivateData line (no controller runs here)."""
     from slurm_gpueff.access.privacy import Viewer
     from slurm_gpueff.config import Config
-    from slurm_gpueff.reports.jobview import SeffQuery, answer
+    from slurm_gpueff.seff.answer import answer
+    from slurm_gpueff.seff.query import SeffQuery
 
     bin_dir = tmp_path / "bin"
     install_fake(bin_dir, "sacct")

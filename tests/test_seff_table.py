@@ -157,7 +157,7 @@ def test_postgres_totals_are_the_rows_totals(pg_url, tmp_path):  # noqa: F811
     from slurm_gpueff.models import Job
     from slurm_gpueff.render.jobs_table import totals
     from slurm_gpueff.storage import migrate
-    from slurm_gpueff.storage.queries import list_jobs, table_totals
+    from slurm_gpueff.storage.summaries import list_jobs, table_totals
 
     engine = make_engine(pg_url, create=False)
     migrate.upgrade(engine)

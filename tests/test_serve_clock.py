@@ -2,9 +2,11 @@
 wall clock, each task's last run and lateness on /v1/health, and `gpueff doctor --role service` failing a late
 task by name.
 
-The clock steps are real steps of a real `gpueff serve`'s wall clock: the process runs under libfaketime
-(Debian's libfaketime, tests/setup-services.sh) with ``FAKETIME_DONT_FAKE_MONOTONIC=1``, so only the wall
-clock moves, as an NTP step moves it, and a timestamp file the test rewrites steps it by -1 h and +1 h.
+The service is a real process, run as `gpueff serve` runs it with one more task, the probe
+(tests/taskprobe.py), that counts its runs and hangs on demand. The clock steps are real steps of its wall
+clock: the process runs under libfaketime (Debian's libfaketime, tests/setup-services.sh) with
+``FAKETIME_DONT_FAKE_MONOTONIC=1``, so only the wall clock moves, as an NTP step moves it, and a timestamp file
+the test rewrites steps it by -1 h and +1 h.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import taskprobe
-from daemons import QUIET, free_port, gpueff, start_munged
+from daemons import QUIET, free_port, start_munged
 
 from slurm_gpueff.access.client import HEALTH_PATH, request
 from slurm_gpueff.config import Config
@@ -63,19 +65,22 @@ def test_a_task_never_runs_twice_at_once(tmp_path):
 
 def serve(tmp_path: Path, service: str = "", env: dict[str, str] | None = None,
           munge_socket: str = "") -> tuple[subprocess.Popen, int, str]:
-    """A real `gpueff serve` with the probe task (every second) and its API on a loopback port (with
-    ``munge_socket``, the sealed round trips doctor makes work); (process, port, log path) once its health check
-    answers."""
+    """A real service process, as `gpueff serve` runs it, with the probe task (every second: tests/taskprobe.py)
+    and its API on a loopback port (with ``munge_socket``, the sealed round trips doctor makes work); (process,
+    port, log path) once its health check answers."""
     port = free_port()
     if munge_socket:
         service += f'munge_socket = "{munge_socket}"\n'
     cfg = tmp_path / "gpueff.toml"
     cfg.write_text(f'[paths]\nspool_dir = "{tmp_path}/spool"\nstate_dir = "{tmp_path}/state"\n'
                    f'database = "{tmp_path}/db/g.db"\n[service]\nmetrics_port = 0\napi_listen = "127.0.0.1:{port}"\n'
-                   f'plugins = ["taskprobe"]\n{QUIET}{service}')
+                   f'{QUIET}{service}')
     log = str(tmp_path / "serve.log")
-    proc = gpueff(str(cfg), "serve", log=log, env={**os.environ, "PYTHONPATH": f"{TESTS}:{ROOT}",
-                                                   "GPUEFF_PROBE_DIR": str(tmp_path), **(env or {})})
+    with open(log, "a") as out:
+        proc = subprocess.Popen([sys.executable, os.path.join(TESTS, "taskprobe.py"), str(cfg)], cwd=ROOT,
+                                stdout=out, stderr=subprocess.STDOUT, text=True,
+                                env={**os.environ, "PYTHONPATH": f"{TESTS}:{ROOT}", "GPUEFF_PROBE_DIR": str(tmp_path),
+                                     **(env or {})})
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         assert proc.poll() is None, Path(log).read_text()[-3000:]

@@ -270,30 +270,10 @@ def test_serve_says_its_schema_in_one_line(tmp_path):
 
 
 def test_serve_drains_a_backlog_in_one_process(tmp_path):
-    """A backlog of 500 records with ingest_workers = 2 (a setting ingest no longer uses: it is still
-    accepted) is drained by the scheduler thread, and the service still stops cleanly on SIGTERM."""
-    out = serve_until_ingested(tmp_path, 500, "ingest_workers = 2\n")
+    """A backlog of 500 records is drained by the scheduler thread, and the service still stops cleanly on
+    SIGTERM."""
+    out = serve_until_ingested(tmp_path, 500)
     assert "ingested 500, quarantined 0, failed 0" in out
-
-
-def test_a_site_plugin_adds_a_scheduled_task(tmp_path):
-    """``[service] plugins``: a site's own module, imported by `gpueff serve`, registers a task with
-    ``register_task``; the service runs it on its schedule beside the built-in ones. A plugin that fails to
-    import is logged and the service goes on."""
-    plugins = tmp_path / "site_plugins"
-    plugins.mkdir()
-    marker = tmp_path / "ran"
-    (plugins / "gpueff_site_check.py").write_text(
-        "from slurm_gpueff.service.tasks import register_task\n\n\n"
-        "def check(ctx):\n"
-        f"    open({str(marker)!r}, 'a').write(ctx.config.site.cluster + '\\n')\n"
-        "    return 'site check done'\n\n\n"
-        "register_task('site_check', check, interval_s=0.5)\n")
-    out = serve_until_ingested(tmp_path, 2, 'plugins = ["gpueff_site_check", "gpueff_no_such_plugin"]\n',
-                               env={"PYTHONPATH": f"{plugins}:{ROOT}"})
-    assert "task site_check: every 0.5 s" in out and "site check done" in out
-    assert "plugin gpueff_no_such_plugin: ModuleNotFoundError" in out
-    assert marker.read_text().splitlines()[0] == Config().site.cluster
 
 
 def test_doctor_warns_when_every_users_figures_are_open(tmp_path):

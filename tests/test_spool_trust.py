@@ -20,8 +20,8 @@ from hooksite import make_record
 from pgutil import pg_url  # noqa: F401  (fixture)
 
 from slurm_gpueff import spool
+from slurm_gpueff.access.spool_trust import spool_trust
 from slurm_gpueff.errors import ConfigError
-from slurm_gpueff.storage.ingest import spool_trust
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOOD = (101, 102, 103, 104)

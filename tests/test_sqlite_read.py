@@ -1,4 +1,4 @@
-"""seff-gpu's SQLite fast path (storage/sqlite_read.py) gives exactly the rows the ORM gives.
+"""seff-gpu's SQLite fast path (seff/sqlite_read.py) gives exactly the rows the ORM gives.
 
 A real SQLite database is filled by real ingest (multi-node jobs, array tasks recorded by raw id and
 enriched with their array ids, het components, pre-Hopper GPUs with reasons for what is missing, DCGM
@@ -22,9 +22,9 @@ from slurm_gpueff.analysis import assess, job_figures
 from slurm_gpueff.config import Config
 from slurm_gpueff.models import Job, JobGpu
 from slurm_gpueff.render import dumps, render_card
+from slurm_gpueff.seff import sqlite_read
 from slurm_gpueff.service.summarize import summarize_pending
 from slurm_gpueff.slurm.jobid import parse
-from slurm_gpueff.storage import sqlite_read
 from slurm_gpueff.storage.db import make_engine
 from slurm_gpueff.storage.ingest import ingest_spool
 from slurm_gpueff.storage.queries import find_jobs, job_gpus

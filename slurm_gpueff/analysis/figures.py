@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from .coverage import describe
 from .cpu import CpuFigures, cpu_figures
 
-if TYPE_CHECKING:  # rows may be ORM objects or the plain rows of storage.sqlite_read (seff-gpu's fast path),
+if TYPE_CHECKING:  # rows may be ORM objects or the plain rows of seff.sqlite_read (seff-gpu's fast path),
     from ..models import Job, JobGpu  # so the models (and SQLAlchemy, slow to import) load only when needed
 
 # Figures averaged over time (fractions in [0, 1]) and what we call them in reasons.

@@ -51,7 +51,6 @@ database = {database}
 backend = "simulated"   # fake GPUs: every figure is labelled "simulated"
 
 [simulated]
-gpus_per_node = 4
 model = "Simulated H100 80GB"
 
 [privacy]
@@ -191,7 +190,7 @@ def summary(config: Config, job_ids: list[int]) -> str:
     from ..analysis.figures import job_figures
     from ..fmt import gpu_hours, pct
     from ..render.text import SIM_BANNER, render_table
-    from ..reports.jobview import lookup
+    from ..seff.lookup import lookup
     from ..slurm.jobid import JobSpec
 
     items = []

@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
+from .. import spool, statedir
 from ..config import Config
 
 PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
@@ -55,7 +56,7 @@ def check_nvml(rep: Report, cfg: Config) -> None:
     try:
         nv.nvmlInit()
     except nv.NVMLError as exc:
-        from ..collectors.nvml_sampler import explain_nvml_error
+        from ..node.nvml_sampler import explain_nvml_error
 
         rep.add(bad, "nvml", explain_nvml_error(nv, exc))
         return
@@ -107,7 +108,7 @@ def _nvml_gpu(rep: Report, nv: Any, i: int) -> None:
 
 
 def check_proc(rep: Report, cfg: Config) -> None:
-    from ..collectors.gpu_ids import PROC_GPUS, proc_gpus
+    from ..node.gpu_ids import PROC_GPUS, proc_gpus
 
     gpus = proc_gpus()
     if not gpus:
@@ -162,9 +163,8 @@ def check_backend(rep: Report, cfg: Config) -> None:
 
 def check_agent(rep: Report, cfg: Config) -> None:
     """The agent's state as the nvml collector reads it at job start: the hooks' verdict, word for word."""
-    from ..collectors.agent_files import state_path
     from ..collectors.nvml import NvmlCollector
-    from ..collectors.tickwire import request_reading
+    from ..node.tickwire import request_reading
 
     bad = FAIL if cfg.collector.backend == "nvml" else WARN
     st, why = NvmlCollector(cfg).read_state()
@@ -176,7 +176,7 @@ def check_agent(rep: Report, cfg: Config) -> None:
         rep.add(PASS if answer else WARN, "agent readings", f"a reading on request in {time.monotonic() - t0:.2f} s"
                 if answer else f"{late}: jobs' windows fall back to the agent's last reading (up to "
                 "agent.interval_s off at each end)")
-    elif st is None and not os.path.exists(state_path(cfg.paths.state_dir)):
+    elif st is None and not os.path.exists(statedir.agent_state(cfg.paths.state_dir)):
         rep.add(bad, "agent", f"{why}; start etc/gpueff-agent.service")
     else:  # unreadable, hung or dead; only a stopped agent is a mere warning where nvml is not the backend
         rep.add(bad if st and st.get("stopped") else FAIL, "agent", str(why))
@@ -280,12 +280,12 @@ def check_spool(rep: Report, cfg: Config) -> None:
     now = time.time()
     ages: list[float] = []
     quarantined: list[str] = []
-    incoming, qdir = (os.path.join(cfg.paths.spool_dir, d) for d in ("incoming", "quarantine"))
+    incoming, qdir = spool.incoming_dir(cfg.paths.spool_dir), spool.quarantine_dir(cfg.paths.spool_dir)
     with contextlib.suppress(FileNotFoundError), os.scandir(incoming) as it:
         ages = [now - e.stat(follow_symlinks=False).st_mtime for e in it if not e.name.startswith(".")]
     stuck = [a for a in ages if a > cfg.spool.stuck_h * 3600]
     with contextlib.suppress(FileNotFoundError), os.scandir(qdir) as it:
-        quarantined = [e.name for e in it if not e.name.endswith(".error") and not e.name.startswith(".")]
+        quarantined = [e.name for e in it if not e.name.endswith(spool.ERROR) and not e.name.startswith(".")]
     found = []
     if stuck:
         found.append(f"{len(stuck)} record(s) in {incoming} waiting longer than {cfg.spool.stuck_h:g} h (the oldest "
@@ -303,7 +303,7 @@ def check_spool_space(rep: Report, cfg: Config) -> None:
     """Room in the spool's filesystem for the largest record it takes (``[spool] max_file_mb``) and an inode: a
     full or read-only one sends every Epilog's record to a fallback. "Writable" (check_dirs) is only the
     permission."""
-    from .. import fmt, spool
+    from .. import fmt
 
     path = cfg.paths.spool_dir
     where = _existing(path)
@@ -343,7 +343,6 @@ def _existing(path: str) -> str:
 def check_spool_fallback(rep: Report, cfg: Config) -> None:
     """Records the Epilog put in a fallback spool because the spool would not take them: FAIL while any wait
     (saying where, how many, and whether a reboot loses them); else where the next one would go."""
-    from .. import spool
     from ..access.client import api_url
 
     waiting = []
@@ -383,7 +382,7 @@ def check_forwarder(rep: Report, cfg: Config) -> None:
     api_url there is no forwarder."""
     from .. import fmt
     from ..access.client import api_url
-    from ..node.push import heartbeat_path, read_heartbeat
+    from ..node.push import read_heartbeat
 
     if not api_url(cfg.service):
         rep.add(PASS, "forwarder", "none to check: no [service] api_url (the shared-spool layout, where the "
@@ -394,7 +393,7 @@ def check_forwarder(rep: Report, cfg: Config) -> None:
     while beat is None and time.monotonic() < deadline and _forwarders(cfg):  # started a moment ago, as right
         time.sleep(0.2)  # after `systemctl enable --now gpueff-forward`: give it its first heartbeat
         beat = read_heartbeat(cfg)
-    path = heartbeat_path(cfg)
+    path = statedir.forward_heartbeat(cfg.paths.state_dir)
     start = "systemctl enable --now gpueff-forward"
     if beat is None:
         rep.add(FAIL, "forwarder", f"gpueff forward has not run here (no {path} since the state dir was made, e.g. "

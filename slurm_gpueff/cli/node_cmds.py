@@ -64,15 +64,19 @@ def _agent(args: argparse.Namespace) -> int:
     if interval is not None and not (math.isfinite(interval) and interval > 0):
         raise UsageError("--energy-interval must be a positive number of seconds")
     config = load_config(args)
+    from .. import live
     from ..node.run import run_agent
+    from ..seff.livecard import answerer
 
     log_to_stderr(args.verbose, "agent")
-    return run_agent(config, once=args.once, energy_interval_s=interval)
+    # The agent's process, with what lies above the node's layer: live records and seff-gpu's live card.
+    return run_agent(config, once=args.once, energy_interval_s=interval, live_records=live.publish,
+                     live_card=answerer(config))
 
 
 def _live(args: argparse.Namespace) -> int:
     config = load_config(args)
-    from ..node import live
+    from .. import live
 
     problems: list[str] = []
     paths = live.publish(config, log=problems.append)
@@ -88,7 +92,7 @@ def _live(args: argparse.Namespace) -> int:
 def _install(target: str | None, config_path: str | None, force: bool) -> int:
     if not target:
         raise UsageError("hook install needs a target directory: gpueff hook install DIR")
-    from ..node.hook_install import install_hooks
+    from .hook_install import install_hooks
 
     # `gpueff --config PATH hook install DIR`: the scripts read PATH (slurmd passes no GPUEFF_CONFIG).
     for path in install_hooks(target, config_path=config_path, force=force):

@@ -10,7 +10,7 @@ the last 7 days up to now.
 
 One flow: the arguments -> a :class:`SeffQuery` -> an :class:`Answer` -> printed, its HTML pages written
 as files by this process (as the calling user), its exit status returned. The Answer comes from
-:func:`reports.jobview.answer`, run here when this user may read the database (root, the service account,
+:func:`seff.answer.answer`, run here when this user may read the database (root, the service account,
 the demo: :func:`direct`), else by ``gpueff serve``'s API (service/api.py), which learns who asks from a
 MUNGE credential. The service path imports nothing beyond the standard library.
 """
@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
-from ..reports.jobview import EXIT_DENIED, EXIT_ERROR, EXIT_UNKNOWN, MAX_LIMIT, TABLE_LIMIT, Answer, SeffQuery
+from ..seff.query import EXIT_DENIED, EXIT_ERROR, EXIT_UNKNOWN, MAX_LIMIT, TABLE_LIMIT, Answer, SeffQuery
 from .common import CONFIG_HELP, CONFIG_NOTE, CommandError, OneLineParser, UsageError, run_command
 
 if TYPE_CHECKING:
@@ -159,7 +159,7 @@ def _ask(query: SeffQuery, config: Config) -> Answer:
     if here is not None:
         return here
     if direct(config):
-        from ..reports.jobview import answer
+        from ..seff.answer import answer
 
         return answer(query, config, _own_viewer(config))
     return ask_service(query, config.service)

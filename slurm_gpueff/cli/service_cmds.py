@@ -37,8 +37,6 @@ def add_parsers(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     i = sub.add_parser("ingest", parents=[common],
                        help="load finished-job records from the spool into the database")
     i.add_argument("--limit", type=int, metavar="N", help="ingest at most N records")
-    i.add_argument("--workers", type=int, metavar="N",
-                   help="no effect, accepted so that existing scripts keep working: ingest runs in one process")
     i.add_argument("--quiet", action="store_true", help="no progress bar and no summary unless errors")
     db = sub.add_parser("db", parents=[common], help="the database: upgrade (migrate), show the revision, or "
                         "check its integrity",
@@ -70,14 +68,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--limit-s: `db check` only, 0 (no limit) or more seconds")
     if args.command == "ingest":
         at_least_one("--limit", args.limit)
-        if args.workers is not None and not 0 <= args.workers <= 64:
-            raise UsageError("--workers must be 0 to 64")
     if args.command == "forward":
         at_least_one("--batch", args.batch)
     config = load_config(args)
     if args.command == "ingest":
-        if args.workers is not None:
-            err("--workers has no effect: ingest runs in one process")
         return _ingest(config, args.limit, args.quiet)
     if args.command == "db" and args.action == "check":
         return _db_check(config, args.limit_s)
@@ -96,9 +90,10 @@ def run(args: argparse.Namespace) -> int:
 def _ingest(config: Config, limit: int | None, quiet: bool) -> int:
     import logging
 
+    from ..access.spool_trust import configured_trust
     from ..service.summarize import summarize_pending
     from ..storage.db import first_line
-    from ..storage.ingest import configured_trust, ingest_spool
+    from ..storage.ingest import ingest_spool
 
     if not logging.getLogger().handlers:  # its log lines are for `gpueff serve`'s journal; here the result
         logging.getLogger("slurm_gpueff.storage").addHandler(logging.NullHandler())  # says it, once
@@ -167,6 +162,7 @@ def _db_check(config: Config, limit_s: float) -> int:
     """Check the whole database now and leave (or take away) SQLite's damage mark: after a restore, or to
     see for oneself what the service's daily check found. Exit 0 sound, 1 damaged or not finished."""
     from ..storage import integrity
+    from ..storage.db import check_engine
     from ..storage.dburl import database_url, safe_url, sqlite_file
 
     path = sqlite_file(database_url(config.paths.database))
@@ -175,7 +171,7 @@ def _db_check(config: Config, limit_s: float) -> int:
         raise GpueffError(f"job database {path} does not exist (yet): nothing to check")
     marked = path is not None and os.path.exists(integrity.mark_of(path))
     with database(config, create=False, read_only=not path, checking=True) as engine:
-        state, detail = integrity.check_engine(engine, limit_s or 1e9)
+        state, detail = check_engine(engine, limit_s or 1e9)
     if path:
         try:
             integrity.record(path, state, detail)

@@ -28,9 +28,6 @@ def add_parsers(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     d.add_argument("--config", metavar="PATH", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     d.add_argument("--dir", metavar="DIR", help="where to build the demo cluster (default ./gpueff-demo); it is "
                    "kept afterwards, and the next demo in the same DIR replaces it")
-    # Accepted, not shown: the demo always keeps its folder, so the flag never did anything; scripts that pass
-    # it keep working.
-    d.add_argument("--keep", action="store_true", help=argparse.SUPPRESS)
 
     c = sub.add_parser("config", parents=[common], help="configuration tools")
     csub = c.add_subparsers(dest="config_command", metavar="ACTION", required=True)

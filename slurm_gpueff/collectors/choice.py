@@ -21,12 +21,12 @@ def get_collector(config: Config) -> Collector:
     publishing, else allocation-only."""
     backend = config.collector.backend
     if backend == "auto":
-        from .agent_files import state_path
+        from .. import statedir
         from .dcgm_bindings import probe
 
         if probe(config.dcgm.hostengine, config.dcgm.connect_timeout_s) is None:  # a bounded connect, no bindings
             backend = "dcgm"
-        elif os.path.exists(state_path(config.paths.state_dir)):  # the agent publishes (nvml says if it is stale)
+        elif os.path.exists(statedir.agent_state(config.paths.state_dir)):  # the agent publishes (nvml: is it stale)
             backend = "nvml"
         else:
             return NoneCollector(config, "no GPU collector running on this node (auto: no DCGM, no gpueff agent)")

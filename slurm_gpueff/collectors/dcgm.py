@@ -15,14 +15,14 @@ import logging
 import os
 import time
 
-from .. import spool
+from .. import spool, statedir
+from ..node import gpu_ids
+from ..node.agent_files import read_state
+from ..node.gpu_ids import PROC_GPUS, job_slices, normalize_bus_id, proc_gpus
 from ..record import METRICS, empty_gpu
 from . import dcgm_bindings as dcgmb
-from . import gpu_ids
-from .agent_files import read_state, state_path
 from .base import NO_START, Collector, JobContext, Measurement, NoneCollector, slurm_index_to_minor
 from .dcgm_bindings import fp64, handle, handle_int, i32, i64
-from .gpu_ids import PROC_GPUS, job_slices, normalize_bus_id, proc_gpus
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -76,7 +76,7 @@ class DcgmCollector(Collector):
 
     def _fallback(self, wanted: bool = False) -> NvmlCollector | None:
         """The nvml collector when the gpueff agent publishes on this node (or was used at start)."""
-        if wanted or os.path.exists(state_path(self.config.paths.state_dir)):
+        if wanted or os.path.exists(statedir.agent_state(self.config.paths.state_dir)):
             return self._nvml()
         return None
 

@@ -17,12 +17,13 @@ import json
 import logging
 import time
 
+from .. import statedir
+from ..node import gpu_ids, integrals, tickwire
+from ..node.agent_files import mig_key, read_job_timeline
+from ..node.nvml_sampler import GPM_METRICS, NO_GPM_REASON
 from ..record import empty_gpu
-from . import gpu_ids, integrals, tickwire
 from . import window as win
-from .agent_files import mig_key, read_job_timeline, state_path
 from .base import NO_START, Collector, JobContext, Measurement, slurm_index_to_minor
-from .nvml_sampler import GPM_METRICS, NO_GPM_REASON
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -63,7 +64,7 @@ class NvmlCollector(Collector):
 
     def read_state(self) -> tuple[dict[str, Any] | None, str | None]:
         """(state, None) when usable, else (state or None, reason)."""
-        path = state_path(self.state_dir)
+        path = statedir.agent_state(self.state_dir)
         try:
             with open(path, "rb") as fh:
                 state = json.loads(fh.read())

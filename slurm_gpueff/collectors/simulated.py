@@ -11,12 +11,12 @@ of a profile over a window nobody watched.
 
 from __future__ import annotations
 
-import os
 import zlib
 
+from .. import statedir
+from ..node.gpu_ids import UTIL_REASON, job_slices, parse_legacy_mig
 from ..record import FRACTIONS, empty_gpu
 from .base import NO_START, Collector, JobContext, Measurement
-from .gpu_ids import UTIL_REASON, job_slices, parse_legacy_mig
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -76,7 +76,7 @@ def choose_profile(config: Config, job: JobContext) -> str:
     name = job.env.get("GPUEFF_SIM_PROFILE")
     if not name:
         try:
-            with open(os.path.join(config.paths.state_dir, "sim", f"{job.job_id}.profile")) as fh:
+            with open(statedir.sim_profile(config.paths.state_dir, job.job_id)) as fh:
                 name = fh.read().strip()
         except OSError:
             name = None

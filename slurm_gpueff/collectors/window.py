@@ -9,11 +9,12 @@ gap. The agent publishes the gaps it had (restarts, stalls); ``measured_s`` is t
 
 from __future__ import annotations
 
+from ..record import MAX_GAPS
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-MAX_GAPS = 64
 DOWN_AT_END = "agent not running at job end"
 
 

@@ -3,13 +3,13 @@
 A Prolog/Epilog pair runs only at a job's two ends, so the agent samples all through and publishes per
 GPU (and per MIG GPU instance) cumulative integrals in ``agent/state.json`` and timeline files, which the
 hooks difference (:mod:`slurm_gpueff.collectors.nvml`; docs/DESIGN.md "Data flow", docs/FIGURES.md). A hook
-can ask for a reading at once (:mod:`slurm_gpueff.collectors.tickwire`), so a job's window runs from its Prolog
+can ask for a reading at once (:mod:`slurm_gpueff.node.tickwire`), so a job's window runs from its Prolog
 to its Epilog; a restarted agent resumes its counters (:mod:`.resume`). Of jobs it knows only their peak
 memory and who runs them (for the per-job /metrics, :mod:`.job_metrics`), while a Prolog's
 ``jobs/<job_id>.json`` exists (:mod:`slurm_gpueff.jobstate`). The energy counter is NVML's slowest call:
 read every ``ENERGY_INTERVAL_S`` and at every requested reading, extended in between by the power integral;
 GPM samples are turned into figures at the same pace (and at every reading of a GPU that jobs share), since
-that is NVML's other costly call (:mod:`slurm_gpueff.collectors.nvml_sampler`).
+that is NVML's other costly call (:mod:`slurm_gpueff.node.nvml_sampler`).
 """
 
 from __future__ import annotations
@@ -24,11 +24,13 @@ import uuid as uuidlib
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from .. import jobstate, spool
-from ..collectors import integrals
-from ..collectors.agent_files import line_time, mig_key, state_path, timeline_path
-from ..collectors.gpu_ids import parse_legacy_mig
-from ..collectors.nvml_sampler import (
+from .. import jobstate, spool, statedir
+from . import attribution, integrals, resume
+from .agent_files import line_time, mig_key
+from .attribution import UNATTRIBUTED, JobShare
+from .gpu_ids import parse_legacy_mig
+from .job_metrics import GpuNow, JobFile, JobPart, job_series, read_job_file
+from .nvml_sampler import (
     GPM_METRICS,
     NO_GPM_REASON,
     GpuInfo,
@@ -38,17 +40,14 @@ from ..collectors.nvml_sampler import (
     ProcSample,
     Sampler,
 )
-from . import attribution, resume
-from .attribution import UNATTRIBUTED, JobShare
-from .job_metrics import GpuNow, JobFile, JobPart, job_series, read_job_file
 from .proc_jobs import ProcessJobs
 
 if TYPE_CHECKING:
 
     from prometheus_client.metrics_core import Metric
 
-    from ..collectors.integrals import Counters
     from ..config import Config
+    from .integrals import Counters
 
 log = logging.getLogger("slurm_gpueff.agent")
 
@@ -222,7 +221,7 @@ class Agent:
 
     def open(self) -> None:
         infos = self.sampler.open()
-        prev, why = resume.previous(state_path(self.state_dir), STATE_VERSION, self.boot)
+        prev, why = resume.previous(statedir.agent_state(self.state_dir), STATE_VERSION, self.boot)
         now = self.clock()
         self.gpus = {i.uuid: _Gpu(i, why, now) for i in infos}
         resumed = []
@@ -239,7 +238,7 @@ class Agent:
             if isinstance(jobs, dict):
                 self.job_peaks = {str(j): {str(u): int(v) for u, v in p.items() if isinstance(v, int)}
                                   for j, p in jobs.items() if isinstance(p, dict)}
-        os.makedirs(os.path.join(self.state_dir, "agent", "timeline"), mode=0o755, exist_ok=True)
+        os.makedirs(statedir.timelines(self.state_dir), mode=0o755, exist_ok=True)
         desc = ", ".join(f"{i.uuid} ({i.model}, {'GPM' if i.gpm_supported else i.gpm_reason})" for i in infos)
         log.info("gpueff agent %s on %s: %d GPU(s), interval %.1f s: %s", self.instance[:8], self.host,
                  len(infos), self.interval_s, desc)
@@ -383,7 +382,7 @@ class Agent:
         try:
             entries = jobstate.entries(self.state_dir)  # the Prologs' saved states: the jobs running here
         except OSError as exc:
-            log.warning("cannot list %s: %s", jobstate.directory(self.state_dir), exc)
+            log.warning("cannot list %s: %s", statedir.jobs(self.state_dir), exc)
             return
         for e in entries:
             job_id = e.name[:-5]
@@ -505,7 +504,7 @@ class Agent:
 
     def write_state(self, stopped: bool = False) -> None:
         data = json.dumps(self.state(stopped), separators=(",", ":"), allow_nan=False).encode()
-        spool.atomic_write(state_path(self.state_dir), data, mode=0o644, durable=False)
+        spool.atomic_write(statedir.agent_state(self.state_dir), data, mode=0o644, durable=False)
 
     def _maybe_timeline(self, now: float) -> None:
         if self.last_timeline_wall is not None and now - self.last_timeline_wall < self.timeline_interval_s - 1e-6:
@@ -518,7 +517,7 @@ class Agent:
         for u, c, extra in series:
             line = {"t": round(now, 3), "instance": self.instance, **extra,
                     **integrals.published(c, integrals.TIMELINE_METRICS)}
-            path = timeline_path(self.state_dir, u)
+            path = statedir.timeline(self.state_dir, u)
             try:
                 with open(path, "a") as fh:
                     fh.write(json.dumps(line, separators=(",", ":"), allow_nan=False) + "\n")
@@ -531,7 +530,7 @@ class Agent:
     def prune_timelines(self, now: float) -> None:
         """Drop timeline lines older than ``agent.timeline_keep_h``."""
         cutoff = now - self.keep_s
-        d = os.path.join(self.state_dir, "agent", "timeline")
+        d = statedir.timelines(self.state_dir)
         try:
             names = [n for n in os.listdir(d) if n.endswith(".jsonl")]
         except OSError:

@@ -32,15 +32,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..collectors import integrals
-from ..collectors.nvml_sampler import ProcSample
-from . import resume
+from ..record import MAX_WITH
+from . import integrals, resume
+from .nvml_sampler import ProcSample
 from .proc_jobs import Owner
 
 UNATTRIBUTED = "unattributed"
 MPS_UNMEASURED = ("the GPU ran MPS clients: NVML credits all their kernels to the MPS server, so this job's own "
                   "part cannot be measured")
-MAX_WITH = 64  # other jobs named per job and GPU (a GPU split among more is rare; the count stays exact)
 
 
 @dataclass

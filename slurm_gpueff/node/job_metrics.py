@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
     from prometheus_client.metrics_core import Metric
 
-    from ..collectors.nvml_sampler import GpuInfo
+    from .nvml_sampler import GpuInfo
 
 LABELS = ("job_id", "gpu", "minor")
 PER_USER_LABELS = ("job_id", "user", "account", "gpu", "minor")  # with [agent] metrics_per_user

@@ -3,11 +3,11 @@
 ``seff-gpu JOBID`` run on the node where the job runs asks here first: the agent takes a reading now and
 answers with the job's card so far, so its owner need not wait for the next live record and its ingest.
 Anyone may connect (the socket is 0666); the agent learns who asks from the kernel (``SO_PEERCRED``), never
-from the request, and the answer function it is given (node/liveview.py's, handed over by node/run.py, which
-wires the agent's process) applies the privacy rules. seff-gpu, by the same means, asks only a process of
-root's there (the agent's account), else the service, which proves itself. The request is one JSON line
-``{"job": "123", "json": false}``; the answer one JSON line, a seff-gpu Answer. Stdlib only: seff-gpu's
-client side imports this.
+from the request, and the answer function it is given (seff/livecard.py's, handed over by ``gpueff agent``
+to node/run.py, which wires the agent's process) applies the privacy rules. seff-gpu, by the same means,
+asks only a process of root's there (the agent's account), else the service, which proves itself. The
+request is one JSON line ``{"job": "123", "json": false}``; the answer one JSON line, a seff-gpu Answer.
+Stdlib only: seff-gpu's client side imports this.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import os
 import socket
 import socketserver
 
+from .. import statedir
 from ..access import peer
 
 TYPE_CHECKING = False
@@ -29,10 +30,6 @@ if TYPE_CHECKING:
 
 MAX_LINE = 4096
 MAX_ANSWER = 16 << 20
-
-
-def socket_path(state_dir: str) -> str:
-    return os.path.join(state_dir, "agent", "live.sock")
 
 
 AGENT_UID = 0  # the agent runs as root: it reads every job's processes and the GPUs' counters
@@ -75,7 +72,7 @@ class LiveServer(socketserver.ThreadingUnixStreamServer):
 
 def ask(state_dir: str, job: str, as_json: bool, timeout_s: float) -> dict[str, Any] | None:
     """The agent's answer for ``job``, or None when no agent answers here (then seff-gpu asks as usual)."""
-    path = socket_path(state_dir)
+    path = statedir.live_socket(state_dir)
     if not os.path.exists(path):
         return None
     try:

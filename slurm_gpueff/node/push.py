@@ -38,22 +38,19 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
-from .. import spool
+from .. import spool, statedir
 from ..access.client import RECORDS_PATH, Reply, Unreachable, api_url, post_signed
+from ..access.spool_trust import SpoolTrust, configured_trust, read_json, spool_trust
 from ..config import Config
 from ..errors import ConfigError, RecordError
-
-if TYPE_CHECKING:
-    from ..storage.ingest import SpoolTrust
 
 log = logging.getLogger("gpueff.forward")
 
 BATCH = 500  # records per push: a few hundred kB for typical records
-HEARTBEAT = "forward.json"  # in state_dir
 MAX_RETRY_AFTER_S = 3600.0  # the longest a "busy" service may send a node away (its turn after a long herd)
 _ENVELOPE = 256  # bytes of the body around its records, and per record around its JSON
 
@@ -84,8 +81,6 @@ class Forwarder:
     """This node's spool, the service's address, and what a pass needs between passes."""
 
     def __init__(self, config: Config, batch: int = BATCH):
-        from ..storage.ingest import configured_trust
-
         if not api_url(config.service):
             raise ConfigError("gpueff forward pushes records to gpueff serve: set [service] api_url to the service's "
                               "address (e.g. http://gpueff.example.org:9820), as on login nodes")
@@ -127,8 +122,6 @@ class Forwarder:
     def _stranded(self, in_spool: set[str], res: PassResult) -> list[str]:
         """The records waiting in fallback spools (those the drain could not move back), oldest first; one
         whose name is in the spool, or in another fallback before it, is quarantined where it is instead."""
-        from ..storage.ingest import spool_trust
-
         out: list[str] = []
         seen = set(in_spool)
         for d in spool.fallback_dirs(self.config, os.environ):
@@ -148,8 +141,6 @@ class Forwarder:
         return out
 
     def _read(self, path: str, res: PassResult, fallback: bool = False) -> _Item | None:
-        from ..storage.ingest import read_json
-
         trust = self.fallback_trust.get(os.path.normpath(_spool_of(path)), self.trust) if fallback else self.trust
         try:
             st = os.lstat(path)
@@ -261,7 +252,7 @@ class Heartbeat:
     that cannot be written is logged once and the records still go."""
 
     def __init__(self, config: Config):
-        self.path = heartbeat_path(config)
+        self.path = statedir.forward_heartbeat(config.paths.state_dir)
         self.push_s = float(config.service.api_timeout_s)
         self.once = False
         self.failed = False
@@ -289,14 +280,10 @@ class Heartbeat:
             self.failed = True
 
 
-def heartbeat_path(config: Config) -> str:
-    return os.path.join(config.paths.state_dir, HEARTBEAT)
-
-
 def read_heartbeat(config: Config) -> dict[str, Any] | None:
     """The forwarder's last heartbeat; None when there is none (never ran since the state dir was made)."""
     try:
-        with open(heartbeat_path(config), "rb") as fh:
+        with open(statedir.forward_heartbeat(config.paths.state_dir), "rb") as fh:
             data = orjson.loads(fh.read(65536))
     except FileNotFoundError:
         return None

@@ -14,12 +14,13 @@ from __future__ import annotations
 import json
 import uuid as uuidlib
 
+from ..record import MAX_GAPS
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
-MAX_GAPS = 64  # the record's limit too (record.MAX_GAPS)
 
 FIRST_START = "agent started (no earlier state on this node)"
 REBOOTED = "node rebooted"

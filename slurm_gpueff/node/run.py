@@ -1,10 +1,12 @@
 """The node agent's process, wired in one place: ``gpueff agent``.
 
 :mod:`.agent` keeps and publishes the GPUs' state; this module runs it and everything around it: signals,
-the schedule, a hook's request for a reading (:mod:`slurm_gpueff.collectors.tickwire`, served in a socket
+the schedule, a hook's request for a reading (:mod:`slurm_gpueff.node.tickwire`, served in a socket
 thread and taken by the main loop between its regular ticks), /metrics with the per-job series
-(:mod:`.job_metrics`), the running jobs' live records (:mod:`.live`) every ``agent.live_interval_s``, and
-seff-gpu's socket on this node (:mod:`.live_socket`, answered by :mod:`.liveview`).
+(:mod:`.job_metrics`), the running jobs' live records every ``agent.live_interval_s``, and seff-gpu's socket
+on this node (:mod:`.live_socket`). The last two are handed over by ``gpueff agent`` (cli/node_cmds.py): a
+live record is measured as the Epilog measures (slurm_gpueff.live, above the backends) and a card is
+seff-gpu's engine's (slurm_gpueff.seff), both above this layer, which the hooks' backends import.
 """
 
 from __future__ import annotations
@@ -19,16 +21,16 @@ import threading
 import time
 from collections.abc import Callable
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from .. import statedir
 from ..access import scrape
-from ..collectors import tickwire
-from ..collectors.nvml_sampler import GPM_MIN_S, GPM_SKIP_S, GPM_STEP_S, NvmlSampler, Sampler
 from ..config import read_secret
 from ..errors import CollectorError, GpueffError
-from . import live, live_socket, liveview
+from . import tickwire
 from .agent import Agent
 from .live_socket import LiveServer
+from .nvml_sampler import GPM_MIN_S, GPM_SKIP_S, GPM_STEP_S, NvmlSampler, Sampler
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -62,12 +64,20 @@ def _metrics_token(config: Config) -> str | None:
     return read_secret(path, "agent.metrics_token_file", "the bearer token Prometheus sends") if path else None
 
 
+class LiveRecords(Protocol):
+    """What writes the running jobs' live records (slurm_gpueff.live.publish); ``log`` takes each job's problem."""
+
+    def __call__(self, cfg: Config, *, log: Callable[[str], None]) -> object: ...
+
+
 def run_agent(config: Config, *, once: bool = False, sampler: Sampler | None = None,
-              energy_interval_s: float | None = None) -> int:
+              energy_interval_s: float | None = None, live_records: LiveRecords | None = None,
+              live_card: Answerer | None = None) -> int:
     """The body of ``gpueff agent``: sample until SIGTERM/SIGINT (or one tick with ``once``). Returns 1
-    (after logging why) when the GPUs cannot be read at all, e.g. no NVIDIA driver. The running jobs' live
-    records are written right after a reading every ``agent.live_interval_s``; seff-gpu on this node gets a
-    running job's card up to the second through the live socket (not with ``once``)."""
+    (after logging why) when the GPUs cannot be read at all, e.g. no NVIDIA driver. With ``live_records``,
+    the running jobs' live records are written right after a reading every ``agent.live_interval_s``; with
+    ``live_card`` (seff/livecard.py's), seff-gpu on this node gets a running job's card up to the second
+    through the live socket (not with ``once``)."""
     agent = Agent(config, sampler if sampler is not None else NvmlSampler(),
                   energy_interval_s=energy_interval_s)
     try:
@@ -97,8 +107,8 @@ def run_agent(config: Config, *, once: bool = False, sampler: Sampler | None = N
         for sig in (signal.SIGTERM, signal.SIGINT):
             old[sig] = signal.signal(sig, _handler)
     readings_server = None if once else serve_readings(
-        tickwire.socket_path(agent.state_dir), readings, float(config.collector.tick_wait_s) + 1.0, log.error)
-    live_server = None if once else _serve_live(agent.state_dir, liveview.answerer(config))
+        statedir.reading_socket(agent.state_dir), readings, float(config.collector.tick_wait_s) + 1.0, log.error)
+    live_server = None if once or live_card is None else _serve_live(agent.state_dir, live_card)
     try:
         requested = False
         next_t = live_due = time.monotonic()
@@ -109,7 +119,8 @@ def run_agent(config: Config, *, once: bool = False, sampler: Sampler | None = N
             except OSError as exc:  # a full or read-only state dir must not kill sampling
                 log.warning("tick failed: %s", exc)
             readings.done({"updated": agent.updated, "ticks": agent.ticks})
-            live_due = _live(config, live_due, float(config.agent.live_interval_s))
+            if live_records is not None:
+                live_due = _live(config, live_records, live_due, float(config.agent.live_interval_s))
             if once or stop.is_set():
                 break
             next_t = _next_regular(next_t, agent.interval_s, requested)
@@ -134,7 +145,7 @@ def run_agent(config: Config, *, once: bool = False, sampler: Sampler | None = N
 
 def _serve_live(state_dir: str, answer: Answerer) -> LiveServer | None:
     """seff-gpu's socket on this node, in a daemon thread; None (logged) when it cannot be made."""
-    path = live_socket.socket_path(state_dir)
+    path = statedir.live_socket(state_dir)
     try:
         server = LiveServer(path, answer)
     except OSError as exc:
@@ -144,14 +155,14 @@ def _serve_live(state_dir: str, answer: Answerer) -> LiveServer | None:
     return server
 
 
-def _live(config: Config, due: float, every_s: float) -> float:
+def _live(config: Config, publish: LiveRecords, due: float, every_s: float) -> float:
     """Write the live records if they are due; the next time they are due. A failure is logged, and
     sampling goes on."""
     now = time.monotonic()
     if not every_s or now < due:
         return due
     try:
-        live.publish(config, log=_live_problem)
+        publish(config, log=_live_problem)
     except Exception as exc:  # noqa: BLE001 - live records must never stop the sampling jobs' figures need
         log.warning("live records failed: %s: %s", type(exc).__name__, exc)
     return max(due + every_s, now)

@@ -37,7 +37,7 @@ def _label(job: Any) -> str:
 def totals(jobs: Sequence[Any]) -> dict[str, Any]:
     """Sums and GPU-hour-weighted means over the jobs (each over the jobs where it was measured); a table cut
     to its newest lines gets the same figures over all its jobs from the database
-    (storage.queries.table_totals)."""
+    (storage.summaries.table_totals)."""
     def wmean(getter: Callable[[Any], float | None]) -> float | None:
         num = den = 0.0
         for j in jobs:

@@ -14,7 +14,7 @@ from ..analysis.figures import MEANS, GpuFigures, JobFigures, Waste
 from ..fmt import iso, job_label, number
 from .text import Runs, Timelines, final_state, is_live, state_text, state_word
 
-if TYPE_CHECKING:  # an ORM row or a plain row of storage.sqlite_read: only attributes are read
+if TYPE_CHECKING:  # an ORM row or a plain row of seff.sqlite_read: only attributes are read
     from ..models import Job
 
 SCHEMA = "slurm-gpueff/seff-gpu"
@@ -80,9 +80,9 @@ def job_document(job: Job, fig: JobFigures, diag: Diagnosis, runs: Runs = (),
                  timelines: Timelines | None = None, accounting: bool = True) -> dict[str, Any]:
     """One job's document (an element of ``jobs``). For a requeued job the figures are its last run's, and
     ``runs`` lists every run (``run`` < 0: not settled by accounting yet; docs/DESIGN.md, "Runs"); a job
-    never requeued has no ``runs``, its document is as before runs were told apart. ``timelines`` give each
-    GPU's ``series`` (null without one). ``accounting`` false: the site keeps no Slurm accounting, so what the
-    Epilog saw is final (``state_pending`` false, ``state_text`` says so)."""
+    never requeued has no ``runs``. ``timelines`` give each GPU's ``series`` (null without one). ``accounting``
+    false: the site keeps no Slurm accounting, so what the Epilog saw is final (``state_pending`` false,
+    ``state_text`` says so)."""
     nodes = list(dict.fromkeys(g.node for g in fig.gpus)) or ([job.nodelist] if job.nodelist else [])
     models = list(dict.fromkeys(g.model for g in fig.gpus if g.model))
     return {

@@ -16,7 +16,7 @@ from ..analysis.figures import JobFigures
 from ..analysis.precision import split
 from ..fmt import energy, gib, gpu_hours, hms, job_label, pct, plural, sparkline, utc_seconds, watts
 
-if TYPE_CHECKING:  # an ORM row or a plain row of storage.sqlite_read: only attributes are read
+if TYPE_CHECKING:  # an ORM row or a plain row of seff.sqlite_read: only attributes are read
     from ..models import Job
 
 WIDTH = 80
@@ -72,7 +72,7 @@ def state_word(job: Job) -> str:
 
 
 def is_live(job: Job) -> bool:
-    """A running job's row: its figures so far, from the latest live record (slurm_gpueff/node/live.py)."""
+    """A running job's row: its figures so far, from the latest live record (slurm_gpueff/live.py)."""
     return getattr(job, "record_source", "hook") == "live"
 
 

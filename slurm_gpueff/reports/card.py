@@ -31,8 +31,8 @@ from ..render.text import (
     state_text,
 )
 from . import charts
+from .pages import Page, render, sentence
 from .prices import Prices, bar_part, share
-from .templates import Page, render, sentence
 
 CHART_CID = "activity-chart"
 TIMES = "\u00d7"

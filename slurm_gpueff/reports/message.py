@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 from ..spool import atomic_write
 from .card import clean
-from .templates import Page
+from .pages import Page
 
 FILE_MODE = 0o640
 _UNFOLDED = policy.SMTP.clone(max_line_length=998)

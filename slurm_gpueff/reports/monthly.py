@@ -15,11 +15,12 @@ from sqlmodel import Session
 from .. import fmt
 from ..analysis.verdicts import RULES, label_of
 from ..config import Config
-from . import charts, queries
+from ..storage import summaries
+from ..storage.summaries import PARTS
+from . import charts
 from .card import clean
+from .pages import Page, render, sentence, toml
 from .prices import Prices, bar_part, share
-from .queries import PARTS
-from .templates import Page, render, sentence, toml
 
 ORDER = {**{r.name: n for n, r in enumerate(RULES)}, "": len(RULES)}  # then "" (no problem found), then None
 NO_PROBLEM = "No problem found"  # a GPU no verdict concerns, of a job with a verdict on its other GPUs
@@ -68,25 +69,25 @@ class Totals(NamedTuple):
         return share(self.hours[part], self.measured)
 
 
-def _totals(rows: Sequence[queries.Split], prices: Prices) -> Totals:
+def _totals(rows: Sequence[summaries.Split], prices: Prices) -> Totals:
     return Totals(jobs=sum(r.jobs for r in rows), hours={p: sum((r.hours[p] for r in rows), 0.0) for p in PARTS},
                   cost={p: prices.total((r.hours[p], r.gpu_type) for r in rows) for p in PARTS})
 
 
 def totals(session: Session, start: datetime, end: datetime, account: str | None, prices: Prices) -> Totals:
-    return _totals(queries.split(session, start, end, account), prices)
+    return _totals(summaries.split(session, start, end, account), prices)
 
 
 def by_group(session: Session, by: str, start: datetime, end: datetime, account: str | None,
              prices: Prices) -> dict[str, Totals]:
-    groups: dict[str, list[queries.Split]] = {}
-    for row in queries.split(session, start, end, account, by=by):
+    groups: dict[str, list[summaries.Split]] = {}
+    for row in summaries.split(session, start, end, account, by=by):
         groups.setdefault(row.key or "(unknown)", []).append(row)
     return {key: _totals(rows, prices) for key, rows in groups.items()}
 
 
-def by_verdict(parts: Sequence[queries.VerdictPart], prices: Prices) -> list[dict[str, Any]]:
-    """The month's GPUs by their verdict (queries.verdict_parts), in the rules' order: how many GPUs, of how
+def by_verdict(parts: Sequence[summaries.VerdictPart], prices: Prices) -> list[dict[str, Any]]:
+    """The month's GPUs by their verdict (summaries.verdict_parts), in the rules' order: how many GPUs, of how
     many jobs and users, their GPU-hours and lost hours, and the cost of those priced per GPU model. The
     rows add up to the month's GPUs, GPU-hours and lost hours; a job whose GPUs differ counts in each of
     their rows, so the jobs do not add up."""
@@ -108,7 +109,7 @@ def by_verdict(parts: Sequence[queries.VerdictPart], prices: Prices) -> list[dic
             for verdict, row in sorted(rows.items(), key=lambda kv: 99 if kv[0] is None else ORDER.get(kv[0], 98))]
 
 
-def worst_verdicts(parts: Sequence[queries.VerdictPart]) -> dict[str, str]:
+def worst_verdicts(parts: Sequence[summaries.VerdictPart]) -> dict[str, str]:
     """Per user (or account, the parts' key): the verdict whose GPUs lost it the most GPU-hours; healthy,
     no problem found and not assessed are no problem to name."""
     lost: dict[str, dict[str, float]] = {}
@@ -145,13 +146,13 @@ def build_summary(session: Session, config: Config, month: str, account: str | N
     prev_t = totals(session, *month_bounds(prev), account, prices)
     group_name = "user" if account is not None else "account"
     rows = _group_rows(by_group(session, group_name, start, end, account, prices),
-                       worst_verdicts(queries.verdict_parts(session, start, end, account, by=group_name)), prices)
-    verdicts = by_verdict(queries.verdict_parts(session, start, end, account), prices)
+                       worst_verdicts(summaries.verdict_parts(session, start, end, account, by=group_name)), prices)
+    verdicts = by_verdict(summaries.verdict_parts(session, start, end, account), prices)
     top_jobs = [{"id": fmt.job_label(j), "name": clean(j.job_name, 28), "user": clean(j.user, 20) or "n/a",
                  "account": clean(j.account, 20) or "n/a", "hours": fmt.gpu_hours(j.gpu_hours),
                  "wasted": fmt.gpu_hours(wasted), "wasted_share": fmt.pct(share(wasted, j.gpu_hours)),
                  "verdict": clean(j.verdict_title, 40) or "no verdict", "gpus": j.gpu_count}
-                for j, wasted in queries.most_wasteful(session, start, end, account)]
+                for j, wasted in summaries.most_wasteful(session, start, end, account)]
     title = month_title(month)
     trend = {
         "prev_title": month_title(prev), "has_prev": prev_t.jobs > 0,
@@ -173,7 +174,7 @@ def build_summary(session: Session, config: Config, month: str, account: str | N
         "wasted_cost": prices.fmt(now_t.wasted_cost),
         "trend": trend, "group_name": group_name, "rows": rows, "top_jobs": top_jobs, "verdicts": verdicts,
         "changes": things_to_change(verdicts), "prices": prices.enabled, "contact": clean(rep.contact, 200),
-        "site_wide": account is None, "simulated": queries.simulated_jobs(session, start, end, account),
+        "site_wide": account is None, "simulated": summaries.simulated_jobs(session, start, end, account),
     }
     chart = charts.split_chart(rows, sentence("monthly_chart_title", **ctx))
     return Page("monthly.html.j2", subject=sentence("monthly_subject", **ctx), text=render("monthly.txt.j2", **ctx),

@@ -8,7 +8,7 @@ Cards (``send_cards``): jobs that ended within ``reports.card_lookback_h``, anal
 row yet; most wasteful first, so the per-user daily limit keeps the cards that matter. Opted-out users,
 users over the limit and users without an address get a ``skipped`` row with the reason (so the job is
 not reconsidered on every run). A card waits until sacct enriched the job, so the state it mails is
-Slurm's final one (``queries.enrich_wait`` bounds the wait).
+Slurm's final one (``cards_due.enrich_wait`` bounds the wait).
 
 Monthly summaries go to the users an account's ``[leads]`` names, else (``reports.coordinators_as_leads``)
 to its Slurm account coordinators (``sacctmgr``); either way addressed like the cards' owners
@@ -35,11 +35,12 @@ from ..analysis.figures import job_figures, naive_utc
 from ..config import Config, ReportsConfig
 from ..fmt import job_label
 from ..models import Job, ReportLog
+from ..storage import summaries
 from ..storage.queries import gpu_timelines, job_gpus, job_runs
-from . import message, queries, sentlog, smtp
+from . import cards_due, message, sentlog, smtp
 from .card import CHART_CID, build_card, clean
 from .monthly import build_summary, month_bounds, previous_month
-from .templates import Page
+from .pages import Page
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +132,7 @@ def send_cards(config: Config, engine: Engine, *, dry_run: bool | None = None, n
     result = RunResult() if dry else retry_failed(config, engine, now=now)
     with Session(engine) as session:
         optouts = sentlog.opted_out(session, rep.optout_file)
-        for job in queries.card_candidates(session, config, now, dry, limit):
+        for job in cards_due.card_candidates(session, config, now, dry, limit):
             subject = f"{job.cluster}:{job.job_id}"
             user = job.user or ""
             skip = None
@@ -249,7 +250,7 @@ def send_monthly(config: Config, engine: Engine, *, month: str | None = None, ac
     result = RunResult()
     with Session(engine) as session:
         targets: list[str | None] = [account] if account is not None else [
-            *sorted(queries.accounts_with_jobs(session, start, end) | set(config.leads))]
+            *sorted(summaries.accounts_with_jobs(session, start, end) | set(config.leads))]
         coords = account_coordinators(config, result) if any(a not in config.leads for a in targets if a) else {}
         if site or (site is None and account is None):
             targets.append(None)

@@ -191,8 +191,8 @@ def held_back(session: Session, config: Config, user: str | None, t: datetime) -
 def tell_admins(config: Config, session: Session, job: Job, refusal: str, t: datetime) -> str:
     """Tell ``[reports] admins`` once per address that the server refuses it (the reports' sent-log keeps it
     to once); the outcome in words."""
+    from ..reports.pages import render, sentence
     from ..reports.runner import notify_admins, user_address
-    from ..reports.templates import render, sentence
 
     to = user_address(job.user, config.reports) or ""
     ctx = {"cluster": job.cluster, "address": to, "user": job.user or "", "job_label": job_label(job),
@@ -248,9 +248,9 @@ def cancel(config: Config, job: Job) -> str:
 def mail(config: Config, action: str, job: Job, seen: list[str], dry: bool) -> str:
     """The warning (or cancel notice) to the job's owner; written to the reports dir on a dry run."""
     from ..reports.message import Parts, build
+    from ..reports.pages import render, sentence
     from ..reports.runner import user_address
     from ..reports.smtp import DeliveryError, send
-    from ..reports.templates import render, sentence
 
     to = user_address(job.user, config.reports)
     if to is None:

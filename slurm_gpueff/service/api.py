@@ -1,8 +1,8 @@
 """``gpueff serve``'s HTTP API: how users read their jobs from a database private to the service, and how
 GPU nodes hand it their records.
 
-``POST /v1/seff``: seff-gpu's query (reports.jobview.SeffQuery as JSON); the answer is the
-reports.jobview.Answer as JSON, the same bytes seff-gpu's direct path prints. ``POST /v1/records``: a
+``POST /v1/seff``: seff-gpu's query (seff.query.SeffQuery as JSON); the answer is the
+seff.query.Answer as JSON, the same bytes seff-gpu's direct path prints. ``POST /v1/records``: a
 node's ``gpueff forward`` pushing spool records (service/intake.py), taken from root and ``[service]
 push_users`` only. ``POST /v1/ping``: a sealed round trip and nothing else (doctor). ``GET /v1/health``:
 not sealed, for anyone: JSON, ``{"status": "ok", "tasks": [...], ...}`` with 200, or ``"status": "damaged"``
@@ -53,16 +53,9 @@ from ..access.munge import CredentialRefused, MungeError
 from ..access.privacy import Viewer, user_name, viewer
 from ..config import Config
 from ..errors import GpueffError
-from ..reports.jobview import (
-    EXIT_NO_GPUS,
-    EXIT_OK,
-    EXIT_RUNNING,
-    MAX_LIMIT,
-    TABLE_LIMIT,
-    SeffQuery,
-    answer,
-    keep_engines,
-)
+from ..seff.answer import answer
+from ..seff.lookup import keep_engines
+from ..seff.query import EXIT_NO_GPUS, EXIT_OK, EXIT_RUNNING, MAX_LIMIT, TABLE_LIMIT, SeffQuery
 from .intake import Intake, IntakeError, push_uids
 from .refusals import Key, Pace
 
@@ -104,7 +97,7 @@ def parse_query(body: bytes) -> SeffQuery:
     type, its size, and text a database can take (no NUL, no unpaired surrogate: SQLite's driver cannot encode
     one, PostgreSQL refuses the other); nesting is bounded before the JSON parser recurses into it (20,000
     ``[`` made it raise RecursionError). The times are ISO text; one with an offset (``+14:00``) is turned into
-    UTC by the answer (reports/jobview.py), one that is not a time gets seff-gpu's usage answer there."""
+    UTC by the answer (seff/answer.py), one that is not a time gets seff-gpu's usage answer there."""
     if nests_deeper(body, MAX_DEPTH):
         raise HttpError(400, f"the body nests deeper than {MAX_DEPTH} levels: a query is one JSON object of "
                              "strings, numbers, true/false and null")

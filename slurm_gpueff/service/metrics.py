@@ -30,6 +30,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from sqlmodel import col
 
+from .. import spool
 from ..access.scrape import serve as serve  # the scheduler's name for it: the one guarded /metrics server
 from ..config import Config
 from ..models import UsageRollup
@@ -118,7 +119,7 @@ class UsageCollector(Collector):
         spool_dir = self.config.paths.spool_dir
         pending = GaugeMetricFamily("gpueff_spool_pending_records", "Records waiting in this host's spool")
         with contextlib.suppress(OSError):
-            pending.add_metric([], sum(1 for n in os.listdir(os.path.join(spool_dir, "incoming"))
+            pending.add_metric([], sum(1 for n in os.listdir(spool.incoming_dir(spool_dir))
                                        if n.endswith(".json")))
         yield pending
         if self.ctx is None:

@@ -32,12 +32,13 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ..config import Config
 from ..errors import GpueffError
-from .tasks import CHECK, REGISTRY, Context, Task, builtin_tasks, load_plugins, run_task
+from .tasks import CHECK, Context, Task, builtin_tasks, run_task
 
 log = logging.getLogger("gpueff.serve")
 
@@ -107,8 +108,10 @@ def put_back_on_time(sched: Any, ctx: Context, step_s: float) -> None:
                 "clock's schedule", step_s)
 
 
-def serve(config: Config) -> int:
-    """Run until SIGTERM/SIGINT (in the main thread: it installs their handlers). Returns the exit status."""
+def serve(config: Config, extra_tasks: Sequence[Task] = ()) -> int:
+    """Run until SIGTERM/SIGINT (in the main thread: it installs their handlers). Returns the exit status.
+    ``extra_tasks`` run beside the built-in ones: for the scheduling tests, which need a task that counts its
+    runs or hangs (tests/taskprobe.py); ``gpueff serve`` passes none."""
     from ..storage.db import engine_for, first_line
     from ..storage.dburl import UNAVAILABLE, safe_url, shown_here
 
@@ -123,9 +126,7 @@ def serve(config: Config) -> int:
     for task in builtin:  # the integrity check (when scheduled at all) before anything reads or writes
         if task.name == CHECK:
             run_task(ctx, task)
-    for problem in load_plugins(config):
-        log.error(problem)
-    tasks = builtin + list(REGISTRY.values())
+    tasks = builtin + list(extra_tasks)
     sched = build_scheduler(ctx, tasks)
     stop = threading.Event()
     server = None
@@ -142,7 +143,7 @@ def serve(config: Config) -> int:
 
     api = pushes = None
     if s.api_listen:
-        from ..storage.sqlite_read import answer_busy_s
+        from ..storage.dburl import answer_busy_s
         from . import api as api_mod
         from .taskhealth import report
 

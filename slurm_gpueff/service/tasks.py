@@ -1,11 +1,9 @@
-"""What the service runs on schedule: :func:`builtin_tasks`, and what the modules of ``service.plugins`` add
-with :func:`register_task`. A task is a function ``task(ctx) -> str`` (a one-line summary for the log);
-a task that raises is logged and runs again at its next time.
+"""What the service runs on schedule: :func:`builtin_tasks`. A task is a function ``task(ctx) -> str`` (a
+one-line summary for the log); a task that raises is logged and runs again at its next time.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 import time
 from collections.abc import Callable
@@ -78,17 +76,6 @@ class TaskFailed(GpueffError):
 UNAVAILABLE = "the job database is unavailable"
 
 
-REGISTRY: dict[str, Task] = {}
-
-
-def register_task(name: str, func: Callable[[Context], str | None], *, interval_s: float | None = None,
-                  cron: dict[str, Any] | None = None) -> None:
-    """Add a scheduled task (e.g. from a plugin module listed in ``service.plugins``)."""
-    if (interval_s is None) == (cron is None):
-        raise ValueError(f"task {name}: give exactly one of interval_s and cron")
-    REGISTRY[name] = Task(name, func, interval_s, cron)
-
-
 # ------------------------------------------------------------------------------------------ built-ins
 CHECK = "database_check"  # the one task that still runs on a damaged database: it finds it sound again
 
@@ -99,10 +86,11 @@ def database_check(ctx: Context) -> str:
     (:func:`run_task`) and the API answers 503, with one line, until a check finds the file sound again
     (restored from a backup); SQLite's file also gets the mark that stops every command (storage/integrity.py)."""
     from ..storage import integrity
+    from ..storage.db import check_engine
     from ..storage.dburl import database_url, safe_url, sqlite_file
 
     name = safe_url(ctx.config.paths.database)
-    state, detail = integrity.check_engine(ctx.engine, ctx.config.service.integrity_limit_s)
+    state, detail = check_engine(ctx.engine, ctx.config.service.integrity_limit_s)
     path = sqlite_file(database_url(ctx.config.paths.database))
     if path:
         try:
@@ -123,7 +111,8 @@ def database_check(ctx: Context) -> str:
 
 
 def ingest(ctx: Context) -> str:
-    from ..storage.ingest import configured_trust, ingest_spool
+    from ..access.spool_trust import configured_trust
+    from ..storage.ingest import ingest_spool
     from .summarize import summarize_pending
 
     res = ingest_spool(ctx.engine, ctx.config.paths.spool_dir, trust=configured_trust(ctx.config))
@@ -218,17 +207,6 @@ def builtin_tasks(config: Config) -> list[Task]:
     if config.alerts.enabled:  # the idle-GPU policy over running jobs ([alerts]; off by default)
         out.append(Task("alerts", alerts, config.alerts.interval_s))
     return [t for t in out if t.cron is not None or (t.interval_s or 0) > 0]
-
-
-def load_plugins(config: Config) -> list[str]:
-    """Import the modules of ``service.plugins`` (they call :func:`register_task`); returns problems."""
-    problems = []
-    for name in config.service.plugins:
-        try:
-            importlib.import_module(name)
-        except Exception as exc:  # noqa: BLE001 - a broken plugin must not stop the service
-            problems.append(f"plugin {name}: {type(exc).__name__}: {exc}")
-    return problems
 
 
 def run_task(ctx: Context, task: Task) -> None:

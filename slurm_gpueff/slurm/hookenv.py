@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import os
 
+from ..record import MAX_TIME
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -24,11 +26,10 @@ if TYPE_CHECKING:
 _NO_GPU_VALUES = ("", "NoDevFiles")
 
 # Bounds: Slurm's ids and counts are 32-bit unsigned (0xfffffffe and up are its NO_VAL markers), uids too
-# (-1 is "no uid"); an exit code is a byte; an epoch time must be a date the database can hold (year < 10000).
+# (-1 is "no uid"); an exit code is a byte; an epoch time must be a date the database can hold (record.MAX_TIME).
 MAX_ID = 0xFFFFFFFD
 MAX_UID = 0xFFFFFFFE
 MAX_EXIT = 255
-MAX_TIME = 253402300799
 MAX_RESTARTS = 0xFFFF  # Slurm's restart_cnt is 16-bit
 MAX_OFFSET = 0x7FFFFFFF  # het offsets: the database's 32-bit signed column
 MAX_GPU_INDEX = 1023  # far beyond any node's GPU count: a larger "index" is junk, not a GPU

@@ -13,10 +13,10 @@ import re
 from typing import NamedTuple
 
 from ..errors import JobIdError
+from .hookenv import MAX_ID
 
 # Slurm's job ids, array task ids and het offsets are 32-bit unsigned (NO_VAL = 0xfffffffe and up are
 # markers): a larger number is no job, and would not fit the database's integers.
-MAX_ID = 0xFFFFFFFD
 _MAX_DIGITS = len(str(MAX_ID))  # longer numbers are refused before int(), which refuses 4300+ digits itself
 _SHOWN = 64  # characters of a bad id echoed in the message: a pasted megabyte stays one short line
 _RE = re.compile(r"^(?P<job>\d+)(?:_(?P<task>\d+)|\+(?P<het>\d+))?(?:\.(?:batch|extern|interactive|\d+))?$", re.ASCII)

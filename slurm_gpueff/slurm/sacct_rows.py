@@ -19,8 +19,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .hookenv import parse_exit_text
-from .jobid import MAX_ID, is_digits
+from .hookenv import MAX_ID, parse_exit_text
+from .jobid import is_digits
 
 # The job fields asked of ``sacct -P``; JobName last because it may contain the delimiter.
 PARSABLE_FIELDS = ("JobIDRaw", "JobID", "Cluster", "User", "UID", "Account", "Partition", "QOS", "NodeList",

@@ -29,8 +29,8 @@ from sqlmodel import create_engine
 
 from .. import models  # noqa: F401  (registers the tables on SQLModel.metadata)
 from ..config import read_secret
-from .dburl import database_url, sqlite_file
-from .sqlite_read import BUSY_S
+from . import integrity
+from .dburl import BUSY_S, database_url, read_uri, sqlite_file
 
 if TYPE_CHECKING:
     from ..config import PathsConfig
@@ -48,12 +48,12 @@ def make_engine(value: str, create: bool = True, *, password_file: str = "", rea
     """The engine; with ``create``, SQLite's directory is created and the schema made current, and a server
     database raises ``migrate.SchemaError`` until ``gpueff db upgrade`` has run (storage/migrate.py).
     ``read_only``: for readers that never write; on SQLite also for a user who may read the file but not
-    write it or its directory (``sqlite_read.read_uri``). A SQLite file the integrity check marked damaged
+    write it or its directory (``dburl.read_uri``). A SQLite file the integrity check marked damaged
     raises :class:`DatabaseDamaged` (storage/integrity.py), unless ``checking`` (opened to check it again).
 
     ``busy_s``: how long a statement waits for a lock another connection holds before it fails with an
-    OperationalError ("database is locked"): SQLite's busy timeout (``sqlite_read.BUSY_S`` when not given);
-    on a server, given only for requests somebody waits on (sqlite_read.answer_busy_s), the connection's
+    OperationalError ("database is locked"): SQLite's busy timeout (``dburl.BUSY_S`` when not given);
+    on a server, given only for requests somebody waits on (dburl.answer_busy_s), the connection's
     timeout and ``lock_timeout``."""
     url = database_url(value)
     sqlite = url.startswith("sqlite")
@@ -61,8 +61,6 @@ def make_engine(value: str, create: bool = True, *, password_file: str = "", rea
     if path and not checking:
         refuse_marked(path)
     if read_only and path:
-        from .sqlite_read import read_uri
-
         uri = read_uri(path)
         wait = BUSY_S if busy_s is None else busy_s
         ro = create_engine("sqlite://", json_serializer=json_dumps, json_deserializer=orjson.loads,
@@ -138,11 +136,18 @@ class DatabaseDamaged(sa_exc.OperationalError):
 
 def refuse_marked(path: str) -> None:
     """Raise :class:`DatabaseDamaged` for a file the last integrity check found damaged."""
-    from .integrity import found
-
-    damage = found(path)
+    damage = integrity.found(path)
     if damage is not None:
         raise DatabaseDamaged(None, None, sqlite3.DatabaseError(damage.message(path)))
+
+
+def check_engine(engine: Engine, limit_s: float) -> tuple[str, str]:
+    """integrity.check on a connection of ``engine``; a file too damaged to open a connection is "damaged" too."""
+    try:
+        with engine.connect() as conn:
+            return integrity.check(conn, limit_s)
+    except DatabaseDamaged as exc:
+        return "damaged", str(exc.orig)
 
 
 def damaged(exc: BaseException) -> bool:

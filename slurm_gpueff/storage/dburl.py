@@ -1,9 +1,11 @@
-"""The database setting as a URL, and the SQLite file behind it (stdlib only: seff-gpu's fast path uses it)."""
+"""Where the job database is and how long one waits for it: the setting as a URL, the SQLite file behind it and
+its URI for readers, the busy waits (stdlib only: seff-gpu's fast path uses it)."""
 
 from __future__ import annotations
 
 import os
 from typing import TYPE_CHECKING
+from urllib.parse import quote
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -54,3 +56,32 @@ def shown_here(config: Config) -> bool:
 
 # What everybody but the administrators is told when the database fails.
 UNAVAILABLE = "the job database is unavailable right now: try again later (the administrators see why: gpueff doctor)"
+
+
+BUSY_S = 30.0  # how long a batch writer or reader (ingest, rollups, reports) waits for a locked SQLite file
+ANSWER_BUSY_SHARE = 0.25  # of [service] api_timeout_s: how long an answer waits for it
+
+
+def answer_busy_s(api_timeout_s: float) -> float:
+    """How long a request that somebody waits on (a seff-gpu answer, a node's push through the API) waits for
+    a locked database: a quarter of the clients' ``[service] api_timeout_s``, so that the service's "busy"
+    (503, one line, the client retries) reaches the client before it stops waiting, with the rest of its
+    time left for the push's turn (service/api.py's push slots, half of it at most), the credential and the
+    answer. Waiting as long as a batch writer did (30 s) made every node give up ("timed out") first."""
+    return api_timeout_s * ANSWER_BUSY_SHARE
+
+
+def read_uri(path: str) -> str:
+    """The sqlite3 URI for reading the database file ``path``, also for users who may not write it.
+
+    SQLite in WAL mode normally needs write access to the file's directory (for ``-wal``/``-shm``),
+    which a site does not give its users. A user who cannot write the file or its directory opens it
+    ``mode=ro`` while a writer is connected (``-wal`` and ``-shm`` exist: SQLite >= 3.22 reads a WAL
+    database read-only then), else ``immutable=1`` (nothing is writing: no locks, no side files; a
+    writer starting during the lookup can at worst make the read fail, never harm the database).
+    """
+    path = os.path.abspath(path)
+    if os.access(path, os.W_OK) and os.access(os.path.dirname(path), os.W_OK):
+        return f"file:{quote(path)}"
+    live = os.path.exists(path + "-wal") and os.path.exists(path + "-shm")
+    return f"file:{quote(path)}?{'mode=ro' if live else 'immutable=1'}"

@@ -27,7 +27,7 @@ from sqlmodel import Session, col, select
 
 from .. import record as recmod
 from ..config import SacctConfig
-from ..models import AlertLog, Job, JobGpu
+from ..models import AlertLog, Job, JobGpu, not_live
 from ..slurm.jobid import is_digits
 from ..slurm.sacct import SacctError, SacctJob
 from .db import first_line
@@ -177,7 +177,7 @@ def enrich_jobs(engine: Engine, reader: Any, *, since: datetime | None = None, l
     # record normally replaces it; one whose node never sent it (node crash) is finished here.
     quiet = datetime.fromtimestamp(clock - LIVE_QUIET_S, UTC).replace(tzinfo=None)
     stmt = (select(Job.id, Job.cluster, Job.job_id).where(col(Job.enriched).is_(False))
-            .where((col(Job.record_source) != "live") | (col(Job.end_time) < quiet))
+            .where(not_live() | (col(Job.end_time) < quiet))
             .order_by(col(Job.id)))
     if since is not None:  # jobs without an end time too
         stmt = stmt.where((col(Job.end_time) >= since) | col(Job.end_time).is_(None))

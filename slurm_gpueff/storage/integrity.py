@@ -23,7 +23,7 @@ import time
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
-    from sqlalchemy.engine import Connection, Engine
+    from sqlalchemy.engine import Connection
 
 MARK_SUFFIX = "-damaged"
 
@@ -67,17 +67,6 @@ def check(conn: Connection, limit_s: float) -> tuple[str, str]:
     if rows == ["ok"]:
         return "ok", "quick_check ok"
     return "damaged", "; ".join(r.replace("\n", " ") for r in rows[:5])
-
-
-def check_engine(engine: Engine, limit_s: float) -> tuple[str, str]:
-    """:func:`check` on a connection of ``engine``; a file too damaged to open a connection is "damaged" too."""
-    from .db import DatabaseDamaged
-
-    try:
-        with engine.connect() as conn:
-            return check(conn, limit_s)
-    except DatabaseDamaged as exc:
-        return "damaged", str(exc.orig)
 
 
 def mark_of(path: str) -> str:

@@ -19,7 +19,7 @@ Cond = tuple[str, int]  # (job column, value): column == value
 _CHUNK = 400  # raw ids per query: with the cluster, below SQLite's smallest limit of bound variables (999)
 ORDER = ("cluster", "array_task_id", "het_job_offset", "job_id", "run")  # a requeued job's runs together
 # run(any_of, all_of): the rows (job columns as attributes) where at least one ``any_of`` and every
-# ``all_of`` equality holds, in ORDER; storage/queries.py and storage/sqlite_read.py each supply one.
+# ``all_of`` equality holds, in ORDER; storage/queries.py and seff/sqlite_read.py each supply one.
 Run = Callable[[Sequence[Cond], Sequence[Cond]], list[Any]]
 
 

@@ -29,7 +29,7 @@ from sqlalchemy import Date, String, and_, case, cast, delete, func, insert, lit
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
-from ..models import Job, last_run_count, utcnow
+from ..models import Job, last_run_count, not_live, utcnow
 
 MEASURES = ("gpu_hours", "idle_gpu_hours", "underfilled_gpu_hours", "sm_active_gpu_hours",
             "tensor_active_gpu_hours", "energy_j", "kernel_measured_gpu_hours", "sm_measured_gpu_hours",
@@ -87,7 +87,7 @@ def refresh_month(conn: Connection, month: date, now: datetime) -> int:
     sums = [func.sum(case((j.c[_MEASURED[m]].is_not(None), j.c.gpu_hours))) if m in _MEASURED
             else func.sum(j.c[m]) for m in MEASURES]
     ended = (j.c.end_time >= datetime(m0.year, m0.month, 1), j.c.end_time < datetime(m1.year, m1.month, 1),
-             j.c.analyzed_at.is_not(None), j.c.record_source != "live")  # running jobs: not yet
+             j.c.analyzed_at.is_not(None), not_live())  # running jobs: not yet
     # A requeued job counts once (its last run), the GPU-hours of every run (docs/DESIGN.md, "Runs").
     # Day rows without the verdict, month rows with it, each straight from the jobs (module docstring).
     day = _day_expr(conn, j.c.end_time)

@@ -41,7 +41,7 @@ from typing import Any
 
 import pytest
 
-pytestmark = [pytest.mark.site, pytest.mark.slurm, pytest.mark.smtp, pytest.mark.process]
+pytestmark = [pytest.mark.install, pytest.mark.slurm, pytest.mark.smtp, pytest.mark.process]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))

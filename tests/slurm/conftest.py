@@ -449,7 +449,7 @@ def running_cluster(version: str, nnodes: int = 1) -> Iterator[SlurmCluster]:
         pytest.fail(f"GPUEFF_SLURM_VERSIONS names {version!r}; known: {', '.join(SUITES)}")
     if os.geteuid() != 0:
         pytest.fail("the slurm tests start slurmd and create /dev/nvidiaN: run them as root (CI does)")
-    from slurm_gpueff.node.hook_install import install_hooks
+    from slurm_gpueff.cli.hook_install import install_hooks
 
     t0 = time.monotonic()
     key = version if nnodes == 1 else f"{version}-{nnodes}nodes"  # the tests' id names it: slurm-26.05-2nodes

@@ -48,12 +48,13 @@ exempt_accounts = ["{exempt}"]
 # What `gpueff agent` serves beside its sampling (no GPU here): seff-gpu's socket on the job's node.
 SERVE_LIVE = """
 import os, sys
-from slurm_gpueff.node.liveview import answerer
-from slurm_gpueff.node.live_socket import LiveServer, socket_path
+from slurm_gpueff.seff.livecard import answerer
+from slurm_gpueff import statedir
+from slurm_gpueff.node.live_socket import LiveServer
 from slurm_gpueff.config import load
 cfg = load(sys.argv[1])
 os.makedirs(os.path.join(cfg.paths.state_dir, "agent"), exist_ok=True)
-LiveServer(socket_path(cfg.paths.state_dir), answerer(cfg)).serve_forever()
+LiveServer(statedir.live_socket(cfg.paths.state_dir), answerer(cfg)).serve_forever()
 """
 
 

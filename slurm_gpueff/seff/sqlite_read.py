@@ -10,18 +10,17 @@ SQLAlchemy stores it, ``BOOLEAN`` -> bool, ``JSON`` -> decoded). Which rows a jo
 from __future__ import annotations
 
 import contextlib
-import os
 import sqlite3
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from types import SimpleNamespace
 from typing import Any
-from urllib.parse import quote
 
 from orjson import loads as _json_loads
 
-from .integrity import found
-from .jobmatch import ORDER, Cond, find
+from ..storage.dburl import BUSY_S, read_uri
+from ..storage.integrity import found
+from ..storage.jobmatch import ORDER, Cond, find
 
 # Declared column type of job and job_gpu -> the value SQLAlchemy gives for a stored one (NULL stays None).
 _CONVERT: dict[str, Callable[[Any], Any]] = {"DATETIME": datetime.fromisoformat, "BOOLEAN": bool, "JSON": _json_loads}
@@ -29,38 +28,9 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {"DATETIME": datetime.fromisoformat,
 _DEFAULTS: dict[str, dict[str, Any]] = {"job": {"run": 0, "sluid": None}, "job_gpu": {}}
 
 
-BUSY_S = 30.0  # how long a batch writer or reader (ingest, rollups, reports) waits for a locked SQLite file
-ANSWER_BUSY_SHARE = 0.25  # of [service] api_timeout_s: how long an answer waits for it
-
-
-def answer_busy_s(api_timeout_s: float) -> float:
-    """How long a request that somebody waits on (a seff-gpu answer, a node's push through the API) waits for
-    a locked database: a quarter of the clients' ``[service] api_timeout_s``, so that the service's "busy"
-    (503, one line, the client retries) reaches the client before it stops waiting, with the rest of its
-    time left for the push's turn (service/api.py's push slots, half of it at most), the credential and the
-    answer. Waiting as long as a batch writer did (30 s) made every node give up ("timed out") first."""
-    return api_timeout_s * ANSWER_BUSY_SHARE
-
-
 def _q(name: str) -> str:
     """A quoted SQL identifier (``user`` is a keyword on PostgreSQL; quoted everywhere alike)."""
     return f'"{name}"'
-
-
-def read_uri(path: str) -> str:
-    """The sqlite3 URI for reading the database file ``path``, also for users who may not write it.
-
-    SQLite in WAL mode normally needs write access to the file's directory (for ``-wal``/``-shm``),
-    which a site does not give its users. A user who cannot write the file or its directory opens it
-    ``mode=ro`` while a writer is connected (``-wal`` and ``-shm`` exist: SQLite >= 3.22 reads a WAL
-    database read-only then), else ``immutable=1`` (nothing is writing: no locks, no side files; a
-    writer starting during the lookup can at worst make the read fail, never harm the database).
-    """
-    path = os.path.abspath(path)
-    if os.access(path, os.W_OK) and os.access(os.path.dirname(path), os.W_OK):
-        return f"file:{quote(path)}"
-    live = os.path.exists(path + "-wal") and os.path.exists(path + "-shm")
-    return f"file:{quote(path)}?{'mode=ro' if live else 'immutable=1'}"
 
 
 def lookup(path: str, spec: Any, cluster: str | None = None,

@@ -8,8 +8,8 @@ the agent's process, signals or threads.
 from __future__ import annotations
 
 import json
-import os
 
+from .. import statedir
 from .integrals import timeline_points
 
 TYPE_CHECKING = False
@@ -18,27 +18,18 @@ if TYPE_CHECKING:
     from typing import Any
 
 
-def state_path(state_dir: str) -> str:
-    return os.path.join(state_dir, "agent", "state.json")
-
-
 def read_state(state_dir: str) -> dict[str, Any]:
     """The agent's published state; empty when it is missing, unreadable or not an object."""
     try:
-        with open(state_path(state_dir), "rb") as fh:
+        with open(statedir.agent_state(state_dir), "rb") as fh:
             state = json.loads(fh.read())
     except (OSError, ValueError):
         return {}
     return state if isinstance(state, dict) else {}
 
 
-def timeline_path(state_dir: str, uuid: str) -> str:
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in uuid)
-    return os.path.join(state_dir, "agent", "timeline", f"{safe}.jsonl")
-
-
 def mig_key(parent_uuid: str, gi_id: int | str) -> str:
-    """Name of a MIG slice's (GPU instance's) series: its timeline file is ``timeline_path(dir, mig_key(...))``."""
+    """Name of a MIG slice's (GPU instance's) series: its timeline file is ``statedir.timeline(dir, mig_key(...))``."""
     return f"{parent_uuid}_gi{gi_id}"
 
 
@@ -66,7 +57,7 @@ def read_job_timeline(state_dir: str, key: str, match: Mapping[str, object], job
         return []
     points: list[tuple[float, Mapping[str, Any]]] = [(t_start, snap)]
     try:
-        with open(timeline_path(state_dir, key)) as fh:
+        with open(statedir.timeline(state_dir, key)) as fh:
             for line in fh:
                 t = line_time(line)
                 if t is None or not t_start < t < t_end:

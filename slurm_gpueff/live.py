@@ -17,24 +17,23 @@ from __future__ import annotations
 
 import time
 
-from .. import jobstate, spool
-from .. import record as recmod
-from ..collectors.base import JobContext, Measurement, NoneCollector
-from ..collectors.choice import named_collector
-from ..hook import build_record
-from ..slurm import hookenv
+from . import jobstate, spool
+from . import record as recmod
+from .collectors.base import JobContext, Measurement, NoneCollector
+from .collectors.choice import named_collector
+from .hook import build_record
+from .slurm import hookenv
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-    from ..config import Config
+    from .config import Config
 
 
 def live_record(cfg: Config, saved: dict[str, Any], now: float) -> dict[str, Any] | None:
-    """The job's live record from its Prolog state, or None for a state without the job's environment
-    (a Prolog of a version before live records)."""
+    """The job's live record from its Prolog state, or None for a state without the job's environment."""
     env = saved.get("env")
     if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
         return None

@@ -1,4 +1,5 @@
-"""The Jinja2 environment for the report templates (package data in ``slurm_gpueff/reports/templates/``).
+"""The reports' pages: the templates (package data in ``slurm_gpueff/reports/templates/``) rendered through one
+Jinja2 environment, and :class:`Page`, a rendered report.
 
 HTML templates (``*.html.j2``) are autoescaped: a job named ``<script>`` is printed as text, never
 markup. Plain-text templates and the shared sentences in ``_prose.j2`` are not escaped where they are

@@ -1,15 +1,17 @@
-"""What the reports read from the database: SQL only, returning plain data or Job rows.
+"""Many jobs at once from their summary columns (written by :mod:`slurm_gpueff.service.summarize`), through SQL
+aggregates so that a year of an account or a month of a large site stays fast: a seff-gpu table's lines and
+totals (``seff-gpu -u/-A``), and a month's GPU-hours for the monthly summaries. The rollups keep their own
+sums in a table (storage/rollups.py).
 
-Figures come from the per-job summary columns (written by :mod:`slurm_gpueff.service.summarize`) through SQL
-aggregates, so a month of a large site stays fast. A job belongs to the month in which it *ended* (UTC).
-Jobs whose activity was not measured add to "allocated" and "unmeasured", never to idle or active.
-GPU-hours are grouped by GPU model, because prices are per model. A requeued job's runs are rows of
-their own: their GPU-hours all count, the job once (:func:`~slurm_gpueff.models.last_run_count`).
+A requeued job's runs are rows of their own: their GPU-hours all count, the job once
+(:func:`~slurm_gpueff.models.last_run_count`). A month: a job belongs to the month in which it *ended*
+(UTC); jobs whose activity was not measured add to "allocated" and "unmeasured", never to idle or active;
+GPU-hours are grouped by GPU model, because prices are per model.
 """
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, NamedTuple
 
 from sqlalchemy import Executable, Float, RowMapping, and_, case, cast, exists, func, or_, select
@@ -17,15 +19,8 @@ from sqlalchemy.sql.elements import ColumnElement
 from sqlmodel import Session, col
 from sqlmodel import select as select_model
 
-from ..config import Config
-from ..models import Job, ReportLog, last_run_count
+from ..models import Job, last_run_count, not_live, ran_more_than_once
 
-# A job's card waits for sacct's enrichment (its real final state: the Epilog sees a TIMEOUT or CANCELLED
-# job exit 0) at most this long. The service enriches every few minutes (settle_s + enrich_interval_s,
-# 7 minutes by default); 6 hours also outlast a slurmdbd restart or upgrade. A job accounting never knows
-# (sacct absent on this host, another cluster's job) is then mailed with "ENDED (... Slurm's final state not
-# read from accounting yet)".
-CARD_ENRICH_WAIT_H = 6.0
 PARTS = ("allocated", "idle", "underfilled", "active", "tensor", "unmeasured")
 WASTED = func.coalesce(col(Job.idle_gpu_hours), 0.0) + func.coalesce(col(Job.underfilled_gpu_hours), 0.0)
 GROUPS = {"user": col(Job.user), "account": col(Job.account)}
@@ -58,7 +53,7 @@ class VerdictPart(NamedTuple):
 
 def _where(start: datetime, end: datetime, account: str | None) -> list[ColumnElement[bool]]:
     cond = [col(Job.end_time) >= start, col(Job.end_time) < end, col(Job.gpu_hours).is_not(None),
-            col(Job.record_source) != "live"]  # a running job is summed once it has ended
+            not_live()]  # a running job is summed once it has ended
     if account is not None:
         cond.append(col(Job.account) == account)
     return cond
@@ -128,32 +123,73 @@ def accounts_with_jobs(session: Session, start: datetime, end: datetime) -> set[
     return {r["account"] for r in _rows(session, stmt) if r["account"]}
 
 
-def enrich_wait(config: Config) -> timedelta:
-    """How long a card waits for a job's enrichment: CARD_ENRICH_WAIT_H, at most half the lookback so
-    that the job is still in it when the wait ends; not at all where Slurm keeps no accounting."""
-    if not config.sacct.accounting:
-        return timedelta(0)
-    return timedelta(hours=min(CARD_ENRICH_WAIT_H, config.reports.card_lookback_h / 2))
+# -- a seff-gpu table ----------------------------------------------------------------------------------
+
+def _table_where(user: str | None, account: str | None, start: datetime | None, end: datetime | None,
+                 cluster: str | None, states: list[str] | None, table: Any = None) -> list[Any]:
+    """The conditions of a ``seff-gpu -u/-A`` table: jobs that ended in [start, end) (naive UTC; a running
+    job's end is its last live record) of the user/account/cluster, in these Slurm states; on ``table``
+    (another name of the job table) when given."""
+    c = (table if table is not None else Job.metadata.tables["job"]).c
+    where: list[Any] = [c.end_time.is_not(None)]
+    for column, value in ((c.user, user), (c.account, account), (c.cluster, cluster)):
+        if value is not None:
+            where.append(column == value)
+    if states:
+        where.append(c.state.in_(states))
+    if start is not None:
+        where.append(c.end_time >= start)
+    if end is not None:
+        where.append(c.end_time < end)
+    return where
 
 
-def card_candidates(session: Session, config: Config, now: datetime, dry_run: bool, limit: int | None = None
-                    ) -> list[Job]:
-    """Jobs due a card (see :mod:`.runner`), most GPU-hours lost first: enriched ones, so the card's state is
-    Slurm's final one, and those still not enriched after :func:`enrich_wait` (their card says the final
-    state is pending accounting). A requeued job's card is its last run's (a run that ended by its requeue
-    gets none: the card's subject is the job)."""
-    rep = config.reports
-    logged = exists().where(and_(col(ReportLog.kind) == "card", col(ReportLog.job_pk) == col(Job.id),
-                                 col(ReportLog.dry_run) == dry_run))
-    stmt = select_model(Job).where(col(Job.analyzed_at).is_not(None), col(Job.end_time).is_not(None),
-                             col(Job.record_source) != "live",
-                             col(Job.end_time) >= now - timedelta(hours=rep.card_lookback_h),
-                             col(Job.gpu_hours) >= rep.card_min_gpu_hours, ~logged,
-                             or_(col(Job.enriched).is_(True), col(Job.end_time) < now - enrich_wait(config)),
-                             func.coalesce(col(Job.state), "") != "REQUEUED", last_run_count() == 1)
-    if rep.card_only_unhealthy:
-        stmt = stmt.where(col(Job.verdict).is_not(None), col(Job.verdict) != "healthy")
-    stmt = stmt.order_by(WASTED.desc(), col(Job.end_time), col(Job.id))
-    if limit:
-        stmt = stmt.limit(limit)
-    return list(session.exec(stmt).all())
+def list_jobs(session: Session, *, user: str | None = None, account: str | None = None,
+              start: datetime | None = None, end: datetime | None = None, cluster: str | None = None,
+              states: list[str] | None = None, limit: int | None = None) -> list[Job]:
+    """A table's jobs (:func:`_table_where`), oldest first; with ``limit``, the newest ``limit`` of them."""
+    stmt = select_model(Job).where(*_table_where(user, account, start, end, cluster, states))
+    if limit is None:
+        return list(session.exec(stmt.order_by(col(Job.end_time), col(Job.job_id))).all())
+    newest = session.exec(stmt.order_by(col(Job.end_time).desc(), col(Job.job_id).desc()).limit(limit)).all()
+    return list(reversed(newest))
+
+
+def table_totals(session: Session, *, user: str | None = None, account: str | None = None,
+                 start: datetime | None = None, end: datetime | None = None, cluster: str | None = None,
+                 states: list[str] | None = None) -> dict[str, Any]:
+    """A table's totals over all its jobs, in the database (a year of an account is half a million rows):
+    what :func:`slurm_gpueff.render.jobs_table.totals` computes from the rows, plus ``rows`` (the lines)."""
+    hours = col(Job.gpu_hours)
+    counted = and_(hours.is_not(None), hours != 0)
+
+    def weighted(part: Any) -> Any:  # Σ part / Σ GPU-hours over the jobs where part was measured
+        return func.sum(case((and_(counted, part.is_not(None)), part))) / func.nullif(
+            func.sum(case((and_(counted, part.is_not(None)), hours))), 0)
+
+    cpu = and_(col(Job.total_cpu_s).is_not(None), col(Job.alloc_cpus) != 0, col(Job.elapsed_s) != 0)
+    waste = col(Job.idle_gpu_hours) + col(Job.underfilled_gpu_hours)
+    # The jobs among the lines: a requeued job has a line per run. Counted DISTINCT, the year of a large
+    # account was sorted by job id; instead the lines are counted less those
+    # with an earlier run of their job among the lines, looked for only where the job ran more than once
+    # (models.ran_more_than_once), as in models.last_run_count.
+    where = _table_where(user, account, start, end, cluster, states)
+    j = Job.metadata.tables["job"]
+    earlier = j.alias("earlier_run")
+    repeated = exists().where(earlier.c.cluster == j.c.cluster, earlier.c.job_id == j.c.job_id,
+                              earlier.c.run < j.c.run,
+                              *_table_where(user, account, start, end, cluster, states, earlier))
+    several = ran_more_than_once()
+    stmt = select_model(  # type: ignore[call-overload]  # sqlmodel's select() is typed for a few columns
+        func.count(), func.count() - func.sum(case((several, case((repeated, 1), else_=0)), else_=0)),
+        func.sum(hours),
+        weighted(hours - col(Job.idle_gpu_hours)), weighted(col(Job.sm_active_gpu_hours)),
+        weighted(col(Job.tensor_active_gpu_hours)),
+        func.sum(case((cpu, col(Job.total_cpu_s)))) / func.nullif(
+            func.sum(case((cpu, col(Job.elapsed_s) * col(Job.alloc_cpus)))), 0),
+        func.sum(waste), func.sum(col(Job.energy_j)), func.sum(col(Job.gpu_count)),
+    ).where(*where)
+    rows, jobs, gh, k, s, t, cpu_eff, wasted, energy, gpus = session.exec(stmt).one()
+    return {"rows": int(rows), "jobs": int(jobs or 0), "gpu_hours": gh, "kernel_active": k, "sm_active": s,
+            "tensor_active": t, "cpu_efficiency": None if cpu_eff is None else min(1.0, float(cpu_eff)),
+            "waste_gpu_hours": wasted, "energy_j": energy, "gpus": int(gpus or 0)}

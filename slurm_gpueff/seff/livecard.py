@@ -1,10 +1,11 @@
 """The node agent's answer to ``seff-gpu JOBID`` on the job's own node: its card up to the second.
 
-Runs inside the agent (node/live_socket.py serves it; node/run.py, which wires the agent's process, hands it
-:func:`answerer`). For a job running here: the same privacy rules as every path (access/privacy.py; the
-asker's uid comes from the kernel), a reading taken now, the job's live record (node/live.py) made into the
-rows ingest would store (storage/merge.py), and the same analysis and renderers as any card. A job not running
-on this node answers "not here" (exit 3), and seff-gpu then asks the database or the service as usual.
+Runs inside the agent: node/live_socket.py serves it, handed :func:`answerer` by ``gpueff agent``
+(cli/node_cmds.py), which joins the agent and this engine. For a job running here: the same privacy rules as
+every path (access/privacy.py; the asker's uid comes from the kernel), a reading taken now, the job's live
+record (live.py) made into the rows ingest would store (storage/merge.py), and the same analysis and
+renderers as any card. A job not running on this node answers "not here" (exit 3), and seff-gpu then asks
+the database or the service as usual.
 """
 
 from __future__ import annotations
@@ -14,37 +15,36 @@ from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
+from .. import jobstate, live, statedir
+from ..access.privacy import denied_message, may_see, user_name, viewer
+from ..analysis import assess, job_figures
+from ..errors import GpueffError
+from ..node import tickwire
+from ..render import dumps, render_card
+from ..slurm.jobid import parse
+from .query import EXIT_DENIED, EXIT_OK, EXIT_UNKNOWN, Answer, failure
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from ..config import Config
-
-NOT_HERE = 3  # seff-gpu's "job unknown": the client falls back to its usual path
-
 
 def answerer(config: Config) -> Callable[[dict[str, Any], int], dict[str, Any]]:
     return lambda req, uid: live_answer(config, req, uid)
 
 
 def live_answer(config: Config, req: dict[str, Any], uid: int) -> dict[str, Any]:
-    from .. import jobstate
-    from ..access.privacy import denied_message, may_see, user_name, viewer
-    from ..collectors import tickwire
-    from ..errors import GpueffError
-    from ..reports.jobview import EXIT_DENIED, EXIT_OK, Answer, failure
-    from ..slurm.jobid import parse
-    from . import live
-
     try:
         spec = parse(str(req.get("job")))
     except GpueffError as exc:
         return failure(str(exc), exc.exit_code).to_json()
-    not_here = failure(f"job {spec} is not running on this node", NOT_HERE).to_json()
+    # "job unknown": the client falls back to its usual path
+    not_here = failure(f"job {spec} is not running on this node", EXIT_UNKNOWN).to_json()
     if spec.one_part:
         return not_here  # the node knows raw ids only
-    saved, _problem = jobstate.load(jobstate.path(config.paths.state_dir, spec.job))
+    saved, _problem = jobstate.load(statedir.job(config.paths.state_dir, spec.job))
     if saved is None or not isinstance(saved.get("job"), dict):
-        return not_here  # not running here, or a Prolog of a version before live records
+        return not_here  # not running here, or a state that names no owner
     ident = saved["job"]
     who = viewer(config, uid, user_name(uid))
     owner = SimpleNamespace(uid=ident.get("uid"), user=ident.get("user"), account=ident.get("account"))
@@ -55,9 +55,6 @@ def live_answer(config: Config, req: dict[str, Any], uid: int) -> dict[str, Any]
     if rec is None:
         return not_here
     job, gpus, tl = rows_of(rec)
-    from ..analysis import assess, job_figures
-    from ..render import dumps, render_card
-
     fig = job_figures(job, gpus, config.sacct.accounting)
     diag = assess(fig, config.analysis)
     out = (dumps([(job, fig, diag)], [[(job, fig)]], [tl]) if req.get("json") is True
@@ -68,7 +65,7 @@ def live_answer(config: Config, req: dict[str, Any], uid: int) -> dict[str, Any]
 
 def rows_of(rec: dict[str, Any]) -> tuple[Any, list[Any], dict[tuple[str, int], Any]]:
     """The job and GPU rows ingest would make of a live record (unsaved), and the GPUs' timelines."""
-    from ..models import Job, JobGpu
+    from ..models import Job, JobGpu  # SQLModel: only when a card is asked for, never at the agent's start
     from ..storage.merge import job_key, merge
 
     plan = merge([rec], {}, {}, datetime.now(UTC).replace(tzinfo=None))

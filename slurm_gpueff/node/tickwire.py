@@ -13,9 +13,10 @@ This is the client (stdlib only, cheap to import, never raises: the hook path); 
 from __future__ import annotations
 
 import json
-import os
 import socket
 import time
+
+from .. import statedir
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -25,15 +26,11 @@ REQUEST = b"reading\n"
 MAX_LINE = 256
 
 
-def socket_path(state_dir: str) -> str:
-    return os.path.join(state_dir, "agent", "reading.sock")
-
-
 def request_reading(state_dir: str, timeout_s: float) -> tuple[dict[str, Any] | None, str | None]:
     """Ask the agent for a reading now and wait for it: (its answer, None), else (None, why not)."""
     if timeout_s <= 0:
         return None, "immediate readings are off (collector.tick_wait_s = 0)"
-    path = socket_path(state_dir)
+    path = statedir.reading_socket(state_dir)
     deadline = time.monotonic() + timeout_s
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:

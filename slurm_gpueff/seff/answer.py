@@ -1,5 +1,5 @@
-"""What ``seff-gpu`` answers, in one straight flow: a :class:`SeffQuery` and who asks (a privacy Viewer)
--> :func:`answer` -> an :class:`Answer` (exit status, stdout, stderr, HTML pages).
+"""What ``seff-gpu`` answers, in one straight flow: a :class:`~.query.SeffQuery` and who asks (a privacy
+Viewer) -> :func:`answer` -> an :class:`~.query.Answer` (exit status, stdout, stderr, HTML pages).
 
 Both of seff-gpu's paths run this same function: its direct path in the user's own process (root, the
 service account, the demo: whoever may read the database), and ``gpueff serve``'s API for everyone else
@@ -15,126 +15,49 @@ the per-job summary columns of the jobs that ended in [start, end).
 from __future__ import annotations
 
 import json
-import os
 import textwrap
-import threading
 from collections.abc import Mapping, Sequence
-from datetime import datetime
-from typing import TYPE_CHECKING, Any, NamedTuple
+from datetime import UTC, datetime
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
 
+from .. import jobstate, statedir
 from ..access.privacy import Denied, Viewer, denied_message, hides_others_jobs, may_see, shown, table_scope
-from ..errors import GpueffError
+from ..analysis import assess, job_figures
+from ..errors import GpueffError, JobIdError, SlurmCommandError
+from ..fmt import iso, job_label, utc
+from ..render import dumps, render_card, render_table
+from ..render.jobs_table import as_json, render
+from ..render.text import is_live
+from ..slurm import commands
+from ..slurm.commands import RESOLVE_TIMEOUT_S, job_ids
+from ..slurm.jobid import parse
+from ..slurm.runner import SlurmRunner
+from ..slurm.sacct import cpu_only, no_gpus_note
+from ..storage.jobmatch import ORDER, RawIds, run_order
+from .lookup import lookup, orm_session, timelines
+from .query import (
+    EXIT_NO_GPUS,
+    EXIT_OK,
+    EXIT_RUNNING,
+    EXIT_UNKNOWN,
+    EXIT_USAGE,
+    Answer,
+    Refused,
+    SeffQuery,
+    Unavailable,
+    failure,
+)
 
 if TYPE_CHECKING:
     from ..config import Config
     from ..slurm.jobid import JobSpec
-    from ..storage.jobmatch import RawIds
-
-EXIT_OK = 0
-EXIT_ERROR = 1
-EXIT_USAGE = 2
-EXIT_UNKNOWN = 3
-EXIT_RUNNING = 4
-EXIT_NO_GPUS = 5
-EXIT_DENIED = 6  # another user's job, and privacy is on (slurm_gpueff.access.privacy)
 
 MAX_CARDS = 10
-PROG = "seff-gpu"
-
-
-class Refused(GpueffError):
-    """No answer but a one-line reason, with seff-gpu's exit status for it (3 to 6, 1)."""
-
-    def __init__(self, message: str, exit_code: int):
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
-class Unavailable(Refused):
-    """The database could not be read. ``detail`` names it and says why, for administrators only (their
-    Viewer's ``admin``): everybody else is told that it is unavailable (storage.dburl.UNAVAILABLE), never its
-    URL, path, host or port."""
-
-    def __init__(self, detail: str):
-        super().__init__(detail, EXIT_ERROR)
-        self.detail = detail
-
-    def told(self, viewer: Viewer) -> str:
-        from ..storage.dburl import UNAVAILABLE
-
-        return self.detail if viewer.admin else UNAVAILABLE
-
-
-TABLE_LIMIT = 100  # a table's default lines: what a user reads; the totals still cover every job
-MAX_LIMIT = 10**9
-
-
-class SeffQuery(NamedTuple):
-    """One seff-gpu question. ``jobid`` (text as typed) asks for cards; else a table of the jobs of
-    ``user``/``account`` that ended (or, running, were last measured) in [``start``, ``end``) (ISO, naive UTC:
-    the client turned local times into UTC), of the Slurm states ``state`` names. ``html``: also the HTML
-    card pages."""
-
-    jobid: str | None = None
-    user: str | None = None
-    account: str | None = None
-    start: str | None = None
-    end: str | None = None
-    cluster: str | None = None
-    json: bool = False
-    html: bool = False
-    state: str | None = None  # a table's Slurm states, comma-separated ("RUNNING", "COMPLETED,FAILED")
-    limit: int = TABLE_LIMIT  # a table's lines: the newest this many jobs (0: all); its totals are over all
-
-    def kind(self) -> str:
-        """For log lines: what was asked, never which job or whose."""
-        return ("card" if self.jobid is not None else "table") + ("+json" if self.json else "") + (
-            "+html" if self.html else "")
-
-
-class Answer(NamedTuple):
-    """What seff-gpu prints (``stdout``, ``stderr`` as given), its exit status, and the HTML card pages
-    to write as files: (job label, page); the label names the file when there are several. ``running``: a
-    card of a job still running (``--watch`` goes on refreshing it); ``as_of``: then, the time its figures
-    reach (ISO, UTC), so that ``--watch`` never shows older figures than it already showed."""
-
-    exit_code: int
-    stdout: str = ""
-    stderr: str = ""
-    html: list[tuple[str, str]] = []
-    running: bool = False
-    as_of: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"exit_code": self.exit_code, "stdout": self.stdout, "stderr": self.stderr,
-                "html": [list(p) for p in self.html], "running": self.running, "as_of": self.as_of}
-
-    @classmethod
-    def from_json(cls, d: Any) -> Answer:
-        """The Answer from the service's JSON; ValueError if it is not one."""
-        try:
-            html = [(str(label), str(page)) for label, page in d["html"]]
-            if not isinstance(d["exit_code"], int) or not isinstance(d["stdout"], str) or not isinstance(
-                    d["stderr"], str):
-                raise TypeError
-            as_of = d.get("as_of")
-            return cls(d["exit_code"], d["stdout"], d["stderr"], html, d.get("running") is True,
-                       as_of if isinstance(as_of, str) else None)
-        except (KeyError, TypeError, ValueError):
-            raise ValueError("not a seff-gpu answer") from None
-
-
-def failure(message: str, exit_code: int) -> Answer:
-    """One line, whatever the message holds (a configured path may hold a line break), as cli.common.err."""
-    from ..fmt import one_line
-
-    return Answer(exit_code, stderr=f"{PROG}: {one_line(message.strip())}\n")
 
 
 def answer(query: SeffQuery, config: Config, viewer: Viewer) -> Answer:
     """seff-gpu's answer to ``query`` for ``viewer``; an error is an Answer too (its line and status)."""
-    from ..slurm.jobid import parse
-
     try:
         if query.jobid is None:
             return _table(query, config, viewer)
@@ -150,8 +73,6 @@ def answer(query: SeffQuery, config: Config, viewer: Viewer) -> Answer:
 def _cards(query: SeffQuery, spec: JobSpec, config: Config, viewer: Viewer) -> Answer:
     """Assess each job with GPUs that ``spec`` names; their cards, a table or JSON."""
     found, skipped, note = _inquire(spec, config, query.cluster, viewer)
-    from ..analysis import assess, job_figures
-
     items = []
     for job, gpus in found:
         fig = job_figures(job, gpus, config.sacct.accounting)
@@ -163,9 +84,6 @@ def _cards(query: SeffQuery, spec: JobSpec, config: Config, viewer: Viewer) -> A
     tl_of = timelines(config, [(j, g) for j, g in found if id(j) in ids]) if need else {}
     tls = [tl_of.get(id(job), {}) for job, _f, _d in cards]
     pages = _html(config, found, cards, runs, tls) if query.html else []
-    from ..render import dumps, render_card, render_table
-    from ..render.text import is_live
-
     running = any(is_live(job) for job, _f, _d in cards)
     as_of = max((job.end_time for job, _f, _d in cards if is_live(job) and job.end_time), default=None)
     as_of_text = as_of.isoformat() if as_of else None
@@ -187,8 +105,6 @@ def _cards(query: SeffQuery, spec: JobSpec, config: Config, viewer: Viewer) -> A
 
 def by_job(items: list[tuple[Any, Any, Any]]) -> tuple[list[tuple[Any, Any, Any]], list[list[tuple[Any, Any]]]]:
     """A requeued job's runs (a row each) as one item, its last run's, and each item's runs by end time."""
-    from ..storage.jobmatch import run_order
-
     groups: dict[tuple[str, int], list[tuple[Any, Any, Any]]] = {}
     for item in items:
         groups.setdefault((item[0].cluster, item[0].job_id), []).append(item)
@@ -202,8 +118,7 @@ def _html(config: Config, found: Sequence[tuple[Any, list[Any]]], cards: Sequenc
     """``--html``: the mailed card, its chart a ``data:`` URI, so a page opens with nothing next to it; a
     requeued job gives one page (its last run's card with the Runs line). ``found`` = (job, GPU rows);
     ``cards``, ``runs``, ``tls`` as :func:`by_job` and :func:`timelines` give them, in the same order."""
-    from ..fmt import job_label
-    from .card import build_card
+    from ..reports.card import build_card  # Jinja2 and the tables' models: for --html only
 
     gpus_of = {id(job): gpus for job, gpus in found}
     pages = []
@@ -215,43 +130,6 @@ def _html(config: Config, found: Sequence[tuple[Any, list[Any]]], cards: Sequenc
     return pages
 
 
-def timelines(config: Config, found: Sequence[tuple[Any, list[Any]]]) -> dict[int, dict[tuple[str, int], Any]]:
-    """Each job's GPU timelines by ``id(job)``, then by (node, GPU index), as the renderers take them; read
-    as :func:`lookup` reads the rows (SQLite with the standard library). Refused on a database problem."""
-    rows = [g for _j, gpus in found for g in gpus if g.id is not None]
-    by_id = _read_timelines(config, rows) if rows else {}
-    return {id(job): {(g.node, g.gpu_index): by_id[g.id] for g in gpus if g.id in by_id} for job, gpus in found}
-
-
-def _read_timelines(config: Config, gpus: list[Any]) -> dict[int, list[Any]]:
-    from ..storage.dburl import database_url, sqlite_file
-
-    path = sqlite_file(database_url(config.paths.database))
-    if path is not None:
-        import sqlite3
-
-        from ..storage.sqlite_read import answer_busy_s
-        from ..storage.sqlite_read import timelines as read_sqlite
-
-        try:
-            return read_sqlite(path, [g.id for g in gpus], answer_busy_s(config.service.api_timeout_s))
-        except sqlite3.Error as exc:
-            raise Unavailable(f"cannot read the job database {path}: {exc}") from None
-    from sqlalchemy.exc import SQLAlchemyError
-    from sqlmodel import Session
-
-    from ..storage.queries import gpu_timelines
-
-    engine = _engine(config)
-    try:
-        with Session(engine) as session:
-            return gpu_timelines(session, gpus)
-    except SQLAlchemyError as exc:
-        raise Unavailable(_db_error(config, exc)) from None
-    finally:
-        _done(engine)
-
-
 def still_running(spec: JobSpec, config: Config, timeout: float | None = None,
                   viewer: Viewer | None = None) -> str | None:
     """Why we think the job has not finished (None if it has or we cannot tell).
@@ -261,10 +139,6 @@ def still_running(spec: JobSpec, config: Config, timeout: float | None = None,
     may not see is refused as another user's (:func:`not_yours`), or, where Slurm hides other users' jobs,
     None: as for a job that does not run.
     """
-    from .. import jobstate
-    from ..slurm import commands
-    from ..slurm.runner import SlurmRunner
-
     plain = spec.task is None and spec.het_offset is None
     if plain and jobstate.exists(config.paths.state_dir, spec.job):
         if viewer is not None and not _may_see_running(config, spec, viewer):
@@ -292,10 +166,8 @@ def not_yours(spec: JobSpec, config: Config, viewer: Viewer) -> None:
 
 def _may_see_running(config: Config, spec: JobSpec, viewer: Viewer) -> bool:
     """Whether ``viewer`` may see job ``spec``, running on this node, by the owner its Prolog saved; a state
-    that names no owner (unreadable, or from a version before it did) is shown to those who see every job."""
-    from .. import jobstate
-
-    saved, _problem = jobstate.load(jobstate.path(config.paths.state_dir, spec.job))
+    that names no owner (unreadable, or written without one) is shown to those who see every job."""
+    saved, _problem = jobstate.load(statedir.job(config.paths.state_dir, spec.job))
     ident = saved.get("job") if saved is not None else None
     if not isinstance(ident, dict):
         return viewer.all
@@ -307,95 +179,7 @@ def _may_see_owner(viewer: Viewer, uid: object, user: object, account: object) -
     by those who see every job."""
     if uid is None and user is None:
         return viewer.all
-    from types import SimpleNamespace
-
     return may_see(viewer, SimpleNamespace(uid=uid, user=user, account=account))
-
-
-def lookup(config: Config, spec: JobSpec | RawIds, cluster: str | None) -> list[tuple[Any, list[Any]]]:
-    """(job, its GPU rows) for every match. Raises :class:`Unavailable` on DB problems.
-
-    SQLite is read with the standard library (storage/sqlite_read.py: the same rows without importing
-    SQLAlchemy, which was most of seff-gpu's run time); database servers through SQLAlchemy.
-    """
-    from ..storage.dburl import database_url, sqlite_file
-
-    url = database_url(config.paths.database)
-    path = sqlite_file(url)
-    if path is not None:
-        if not os.path.exists(path):
-            raise Unavailable(f"the job database {path} does not exist yet (paths.database in the config; "
-                              "`gpueff ingest` creates it)")
-        import sqlite3
-
-        from ..storage.sqlite_read import answer_busy_s
-        from ..storage.sqlite_read import lookup as read_sqlite
-
-        try:
-            return read_sqlite(path, spec, cluster, answer_busy_s(config.service.api_timeout_s))
-        except sqlite3.Error as exc:
-            raise Unavailable(f"cannot read the job database {path}: {exc}") from None
-    from sqlalchemy.exc import SQLAlchemyError
-    from sqlmodel import Session
-
-    from ..storage.queries import find_jobs, job_gpus
-
-    engine = _engine(config)
-    try:
-        with Session(engine) as session:
-            jobs = find_jobs(session, spec, cluster)
-            return [(j, job_gpus(session, j)) for j in jobs]
-    except SQLAlchemyError as exc:
-        raise Unavailable(_db_error(config, exc)) from None
-    finally:
-        _done(engine)
-
-
-_KEPT: dict[str, Any] = {}  # database URL -> its engine, in a process that keeps them (keep_engines)
-_KEEP = threading.Lock()
-_keeping = False
-
-
-def keep_engines() -> None:
-    """From now on this process keeps its read-only engines: ``gpueff serve`` answers many queries, and a kept
-    engine reuses its pooled connections and compiled statements, where a new engine per answer paid a
-    connection and a compilation of every statement each time. seff-gpu answers once, so it makes one and
-    disposes of it."""
-    global _keeping  # noqa: PLW0603 - one switch for the process's life
-    _keeping = True
-
-
-def _engine(config: Config) -> Any:
-    """A read-only engine of the configured database (with its password file); Refused if it cannot open.
-    Give it back with :func:`_done`."""
-    from ..storage.db import engine_for
-    from ..storage.dburl import database_url, safe_url
-    from ..storage.sqlite_read import answer_busy_s
-
-    url = database_url(config.paths.database)
-    with _KEEP:
-        if _keeping and url in _KEPT:
-            return _KEPT[url]
-        try:
-            engine = engine_for(config.paths, create=False, read_only=True,
-                                busy_s=answer_busy_s(config.service.api_timeout_s))
-        except Exception as exc:  # bad URL, missing driver, unreadable password file
-            raise Unavailable(f"cannot open the job database {safe_url(url)}: {exc}") from None
-        if _keeping:
-            _KEPT[url] = engine
-        return engine
-
-
-def _done(engine: Any) -> None:
-    if engine not in _KEPT.values():
-        engine.dispose()
-
-
-def _db_error(config: Config, exc: BaseException) -> str:
-    from ..storage.db import first_line
-    from ..storage.dburl import safe_url
-
-    return f"cannot read the job database {safe_url(config.paths.database)}: {first_line(exc)}"
 
 
 def _inquire(spec: JobSpec, config: Config, cluster: str | None,
@@ -421,8 +205,6 @@ def _inquire(spec: JobSpec, config: Config, cluster: str | None,
                           EXIT_RUNNING)
         if error:
             raise error
-        from ..slurm.sacct import cpu_only, no_gpus_note  # CPU-only jobs have no record by design: ask accounting
-
         cpu_jobs = cpu_only(str(spec), config) if config.sacct.accounting else []
         if cpu_jobs and not all(_may_see_owner(viewer, j.uid, j.user, j.account) for j in cpu_jobs):
             not_yours(spec, config, viewer)  # accounting knows another user's job: as a card would answer
@@ -445,8 +227,6 @@ def _before_accounting(spec: JobSpec, found: Sequence[tuple[Any, list[Any]]]) ->
     """Whether ``spec`` may name more, or other, jobs than the records show until accounting is read: a
     task or component not found (its record has only the raw id), or a plain id whose ended records were not
     enriched yet (it may be an array's id, or a het job's: the nodes never see those)."""
-    from ..render.text import is_live
-
     if spec.one_part:
         return not found
     return not found or any(not getattr(job, "enriched", True) and not is_live(job) for job, _gpus in found)
@@ -458,12 +238,6 @@ def _from_accounting(spec: JobSpec, config: Config, cluster: str | None,
     an array's tasks, a het job's components, or the one task ``123_4``), look them up by their raw ids and
     label them as accounting does, for this display only (enrichment writes the ids). sacct failing leaves
     ``found``, with a note for a plain id saying what it may not show yet."""
-    from ..errors import JobIdError, SlurmCommandError
-    from ..slurm.commands import RESOLVE_TIMEOUT_S, job_ids
-    from ..slurm.jobid import parse
-    from ..slurm.runner import SlurmRunner
-    from ..storage.jobmatch import ORDER, RawIds
-
     try:
         ids = job_ids(SlurmRunner.from_config(config), str(spec), cluster,
                       min(RESOLVE_TIMEOUT_S, config.sacct.timeout_s))
@@ -506,8 +280,6 @@ def table_window(start: str | None, end: str | None) -> tuple[datetime, datetime
     already (seff-gpu turned the user's local time into UTC); with one (``+14:00``, ``Z``) it is turned into
     UTC here (compared as it came, an aware time against a naive one was a TypeError). Refused (exit 2) when
     either is not a time, UTC cannot hold it (``0001-01-01T00:00+14:00``), or start is not before end."""
-    from datetime import UTC
-
     try:
         times = [datetime.fromisoformat(text or "") for text in (start, end)]
     except ValueError:
@@ -523,27 +295,16 @@ def table_window(start: str | None, end: str | None) -> tuple[datetime, datetime
 
 def _table(query: SeffQuery, config: Config, viewer: Viewer) -> Answer:
     """One line per job that ended in [start, end) of the user/account the viewer may list, with totals."""
-    from sqlalchemy.exc import SQLAlchemyError
-    from sqlmodel import Session
-
-    from ..fmt import iso, utc
-    from ..render.jobs_table import as_json, render
-    from ..storage.queries import list_jobs, table_totals
+    from ..storage.summaries import list_jobs, table_totals  # SQLAlchemy: tables read the ORM everywhere
 
     start, end = table_window(query.start, query.end)
     user, account = table_scope(viewer, query.user, query.account)
     states = [s.strip().upper() for s in (query.state or "").split(",") if s.strip()] or None
-    engine = _engine(config)
-    try:
-        with Session(engine) as session:
-            jobs = list_jobs(session, user=user, account=account, start=start, end=end, cluster=query.cluster,
-                             states=states, limit=query.limit or None)
-            totals = table_totals(session, user=user, account=account, start=start, end=end, cluster=query.cluster,
-                                  states=states)
-    except SQLAlchemyError as exc:
-        raise Unavailable(_db_error(config, exc)) from None
-    finally:
-        _done(engine)
+    with orm_session(config) as session:
+        jobs = list_jobs(session, user=user, account=account, start=start, end=end, cluster=query.cluster,
+                         states=states, limit=query.limit or None)
+        totals = table_totals(session, user=user, account=account, start=start, end=end, cluster=query.cluster,
+                              states=states)
     if query.json:
         asked = {"user": user, "account": account, "cluster": query.cluster, "states": states,
                  "start_utc": iso(start), "end_utc": iso(end)}
