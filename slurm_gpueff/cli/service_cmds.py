@@ -40,8 +40,8 @@ def add_parsers(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     i.add_argument("--workers", type=int, metavar="N",
                    help="no effect, accepted so that existing scripts keep working: ingest runs in one process")
     i.add_argument("--quiet", action="store_true", help="no progress bar and no summary unless errors")
-    db = sub.add_parser("db", parents=[common], help="the database: upgrade (migrate), show the revision, "
-                        "check its integrity, or copy another database into it",
+    db = sub.add_parser("db", parents=[common], help="the database: upgrade (migrate), show the revision, or "
+                        "check its integrity",
                         description="Alembic migrations. SQLite files are upgraded automatically when opened for "
                                     "writing; a PostgreSQL database only by `gpueff db upgrade`. `db check` "
                                     "checks the whole file (SQLite's quick_check) and sets or clears the damage "
