@@ -62,7 +62,7 @@ UNITS = ("gpueff-serve", "gpueff-agent", "gpueff-forward")
 BLOCK = re.compile(r"<!-- site: ([\w-]+) -->\n```(\w+)\n(.*?)```", re.S)
 SHIM = """#!/bin/sh
 # systemctl where systemd does not run (tests/site): `enable [--now] UNIT...` / `start UNIT...` start the
-# unit's ExecStart with its Environment, detached; its pid and output under $SHIM_STATE.
+# unit's ExecStart with its Environment, detached; its pid and output under $SHIM_STATE; `stop UNIT...` ends it.
 set -eu
 state=${SHIM_STATE:?}
 mkdir -p "$state"
@@ -72,21 +72,33 @@ now=0
 for unit in "$@"; do
   u=${unit%.service}; f=/etc/systemd/system/$u.service
   [ -f "$f" ] || { echo "Unit $u.service not found." >&2; exit 5; }
+  if [ "$cmd" = stop ]; then  # SIGTERM to the unit's process group, then wait for it to end (at most 60 s)
+    pid=$(cat "$state/$u.pid" 2>/dev/null) || continue
+    kill -TERM "-$pid" 2>/dev/null || true
+    n=0; while kill -0 "-$pid" 2>/dev/null; do
+      n=$((n+1)); [ $n -lt 600 ] || { echo "$u did not stop" >&2; exit 1; }; sleep 0.1
+    done
+    rm -f "$state/$u.pid"; continue
+  fi
   case $cmd in enable) [ $now = 1 ] || continue ;; start) ;; *) echo "shim: $cmd unsupported" >&2; exit 1 ;; esac
   envs=$(sed -n 's/^Environment=//p' "$f"); exe=$(sed -n 's/^ExecStart=//p' "$f")
-  env $envs setsid sh -c "exec $exe" > "$state/$u.log" 2>&1 < /dev/null &
+  env $envs setsid sh -c "exec $exe" >> "$state/$u.log" 2>&1 < /dev/null &
   echo $! > "$state/$u.pid"
 done
 """
 
 
-GUIDE = os.path.join(ROOT, "docs", "site-guide.md")
+GUIDES = [os.path.join(ROOT, "docs", name) for name in ("site-guide.md", "operations.md")]
+PG_MARK = "made by the gpueff site test"  # the comment on the PostgreSQL database the guide's steps make
 
 
 def guide_blocks() -> dict[str, list[tuple[str, str]]]:
-    """ROLE -> [(language, text)] of the site guide's marked blocks, in order."""
-    with open(GUIDE) as fh:
-        text = fh.read()
+    """ROLE -> [(language, text)] of the marked blocks of the site guide, then of the operations guide (the
+    move to PostgreSQL), in order."""
+    text = ""
+    for path in GUIDES:
+        with open(path) as fh:
+            text += fh.read()
     out: dict[str, list[tuple[str, str]]] = {}
     for role, lang, body in BLOCK.findall(text):
         out.setdefault(role, []).append((lang, body))
@@ -224,6 +236,39 @@ def refuse_foreign_install() -> None:
                 pytest.fail(f"{root + path} exists and was not made by this test: it will not touch an install")
 
 
+def psql(sql: str, db: str = "postgres") -> str:
+    """``sql`` on the host's PostgreSQL server as its postgres account (the guide's way in): its rows' text."""
+    p = subprocess.run(["runuser", "-u", "postgres", "--", "psql", "-qAtX", "-d", db, "-c", sql], capture_output=True,
+                       text=True, timeout=60, cwd="/tmp")
+    assert p.returncode == 0, p.stderr
+    return p.stdout.strip()
+
+
+def pg_made_here() -> dict[str, bool]:
+    """Whether the guide's database and role (both "gpueff") exist, each: True when this test made it."""
+    got = {}
+    for kind, catalog, table, column in (("database", "pg_database", "pg_database", "datname"),
+                                         ("role", "pg_authid", "pg_roles", "rolname")):
+        found = psql(f"SELECT coalesce(shobj_description(oid, '{catalog}'), '-') FROM {table} "
+                     f"WHERE {column} = 'gpueff'")
+        if found:
+            got[kind] = found == PG_MARK
+    return got
+
+
+def drop_pg_if_ours() -> None:
+    """The guide's PostgreSQL database and role, gone if this test made them (also a killed run's); a database
+    or role of that name that someone else made stops the test before it touches anything."""
+    made = pg_made_here()
+    if not all(made.values()):
+        pytest.fail(f"PostgreSQL {', '.join(k for k, ours in made.items() if not ours)} 'gpueff' exists and was not "
+                    "made by this test: it will not touch it")
+    if made.get("database"):
+        psql("DROP DATABASE gpueff WITH (FORCE)")
+    if made.get("role"):
+        psql("DROP ROLE gpueff")
+
+
 def mark_ours(root: str) -> None:
     for path in (OPT, ETC):
         os.makedirs(root + path, exist_ok=True)
@@ -252,6 +297,7 @@ def site() -> Iterator[Site]:
     if os.geteuid() != 0:
         pytest.fail("the site test installs into /opt, /etc and a Slurm chroot: run it as root (CI does)")
     refuse_foreign_install()
+    drop_pg_if_ours()
     base = tempfile.mkdtemp(prefix="gpueff-site-", dir="/tmp")
     os.chmod(base, 0o755)
     s = Site(base)
@@ -286,6 +332,7 @@ def site() -> Iterator[Site]:
                     with contextlib.suppress(ProcessLookupError, ValueError):
                         os.killpg(int(Path(pidfile).read_text()), signal.SIGTERM)
         time.sleep(1)
+        drop_pg_if_ours()
         stop = [os.path.join(ROOT, "tests", "slurm", "chroot", "stop-slurm-chroot.sh"), "sid", "--purge"]
         subprocess.run(stop, env=dict(os.environ, BASE=s.cluster), capture_output=True, timeout=300)
         subprocess.run(["umount", mnt], capture_output=True)
@@ -328,7 +375,8 @@ def test_the_site_guide_installs_a_working_site(site, smtp_server):
     inbox, smtp_port = smtp_server
     blocks = site.blocks
     assert set(blocks) == {"debian", "build", "wheelhouse", "every", "every-offline", "config-service", "config-node",
-                           "config-login", "config", "service", "node", "login"}, sorted(blocks)
+                           "config-login", "config", "service", "node", "login", "postgres", "postgres-password",
+                           "postgres-config", "move-stop", "move-copy", "move-start"}, sorted(blocks)
     t0 = time.monotonic()
     timings: dict[str, float] = {}
 
@@ -400,9 +448,21 @@ def test_the_site_guide_installs_a_working_site(site, smtp_server):
         got = json.loads(p.stdout)["jobs"][0]["job"]
         return got if got["state"] == "COMPLETED" and not got["state_pending"] else None
 
-    for user, job in jobs.items():
-        c = wait(lambda u=user, j=job: card(u, j), f"{user}'s job {job} stored and accounted", 180)
+    def stored(job: int, user: str, what: str) -> None:
+        """Wait for the job's card, COMPLETED and accounted; the services' logs and seff-gpu's answer if not."""
+        try:
+            c = wait(lambda: card(user, job), f"{user}'s job {job} {what}", 180)
+        except AssertionError as exc:
+            logs = {u: Path(f"{site.base}/units-{w}/{u}.log").read_text()[-3000:]
+                    for w, u in (("host", "gpueff-serve"), ("node", "gpueff-forward"))}
+            last = subprocess.run(["seff-gpu", "--json", str(job)], capture_output=True, text=True,
+                                  env={"PATH": SYS_PATH, "LANG": "C.UTF-8"}, timeout=60)
+            raise AssertionError(f"{exc}\n{logs}\nseff-gpu: exit {last.returncode}: {last.stdout[-2000:]}"
+                                 f"{last.stderr}") from None
         assert c["user"] == user, c
+
+    for user, job in jobs.items():
+        stored(job, user, "stored and accounted")
     step("stored + enriched")
 
     # alice on the login role: her job's card, not bob's
@@ -435,4 +495,30 @@ def test_the_site_guide_installs_a_working_site(site, smtp_server):
     rcpts = {r for tos, _msg in inbox.messages for r in tos}
     assert {f"{LEAD}@example.org", "hpc-admins@example.org"} <= rcpts, (rcpts, p.stdout)
     step("monthly sent")
+
+    # the move to PostgreSQL, as the guides write it: the role and database, the service stopped, the password
+    # file, the config, the history copied, the service started again
+    site.run_block("postgres", "host")
+    psql(f"COMMENT ON DATABASE gpueff IS '{PG_MARK}'; COMMENT ON ROLE gpueff IS '{PG_MARK}'")
+    site.run_block("move-stop", "host")
+    site.run_block("postgres-password", "host")
+    (lang, body), = blocks["postgres-config"]
+    assert lang == "toml"
+    edit_config(f"{ETC}/gpueff.toml", tomllib.loads(body.replace("@dbhost/", "@127.0.0.1/")))
+    moved = site.run_block("move-copy", "host")
+    assert "row counts equal in every table" in moved.stdout, moved.stdout
+    started = site.run_block("move-start", "host", check=False)
+    assert started.returncode == 0 and "FAIL" not in started.stdout, started.stdout + started.stderr
+    assert re.search(r"PASS\s+database schema\b", started.stdout), started.stdout
+    # the moved site: the history is there, and a new job goes into PostgreSQL through the nodes' push
+    p = site.slurm("sbatch", "--parsable", "-w", site.host, "--gres=gpu:1", "-o", "/dev/null", "--wrap", "sleep 2",
+                   user="alice")
+    assert p.returncode == 0, p.stderr
+    after = int(p.stdout.strip().split(";")[0])
+    stored(after, "alice", "stored in PostgreSQL and accounted")
+    for job in (jobs["alice"], after):
+        mine = seff_as("alice", str(job))
+        assert mine.returncode == 0 and f"Job ID: {job}" in mine.stdout, mine.stdout + mine.stderr
+    assert psql("SELECT count(*) FROM job", db="gpueff") == "3"
+    step("moved to PostgreSQL")
     sys.stderr.write("\n[site] " + ", ".join(f"{k} at {v:.0f} s" for k, v in timings.items()) + "\n")
