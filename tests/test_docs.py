@@ -124,3 +124,44 @@ def test_the_docs_site_builds_with_every_link_checked(tmp_path):
     broken = subprocess.run([mkdocs, "build", "--strict", "-d", str(tmp_path / "site2")], capture_output=True,
                             text=True, timeout=120, cwd=tmp_path)
     assert broken.returncode != 0 and "#exit-codes" in broken.stderr, broken.stderr
+
+
+@pytest.mark.process
+def test_the_operations_guide_backs_up_a_sqlite_database_in_use(tmp_path):
+    """The SQLite backup command of docs/operations.md, as written (its paths made the test's), while another
+    connection holds a write transaction open: the copy is private (umask 077), passes `gpueff db check`,
+    and holds the committed rows."""
+    import random
+
+    import synthetic
+    from dbrows import rows
+    from sqlalchemy import text
+
+    from slurm_gpueff import spool
+    from slurm_gpueff.storage.db import make_engine
+    from slurm_gpueff.storage.ingest import ingest_spool
+
+    with open(os.path.join(ROOT, "docs", "operations.md")) as fh:
+        block, = [b for b in re.findall(r"```sh\n(.*?)```", fh.read(), re.S) if ".backup(" in b]
+    src, dst = tmp_path / "gpueff.db", tmp_path / "backup" / "gpueff.db"
+    dst.parent.mkdir()
+    script = (block.replace("/opt/slurm-gpueff/venv/bin/python", sys.executable)
+              .replace("/var/lib/slurm-gpueff/gpueff.db", str(src))
+              .replace("/srv/backup/gpueff-$(date +%F).db", str(dst)))
+    engine = make_engine(str(src))
+    for i in range(20):
+        spool.write_record(str(tmp_path / "spool"), synthetic.record(500 + i, rng=random.Random(i)))
+    assert ingest_spool(engine, str(tmp_path / "spool")).ingested == 20
+    committed = rows(engine)
+    with engine.connect() as busy:  # a writer in the middle of a transaction
+        busy.execute(text("UPDATE job SET job_name = 'uncommitted'"))
+        p = subprocess.run(["bash", "-ec", script], capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        busy.rollback()
+    assert dst.stat().st_mode & 0o777 == 0o600
+    copy = make_engine(str(dst), create=False)
+    assert rows(copy) == committed
+    cfg = tmp_path / "gpueff.toml"
+    cfg.write_text(f'[paths]\ndatabase = "{dst}"\n')
+    check = run(sys.executable, "-m", "slurm_gpueff.cli.gpueff", "--config", str(cfg), "db", "check")
+    assert check.returncode == 0 and "sound" in check.stdout, check.stdout + check.stderr

@@ -15,7 +15,11 @@ host too, whose file is there), named to the login role's commands by ``GPUEFF_C
 
 One munge key on every host (the chroot's is the host's), users alice and bob (same uids everywhere),
 jobs by both, alice's ``seff-gpu`` from the login role (showing her job, refusing bob's), and the monthly
-summary sent through a real SMTP server on loopback.
+summary sent through a real SMTP server on loopback. Then the site moves to PostgreSQL as the guides write
+it (docs/site-guide.md "PostgreSQL", docs/operations.md "SQLite to PostgreSQL"): the role and database on
+this machine's PostgreSQL server (made by the test's run only, marked by a comment, dropped at the end), the
+service stopped, the password file, the config, ``gpueff db copy`` of the SQLite history, the service
+started again; alice's jobs before and after the move are both shown.
 
 What cannot run here is stood in for, and only that: systemd (no systemd runs on this machine or in the
 chroot) by a ``systemctl`` on PATH that starts a unit's ``ExecStart`` with its ``Environment``
