@@ -14,7 +14,7 @@ if ROOT not in sys.path:
 from hypothesis import HealthCheck, settings  # noqa: E402
 from smtputil import refusing_smtp_server, smtp_server  # noqa: E402, F401 - real SMTP servers, for tests that mail
 
-# Hypothesis profiles (README, "Development"). "ci", the default: about 1,000 cases per fuzz test, the same cases
+# Hypothesis profiles (docs/development.md). "ci", the default: about 1,000 cases per fuzz test, the same cases
 # on every run (derandomize), no example database, no deadline (a loaded 2-CPU CI machine). "deep": 10,000 fresh
 # cases per fuzz test, to run before resolving any issue that touches a parser:
 #   .venv/bin/python -m pytest -m fuzz --hypothesis-profile=deep     (or GPUEFF_HYPOTHESIS_PROFILE=deep)

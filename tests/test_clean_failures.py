@@ -201,7 +201,7 @@ def test_sigint_mid_analysis_is_one_line_and_loses_nothing(tmp_path):
 
 def test_sigterm_and_sigint_stop_seff_gpu_in_one_line(munged):
     """seff-gpu waiting for a service that does not answer (a listening socket that never replies): SIGTERM
-    is one line and exit 143, SIGINT one line and 130, as the README's exit status table says."""
+    is one line and exit 143, SIGINT one line and 130, as the user guide's exit status table says."""
     base, sock = munged
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))

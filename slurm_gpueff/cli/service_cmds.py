@@ -43,11 +43,19 @@ def add_parsers(sub: Subparsers, common: argparse.ArgumentParser) -> None:
                         description="Alembic migrations. SQLite files are upgraded automatically when opened for "
                                     "writing; a PostgreSQL database only by `gpueff db upgrade`. `db check` "
                                     "checks the whole file (SQLite's quick_check) and sets or clears the damage "
-                                    "mark that stops every command (gpueff serve checks at start and daily).")
-    db.add_argument("action", choices=("upgrade", "current", "check"))
+                                    "mark that stops every command (gpueff serve checks at start and daily). "
+                                    "`db copy --from SRC` copies every table of the database SRC (a SQLite file "
+                                    "or URL) into the configured one, which must be empty (its schema is made "
+                                    "if it has none), and compares the row counts (exit 1 if they differ).")
+    db.add_argument("action", choices=("upgrade", "current", "check", "copy"))
     db.add_argument("--revision", help="target revision for upgrade (default: head)")
     db.add_argument("--limit-s", type=float, default=0.0, metavar="SECONDS",
                     help="db check: stop after this long (default 0: no limit)")
+    db.add_argument("--from", dest="source", metavar="SRC",
+                    help="db copy: the database to copy from (a SQLite file's path or a database URL)")
+    db.add_argument("--force", action="store_true",
+                    help="db copy: delete what the configured database holds first (else it must be empty)")
+    db.add_argument("--quiet", action="store_true", help="db copy: no progress bar")
     s = sub.add_parser("serve", parents=[common], help="the service: scheduled ingest, enrichment, rollups, "
                        "retention, reports and alerts; the API ([service] api_listen) and Prometheus /metrics "
                        "(until SIGTERM)")
@@ -66,6 +74,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"db {args.action}: --revision applies to `db upgrade` only")
     if args.command == "db" and (args.limit_s < 0 or (args.limit_s and args.action != "check")):
         raise UsageError("--limit-s: `db check` only, 0 (no limit) or more seconds")
+    if args.command == "db" and (args.action == "copy") != (args.source is not None):
+        raise UsageError("db copy needs --from SRC (the database to copy), and --from is for `db copy` only")
+    if args.command == "db" and args.action != "copy" and (args.force or args.quiet):
+        raise UsageError("--force and --quiet are for `db copy` only")
     if args.command == "ingest":
         at_least_one("--limit", args.limit)
     if args.command == "forward":
@@ -75,6 +87,10 @@ def run(args: argparse.Namespace) -> int:
         return _ingest(config, args.limit, args.quiet)
     if args.command == "db" and args.action == "check":
         return _db_check(config, args.limit_s)
+    if args.command == "db" and args.action == "copy":
+        from .db_copy import db_copy
+
+        return db_copy(config, args.source, args.force, args.quiet)
     if args.command == "db":
         return _db(config, args.action, args.revision or "head")
     if args.command == "serve":

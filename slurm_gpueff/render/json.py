@@ -1,4 +1,4 @@
-"""The machine-readable job document (``seff-gpu --json``; README.md, "--json"). Stable: fields are only
+"""The machine-readable job document (``seff-gpu --json``; docs/user-guide.md, "JSON output"). Stable: fields are only
 ever added. Fractions are in [0, 1], times ISO 8601 UTC; an unmeasured value is null with its reason in
 ``missing`` (on a figure with a value, ``missing`` means it was measured on some GPUs only).
 """
