@@ -246,3 +246,18 @@ def test_no_summary_is_sent_for_a_month_without_jobs(tmp_path, smtp_server):
         engine.dispose()
     assert res.sent == 0 and inbox.messages == [], res
     assert "monthly 2026-10 *: no jobs ended in the month; nothing sent" in res.lines, res.lines
+
+
+def test_the_runs_account_writes_control_characters_as_escapes(tmp_path):
+    """`gpueff report cards` prints a line per card; the user name comes from the job (and the terminal of the admin
+    who runs it must not take an ESC from it): a user without a usable address is skipped, and the line names them
+    with their control characters escaped."""
+    hostile = "mal\x1b[2J\x07lory\u202e"
+    engine = make_db(tmp_path, [dict(job_id=8, profile="one-of-n-gpus", user=hostile, account="a", gpus=4, hours=2)])
+    cfg = Config({"reports": {"dir": str(tmp_path / "reports"), "card_min_gpu_hours": 0.0,
+                              "address_pattern": "{user}@uni.example", "card_only_unhealthy": False}})
+    result = runner.send_cards(cfg, engine, dry_run=True)
+    assert result.skipped == 1, result.lines
+    (line,) = result.lines
+    assert line.startswith("skipped card ") and "mal\\u001b[2J\\u0007lory\\u202e" in line, line
+    assert not any(ch in line for ch in "\x1b\x07\u202e"), line

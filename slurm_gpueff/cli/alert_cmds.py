@@ -11,6 +11,7 @@ import argparse
 import json
 from typing import TYPE_CHECKING
 
+from ..fmt import one_line, visible
 from .common import at_least_one, database, load_config
 
 if TYPE_CHECKING:
@@ -47,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
 
             res = run_alerts(engine, config, dry_run=True if args.dry_run else None)
             for line in res.actions:
-                print(line)
+                print(visible(one_line(line)))
             print(res)
             return 1 if res.errors else 0
         return _log(engine, args)
@@ -73,6 +74,7 @@ def _log(engine: object, args: argparse.Namespace) -> int:
         print("(no alert decisions yet)")
     for r in rows:
         dry = " [dry run]" if r.dry_run else ""
-        print(f"{r.at:%Y-%m-%d %H:%M:%S} UTC  job {r.job_id}  {r.user or '?'}  {r.action}{dry}: {r.outcome or ''}")
-        print(f"    seen: {r.detail}")
+        print(visible(one_line(f"{r.at:%Y-%m-%d %H:%M:%S} UTC  job {r.job_id}  {r.user or '?'}  {r.action}{dry}: "
+                               f"{r.outcome or ''}")))
+        print(visible(one_line(f"    seen: {r.detail}")))
     return 0

@@ -33,7 +33,7 @@ from sqlmodel import Session
 from ..analysis.diagnose import assess
 from ..analysis.figures import job_figures, naive_utc
 from ..config import Config, ReportsConfig
-from ..fmt import job_label
+from ..fmt import job_label, one_line, visible
 from ..models import Job, ReportLog
 from ..storage import summaries
 from ..storage.queries import gpu_timelines, job_gpus, job_runs
@@ -53,6 +53,11 @@ class RunResult:
     failed: int = 0
     retried: int = 0
     lines: list[str] = field(default_factory=list)
+
+    def say(self, line: str) -> None:
+        """One line of the run's account (printed by `gpueff report`): user names, accounts and subjects come
+        from jobs, so a control character in them is written as its escape, never sent to the terminal."""
+        self.lines.append(visible(one_line(line)))
 
     def __str__(self) -> str:  # the summary line: `gpueff report` prints it, the scheduler logs it
         return (f"sent {self.sent}, written (dry-run) {self.written}, skipped {self.skipped}, "
@@ -104,7 +109,7 @@ def _deliver(session: Session, row: ReportLog, config: Config, parts: message.Pa
     if dry_run:
         sentlog.finish(session, row, "dry-run", now=now, archive=eml, attempted=False)
         result.written += 1
-        result.lines.append(f"wrote {eml}")
+        result.say(f"wrote {eml}")
         return
     try:
         smtp.send(mail, to, msg.as_bytes())
@@ -113,11 +118,11 @@ def _deliver(session: Session, row: ReportLog, config: Config, parts: message.Pa
         sentlog.finish(session, row, status, now=now, reason=str(exc), archive=eml,
                        retry_after_s=mail.retry_after_s, max_attempts=mail.max_attempts)
         result.failed += 1
-        result.lines.append(f"{row.kind} {row.subject} to {', '.join(to)}: {status}: {exc}")
+        result.say(f"{row.kind} {row.subject} to {', '.join(to)}: {status}: {exc}")
         return
     sentlog.finish(session, row, "sent", now=now, archive=eml)
     result.sent += 1
-    result.lines.append(f"sent {row.kind} {row.subject} to {', '.join(to)}")
+    result.say(f"sent {row.kind} {row.subject} to {', '.join(to)}")
 
 
 def send_cards(config: Config, engine: Engine, *, dry_run: bool | None = None, now: datetime | None = None,
@@ -151,14 +156,14 @@ def send_cards(config: Config, engine: Engine, *, dry_run: bool | None = None, n
                 continue
             if skip:
                 result.skipped += 1
-                result.lines.append(f"skipped card {subject} ({user}): {skip}")
+                result.say(f"skipped card {subject} ({user}): {skip}")
                 continue
             try:
                 parts = message.parts(render_job_card(session, job, config), CHART_CID, "card")
             except Exception as exc:  # a bad row must not stop the other cards
                 sentlog.finish(session, row, "abandoned", now=now, reason=f"could not render: {exc}")
                 result.failed += 1
-                result.lines.append(f"card {subject}: could not render: {exc}")
+                result.say(f"card {subject}: could not render: {exc}")
                 continue
             folder = _archive_dir(rep, "cards", naive_utc(job.end_time) or now, f"{job.cluster}-{job_label(job)}",
                                   dry)
@@ -204,12 +209,12 @@ def retry_failed(config: Config, engine: Engine, *, now: datetime | None = None)
                 sentlog.finish(session, row, "abandoned" if exc.permanent else "failed", now=now, reason=str(exc),
                                retry_after_s=mail.retry_after_s, max_attempts=mail.max_attempts)
                 result.failed += 1
-                result.lines.append(f"retry {row.kind} {row.subject}: {exc}")
+                result.say(f"retry {row.kind} {row.subject}: {exc}")
                 continue
             sentlog.finish(session, row, "sent", now=now)
             result.retried += 1
             result.sent += 1
-            result.lines.append(f"sent {row.kind} {row.subject} on retry")
+            result.say(f"sent {row.kind} {row.subject} on retry")
     return result
 
 
@@ -232,7 +237,7 @@ def account_coordinators(config: Config, result: RunResult) -> dict[str, list[st
     except SlurmCommandError as exc:
         why = f"account coordinators unknown ({exc}): only [leads] get account summaries"
         log.warning("monthly: %s", why)
-        result.lines.append(why)
+        result.say(why)
         return {}
 
 
@@ -258,17 +263,17 @@ def send_monthly(config: Config, engine: Engine, *, month: str | None = None, ac
             to = _leads(config, acc, coords) if acc is not None else _valid(rep.admins)
             label = acc if acc is not None else "*"
             if not to and not dry:
-                result.lines.append(f"no recipients for {'account ' + acc if acc else 'the site summary'} "
+                result.say(f"no recipients for {'account ' + acc if acc else 'the site summary'} "
                                     f"({'[leads] or coordinators' if acc else 'reports.admins'}); not sent")
                 continue
             summary = build_summary(session, config, month, acc)
             if summary.context["jobs"] == 0:  # nothing to say (a new install's first month): never an empty one
-                result.lines.append(f"monthly {month} {label}: no jobs ended in the month; nothing sent")
+                result.say(f"monthly {month} {label}: no jobs ended in the month; nothing sent")
                 continue
             row = sentlog.claim(session, kind="monthly", subject=f"{month}:{label}", dry_run=dry, now=now,
                                 recipients=",".join(to))
             if row is None:
-                result.lines.append(f"monthly {month} {label}: already {'written' if dry else 'sent'}")
+                result.say(f"monthly {month} {label}: already {'written' if dry else 'sent'}")
                 continue
             parts = message.parts(summary, "monthly-chart", "summary")
             folder = _archive_dir(rep, "monthly", start, label if acc is not None else "site", dry)
