@@ -163,7 +163,7 @@ def iso(dt: datetime | None) -> str | None:
 
 
 class JobIds(Protocol):
-    """What :func:`job_label` reads: an ORM ``Job``, a plain row of seff.sqlite_read or storage.summaries.list_jobs."""
+    """What :func:`job_label` reads: a job row of the read model (readmodel.JobRow), or an ORM ``Job``."""
 
     @property
     def job_id(self) -> int: ...

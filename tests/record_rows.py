@@ -1,18 +1,41 @@
-"""Unsaved Job/JobGpu rows from one spool record, through ingest's own merge step
-(:func:`slurm_gpueff.storage.merge.merge`), so a test analyses or stores exactly what ingest would."""
+"""Unsaved job and GPU rows (the read model, slurm_gpueff/readmodel.py) from one spool record, through ingest's
+own merge step (:func:`slurm_gpueff.storage.merge.merge`), so a test analyses exactly what ingest would
+store, as the node's live card makes them."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 from typing import Any
 
-from slurm_gpueff.models import Job, JobGpu
+from slurm_gpueff.readmodel import GpuRow, JobRow, gpu_row, job_row
 from slurm_gpueff.storage.merge import merge
 
 
-def from_record(rec: dict[str, Any]) -> tuple[Job, list[JobGpu]]:
+def from_record(rec: dict[str, Any]) -> tuple[JobRow, list[GpuRow]]:
+    plan = merge([rec], {}, {}, datetime.now(UTC).replace(tzinfo=None))
+    [(key, row)] = plan.jobs.items()
+    return job_row(row), [gpu_row(g) for g in plan.gpus[key].values()]
+
+
+def models_from_record(rec: dict[str, Any]) -> tuple[Any, list[Any]]:
+    """The same rows as unsaved ORM objects (models.Job, models.JobGpu), for a test to store them."""
+    from slurm_gpueff.models import Job, JobGpu
+
     plan = merge([rec], {}, {}, datetime.now(UTC).replace(tzinfo=None))
     [(key, row)] = plan.jobs.items()
     job = Job(**{k: v for k, v in row.items() if k != "id"})
     gpus = [JobGpu(**{k: v for k, v in g.items() if k not in ("id", "job_pk")}) for g in plan.gpus[key].values()]
     return job, gpus
+
+
+def gpu_of(**values: Any) -> GpuRow:
+    """A GPU row from its columns' values as stored (``window`` and ``shared`` as their JSON objects)."""
+    return gpu_row(values)
+
+
+def rows_of_models(job: Any, gpus: Any = ()) -> tuple[JobRow, list[GpuRow]]:
+    """The read model's rows of stored ORM objects (a test that read them through the session)."""
+    from slurm_gpueff.readmodel import GPU_COLUMNS, JOB_COLUMNS
+
+    return (job_row({c: getattr(job, c) for c in JOB_COLUMNS}),
+            [gpu_row({c: getattr(g, c) for c in GPU_COLUMNS}) for g in gpus])

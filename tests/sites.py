@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from record_rows import from_record
+from record_rows import models_from_record
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
@@ -49,7 +49,7 @@ def sim_record(job_id: int, profile: str = "bf16-healthy", gpus: int = 1, hours:
 def store(session: Session, rec: dict[str, Any], state: str | None = "COMPLETED", timeline: bool = False) -> None:
     """The record's job and GPU rows as ingest's merge makes them; ``state``: the one enrichment wrote (None:
     a hook record only, not enriched); with ``timeline``, each GPU's timeline row as ingest writes it."""
-    job, gpus = from_record(rec)
+    job, gpus = models_from_record(rec)
     job.state = state
     job.enriched = state is not None
     session.add(job)

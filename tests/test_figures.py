@@ -5,26 +5,26 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 import pytest
-from record_rows import from_record
+from record_rows import from_record, gpu_of
 
 from slurm_gpueff.analysis import job_figures
-from slurm_gpueff.models import Job, JobGpu
+from slurm_gpueff.readmodel import GpuRow, JobRow
 
 GiB = 1024**3
 T0 = datetime(2025, 3, 1, 8, 0, 0)
 
 
-def job(hours: float = 2.0, **kw) -> Job:
-    return Job(cluster="c", job_id=7, start_time=T0, end_time=T0 + timedelta(hours=hours), **kw)
+def job(hours: float = 2.0, **kw) -> JobRow:
+    return JobRow(cluster="c", job_id=7, start_time=T0, end_time=T0 + timedelta(hours=hours), **kw)
 
 
-def gpu(index: int = 0, **kw) -> JobGpu:
+def gpu(index: int = 0, **kw) -> GpuRow:
     values = dict(kernel_active=0.9, sm_active=0.6, tensor_active=0.5, dram_active=0.2, sm_occupancy=0.3,
                   fp32_active=0.1, fp16_active=0.0, fp64_active=0.0, hmma_active=0.5, imma_active=0.0,
                   dfma_active=0.0, memory_used_peak_bytes=40 * GiB, memory_total_bytes=80 * GiB,
                   energy_j=400.0 * 7200, power_mean_w=400.0, source="nvml-gpm", samples=1440, missing={})
     values.update(kw)
-    return JobGpu(job_pk=0, node="n1", gpu_index=index, **values)
+    return gpu_of(job_pk=0, node="n1", gpu_index=index, **values)
 
 
 def test_single_gpu_split_sums_to_allocated_hours():
@@ -123,7 +123,7 @@ def test_allocation_only_job_has_no_invented_figures():
 
 
 def test_unknown_times_leave_hours_unknown():
-    j = Job(cluster="c", job_id=8)
+    j = JobRow(cluster="c", job_id=8)
     f = job_figures(j, [gpu()])
     assert f.hours is None and f.waste.idle_h is None
     assert f.mean("kernel_active") == pytest.approx(0.9)  # means do not need the time
@@ -159,7 +159,7 @@ def test_a_shared_gpu_counts_the_jobs_share_and_never_the_devices_activity_as_it
     assert whole.hours == pytest.approx(2.0) and whole.gpus[0].shards is None  # a GPU held whole: as before
 
 
-def _shared(own_k: float, own_s: float, gpu_busy: float, **kw) -> JobGpu:
+def _shared(own_k: float, own_s: float, gpu_busy: float, **kw) -> GpuRow:
     return gpu(kernel_active=own_k, sm_active=own_s, tensor_active=0.0, hmma_active=0.0, **kw,
                shared={"with": ["1002"], "with_count": 1, "method": "split by NVML's per-process SM utilization",
                        "share": 0.5, "shared_s": 7200.0, "unattributed": 0.0, "gpu_kernel_active": gpu_busy})

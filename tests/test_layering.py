@@ -25,7 +25,7 @@ PKG = os.path.join(ROOT, "slurm_gpueff")
 # Lowest first. A module may import its own layer and the layers before it, never a later one.
 LAYERS: list[tuple[str, set[str]]] = [
     ("base", {"__init__", "__version__", "errors", "config", "record", "spool", "statedir", "jobstate", "fmt",
-              "outfile", "slurm", "access"}),
+              "outfile", "slurm", "access", "readmodel"}),
     ("node", {"node"}),
     ("collectors", {"collectors"}),
     ("hook", {"hook", "live"}),
@@ -42,12 +42,14 @@ LAYERS: list[tuple[str, set[str]]] = [
 # Layers that must not import each other although the order alone would allow it. The node side (the agent,
 # the backends, the hooks) and the database side (models to render) are two branches that only seff-gpu's
 # engine (its live card on the job's own node) and the commands join; the analysis and its rendering work
-# on plain data that storage fetched, and never reach for the database themselves. The node agent and the
+# on the read model's rows (readmodel.py) that storage or the live view made, and never reach for the database
+# or its models themselves. The node agent and the
 # service are two processes on different hosts: neither imports the other.
 NODE_SIDE = ("node", "collectors", "hook")
 DB_SIDE = ("models", "migrations", "storage", "analysis", "render")
 APART: list[tuple[str, str]] = [(db, node) for db in DB_SIDE for node in NODE_SIDE] + [
     ("analysis", "storage"), ("render", "storage"), ("analysis", "migrations"), ("render", "migrations"),
+    ("analysis", "models"), ("render", "models"),
     ("service", "node")]
 RANK = {module: i for i, (_layer, names) in enumerate(LAYERS) for module in names}
 LAYER_NAME = {module: layer for layer, names in LAYERS for module in names}

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from hooksite import ROOT, HookSite, make_record
+from record_rows import rows_of_models
 from sqlmodel import Session, select
 
 from slurm_gpueff import live, record, spool
@@ -271,12 +272,13 @@ def test_who_cancelled_a_job_is_said_on_its_card_and_json(tmp_path):
                                   "measured) after two warnings mailed to the owner")
         assert jobs[7].reason == "cancelled by its owner alice (uid 1000) (Slurm's accounting)"
         assert jobs[8].reason == "cancelled by dave (Slurm's accounting)"
-        fig = job_figures(jobs[6], gpus[6])
-        card = " ".join(render_card(jobs[6], fig, assess(fig)).split())
+        row6, gpus6 = rows_of_models(jobs[6], gpus[6])
+        fig = job_figures(row6, gpus6)
+        card = " ".join(render_card(row6, fig, assess(fig)).split())
         assert "State: CANCELLED" in card and "Note: cancelled by gpueff's idle-GPU policy ([alerts])" in card
-        doc = json.loads(dumps([(jobs[6], fig, assess(fig))]))["jobs"][0]["job"]
+        doc = json.loads(dumps([(row6, fig, assess(fig))]))["jobs"][0]["job"]
         assert doc["state"] == "CANCELLED" and doc["reason"].startswith("cancelled by gpueff's idle-GPU policy")
-        page = build_card(jobs[6], fig, assess(fig), [], Config())  # the mailed card (and --html) says it too
+        page = build_card(row6, fig, assess(fig), [], Config())  # the mailed card (and --html) says it too
         assert "cancelled by gpueff&#39;s idle-GPU policy" in page.html(), page.html()
     finally:
         engine.dispose()

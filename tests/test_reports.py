@@ -12,6 +12,7 @@ from email import message_from_bytes, policy
 
 import pytest
 from pgutil import pg_url  # noqa: F401 - a fixture
+from record_rows import rows_of_models
 from reports_data import EVIL_NAME, config, make_db
 from sqlmodel import Session, select
 
@@ -133,7 +134,7 @@ def test_monthly_summary_says_how_many_of_its_jobs_were_simulated(tmp_path):
     every = summary()
     assert every.subject.startswith("[c] SIMULATED DATA: GPU-hours ")
     with Session(engine) as s:  # and each job's card, as its body says already
-        card = runner.render_job_card(s, s.exec(select(Job)).first(), cfg)  # type: ignore[arg-type]
+        card = runner.render_job_card(s, rows_of_models(s.exec(select(Job)).first())[0], cfg)
     assert card.subject.startswith("[c] SIMULATED DATA: GPU job 50"), card.subject
     assert every.text.startswith("*** SIMULATED DATA \u2014 figures from simulated GPUs, not real ones ***\n")
     assert "SIMULATED DATA \u2014 figures from simulated GPUs" in every.html()
@@ -152,7 +153,7 @@ def test_unpriced_model_shows_no_invented_cost(tmp_path):
     with Session(engine) as s:
         job = s.exec(select(Job)).one()
         summary = monthly.build_summary(s, cfg, job.end_time.strftime("%Y-%m"), None)
-        card = runner.render_job_card(s, job, cfg)
+        card = runner.render_job_card(s, rows_of_models(job)[0], cfg)
     assert "n/a" in summary.text and "\u20ac" not in summary.text
     assert "Cost of the" in card.text and "n/a" in card.text.split("Cost of the")[1]
 

@@ -19,6 +19,7 @@ from hooksite import HookSite, make_record
 from pgutil import pg_url  # noqa: F401  (fixture)
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from record_rows import rows_of_models
 from sqlmodel import Session, select
 
 from slurm_gpueff import hook, record, spool
@@ -279,9 +280,9 @@ def test_rollups_metrics_and_card_count_every_run(tmp_path):
     with Session(engine) as s:
         items = []
         for j in s.exec(select(Job).order_by(Job.run)).all():
-            gpus = list(s.exec(select(JobGpu).where(JobGpu.job_pk == j.id)).all())
-            fig = job_figures(j, gpus)
-            items.append((j, fig, assess(fig)))
+            row, gpus = rows_of_models(j, s.exec(select(JobGpu).where(JobGpu.job_pk == j.id)).all())
+            fig = job_figures(row, gpus)
+            items.append((row, fig, assess(fig)))
         runs = [(j, f) for j, f, _d in items]
         line = runs_line(runs)
         assert line.startswith("requeued once: 2 runs, ")
@@ -373,9 +374,8 @@ def test_the_mailed_card_and_html_show_every_run(tmp_path):
     summarize_pending(engine, cfg.analysis)
     r0, r1 = rows(engine)
     with Session(engine) as s:
-        last = s.get(Job, r1.id)
-        page = render_job_card(s, last, cfg)
-        first = render_job_card(s, s.get(Job, r0.id), cfg)
+        page = render_job_card(s, rows_of_models(s.get(Job, r1.id))[0], cfg)
+        first = render_job_card(s, rows_of_models(s.get(Job, r0.id))[0], cfg)
     assert "Runs: requeued once: 2 runs, " in page.text.replace("\n    ", " ")
     assert "requeued once: 2 runs" in page.html()
     assert "requeued once" in first.text  # any run's card shows the job's runs

@@ -13,6 +13,7 @@ import time
 
 import pytest
 from fake_gpus import FakeClock, FakeSampler, GiB, close, hopper, make_config, make_dev_dir
+from record_rows import rows_of_models
 
 from slurm_gpueff import record
 from slurm_gpueff.collectors.base import JobContext
@@ -226,8 +227,8 @@ def test_shared_gpu_hours_are_counted_once_and_the_card_says_with_whom(tmp_path)
     with Session(engine) as s:
         figs = {}
         for job in s.exec(select(Job)).all():
-            gpus = s.exec(select(JobGpu).where(JobGpu.job_pk == job.id)).all()
-            figs[job.job_id] = (job, job_figures(job, gpus))
+            row, gpus = rows_of_models(job, s.exec(select(JobGpu).where(JobGpu.job_pk == job.id)).all())
+            figs[job.job_id] = (row, job_figures(row, gpus))
     (_ja, fa), (jb, fb) = figs[1001], figs[1002]
     hour = (t1 - t0) / 3600
     assert fa.hours == pytest.approx(hour / 2, rel=1e-3) and fb.hours == pytest.approx(hour / 2, rel=1e-3)

@@ -9,7 +9,8 @@ the reason: accounting not read yet, or not reported.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+
+from ..readmodel import JobRow
 
 
 @dataclass
@@ -29,12 +30,11 @@ PENDING = "Slurm's accounting not read yet"
 NO_ACCOUNTING = "this site keeps no Slurm accounting"
 
 
-def cpu_figures(job: Any, elapsed_s: float | None, accounting: bool = True) -> CpuFigures:
-    """From a job row (ORM or plain): its CPUs, TotalCPU and MaxRSS as enrichment stored them. ``accounting``
-    false: the site keeps no Slurm accounting, so what is missing is missing for good."""
-    pending = not getattr(job, "enriched", True)
-    cpus, total = getattr(job, "alloc_cpus", None), getattr(job, "total_cpu_s", None)
-    rss = getattr(job, "max_rss_bytes", None)
+def cpu_figures(job: JobRow, elapsed_s: float | None, accounting: bool = True) -> CpuFigures:
+    """From a job row: its CPUs, TotalCPU and MaxRSS as enrichment stored them. ``accounting`` false: the site
+    keeps no Slurm accounting, so what is missing is missing for good."""
+    pending = not job.enriched
+    cpus, total, rss = job.alloc_cpus, job.total_cpu_s, job.max_rss_bytes
     out = CpuFigures(alloc_cpus=cpus, total_cpu_s=total, max_rss_bytes=rss)
     if not accounting:
         pending = False

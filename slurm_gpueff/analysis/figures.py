@@ -1,8 +1,8 @@
 """The job's figures: GPU-hours, activity means, the waste split, memory and energy.
 
 Every definition, and how a job combines its GPUs, is in docs/DESIGN.md ("Figures"). Nothing is invented:
-a figure that was not measured is ``None`` and its reason is kept (from ``JobGpu.missing``, or derived
-here). Works on unsaved model instances too, so the analysis runs without a DB.
+a figure that was not measured is ``None`` and its reason is kept (from the GPU row's ``missing``, or derived
+here). It reads the read model's rows (readmodel.py), stored or not, so the analysis runs without a database.
 """
 
 from __future__ import annotations
@@ -10,13 +10,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ..readmodel import GpuRow, JobRow, Shared
 from .coverage import describe
 from .cpu import CpuFigures, cpu_figures
-
-if TYPE_CHECKING:  # rows may be ORM objects or the plain rows of seff.sqlite_read (seff-gpu's fast path),
-    from ..models import Job, JobGpu  # so the models (and SQLAlchemy, slow to import) load only when needed
 
 # Figures averaged over time (fractions in [0, 1]) and what we call them in reasons.
 MEANS = ("kernel_active", "sm_active", "tensor_active", "dram_active", "sm_occupancy",
@@ -73,7 +71,7 @@ class GpuFigures:
     shard_count: int | None = None  # ... of the GPU's (None: unknown)
     # Shared with other jobs and measured per job (record.py ``shared``): with whom, how, the job's share; its
     # means are then relative to that share, and ``own`` holds them as fractions of the whole GPU's time.
-    shared: dict[str, Any] | None = None
+    shared: Shared | None = None
     own: dict[str, float | None] | None = None
     share: float | None = None  # of the GPU the job held: shards / count, else the measured time share
 
@@ -139,16 +137,16 @@ def _seconds(start: datetime | None, end: datetime | None) -> float | None:
     return max(0.0, (naive_utc(end) - naive_utc(start)).total_seconds())  # type: ignore[operator]
 
 
-def job_elapsed_s(job: Job) -> float | None:
+def job_elapsed_s(job: JobRow) -> float | None:
     """Wall time of the job: ``elapsed_s`` (sacct) if known, else end - start."""
     if job.elapsed_s is not None:
         return max(0.0, float(job.elapsed_s))
     return _seconds(job.start_time, job.end_time)
 
 
-def gpu_figures(job: Job, gpu: JobGpu) -> GpuFigures:
+def gpu_figures(job: JobRow, gpu: GpuRow) -> GpuFigures:
     """Figures of one GPU; its T is the GPU's own window, else the job's."""
-    missing = dict(gpu.missing or {})
+    missing = dict(gpu.missing)
     t = _seconds(gpu.start_time, gpu.end_time)
     if t is None:
         t = job_elapsed_s(job)
@@ -156,9 +154,7 @@ def gpu_figures(job: Job, gpu: JobGpu) -> GpuFigures:
     if hours is None:
         missing.setdefault("gpu_hours", "job start/end time unknown")
     raw: dict[str, Any] = {name: getattr(gpu, name) for name in (*MEANS, *QUANTITIES)}
-    shards, count = getattr(gpu, "shards", None), getattr(gpu, "shard_count", None)
-    shared = getattr(gpu, "shared", None)
-    shared = shared if isinstance(shared, dict) else None
+    shards, count, shared = gpu.shards, gpu.shard_count, gpu.shared
     slurm_share = min(1.0, shards / count) if shards and count else None
     own: dict[str, float | None] | None = None
     share: float | None = slurm_share
@@ -171,12 +167,12 @@ def gpu_figures(job: Job, gpu: JobGpu) -> GpuFigures:
             missing[name] = missing.get(name) or NOT_MEASURED
     means = {m: None if raw[m] is None else min(1.0, max(0.0, float(raw[m]))) for m in MEANS}
     k, s = means["kernel_active"], means["sm_active"]
-    window_s, measured = getattr(gpu, "window_s", None), getattr(gpu, "measured_s", None)
+    window_s, measured = gpu.window_s, gpu.measured_s
     return GpuFigures(node=gpu.node, index=gpu.gpu_index, model=gpu.model, uuid=gpu.uuid,
                       source=gpu.source or "none", samples=gpu.samples or 0, hours=hours, means=means,
                       efficiency=_efficiency(k, s, missing), waste=split(hours, k, s, missing), missing=missing,
                       window_s=window_s, measured_s=measured,
-                      coverage_note=describe(getattr(gpu, "window", None), window_s, measured),
+                      coverage_note=describe(gpu.window, window_s, measured),
                       shards=shards, shard_count=count, shared=shared, own=own, share=share,
                       **{q: raw[q] for q in QUANTITIES})
 
@@ -200,7 +196,7 @@ def _shared(hours: float | None, raw: dict[str, Any], shards: int, count: int | 
     return hours, out
 
 
-def _measured_share(hours: float | None, raw: dict[str, Any], slurm_share: float | None, shared: dict[str, Any],
+def _measured_share(hours: float | None, raw: dict[str, Any], slurm_share: float | None, shared: Shared,
                     missing: dict[str, str]
                     ) -> tuple[float | None, dict[str, Any], dict[str, float | None], float | None]:
     """A GPU shared with other jobs whose own part the node agent measured (its figures are fractions of the
@@ -209,10 +205,9 @@ def _measured_share(hours: float | None, raw: dict[str, Any], slurm_share: float
     a GPU's hours are counted once across its jobs. Its means become relative to that share (40 % of the
     GPU's time at a half share reads 80 %), capped at 100 %: a job that used more than its share took time
     its neighbours left idle, and it is not charged idle time for it. ``own`` keeps the whole-GPU fractions."""
-    measured = shared.get("share")
-    share = slurm_share if slurm_share is not None else (
-        float(measured) if isinstance(measured, int | float) and not isinstance(measured, bool) and measured > 0
-        else None)
+    measured = shared.share
+    share = slurm_share if slurm_share is not None else (float(measured) if measured is not None and measured > 0
+                                                         else None)
     own = {m: raw[m] for m in MEANS}
     out = dict(raw)
     if share is None:
@@ -288,8 +283,8 @@ def _source(gpus: Sequence[GpuFigures], ok: Sequence[bool]) -> str:
     return "+".join(dict.fromkeys(g.source for g, present in zip(gpus, ok, strict=True) if present)) or "none"
 
 
-def job_figures(job: Job, gpus: Sequence[JobGpu], accounting: bool = True) -> JobFigures:
-    """All figures of a job from its (saved or unsaved) Job and JobGpu rows; ``accounting``: whether the site
+def job_figures(job: JobRow, gpus: Sequence[GpuRow], accounting: bool = True) -> JobFigures:
+    """All figures of a job from its rows (read model, stored or not); ``accounting``: whether the site
     keeps Slurm accounting (``[sacct] accounting``), where the CPU side comes from."""
     per = [gpu_figures(job, g) for g in sorted(gpus, key=lambda g: (g.node, g.gpu_index))]
     fig = combine(per, job_elapsed_s(job))

@@ -12,33 +12,33 @@ from typing import Any
 
 from ..analysis.cpu import cpu_figures
 from ..fmt import gpu_hours, hms, iso, job_label, number, pct, plural
+from ..readmodel import JobRow
 from .text import state_word
 
 SCHEMA = "slurm-gpueff/seff-gpu-jobs"
 VERSION = 1
 
 
-def _waste(job: Any) -> float | None:
+def _waste(job: JobRow) -> float | None:
     if job.idle_gpu_hours is None or job.underfilled_gpu_hours is None:
         return None
     return float(job.idle_gpu_hours + job.underfilled_gpu_hours)
 
 
-def _cpu(job: Any) -> float | None:
+def _cpu(job: JobRow) -> float | None:
     """CPU efficiency (TotalCPU / (Elapsed x CPUs), analysis/cpu.py), None where accounting did not say."""
     return cpu_figures(job, job.elapsed_s).efficiency
 
 
-def _label(job: Any) -> str:
-    run = getattr(job, "run", 0)
-    return job_label(job) + (f" (run {run})" if run > 0 else " (run ?)" if run < 0 else "")
+def _label(job: JobRow) -> str:
+    return job_label(job) + (f" (run {job.run})" if job.run > 0 else " (run ?)" if job.run < 0 else "")
 
 
-def totals(jobs: Sequence[Any]) -> dict[str, Any]:
+def totals(jobs: Sequence[JobRow]) -> dict[str, Any]:
     """Sums and GPU-hour-weighted means over the jobs (each over the jobs where it was measured); a table cut
     to its newest lines gets the same figures over all its jobs from the database
     (storage.summaries.table_totals)."""
-    def wmean(getter: Callable[[Any], float | None]) -> float | None:
+    def wmean(getter: Callable[[JobRow], float | None]) -> float | None:
         num = den = 0.0
         for j in jobs:
             v = getter(j)
@@ -47,7 +47,8 @@ def totals(jobs: Sequence[Any]) -> dict[str, Any]:
                 den += j.gpu_hours
         return num / den if den else None
 
-    cpu = [(j.total_cpu_s, j.elapsed_s * j.alloc_cpus) for j in jobs if _cpu(j) is not None]
+    cpu = [(j.total_cpu_s, j.elapsed_s * j.alloc_cpus) for j in jobs
+           if _cpu(j) is not None and j.total_cpu_s is not None and j.elapsed_s is not None and j.alloc_cpus]
     hours = [j.gpu_hours for j in jobs if j.gpu_hours is not None]
     wastes = [w for w in map(_waste, jobs) if w is not None]
     return {
@@ -55,7 +56,8 @@ def totals(jobs: Sequence[Any]) -> dict[str, Any]:
         "gpus": sum(j.gpu_count for j in jobs),
         "jobs": len({(j.cluster, j.job_id) for j in jobs}),
         "gpu_hours": sum(hours) if hours else None,
-        "kernel_active": wmean(lambda j: None if j.idle_gpu_hours is None else j.gpu_hours - j.idle_gpu_hours),
+        "kernel_active": wmean(lambda j: None if j.idle_gpu_hours is None or j.gpu_hours is None
+                               else j.gpu_hours - j.idle_gpu_hours),
         "sm_active": wmean(lambda j: j.sm_active_gpu_hours),
         "tensor_active": wmean(lambda j: j.tensor_active_gpu_hours),
         "cpu_efficiency": min(1.0, sum(c for c, _ in cpu) / sum(a for _, a in cpu)) if cpu else None,
@@ -64,7 +66,7 @@ def totals(jobs: Sequence[Any]) -> dict[str, Any]:
     }
 
 
-def render(jobs: Sequence[Any], total: dict[str, Any] | None = None) -> str:
+def render(jobs: Sequence[JobRow], total: dict[str, Any] | None = None) -> str:
     """The table's lines and its totals line (``total``: over more jobs than the lines, else over them)."""
     head = ("JobID", "State", "Elapsed", "GPUs", "GPU-h", "Kernel%", "SM%", "Tensor%", "CPU%", "WasteGPU-h",
             "Verdict")
@@ -101,7 +103,7 @@ def _rounded(figures: dict[str, Any]) -> dict[str, Any]:
             if isinstance(v, float) and k not in _EXACT else v for k, v in figures.items()}
 
 
-def as_json(jobs: Sequence[Any], query: dict[str, Any], total: dict[str, Any] | None = None) -> dict[str, Any]:
+def as_json(jobs: Sequence[JobRow], query: dict[str, Any], total: dict[str, Any] | None = None) -> dict[str, Any]:
     """The table as JSON; ``totals.rows`` says how many lines there are in all when ``jobs`` are the newest.
     Figures are rounded as in the one-job document, totals too."""
     out = [_rounded({

@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..analysis.diagnose import Diagnosis
 from ..analysis.figures import MEANS, GpuFigures, JobFigures, Waste
 from ..fmt import iso, job_label, number
+from ..readmodel import JobRow, Points
 from .text import Runs, Timelines, final_state, is_live, state_text, state_word
-
-if TYPE_CHECKING:  # an ORM row or a plain row of seff.sqlite_read: only attributes are read
-    from ..models import Job
 
 SCHEMA = "slurm-gpueff/seff-gpu"
 SCHEMA_VERSION = 1
@@ -43,7 +41,7 @@ def _figures(fig: JobFigures) -> dict[str, Any]:
     return out
 
 
-def series(points: Sequence[Sequence[Any]] | None) -> dict[str, list[Any]] | None:
+def series(points: Points | None) -> dict[str, list[Any]] | None:
     """A GPU's coarse timeline as columns (seconds since the job's start; kernel, SM, tensor activity, null
     where unknown), for plotting without reshaping; None when there is none (not recorded, or deleted by
     retention)."""
@@ -67,16 +65,16 @@ def _gpu(g: GpuFigures, timelines: Timelines) -> dict[str, Any]:
             "window_s": number(g.window_s, 3), "measured_s": number(g.measured_s, 3), "coverage": g.coverage_note,
             "missing": dict(sorted(g.missing.items())), "series": series(timelines.get((g.node, g.index)))} | (
                 {"shards": g.shards, "shard_count": g.shard_count} if g.shards else {}) | (  # held whole: as before
-                {"shared": {**g.shared, "share": number(g.share),
+                {"shared": {**g.shared.as_json(), "share": number(g.share),
                             "own": {m: number(v) for m, v in (g.own or {}).items()}}} if g.shared else {})
 
 
-def _run(job: Job, fig: JobFigures) -> dict[str, Any]:
+def _run(job: JobRow, fig: JobFigures) -> dict[str, Any]:
     return {"run": job.run, "sluid": job.sluid, "state": final_state(job), "start_time": iso(job.start_time),
             "end_time": iso(job.end_time), "gpu_hours": number(fig.hours), "missing": fig.missing.get("gpu_hours")}
 
 
-def job_document(job: Job, fig: JobFigures, diag: Diagnosis, runs: Runs = (),
+def job_document(job: JobRow, fig: JobFigures, diag: Diagnosis, runs: Runs = (),
                  timelines: Timelines | None = None, accounting: bool = True) -> dict[str, Any]:
     """One job's document (an element of ``jobs``). For a requeued job the figures are its last run's, and
     ``runs`` lists every run (``run`` < 0: not settled by accounting yet; docs/DESIGN.md, "Runs"); a job
@@ -92,7 +90,7 @@ def job_document(job: Job, fig: JobFigures, diag: Diagnosis, runs: Runs = (),
             "het_job_id": job.het_job_id, "het_job_offset": job.het_job_offset,
             "user": job.user, "account": job.account, "partition": job.partition,
             "state": state_word(job),
-            "state_pending": accounting and not getattr(job, "enriched", True) and not is_live(job),
+            "state_pending": accounting and not job.enriched and not is_live(job),
             "running": is_live(job), "as_of": iso(job.end_time) if is_live(job) else None,
             "state_text": state_text(job, accounting), "exit_code": job.exit_code,
             "signal": job.signal,
@@ -116,7 +114,7 @@ def job_document(job: Job, fig: JobFigures, diag: Diagnosis, runs: Runs = (),
     } | ({"runs": [_run(j, f) for j, f in runs]} if len(runs) > 1 else {})
 
 
-def dumps(items: Sequence[tuple[Job, JobFigures, Diagnosis]], runs: Sequence[Runs] = (),
+def dumps(items: Sequence[tuple[JobRow, JobFigures, Diagnosis]], runs: Sequence[Runs] = (),
           timelines: Sequence[Timelines] = (), accounting: bool = True) -> str:
     """The whole ``--json`` output: always a ``jobs`` list, even for one job, so the shape never varies;
     ``runs`` and ``timelines``: each item's (as :func:`job_document`), when given."""

@@ -9,15 +9,12 @@ from __future__ import annotations
 import textwrap
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
 
 from ..analysis.diagnose import Diagnosis
 from ..analysis.figures import JobFigures
 from ..analysis.precision import split
 from ..fmt import energy, gib, gpu_hours, hms, job_label, pct, plural, sparkline, utc_seconds, watts
-
-if TYPE_CHECKING:  # an ORM row or a plain row of seff.sqlite_read: only attributes are read
-    from ..models import Job
+from ..readmodel import JobRow, Points
 
 WIDTH = 80
 
@@ -54,29 +51,29 @@ EPILOG_FINAL = "final: this site keeps no Slurm accounting"  # [sacct] accountin
 ENDED = "ENDED"  # the job ended; which final state (COMPLETED, TIMEOUT, ...) only Slurm's accounting says
 
 
-def final_state(job: Job) -> str | None:
+def final_state(job: JobRow) -> str | None:
     """Slurm's final state, None while only the hooks' record exists: the Epilog sees a TIMEOUT or a
     CANCELLED job exit 0 (checked on Slurm 22.05, 24.11 and 26.05), so its COMPLETED / FAILED is a guess
     that only enrichment from sacct replaces with the real state."""
-    return job.state if getattr(job, "enriched", True) else None
+    return job.state if job.enriched else None
 
 
-def state_word(job: Job) -> str:
+def state_word(job: JobRow) -> str:
     """The one word every display uses for a job's state: RUNNING, Slurm's final state once accounting
     was read, ENDED before (the Epilog saw the job end, but a TIMEOUT or CANCELLED job exits 0 there too)."""
     if is_live(job):
         return "RUNNING"
-    if not getattr(job, "enriched", True):
+    if not job.enriched:
         return ENDED
     return job.state or "unknown"
 
 
-def is_live(job: Job) -> bool:
+def is_live(job: JobRow) -> bool:
     """A running job's row: its figures so far, from the latest live record (slurm_gpueff/live.py)."""
-    return getattr(job, "record_source", "hook") == "live"
+    return job.live
 
 
-def state_text(job: Job, accounting: bool = True) -> str:
+def state_text(job: JobRow, accounting: bool = True) -> str:
     """``COMPLETED (exit code 0)``, ``RUNNING (figures so far, as of ...)``, or ``ENDED`` with what the
     Epilog saw: pending Slurm's final state, or final where the site keeps no accounting (``accounting``
     false)."""
@@ -91,7 +88,7 @@ def state_text(job: Job, accounting: bool = True) -> str:
     state = final_state(job)
     if state:
         return f"{state} ({detail})" if detail else state
-    if not getattr(job, "enriched", True):
+    if not job.enriched:
         seen = f"signal {job.signal}" if job.signal else detail
         why = PENDING_STATE if accounting else EPILOG_FINAL
         return f"{ENDED} (the Epilog saw {seen}; {why})" if seen else f"{ENDED} ({why})"
@@ -117,7 +114,7 @@ def _figure(fig: JobFigures, metric: str, na_: _Na) -> str:
     return f"{pct(value)} (n/a: {missing})" if missing else pct(value)
 
 
-def gpus_line(job: Job, fig: JobFigures, times: str = "x") -> str:
+def gpus_line(job: JobRow, fig: JobFigures, times: str = "x") -> str:
     """``2 x A100, 1 x H100``: the GPUs per model (the job's GPU type where a GPU has none)."""
     if not fig.gpus:
         return f"{job.gpu_count} {times} {job.gpu_type or 'unknown model'}" if job.gpu_count else "0"
@@ -136,25 +133,25 @@ def shared_lines(fig: JobFigures) -> list[tuple[str, str]]:
         sh = g.shared
         if not sh:
             continue
-        others = [str(j) for j in sh.get("with") or []]
-        more = int(sh.get("with_count") or len(others)) - len(others)
+        others = list(sh.others)
+        more = (sh.with_count or len(others)) - len(others)
         whom = ", ".join(others) + (f" and {more} more" if more > 0 else "")
         k = (g.own or {}).get("kernel_active")
         parts = [f"with job{'s' if len(others) + max(more, 0) > 1 else ''} {whom or 'n/a'}",
                  f"this job's share {pct(g.share)}" if g.share is not None else "this job's share n/a"]
         if k is not None:
             parts.append(f"its kernels ran {pct(k)} of the GPU's time, {pct(g.mean('kernel_active'))} of its share")
-        if isinstance(sh.get("unmeasured_s"), int | float) and sh["unmeasured_s"] > 0:
-            parts.append(f"its own part could not be measured for {hms(sh['unmeasured_s'])} (MPS)")
-        if isinstance(sh.get("unattributed"), int | float) and sh["unattributed"] > 0:
-            parts.append(f"{pct(sh['unattributed'])} of the GPU's kernel time was no running job's")
+        if sh.unmeasured_s is not None and sh.unmeasured_s > 0:
+            parts.append(f"its own part could not be measured for {hms(sh.unmeasured_s)} (MPS)")
+        if sh.unattributed is not None and sh.unattributed > 0:
+            parts.append(f"{pct(sh.unattributed)} of the GPU's kernel time was no running job's")
         label = f"GPU {g.index}" if one_node else g.label
         out.append((f"Shared {label}", f"{'; '.join(parts)}. The activity figures are this job's own part, "
-                    f"relative to its share ({sh.get('method') or 'measured per job'})."))
+                    f"relative to its share ({sh.method or 'measured per job'})."))
     return out
 
 
-def _nodes_line(job: Job, fig: JobFigures) -> str:
+def _nodes_line(job: JobRow, fig: JobFigures) -> str:
     nodes = list(dict.fromkeys(g.node for g in fig.gpus))
     if not nodes:
         return job.nodelist or "n/a"
@@ -239,7 +236,7 @@ def _gpu_rows(fig: JobFigures, diag: Diagnosis) -> list[str]:
     return out
 
 
-def note(job: Job, fig: JobFigures) -> str | None:
+def note(job: JobRow, fig: JobFigures) -> str | None:
     """The job's stored reason (what the hooks, the collector or Slurm's accounting said about it: a node that
     failed, a Prolog state lost, who cancelled it and why), unless the Measured by line says it already."""
     if not job.reason or "none" in (fig.backends or [job.backend or "none"]):
@@ -247,7 +244,7 @@ def note(job: Job, fig: JobFigures) -> str | None:
     return str(job.reason)
 
 
-def measured_by(job: Job, fig: JobFigures) -> list[str]:
+def measured_by(job: JobRow, fig: JobFigures) -> list[str]:
     """One phrase per backend that measured the job (with its sample count), for the card and the mail."""
     out: list[str] = []
     for b in fig.backends or [job.backend or "none"]:
@@ -264,7 +261,7 @@ def measured_by(job: Job, fig: JobFigures) -> list[str]:
     return out
 
 
-Runs = Sequence[tuple["Job", JobFigures]]  # a requeued job's runs, in order, the card's own last
+Runs = Sequence[tuple[JobRow, JobFigures]]  # a requeued job's runs, in order, the card's own last
 
 
 def runs_line(runs: Runs) -> str:
@@ -287,7 +284,7 @@ def runs_line(runs: Runs) -> str:
 
 # A GPU's coarse timeline by (node, GPU index): [[t_s since the job's start, kernel, SM, tensor], ...], fractions
 # or None (job_gpu_timeline). A GPU without one (none recorded, or retention deleted it) is absent.
-Timelines = Mapping[tuple[str, int], Sequence[Sequence[Any]]]
+Timelines = Mapping[tuple[str, int], Points]
 SPARK_WIDTH = 40
 SPARK_GPUS = 8  # more GPUs: the first ones and a count, so a big job's card stays readable
 
@@ -306,7 +303,8 @@ def activity_lines(fig: JobFigures, timelines: Timelines) -> list[str]:
     labels = [f"GPU {g.index}" if one_node else g.label for g, _tl in have]
     out = []
     for (_g, tl), label in zip(have[:SPARK_GPUS], labels, strict=False):
-        cells = sparkline([(p[0], p[col] if len(p) > col else None) for p in tl if p], span, SPARK_WIDTH)
+        cells = sparkline([(p[0], p[col] if len(p) > col else None) for p in tl if p and p[0] is not None],
+                          span, SPARK_WIDTH)
         if cells:
             out.append(f"{name} activity over {hms(span)}: {cells}  ({label})")
     if out and len(have) > SPARK_GPUS:
@@ -314,7 +312,7 @@ def activity_lines(fig: JobFigures, timelines: Timelines) -> list[str]:
     return out
 
 
-def render_card(job: Job, fig: JobFigures, diag: Diagnosis, runs: Runs = (),
+def render_card(job: JobRow, fig: JobFigures, diag: Diagnosis, runs: Runs = (),
                 timelines: Timelines | None = None, accounting: bool = True) -> str:
     """The card of one job, as printed by ``seff-gpu``; with ``runs`` (a requeued job's, this one last) a
     Runs line after the GPU-hours; with ``timelines``, a line of activity over time per GPU; ``accounting``
@@ -387,7 +385,7 @@ def _tensor_split(fig: JobFigures) -> str:
     return f"  ({parts})" if parts else ""
 
 
-def render_table(items: Sequence[tuple[Job, JobFigures, Diagnosis]]) -> str:
+def render_table(items: Sequence[tuple[JobRow, JobFigures, Diagnosis]]) -> str:
     """One line per job (for an array with many tasks): id, state, GPU-hours, k, s, primary verdict."""
     head = f"{'Job ID':<14} {'State':<10} {'GPUs':>4} {'GPU-h':>7} {'kernel':>6} {'SM':>6}  verdict"
     out = [head, "-" * len(head)]

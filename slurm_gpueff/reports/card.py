@@ -17,7 +17,7 @@ from ..analysis.diagnose import Diagnosis
 from ..analysis.figures import JobFigures
 from ..analysis.precision import split
 from ..config import Config
-from ..models import Job
+from ..readmodel import JobRow, Points
 from ..render.text import (
     SIM_BANNER,
     Runs,
@@ -85,7 +85,7 @@ def _gpu_rows(fig: JobFigures, diag: Diagnosis, never_used_pct: float) -> list[d
             for g in fig.gpus]
 
 
-def build_card(job: Job, fig: JobFigures, diag: Diagnosis, timelines: Sequence[Sequence[Any]],
+def build_card(job: JobRow, fig: JobFigures, diag: Diagnosis, timelines: Sequence[Points],
                config: Config, *, optout_hint: bool = True, runs: Runs = ()) -> Page:
     """Render one job's card (HTML context, plain text, chart); ``runs`` as for the terminal card."""
     rep = config.reports

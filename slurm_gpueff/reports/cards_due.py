@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from sqlalchemy import and_, exists, func, or_
+from sqlalchemy import and_, exists, func, or_, select
 from sqlmodel import Session, col
-from sqlmodel import select as select_model
 
 from ..config import Config
 from ..models import Job, ReportLog, last_run_count, not_live
+from ..readmodel import JobRow
+from ..storage.queries import JOB, job_rows
 from ..storage.summaries import WASTED
 
 # A job's card waits for sacct's enrichment (its real final state: the Epilog sees a TIMEOUT or CANCELLED
@@ -30,7 +31,7 @@ def enrich_wait(config: Config) -> timedelta:
 
 
 def card_candidates(session: Session, config: Config, now: datetime, dry_run: bool, limit: int | None = None
-                    ) -> list[Job]:
+                    ) -> list[JobRow]:
     """Jobs due a card (see reports/runner.py), most GPU-hours lost first: enriched ones, so the card's state is
     Slurm's final one, and those still not enriched after :func:`enrich_wait` (their card says the final
     state is pending accounting). A requeued job's card is its last run's (a run that ended by its requeue
@@ -38,8 +39,7 @@ def card_candidates(session: Session, config: Config, now: datetime, dry_run: bo
     rep = config.reports
     logged = exists().where(and_(col(ReportLog.kind) == "card", col(ReportLog.job_pk) == col(Job.id),
                                  col(ReportLog.dry_run) == dry_run))
-    stmt = select_model(Job).where(col(Job.analyzed_at).is_not(None), col(Job.end_time).is_not(None),
-                             not_live(),
+    stmt = select(JOB).where(col(Job.analyzed_at).is_not(None), col(Job.end_time).is_not(None), not_live(),
                              col(Job.end_time) >= now - timedelta(hours=rep.card_lookback_h),
                              col(Job.gpu_hours) >= rep.card_min_gpu_hours, ~logged,
                              or_(col(Job.enriched).is_(True), col(Job.end_time) < now - enrich_wait(config)),
@@ -49,4 +49,4 @@ def card_candidates(session: Session, config: Config, now: datetime, dry_run: bo
     stmt = stmt.order_by(WASTED.desc(), col(Job.end_time), col(Job.id))
     if limit:
         stmt = stmt.limit(limit)
-    return list(session.exec(stmt).all())
+    return job_rows(session, stmt)

@@ -34,7 +34,8 @@ from ..analysis.diagnose import assess
 from ..analysis.figures import job_figures, naive_utc
 from ..config import Config, ReportsConfig
 from ..fmt import job_label, one_line, visible
-from ..models import Job, ReportLog
+from ..models import ReportLog
+from ..readmodel import JobRow
 from ..storage import summaries
 from ..storage.queries import gpu_timelines, job_gpus, job_runs
 from . import cards_due, message, sentlog, smtp
@@ -90,7 +91,7 @@ def _archive_dir(rep: ReportsConfig, kind: str, when: datetime, slug: str, dry_r
     return os.path.join(root, kind, when.strftime("%Y-%m"), safe)
 
 
-def render_job_card(session: Session, job: Job, config: Config) -> Page:
+def render_job_card(session: Session, job: JobRow, config: Config) -> Page:
     gpus = job_gpus(session, job)
     timelines = gpu_timelines(session, gpus)
     fig = job_figures(job, gpus, config.sacct.accounting)

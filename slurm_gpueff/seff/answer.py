@@ -17,18 +17,20 @@ from __future__ import annotations
 import json
 import textwrap
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from .. import jobstate, statedir
 from ..access.privacy import Denied, Viewer, denied_message, hides_others_jobs, may_see, shown, table_scope
-from ..analysis import assess, job_figures
+from ..analysis import Diagnosis, JobFigures, assess, job_figures
 from ..errors import GpueffError, JobIdError, SlurmCommandError
 from ..fmt import iso, job_label, utc
+from ..readmodel import GpuRow, JobRow
 from ..render import dumps, render_card, render_table
 from ..render.jobs_table import as_json, render
-from ..render.text import is_live
+from ..render.text import Runs, Timelines, is_live
 from ..slurm import commands
 from ..slurm.commands import RESOLVE_TIMEOUT_S, job_ids
 from ..slurm.jobid import parse
@@ -54,6 +56,8 @@ if TYPE_CHECKING:
     from ..slurm.jobid import JobSpec
 
 MAX_CARDS = 10
+Found = list[tuple[JobRow, list[GpuRow]]]  # the jobs an id names, each with its GPU rows
+Item = tuple[JobRow, JobFigures, Diagnosis]  # a job assessed
 
 
 def answer(query: SeffQuery, config: Config, viewer: Viewer) -> Answer:
@@ -103,9 +107,9 @@ def _cards(query: SeffQuery, spec: JobSpec, config: Config, viewer: Viewer) -> A
     return Answer(EXIT_OK, "\n".join(out) + "\n", html=pages, running=running, as_of=as_of_text)
 
 
-def by_job(items: list[tuple[Any, Any, Any]]) -> tuple[list[tuple[Any, Any, Any]], list[list[tuple[Any, Any]]]]:
+def by_job(items: list[Item]) -> tuple[list[Item], list[list[tuple[JobRow, JobFigures]]]]:
     """A requeued job's runs (a row each) as one item, its last run's, and each item's runs by end time."""
-    groups: dict[tuple[str, int], list[tuple[Any, Any, Any]]] = {}
+    groups: dict[tuple[str, int], list[Item]] = {}
     for item in items:
         groups.setdefault((item[0].cluster, item[0].job_id), []).append(item)
     for group in groups.values():
@@ -113,8 +117,8 @@ def by_job(items: list[tuple[Any, Any, Any]]) -> tuple[list[tuple[Any, Any, Any]
     return [g[-1] for g in groups.values()], [[(j, f) for j, f, _d in g] for g in groups.values()]
 
 
-def _html(config: Config, found: Sequence[tuple[Any, list[Any]]], cards: Sequence[tuple[Any, Any, Any]],
-          runs: Sequence[Sequence[Any]], tls: Sequence[Mapping[tuple[str, int], Any]]) -> list[tuple[str, str]]:
+def _html(config: Config, found: Found, cards: Sequence[Item], runs: Sequence[Runs],
+          tls: Sequence[Timelines]) -> list[tuple[str, str]]:
     """``--html``: the mailed card, its chart a ``data:`` URI, so a page opens with nothing next to it; a
     requeued job gives one page (its last run's card with the Runs line). ``found`` = (job, GPU rows);
     ``cards``, ``runs``, ``tls`` as :func:`by_job` and :func:`timelines` give them, in the same order."""
@@ -183,12 +187,12 @@ def _may_see_owner(viewer: Viewer, uid: object, user: object, account: object) -
 
 
 def _inquire(spec: JobSpec, config: Config, cluster: str | None,
-             viewer: Viewer) -> tuple[list[tuple[Any, list[Any]]], int, str | None]:
+             viewer: Viewer) -> tuple[Found, int, str | None]:
     """The jobs with GPUs ``viewer`` may see, how many without GPUs were left out, and a note on what may not
     show before accounting is read; else why there are none."""
     error: Unavailable | None = None
     note = None
-    found: list[tuple[Any, list[Any]]] = []
+    found: Found = []
     try:
         found = lookup(config, spec, cluster)
         if config.sacct.accounting and _before_accounting(spec, found):
@@ -217,23 +221,23 @@ def _inquire(spec: JobSpec, config: Config, cluster: str | None,
                       f"yet, or the id is wrong{raw_only})", EXIT_UNKNOWN)
     with_gpus = [(j, g) for j, g in found if g or j.gpu_count]
     if not with_gpus:
-        reasons = sorted({r for j, _g in found if (r := getattr(j, "reason", None))})
+        reasons = sorted({r for j, _g in found if (r := j.reason)})
         why = f" ({'; '.join(reasons)})" if reasons else ""
         raise Refused(f"job {spec} had no GPUs allocated{why}: nothing to report", EXIT_NO_GPUS)
     return with_gpus, len(found) - len(with_gpus), note
 
 
-def _before_accounting(spec: JobSpec, found: Sequence[tuple[Any, list[Any]]]) -> bool:
+def _before_accounting(spec: JobSpec, found: Found) -> bool:
     """Whether ``spec`` may name more, or other, jobs than the records show until accounting is read: a
     task or component not found (its record has only the raw id), or a plain id whose ended records were not
     enriched yet (it may be an array's id, or a het job's: the nodes never see those)."""
     if spec.one_part:
         return not found
-    return not found or any(not getattr(job, "enriched", True) and not is_live(job) for job, _gpus in found)
+    return not found or any(not job.enriched and not job.live for job, _gpus in found)
 
 
 def _from_accounting(spec: JobSpec, config: Config, cluster: str | None,
-                     found: list[tuple[Any, list[Any]]]) -> tuple[list[tuple[Any, list[Any]]], str | None]:
+                     found: Found) -> tuple[Found, str | None]:
     """Right after a job ended, before enrichment: ask sacct which jobs ``spec`` names (one bounded call:
     an array's tasks, a het job's components, or the one task ``123_4``), look them up by their raw ids and
     label them as accounting does, for this display only (enrichment writes the ids). sacct failing leaves
@@ -253,20 +257,26 @@ def _from_accounting(spec: JobSpec, config: Config, cluster: str | None,
     if not ids:
         return found, None
     have = {job.id for job, _gpus in found}
-    merged = found + [(j, g) for j, g in lookup(config, RawIds(tuple(ids)), cluster) if j.id not in have]
-    for job, _gpus in merged:
-        if job.job_id in ids and not getattr(job, "enriched", True):
-            try:
-                named = parse(ids[job.job_id])
-            except JobIdError:  # a JobID no Slurm writes: the record keeps its raw id
-                continue
-            if named.task is not None:
-                job.array_job_id, job.array_task_id = named.job, named.task
-            if named.het_offset is not None:
-                job.het_job_id, job.het_job_offset = named.job, named.het_offset
+    merged = [(_labelled(job, ids), gpus) for job, gpus in
+              found + [(j, g) for j, g in lookup(config, RawIds(tuple(ids)), cluster) if j.id not in have]]
     if spec.one_part:
         merged = [(j, g) for j, g in merged if j.job_id in ids]
     return sorted(merged, key=lambda jg: tuple(_none_first(getattr(jg[0], c)) for c in ORDER)), None
+
+
+def _labelled(job: JobRow, ids: Mapping[int, str]) -> JobRow:
+    """A job not enriched yet with the array or het ids accounting gives its raw id (for this display only)."""
+    if job.job_id not in ids or job.enriched:
+        return job
+    try:
+        named = parse(ids[job.job_id])
+    except JobIdError:  # a JobID no Slurm writes: the record keeps its raw id
+        return job
+    if named.task is not None:
+        job = replace(job, array_job_id=named.job, array_task_id=named.task)
+    if named.het_offset is not None:
+        job = replace(job, het_job_id=named.job, het_job_offset=named.het_offset)
+    return job
 
 
 def _none_first(value: Any) -> tuple[bool, Any]:

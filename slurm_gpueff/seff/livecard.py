@@ -20,6 +20,7 @@ from ..access.privacy import denied_message, may_see, user_name, viewer
 from ..analysis import assess, job_figures
 from ..errors import GpueffError
 from ..node import tickwire
+from ..readmodel import GpuRow, JobRow, Points, gpu_row, job_row
 from ..render import dumps, render_card
 from ..slurm.jobid import parse
 from .query import EXIT_DENIED, EXIT_OK, EXIT_UNKNOWN, Answer, failure
@@ -63,15 +64,13 @@ def live_answer(config: Config, req: dict[str, Any], uid: int) -> dict[str, Any]
     return Answer(EXIT_OK, out + "\n", running=True, as_of=as_of).to_json()
 
 
-def rows_of(rec: dict[str, Any]) -> tuple[Any, list[Any], dict[tuple[str, int], Any]]:
-    """The job and GPU rows ingest would make of a live record (unsaved), and the GPUs' timelines."""
-    from ..models import Job, JobGpu  # SQLModel: only when a card is asked for, never at the agent's start
-    from ..storage.merge import job_key, merge
+def rows_of(rec: dict[str, Any]) -> tuple[JobRow, list[GpuRow], dict[tuple[str, int], Points]]:
+    """The job and GPU rows ingest would make of a live record (by its own merge, unsaved), and the GPUs'
+    timelines."""
+    from ..storage.merge import job_key, merge  # no models: the agent has no database
 
     plan = merge([rec], {}, {}, datetime.now(UTC).replace(tzinfo=None))
     key = job_key(rec)
-    job = Job(**plan.jobs[key])
     rows = list(plan.gpus[key].values())
-    gpus = [JobGpu(**r) for r in rows]
     tl = {(r["node"], r["gpu_index"]): g.get("timeline") or [] for r, g in zip(rows, rec["gpus"], strict=True)}
-    return job, gpus, {k: v for k, v in tl.items() if v}
+    return job_row(plan.jobs[key]), [gpu_row(r) for r in rows], {k: v for k, v in tl.items() if v}

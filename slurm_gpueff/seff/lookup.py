@@ -22,11 +22,12 @@ if TYPE_CHECKING:
     from sqlmodel import Session
 
     from ..config import Config
+    from ..readmodel import GpuRow, JobRow, Points
     from ..slurm.jobid import JobSpec
     from ..storage.jobmatch import RawIds
 
 
-def lookup(config: Config, spec: JobSpec | RawIds, cluster: str | None) -> list[tuple[Any, list[Any]]]:
+def lookup(config: Config, spec: JobSpec | RawIds, cluster: str | None) -> list[tuple[JobRow, list[GpuRow]]]:
     """(job, its GPU rows) for every match. Raises :class:`Unavailable` on DB problems."""
     path = sqlite_file(database_url(config.paths.database))
     if path is not None:
@@ -44,7 +45,7 @@ def lookup(config: Config, spec: JobSpec | RawIds, cluster: str | None) -> list[
         return [(j, job_gpus(session, j)) for j in jobs]
 
 
-def timelines(config: Config, found: Sequence[tuple[Any, list[Any]]]) -> dict[int, dict[tuple[str, int], Any]]:
+def timelines(config: Config, found: Sequence[tuple[JobRow, list[GpuRow]]]) -> dict[int, dict[tuple[str, int], Points]]:
     """Each job's GPU timelines by ``id(job)``, then by (node, GPU index), as the renderers take them; read
     as :func:`lookup` reads the rows. Refused on a database problem."""
     rows = [g for _j, gpus in found for g in gpus if g.id is not None]
@@ -52,11 +53,12 @@ def timelines(config: Config, found: Sequence[tuple[Any, list[Any]]]) -> dict[in
     return {id(job): {(g.node, g.gpu_index): by_id[g.id] for g in gpus if g.id in by_id} for job, gpus in found}
 
 
-def _read_timelines(config: Config, gpus: list[Any]) -> dict[int, list[Any]]:
+def _read_timelines(config: Config, gpus: list[GpuRow]) -> dict[int, Points]:
     path = sqlite_file(database_url(config.paths.database))
     if path is not None:
         try:
-            return sqlite_read.timelines(path, [g.id for g in gpus], answer_busy_s(config.service.api_timeout_s))
+            ids = [g.id for g in gpus if g.id is not None]
+            return sqlite_read.timelines(path, ids, answer_busy_s(config.service.api_timeout_s))
         except sqlite3.Error as exc:
             raise Unavailable(f"cannot read the job database {path}: {exc}") from None
     from ..storage.queries import gpu_timelines

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.engine import Engine
-from sqlmodel import Session, col, select
+from sqlmodel import Session
 
 from ..analysis.diagnose import assess, gpu_split
 from ..analysis.figures import JobFigures, job_figures
 from ..analysis.verdicts.base import ThresholdSource
-from ..models import Job, JobGpu, utcnow
+from ..models import utcnow
+from ..readmodel import JOB_COLUMNS, GpuRow, JobRow, job_row
+from ..storage.queries import JOB, job_gpu_rows, job_rows
 
 BATCH = 500  # jobs analysed a transaction
 
@@ -28,24 +31,23 @@ def _tensor_hours(fig: JobFigures) -> float | None:
     return total
 
 
-def apply_summary(job: Job, gpus: Sequence[JobGpu], thresholds: ThresholdSource = None) -> None:
-    """Analyse one job and write its summary columns (in memory; the caller commits)."""
+def summary(job: JobRow, gpus: Sequence[GpuRow], thresholds: ThresholdSource = None) -> dict[str, object]:
+    """Analyse one job: its summary columns, as written to its row."""
     fig = job_figures(job, gpus)
     diag = assess(fig, thresholds)
     primary = diag.primary
-    job.gpu_hours = fig.hours
-    job.idle_gpu_hours = fig.waste.idle_h
-    job.underfilled_gpu_hours = fig.waste.underfilled_h
-    job.sm_active_gpu_hours = fig.waste.sm_active_h
-    job.tensor_active_gpu_hours = _tensor_hours(fig)
-    job.kernel_active = fig.mean("kernel_active")
-    job.sm_active = fig.mean("sm_active")
-    job.tensor_active = fig.mean("tensor_active")
-    job.energy_j = fig.energy_j
-    job.verdict = primary.name if primary else None
-    job.verdict_title = primary.title[:128] if primary else None
-    job.gpu_verdicts = gpu_split(fig, diag)
-    job.analyzed_at = utcnow()
+    return {"gpu_hours": fig.hours, "idle_gpu_hours": fig.waste.idle_h,
+            "underfilled_gpu_hours": fig.waste.underfilled_h, "sm_active_gpu_hours": fig.waste.sm_active_h,
+            "tensor_active_gpu_hours": _tensor_hours(fig), "kernel_active": fig.mean("kernel_active"),
+            "sm_active": fig.mean("sm_active"), "tensor_active": fig.mean("tensor_active"), "energy_j": fig.energy_j,
+            "verdict": primary.name if primary else None,
+            "verdict_title": primary.title[:128] if primary else None,
+            "gpu_verdicts": gpu_split(fig, diag), "analyzed_at": utcnow()}
+
+
+def summarized(job: JobRow, gpus: Sequence[GpuRow], thresholds: ThresholdSource = None) -> JobRow:
+    """The job's row with its summary, as :func:`summarize_pending` stores it."""
+    return job_row({name: getattr(job, name) for name in JOB_COLUMNS} | summary(job, gpus, thresholds))
 
 
 def summarize_pending(engine: Engine, thresholds: ThresholdSource = None,
@@ -58,18 +60,15 @@ def summarize_pending(engine: Engine, thresholds: ThresholdSource = None,
         if done and between is not None:
             between()
         with Session(engine) as session:
-            jobs = session.exec(select(Job).where(col(Job.analyzed_at).is_(None)).order_by(col(Job.id))
-                                .limit(BATCH)).all()
+            jobs = job_rows(session, select(JOB).where(JOB.c.analyzed_at.is_(None)).order_by(JOB.c.id).limit(BATCH))
             if not jobs:
                 return done
-            rows = session.exec(select(JobGpu).where(col(JobGpu.job_pk).in_([j.id for j in jobs]))
-                                .order_by(col(JobGpu.node), col(JobGpu.gpu_index))).all()
-            by_job: dict[int, list[JobGpu]] = {}
-            for r in rows:
-                by_job.setdefault(r.job_pk, []).append(r)
-            for job in jobs:
-                apply_summary(job, by_job.get(job.id or 0, []), thresholds)
-                session.add(job)
+            by_job: dict[int | None, list[GpuRow]] = {}
+            for g in job_gpu_rows(session, [j.id for j in jobs if j.id is not None]):
+                by_job.setdefault(g.job_pk, []).append(g)
+            session.connection().execute(
+                update(JOB).where(JOB.c.id == bindparam("pk")),
+                [{"pk": job.id, **summary(job, by_job.get(job.id, []), thresholds)} for job in jobs])
             session.commit()
             done += len(jobs)
         if len(jobs) < BATCH:  # none left when this batch was read; later ones wait for the next run

@@ -172,8 +172,9 @@ def _snapshot(engine: Engine) -> Iterator[Connection]:
 def _where(e: Engine) -> tuple[str | None, ...]:
     """Which database an engine opens: a SQLite file's path, a server's host, port and database name."""
     if e.dialect.name == "sqlite":
-        with e.connect() as conn:
-            return ("sqlite", os.path.realpath(str(conn.exec_driver_sql("PRAGMA database_list").one()[2])))
+        with e.connect() as conn:  # main's file: a connection that used temporary tables lists "temp" too
+            files = {name: file for _seq, name, file in conn.exec_driver_sql("PRAGMA database_list")}
+            return ("sqlite", os.path.realpath(str(files["main"])))
     u = e.url
     return (e.dialect.name, u.host, str(u.port or 5432), u.database)
 

@@ -29,7 +29,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from .. import record as recmod
-from ..models import Job
+from ..readmodel import GPU_COLUMNS, JOB_COLUMNS
 
 Row = dict[str, Any]
 Key = tuple[str, int, int]  # (cluster, job id, run): a job run's natural key
@@ -37,14 +37,14 @@ Spot = tuple[str, int]  # (node, GPU index): a GPU row's key within its job
 
 # Which backend label a multi-node job gets: the most capable one that measured any of its GPUs.
 _BACKEND_RANK = {"none": 0, "simulated": 1, "nvml": 2, "nvml-gpm": 3, "dcgm": 4}
-_JOB, _GPU = Job.metadata.tables["job"], Job.metadata.tables["job_gpu"]
 # Per-GPU record fields copied as they are; the optional DCGM / MIG ones only where job_gpu has a column.
 _GPU_FIELDS = ("minor", "memory_total_bytes", *recmod.FRACTIONS, "energy_j", "power_mean_w",
-               *(f for f in recmod.OPTIONAL_GPU if f in _GPU.c))
+               *(f for f in recmod.OPTIONAL_GPU if f in GPU_COLUMNS))
 _IDENTITY = (("array_job_id", None), ("array_task_id", None), ("het_job_id", None), ("het_job_offset", None),
              ("user", 128), ("uid", None), ("account", 128), ("partition", 128), ("sluid", 32))
-_JOB_COLS = tuple(c.name for c in _JOB.columns)
-_GPU_COLS = tuple(c.name for c in _GPU.columns)
+# The tables' columns, as the read model names them (tests/test_readmodel.py holds the two equal), so that
+# the node's live card merges a record without loading the models.
+_JOB_COLS, _GPU_COLS = JOB_COLUMNS, GPU_COLUMNS
 # The reason enrichment gives a live row whose node never sent the final record (storage/enrich.py); a final
 # record that comes after all takes it away.
 LIVE_ONLY = "no final record came from the node: figures up to the job's last live record"

@@ -20,6 +20,8 @@ from sqlmodel import Session, col
 from sqlmodel import select as select_model
 
 from ..models import Job, last_run_count, not_live, ran_more_than_once
+from ..readmodel import JobRow, job_row
+from .queries import JOB, job_rows
 
 PARTS = ("allocated", "idle", "underfilled", "active", "tensor", "unmeasured")
 WASTED = func.coalesce(col(Job.idle_gpu_hours), 0.0) + func.coalesce(col(Job.underfilled_gpu_hours), 0.0)
@@ -109,13 +111,14 @@ def verdict_parts(session: Session, start: datetime, end: datetime, account: str
 
 
 def most_wasteful(session: Session, start: datetime, end: datetime, account: str | None, limit: int = 10
-                  ) -> list[tuple[Job, float]]:
+                  ) -> list[tuple[JobRow, float]]:
     """The jobs that lost the most GPU-hours, each with those hours: jobs that lost some, and not those
     judged healthy (a healthy job's idle minutes are not a loss to act on)."""
-    stmt = (select_model(Job, WASTED).where(*_where(start, end, account), col(Job.idle_gpu_hours).is_not(None),
-                                            WASTED > 0, or_(col(Job.verdict).is_(None), col(Job.verdict) != "healthy"))
+    stmt = (select(JOB, WASTED.label("wasted"))
+            .where(*_where(start, end, account), col(Job.idle_gpu_hours).is_not(None), WASTED > 0,
+                   or_(col(Job.verdict).is_(None), col(Job.verdict) != "healthy"))
             .order_by(WASTED.desc(), col(Job.id)).limit(limit))
-    return [(j, float(w)) for j, w in session.exec(stmt).all()]
+    return [(job_row(r._mapping), float(r.wasted)) for r in session.connection().execute(stmt)]
 
 
 def accounts_with_jobs(session: Session, start: datetime, end: datetime) -> set[str]:
@@ -146,13 +149,13 @@ def _table_where(user: str | None, account: str | None, start: datetime | None, 
 
 def list_jobs(session: Session, *, user: str | None = None, account: str | None = None,
               start: datetime | None = None, end: datetime | None = None, cluster: str | None = None,
-              states: list[str] | None = None, limit: int | None = None) -> list[Job]:
+              states: list[str] | None = None, limit: int | None = None) -> list[JobRow]:
     """A table's jobs (:func:`_table_where`), oldest first; with ``limit``, the newest ``limit`` of them."""
-    stmt = select_model(Job).where(*_table_where(user, account, start, end, cluster, states))
+    c = JOB.c
+    stmt = select(JOB).where(*_table_where(user, account, start, end, cluster, states))
     if limit is None:
-        return list(session.exec(stmt.order_by(col(Job.end_time), col(Job.job_id))).all())
-    newest = session.exec(stmt.order_by(col(Job.end_time).desc(), col(Job.job_id).desc()).limit(limit)).all()
-    return list(reversed(newest))
+        return job_rows(session, stmt.order_by(c.end_time, c.job_id))
+    return list(reversed(job_rows(session, stmt.order_by(c.end_time.desc(), c.job_id.desc()).limit(limit))))
 
 
 def table_totals(session: Session, *, user: str | None = None, account: str | None = None,

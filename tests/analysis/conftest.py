@@ -6,9 +6,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from record_rows import gpu_of
 
 from slurm_gpueff.analysis import job_figures
-from slurm_gpueff.models import Job, JobGpu
+from slurm_gpueff.readmodel import JobRow
 
 GiB = 1024**3
 START = datetime(2025, 3, 1, 8, 0, 0)
@@ -25,14 +26,14 @@ def build(*gpus: dict[str, Any], hours: float = 2.0, source: str = "nvml-gpm", n
     """Job figures for one job whose GPUs have the given figures (a key set to None = not measured;
     put reasons in ``missing``); ``job_fields`` set the job's own (e.g. alloc_cpus, total_cpu_s)."""
     end = START + timedelta(hours=hours)
-    job = Job(cluster="c", job_id=1, start_time=START, end_time=end, gpu_count=len(gpus), backend=source,
+    job = JobRow(cluster="c", job_id=1, start_time=START, end_time=end, gpu_count=len(gpus), backend=source,
               **job_fields)
     rows = []
     for i, spec in enumerate(gpus):
         values = dict(HEALTHY)
         values.update(spec)
         missing = values.pop("missing", {})
-        rows.append(JobGpu(job_pk=0, node=node, gpu_index=i, model="NVIDIA H100 80GB HBM3", source=source,
+        rows.append(gpu_of(job_pk=0, node=node, gpu_index=i, model="NVIDIA H100 80GB HBM3", source=source,
                            samples=100, missing=missing, **values))
     return job_figures(job, rows)
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 from datetime import timedelta
 
 from conftest import START, build
+from record_rows import gpu_of
 
 from slurm_gpueff.analysis import assess, job_figures
-from slurm_gpueff.models import Job, JobGpu
+from slurm_gpueff.readmodel import JobRow
 from slurm_gpueff.render.text import render_card
 
 STARVED = dict(kernel_active=0.40, sm_active=0.30)
@@ -38,9 +39,9 @@ def test_without_a_measured_window_the_allocated_time_decides():
 
 def test_the_card_says_how_much_was_measured_and_why_there_is_no_verdict():
     t0 = START.timestamp()
-    job = Job(cluster="c", job_id=7, start_time=START, end_time=START + timedelta(seconds=45), gpu_count=1,
+    job = JobRow(cluster="c", job_id=7, start_time=START, end_time=START + timedelta(seconds=45), gpu_count=1,
               backend="nvml-gpm", user="alice", account="research")
-    gpu = JobGpu(job_pk=0, node="gpu01", gpu_index=0, source="nvml-gpm", samples=9, kernel_active=0.9,
+    gpu = gpu_of(job_pk=0, node="gpu01", gpu_index=0, source="nvml-gpm", samples=9, kernel_active=0.9,
                  sm_active=0.7, window_s=45.0, measured_s=32.0,
                  window=_gap_window(t0, t0 + 45, [[t0 + 11, t0 + 24, "agent not running (killed or crashed)"]]))
     fig = job_figures(job, [gpu])

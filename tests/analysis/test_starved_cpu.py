@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from conftest import START, build
 
 from slurm_gpueff.analysis import assess
 from slurm_gpueff.analysis.cpu import cpu_figures
-from slurm_gpueff.models import Job
+from slurm_gpueff.readmodel import JobRow
 from slurm_gpueff.render.jobs_table import render as render_table
 from slurm_gpueff.render.json import job_document
 from slurm_gpueff.render.text import render_card
@@ -16,7 +18,7 @@ STARVED = dict(kernel_active=0.30, sm_active=0.25)
 
 def _with_cpu(cpus: int | None, total: float | None, rss: int | None = 12 * 2**30, enriched: bool = True):
     fig = build(dict(STARVED))  # 2 h elapsed
-    job = Job(cluster="c", job_id=1, start_time=START, alloc_cpus=cpus, total_cpu_s=total, max_rss_bytes=rss,
+    job = JobRow(cluster="c", job_id=1, start_time=START, alloc_cpus=cpus, total_cpu_s=total, max_rss_bytes=rss,
               enriched=enriched, elapsed_s=7200.0)
     fig.cpu = cpu_figures(job, 7200.0)
     return job, fig
@@ -60,6 +62,6 @@ def test_card_json_and_table_show_the_cpu_side():
     job3, fig3 = _with_cpu(None, None, rss=None, enriched=False)
     assert ("CPU: not known yet: CPU time and peak host memory come from Slurm's accounting, read after the job"
             in " ".join(render_card(job3, fig3, assess(fig3)).split()))
-    job.gpu_count, job.gpu_hours, job.state = 1, 2.0, "COMPLETED"
+    job = replace(job, gpu_count=1, gpu_hours=2.0, state="COMPLETED")
     table = render_table([job, job2])
     assert "CPU%" in table.splitlines()[0] and "50.0%" in table and "n/a" in table

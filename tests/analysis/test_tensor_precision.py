@@ -8,7 +8,7 @@ from conftest import build
 
 from slurm_gpueff.analysis import assess
 from slurm_gpueff.analysis.precision import dominant, split
-from slurm_gpueff.models import Job
+from slurm_gpueff.readmodel import JobRow
 from slurm_gpueff.render.json import job_document
 from slurm_gpueff.render.text import render_card
 
@@ -42,7 +42,7 @@ def test_an_fp64_dgemm_explains_its_tensor_figure_on_the_card_the_verdict_and_js
     assert split(fig.means) == "FP64 DFMA 86.0%" and dominant(fig.means) == "dfma_active"
     diag = assess(fig)
     assert diag.verdicts[0].name == "healthy" and "tensor cores 86.0% (FP64 DFMA 86.0%)" in diag.verdicts[0].why
-    job = Job(cluster="c", job_id=1, gpu_count=1)
+    job = JobRow(cluster="c", job_id=1, gpu_count=1)
     assert "Tensor-active: 86.0%  (FP64 DFMA 86.0%)" in render_card(job, fig, diag)
     doc = json.loads(json.dumps(job_document(job, fig, diag)))
     assert doc["gpus"][0]["dfma_active"] == 0.86 and doc["figures"]["dfma_active"]["value"] == 0.86
@@ -51,7 +51,7 @@ def test_an_fp64_dgemm_explains_its_tensor_figure_on_the_card_the_verdict_and_js
 def test_int8_gemm_reads_as_integer_tensor_work():
     fig = build(dict(sm_active=0.90, tensor_active=0.12, imma_active=0.12, hmma_active=0.0, dfma_active=0.0))
     assert split(fig.means) == "INT8 IMMA 12.0%"
-    assert "Tensor-active: 12.0%  (INT8 IMMA 12.0%)" in render_card(Job(cluster="c", job_id=1), fig, assess(fig))
+    assert "Tensor-active: 12.0%  (INT8 IMMA 12.0%)" in render_card(JobRow(cluster="c", job_id=1), fig, assess(fig))
 
 
 def test_unmeasured_precisions_add_nothing_and_stay_unknown():
@@ -59,4 +59,4 @@ def test_unmeasured_precisions_add_nothing_and_stay_unknown():
                      missing={"hmma_active": "DCGM had no such field"}))
     assert split(fig.means) is None and fig.mean("hmma_active") is None
     assert fig.missing["hmma_active"] == "DCGM had no such field"
-    assert "Tensor-active: 78.0%\n" in render_card(Job(cluster="c", job_id=1), fig, assess(fig)) + "\n"
+    assert "Tensor-active: 78.0%\n" in render_card(JobRow(cluster="c", job_id=1), fig, assess(fig)) + "\n"

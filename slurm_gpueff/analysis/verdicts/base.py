@@ -229,10 +229,9 @@ def _shared_values(involved: Sequence[GpuFigures]) -> dict[str, str]:
         fit = f"{n} shard{'s' if n > 1 else ''} (--gres=shard:{n})"
     else:
         fit = f"{pct(max(need, 0.01))} of a GPU"
-    busy = (g.shared or {}).get("gpu_kernel_active")
-    return {"held": held, "fit": fit,
-            "gpu_busy": pct(busy) if isinstance(busy, int | float) and not isinstance(busy, bool) else "n/a",
-            "with": ", ".join(str(j) for j in (g.shared or {}).get("with") or []) or "other jobs"}
+    busy = g.shared.gpu_kernel_active if g.shared else None
+    return {"held": held, "fit": fit, "gpu_busy": pct(busy) if busy is not None else "n/a",
+            "with": ", ".join(g.shared.others if g.shared else ()) or "other jobs"}
 
 
 def _missing_reason(g: GpuFigures, metric: str) -> str:

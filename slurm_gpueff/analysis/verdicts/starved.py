@@ -24,7 +24,7 @@ class Starved(Rule):
     def verdict(self, ctx: Context, gpus: Sequence[GpuFigures], variant: str | None = None) -> Verdict:
         """Which case: a shared GPU that other jobs kept busy, else from the job's CPU efficiency
         (analysis/cpu.py): CPUs saturated, or idle too."""
-        busy = [g for g in shared_gpus(gpus) if ((g.shared or {}).get("gpu_kernel_active") or 0.0) >= NEIGHBOURS_BUSY]
+        busy = [g for g in shared_gpus(gpus) if g.shared and (g.shared.gpu_kernel_active or 0.0) >= NEIGHBOURS_BUSY]
         if busy:
             return super().verdict(ctx, gpus, "neighbours")
         variant = {"busy": "saturated", "idle": "idle"}.get(cpu_case(ctx) or "", variant)
