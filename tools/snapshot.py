@@ -330,16 +330,22 @@ metrics_address = "127.0.0.1"
 metrics_port = {port}
 {extra}"""
 
-BAD_CONFIGS: dict[str, str] = {
-    "unknown-key": '[paths]\nspool_dirr = "/x"\n',
-    "unknown-section": "[nonsense]\na = 1\n",
-    "bad-type": "[service]\nmetrics_port = \"many\"\n",
-    "not-toml": "[paths\nspool_dir = \n",
-    "removed-ingest-workers": "[service]\ningest_workers = 4\n",
-    "removed-gpus-per-node": "[simulated]\ngpus_per_node = 8\n",
-    "removed-plugins": '[service]\nplugins = ["x"]\n',
-    "bad-threshold": "[analysis]\nbusy_sm_pct = 250.0\n",
+# (section, line): the line put into the render's own config, in that section (so that the rest of the config,
+# the database included, stays the render's own); section "" replaces the whole file.
+BAD_CONFIGS: dict[str, tuple[str, str]] = {
+    "unknown-key": ("paths", 'spool_dirr = "/x"'),
+    "unknown-section": ("nonsense", "a = 1"),
+    "bad-type": ("service", 'metrics_port = "many"'),
+    "not-toml": ("", "[paths\nspool_dir = \n"),
+    "removed-ingest-workers": ("service", "ingest_workers = 4"),
+    "removed-gpus-per-node": ("simulated", "gpus_per_node = 8"),
+    "removed-plugins": ("service", 'plugins = ["x"]'),
+    "bad-threshold": ("analysis", "busy_sm_pct = 250.0"),
 }
+# Figures of the host, not of the product: a duration measured with the real clock, a filesystem's free space.
+VOLATILE = [(re.compile(r"(\d+ rows, )\d+\.\d+ s\)"), r"\1<T> s)"),
+            (re.compile(r"\d+(\.\d+)? ([KMGT]iB) free"), r"<N> \2 free"),
+            (re.compile(r'("free_bytes": )\d+'), r"\1<N>")]
 
 
 @dataclass
@@ -368,7 +374,10 @@ class Renderer:
                 "SNAPCLOCK_EPOCH": str(EPOCH), "SNAPCLOCK_RATE": str(rate), "USER": "root", "LOGNAME": "root"}
 
     def normalise(self, text: str) -> str:
-        return text.replace(str(self.work), "<WORK>").replace(str(self.venv), "<VENV>")
+        text = text.replace(str(self.work), "<WORK>").replace(str(self.venv), "<VENV>")
+        for pattern, repl in VOLATILE:
+            text = pattern.sub(repl, text)
+        return text
 
     def write(self, name: str, data: str | bytes) -> None:
         path = self.out / name
@@ -597,8 +606,15 @@ class Renderer:
         g("errors/gpueff-alerts-log-bad-limit.txt", "alerts", "log", "--limit", "x")
         g("errors/gpueff-agent-bad-interval.txt", "agent", "--energy-interval", "-1")
         g("errors/gpueff-hook-install-no-dir.txt", "hook", "install")
-        for case, text in BAD_CONFIGS.items():
+        base = self.config.read_text()
+        for case, (section, line) in BAD_CONFIGS.items():
             path = self.work / f"bad-{case}.toml"
+            if not section:
+                text = line
+            elif f"[{section}]\n" in base:
+                text = base.replace(f"[{section}]\n", f"[{section}]\n{line}\n", 1)
+            else:
+                text = f"{base}\n[{section}]\n{line}\n"
             path.write_text(text)
             self.run(f"errors/config-{case}.txt", ["gpueff", "--config", str(path), "config", "check"])
             self.run(f"errors/config-{case}-seff.txt", ["seff-gpu", "--config", str(path), "4201"])
@@ -681,11 +697,17 @@ def _slurm_env(job_id: int, user: str, account: str, gpus: int, now: float, prof
 
 
 def _normalise_mail(data: bytes) -> bytes:
+    """A message with what is random per run made fixed: its Message-ID, its MIME boundaries and its images'
+    Content-IDs (numbered in order of first appearance; a Content-ID also where quoted-printable wrapped it)."""
     text = data.decode("utf-8", "surrogateescape")
-    text = re.sub(r"(?m)^(Message-ID:\s*)<[^>\n]*>", r"\1<normalised@snapshot>", text, flags=re.IGNORECASE)
-    bounds = sorted(set(re.findall(r'boundary="([^"]+)"', text)))
-    for n, b in enumerate(bounds):
+    text = re.sub(r"(?mi)^(Message-ID:\s*)<[^>\n]*>", r"\1<normalised@snapshot>", text)
+    for n, b in enumerate(dict.fromkeys(re.findall(r'boundary="([^"]+)"', text))):
         text = text.replace(b, f"==snapshot-boundary-{n}==")
+    for n, token in enumerate(dict.fromkeys(re.findall(r"(?mi)^Content-ID:\s*<[^.>]*\.([0-9a-f]{16})@", text))):
+        fixed = f"{n:016d}"
+        pattern = "".join(re.escape(c) + r"(=\r?\n)?" for c in token[:-1]) + re.escape(token[-1])
+        text = re.sub(pattern, lambda m, f=fixed: "".join(  # type: ignore[misc]
+            f[i] + (m.group(i + 1) or "") for i in range(len(f) - 1)) + f[-1], text)
     return text.encode("utf-8", "surrogateescape")
 
 
