@@ -68,6 +68,11 @@ class Window:
                    gaps=gaps, broken=_text(value.get("break")))
 
 
+# The keys of the record's ``shared`` object (record.py), in the agent's order (collectors/nvml.py).
+SHARED_KEYS: Final = ("with", "with_count", "method", "share", "shared_s", "unmeasured_s", "unattributed",
+                      "gpu_kernel_active")
+
+
 @dataclass(frozen=True, slots=True)
 class Shared:
     """A GPU other jobs held too while the job ran, its part measured per job (record.py ``shared``)."""
@@ -80,6 +85,8 @@ class Shared:
     unmeasured_s: float | None = None  # seconds no job's part could be measured (MPS)
     unattributed: float | None = None  # of the GPU's kernel time, what no job's process accounted for
     gpu_kernel_active: float | None = None  # the whole GPU's kernel activity over the window, every job's
+    # The keys the stored object had, in its order: ``--json`` gives the object back as it was recorded.
+    keys: tuple[str, ...] = field(default=SHARED_KEYS, compare=False, repr=False)
 
     @classmethod
     def of(cls, value: object) -> Shared | None:
@@ -91,13 +98,16 @@ class Shared:
                    else len(others), method=_text(value.get("method")), share=_number(value.get("share")),
                    shared_s=_number(value.get("shared_s")), unmeasured_s=_number(value.get("unmeasured_s")),
                    unattributed=_number(value.get("unattributed")),
-                   gpu_kernel_active=_number(value.get("gpu_kernel_active")))
+                   gpu_kernel_active=_number(value.get("gpu_kernel_active")),
+                   keys=tuple(k for k in value if k in SHARED_KEYS))
 
     def as_json(self) -> dict[str, object]:
-        """The record's object, under its own keys and in the agent's order (``--json``)."""
-        return {"with": list(self.others), "with_count": self.with_count, "method": self.method,
-                "share": self.share, "shared_s": self.shared_s, "unmeasured_s": self.unmeasured_s,
-                "unattributed": self.unattributed, "gpu_kernel_active": self.gpu_kernel_active}
+        """The record's object under its own keys, in its order (``--json``)."""
+        values: dict[str, object] = {
+            "with": list(self.others), "with_count": self.with_count, "method": self.method, "share": self.share,
+            "shared_s": self.shared_s, "unmeasured_s": self.unmeasured_s, "unattributed": self.unattributed,
+            "gpu_kernel_active": self.gpu_kernel_active}
+        return {k: values[k] for k in self.keys}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -55,10 +55,12 @@ def test_window_and_shared_are_typed_from_their_json():
     w = Window.of({"start": 1, "end": 2.5, "start_exact": True, "gaps": [[1, 2, "agent down"]], "break": "reboot"})
     assert w == Window(start=1, end=2.5, start_exact=True, gaps=((1, 2, "agent down"),), broken="reboot")
     assert Window.of(None) is None and Shared.of("x") is None
-    sh = Shared.of({"with": ["7", "8"], "share": 0.5})
+    sh = Shared.of({"share": 0.5, "with": ["7", "8"]})
     assert sh == Shared(others=("7", "8"), with_count=2, share=0.5)
-    assert list(sh.as_json()) == ["with", "with_count", "method", "share", "shared_s", "unmeasured_s",
-                                  "unattributed", "gpu_kernel_active"]  # the agent's keys, in its order
+    assert sh.as_json() == {"share": 0.5, "with": ["7", "8"]}  # --json: the object as recorded, in its order
+    assert list(sh.as_json()) == ["share", "with"]
+    assert list(Shared().as_json()) == ["with", "with_count", "method", "share", "shared_s", "unmeasured_s",
+                                        "unattributed", "gpu_kernel_active"]  # made here: the agent's order
 
 
 def test_the_live_view_gives_the_rows_ingest_stores(tmp_path):
