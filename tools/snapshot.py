@@ -39,8 +39,9 @@ a copy of the database), ``config check``, ``doctor`` (every role), ``db current
 bad usage, removed options and config keys, a config that does not parse) with their stderr and exit status.
 A file whose command wrote to stderr or exited non-zero ends with ``--- stderr ---`` and ``--- exit N ---``.
 
-Normalised, and only these: the work folder's and the venv's absolute paths (``<WORK>``, ``<VENV>``:
-where this tool put them), the ``Message-ID`` and MIME boundaries of mail (random per run),
+Normalised, and only these: the work folder's, the venv's and this tool's absolute paths (``<WORK>``,
+``<VENV>``: where this tool put them; ``<TOOLS>``: where it lies), the ``Message-ID`` and MIME boundaries of
+mail (random per run),
 ``/metrics``' ``process_*``/``python_gc_*`` lines (the Python process's own memory, CPU and start time).
 
 Not covered: seff-gpu through the service's MUNGE path (it runs as root, who reads the database directly: the
@@ -375,6 +376,7 @@ class Renderer:
 
     def normalise(self, text: str) -> str:
         text = text.replace(str(self.work), "<WORK>").replace(str(self.venv), "<VENV>")
+        text = text.replace(str(HERE), "<TOOLS>")  # where this checkout of the tool lies
         for pattern, repl in VOLATILE:
             text = pattern.sub(repl, text)
         return text
@@ -648,9 +650,17 @@ class Renderer:
                 except OSError:
                     pass
                 time.sleep(0.3)
-            time.sleep(3)  # the scheduler's first passes (ingest, rollups) at start-up, then the figures
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-                body = resp.read().decode()
+            # The scheduler's first passes at start-up (the database check, ingest): scraped once both have
+            # succeeded, not after a fixed wait (under load the ingest pass came after it, a false difference).
+            ran = ('task="database_check"', 'task="ingest"')
+            deadline = time.monotonic() + 60
+            while True:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+                    body = resp.read().decode()
+                done = [ln for ln in body.splitlines() if ln.startswith("gpueff_task_last_success")]
+                if all(any(t in ln for ln in done) for t in ran) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.3)
         except OSError as exc:
             body += f"(snapshot: could not scrape /metrics: {exc})\n"
         finally:
