@@ -288,7 +288,7 @@ def test_the_measured_window_is_said_as_it_was():
 @pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def test_a_pass_reads_the_running_jobs_by_their_index_not_the_whole_history(tmp_path, request, backend):
     """Every query of the pass that asks for the running jobs (their rows, their samples dropped and read, their
-    GPU rows), as it ran (captured from the engine), is planned on the partial index ix_job_live on both
+    GPU rows, their audit), as it ran (captured from the engine), is planned on the partial index ix_job_live on both
     backends beside a history of finished jobs: the pass grows with what runs, not with the years kept. On
     PostgreSQL the plan asked for is the generic one, which a prepared statement gets once psycopg has prepared
     it (after five runs in the long-running service): a predicate sent as a bound parameter does not match the
@@ -318,7 +318,8 @@ def test_a_pass_reads_the_running_jobs_by_their_index_not_the_whole_history(tmp_
         cfg = Config({"site": {"cluster": "testc"}, "alerts": {"enabled": True}})
         r = run_alerts(engine, cfg, now=T, squeue=lambda ids: {}, dry_run=True)
         event.remove(engine, "before_cursor_execute", capture)
-        assert r.judged == 0 and len(seen) == 4, seen  # the rows; the samples dropped, read; the GPU rows
+        # the rows; the samples dropped, read; the GPU rows; the audit's past steps of the running jobs
+        assert r.judged == 0 and len(seen) == 5, seen
         with engine.connect() as c:
             for k, (statement, params) in enumerate(seen):
                 if backend == "sqlite":

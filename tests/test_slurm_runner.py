@@ -12,7 +12,7 @@ import time
 import pytest
 
 from slurm_gpueff.errors import SlurmCommandError
-from slurm_gpueff.slurm.runner import SlurmRunner
+from slurm_gpueff.slurm.runner import LIST_ARG_BYTES, SlurmRunner, id_chunks
 
 pytestmark = pytest.mark.process  # the runner starts the stand-in Slurm commands
 
@@ -74,3 +74,34 @@ def test_time_format_is_the_runners_choice_and_calls_are_logged(tmp_path, monkey
         assert slurm.run("sacct", ["--json"], 5) == "[]\n"
         assert slurm.run("sacct", ["-P"], 5, epoch_times=True) == "[%s]\n"
     assert sum(sacct in r.getMessage() and "exit 0" in r.getMessage() for r in caplog.records) == 2
+
+
+def test_a_list_of_ids_is_split_into_arguments_linux_starts(tmp_path):
+    """id_chunks: every id once, in order; no piece over its byte bound or id count; run_list runs each piece."""
+    ids = list(range(10_000_000, 10_050_000))
+    pieces = id_chunks(ids)
+    assert [int(i) for p in pieces for i in p.split(",")] == ids
+    assert all(len(p.encode()) <= LIST_ARG_BYTES for p in pieces) and len(pieces) == 14
+    assert [len(p.split(",")) for p in id_chunks(range(1, 1201), most=500)] == [500, 500, 200]
+    assert id_chunks([]) == [] and id_chunks(["x" * 40_000, "1"]) == ["x" * 40_000, "1"]
+    echo = script(tmp_path, "squeue", 'echo "$#:$3"')
+    runner = SlurmRunner(os.path.join(tmp_path, "sacct"))
+    assert os.path.dirname(echo) == str(tmp_path)
+    out = runner.run_list("squeue", ["-h", "-j"], range(1, 8001), ["-O", "JobID"], 5, most=3000)
+    assert [o.split(":")[0] for o in out] == ["5", "5", "5"] and runner.calls == 3
+    assert [len(o.strip().split(":")[1].split(",")) for o in out] == [3000, 3000, 2000]
+
+
+def test_output_is_text_with_text_modes_line_ends_and_never_a_decoding_error(tmp_path):
+    script(tmp_path, "squeue", r"printf 'a\r\nb\rc\n\377d\n'")
+    assert SlurmRunner(os.path.join(tmp_path, "sacct")).run("squeue", [], 5) == "a\nb\nc\n\ufffdd\n"
+
+
+def test_output_past_the_limit_is_refused(tmp_path, monkeypatch):
+    import slurm_gpueff.slurm.runner as runner_module
+
+    monkeypatch.setattr(runner_module, "OUTPUT_LIMIT", 1000)
+    script(tmp_path, "squeue", "head -c 5000 /dev/zero")
+    with pytest.raises(SlurmCommandError) as exc:
+        SlurmRunner(os.path.join(tmp_path, "sacct")).run("squeue", [], 5)
+    assert exc.value.why == "too much output" and "5,000 bytes" in str(exc.value)

@@ -114,8 +114,10 @@ def run_alerts(engine: Engine, config: Config, *, dry_run: bool | None = None, n
             res.errors.append(f"squeue: {exc}; nothing decided")
             return res
         audit: dict[tuple[str, int, int], list[idle.Past]] = {}  # each running job's steps so far, oldest first
-        for r in session.exec(select(AlertLog).where(col(AlertLog.job_id).in_(sorted({j.job_id for j in jobs})),
-                                                     AlertLog.dry_run == dry)
+        # the running jobs named by the live rows' predicate, not as a list of ids (25,000 of them pass SQLite's
+        # limit of bound variables, 32,766)
+        running = rows_of(col(Job.job_id)).where(LIVE)
+        for r in session.exec(select(AlertLog).where(col(AlertLog.job_id).in_(running), AlertLog.dry_run == dry)
                               .order_by(col(AlertLog.at), col(AlertLog.id))).all():
             audit.setdefault((r.cluster, r.job_id, r.run), []).append(idle.Past(r.at, r.action, delivered(r)))
         for job in jobs:

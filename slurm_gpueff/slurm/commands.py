@@ -106,11 +106,14 @@ def parse_squeue(text: str) -> dict[int, SlurmJob]:
 
 
 def squeue_jobs(slurm: SlurmRunner, ids: list[int], timeout_s: float = ALERTS_TIMEOUT_S) -> dict[int, SlurmJob]:
-    """Slurm's view of the running jobs ``ids`` (every user's: ``-a``); SlurmCommandError if it fails."""
+    """Slurm's view of the running jobs ``ids`` (every user's: ``-a``), asked in pieces of ids that Linux
+    passes to a program (SlurmRunner.run_list); SlurmCommandError if any piece fails."""
     if not ids:
         return {}
-    return parse_squeue(slurm.run("squeue", ["-h", "-a", "-j", ",".join(map(str, ids)), "-O", SQUEUE_FIELDS],
-                                  timeout_s))
+    out: dict[int, SlurmJob] = {}
+    for text in slurm.run_list("squeue", ["-h", "-a", "-j"], ids, ["-O", SQUEUE_FIELDS], timeout_s):
+        out.update(parse_squeue(text))
+    return out
 
 
 class ActiveJob(NamedTuple):

@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterable, Sequence
 
 from ..config import Config
-from .runner import SlurmCommandError, SlurmRunner
+from .runner import SlurmCommandError, SlurmRunner, id_chunks
 from .sacct_json import EXIT_CODES_WRONG, SacctError, exit_codes_wrong, number, parse_json, plugin_name
 from .sacct_rows import (
     ACTIVE_STATES,
@@ -79,9 +79,8 @@ class SacctReader:
         otherwise one record per raw id, its latest run."""
         ids = sorted({int(i) for i in job_ids})
         out: list[SacctJob] = []
-        for k in range(0, len(ids), self.batch_size):
-            chunk = ids[k:k + self.batch_size]
-            out.extend(self._query(["-j", ",".join(map(str, chunk))], cluster, runs))
+        for piece in id_chunks(ids, self.batch_size):  # batch_size ids a call, and never an argument too long
+            out.extend(self._query(["-j", piece], cluster, runs))
         return out
 
     def window(self, since: float, until: float, cluster: str | None = None, runs: bool = False) -> list[SacctJob]:
@@ -108,9 +107,10 @@ class SacctReader:
         ids = sorted({j.job_id for j in jobs if j.run_over})
         if not ids:
             return
-        try:
-            text = self._run(["-P", "-n", f"--delimiter={self.DELIM}", "-o", ",".join(STEP_FIELDS),
-                              "-j", ",".join(map(str, ids)), *(["-M", cluster] if cluster else [])])
+        try:  # a window's jobs, or an array's tasks, are many ids: asked in pieces as jobs() asks
+            text = "\n".join(self._run(["-P", "-n", f"--delimiter={self.DELIM}", "-o", ",".join(STEP_FIELDS),
+                                         "-j", piece, *(["-M", cluster] if cluster else [])]).rstrip("\n")
+                              for piece in id_chunks(ids, self.batch_size))
         except SacctError as exc:
             for j in jobs:
                 j.notes.append(f"CPU use unknown: {exc}")
