@@ -107,10 +107,10 @@ class SacctReader:
         ids = sorted({j.job_id for j in jobs if j.run_over})
         if not ids:
             return
-        try:  # a window's jobs, or an array's tasks, are many ids: asked in pieces as jobs() asks
+        try:  # one query for the jobs of one query, in pieces only where a window's jobs pass an argument's size
             text = "\n".join(self._run(["-P", "-n", f"--delimiter={self.DELIM}", "-o", ",".join(STEP_FIELDS),
                                          "-j", piece, *(["-M", cluster] if cluster else [])]).rstrip("\n")
-                              for piece in id_chunks(ids, self.batch_size))
+                              for piece in id_chunks(ids))
         except SacctError as exc:
             for j in jobs:
                 j.notes.append(f"CPU use unknown: {exc}")
