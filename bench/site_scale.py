@@ -60,6 +60,7 @@ from typing import Any
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [_ROOT, os.path.join(_ROOT, "tests"), os.path.join(_ROOT, "bench")]
 
+import sitecount  # noqa: E402
 import synthetic  # noqa: E402
 from daemons import free_port  # noqa: E402
 from pushsite import answered, cpu_s, fresh_pg, node_name, rss_mb, run_nodes, start_node_munged, start_site  # noqa: E402
@@ -420,7 +421,7 @@ def steady(a: argparse.Namespace, sz: dict[str, int], url: str, base: str, runni
 def outage(a: argparse.Namespace, sz: dict[str, int], url: str, base: str, site: Any, running: Running,
            hist: dict[str, Any], log: Log, nodes: list[int]) -> int:
     """Stop the service, write the backlog, start it, time the drain; count by key."""
-    from sqlalchemy import create_engine, text
+    from sqlalchemy import create_engine
 
     site.kill(signal.SIGTERM)
     log.say("outage: service stopped")
@@ -467,18 +468,11 @@ def outage(a: argparse.Namespace, sz: dict[str, int], url: str, base: str, site:
     else:
         service_side = "no push stored"
     eng = create_engine(url)
-    with eng.connect() as c:
-        c.execute(text("CREATE TEMP TABLE want (job_id bigint PRIMARY KEY)"))
-        c.execute(text("INSERT INTO want SELECT unnest(CAST(:ids AS bigint[]))"), {"ids": sorted(finals)})
-        stored = c.execute(text("SELECT count(DISTINCT j.job_id) FROM job j JOIN want USING (job_id) "
-                                "WHERE j.cluster = :c AND j.record_source = 'hook'"), {"c": CLUSTER}).scalar()
-        dup = c.execute(text("SELECT count(*) FROM (SELECT job_id FROM job JOIN want USING (job_id) "
-                             "WHERE cluster = :c GROUP BY job_id, run HAVING count(*) > 1) x"), {"c": CLUSTER}).scalar()
+    counted = sitecount.counts(eng, CLUSTER, finals)  # lost by job id, duplicated by content (any run, any key)
     eng.dispose()
     log.figure("1-hour backlog drained", f"{n:,} records in {drain:.0f} s ({n / drain:,.0f}/s) from the service's "
-               f"start, nodes backing off up to {a.backoff:g} s; finals stored {stored:,} of {len(finals):,}: lost "
-               f"{len(finals) - (stored or 0)}, duplicated {dup}; {len(w.pending)} files left; {service_side}; "
-               f"{cpu_note}",
+               f"start, nodes backing off up to {a.backoff:g} s; {counted.line()}; {len(w.pending)} files left; "
+               f"{service_side}; {cpu_note}",
                f"COPY {hist['copy_rows_per_s']:,.0f} rows/s" if hist["copy_rows_per_s"] else "",
                "<= 5 min, 0 lost, 0 duplicated")
     return pid
