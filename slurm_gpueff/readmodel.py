@@ -39,6 +39,14 @@ def _flag(v: object) -> bool | None:
     return v if isinstance(v, bool) else None
 
 
+def _gap(g: object) -> Gap | None:
+    """A stored ``[from, to, why]``; None for anything else."""
+    if not isinstance(g, list | tuple) or len(g) != 3:
+        return None
+    start, end = _number(g[0]), _number(g[1])
+    return None if start is None or end is None else (start, end, str(g[2]))
+
+
 @dataclass(frozen=True, slots=True)
 class Window:
     """How a GPU's window was taken (record.py ``window``; docs/FIGURES.md "The job's window"): the readings'
@@ -58,10 +66,7 @@ class Window:
     def of(cls, value: object) -> Window | None:
         if not isinstance(value, Mapping):
             return None
-        gaps = tuple((float(a), float(b), str(why)) for g in value.get("gaps") or ()
-                     if isinstance(g, list | tuple) and len(g) == 3
-                     and (a := _number(g[0])) is not None and (b := _number(g[1])) is not None
-                     for why in (g[2],))
+        gaps = tuple(gap for g in value.get("gaps") or () if (gap := _gap(g)) is not None)
         return cls(start=_number(value.get("start")), end=_number(value.get("end")),
                    start_offset_s=_number(value.get("start_offset_s")), end_offset_s=_number(value.get("end_offset_s")),
                    start_exact=_flag(value.get("start_exact")), end_exact=_flag(value.get("end_exact")),

@@ -11,21 +11,25 @@ from slurm_gpueff.readmodel import GpuRow, JobRow, gpu_row, job_row
 from slurm_gpueff.storage.merge import merge
 
 
-def from_record(rec: dict[str, Any]) -> tuple[JobRow, list[GpuRow]]:
+def _merged(rec: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The job's and its GPUs' column values, as ingest's merge makes them for a new job."""
     plan = merge([rec], {}, {}, datetime.now(UTC).replace(tzinfo=None))
     [(key, row)] = plan.jobs.items()
-    return job_row(row), [gpu_row(g) for g in plan.gpus[key].values()]
+    return row, list(plan.gpus[key].values())
+
+
+def from_record(rec: dict[str, Any]) -> tuple[JobRow, list[GpuRow]]:
+    row, gpus = _merged(rec)
+    return job_row(row), [gpu_row(g) for g in gpus]
 
 
 def models_from_record(rec: dict[str, Any]) -> tuple[Any, list[Any]]:
     """The same rows as unsaved ORM objects (models.Job, models.JobGpu), for a test to store them."""
     from slurm_gpueff.models import Job, JobGpu
 
-    plan = merge([rec], {}, {}, datetime.now(UTC).replace(tzinfo=None))
-    [(key, row)] = plan.jobs.items()
-    job = Job(**{k: v for k, v in row.items() if k != "id"})
-    gpus = [JobGpu(**{k: v for k, v in g.items() if k not in ("id", "job_pk")}) for g in plan.gpus[key].values()]
-    return job, gpus
+    row, gpus = _merged(rec)
+    return (Job(**{k: v for k, v in row.items() if k != "id"}),
+            [JobGpu(**{k: v for k, v in g.items() if k not in ("id", "job_pk")}) for g in gpus])
 
 
 def gpu_of(**values: Any) -> GpuRow:

@@ -4,6 +4,7 @@ the terminal card, in the jobs table, in verdict texts, in the mail card and in 
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta, timezone
 from types import SimpleNamespace
 
@@ -18,7 +19,7 @@ from slurm_gpueff.config import Config
 from slurm_gpueff.render import jobs_table, render_card, render_table
 from slurm_gpueff.reports import monthly
 from slurm_gpueff.reports.card import build_card
-from slurm_gpueff.service.summarize import summarized
+from slurm_gpueff.service.summarize import summary
 
 SCIENTIFIC = re.compile(r"\d[eE][-+]\d")
 
@@ -90,7 +91,7 @@ def _job(job_id: int, seconds: float, sm: float, kernel: float = 0.5):
 def test_small_sm_activity_reads_the_same_everywhere():
     """SM activity 0.05 %: "0.05%" on the card, in both tables, in the verdict text and in the mail."""
     job, gpus, fig, diag = _job(1, 7200.0, sm=0.0005)
-    job = summarized(job, gpus, {"min_gpu_hours": 0.0})
+    job = replace(job, **summary(job, gpus, {"min_gpu_hours": 0.0}))
     card = render_card(job, fig, diag)
     assert "SM-active: 0.05%" in card
     assert "0.05%" in render_table([(job, fig, diag)]).splitlines()[-1]
@@ -107,7 +108,7 @@ def test_gpu_hours_read_the_same_in_one_column():
     jobs = []
     for n, hours in enumerate((0.0205, 0.6, 0.00145, 3.71e-06), start=1):
         job, gpus, _fig, _diag = _job(n, hours * 3600.0, sm=0.3)
-        job = summarized(job, gpus, {"min_gpu_hours": 0.0})
+        job = replace(job, **summary(job, gpus, {"min_gpu_hours": 0.0}))
         jobs.append(job)
     table = jobs_table.render(jobs)
     column = [line.split()[4] for line in table.splitlines()[2:6]]

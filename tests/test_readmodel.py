@@ -87,9 +87,8 @@ def test_the_live_view_gives_the_rows_ingest_stores(tmp_path):
     assert dumps([(live_job, fig_live, assess(fig_live))]) == dumps([(fast_job, fig_stored, assess(fig_stored))])
 
 
-MAKERS = {"storage/queries.py", "storage/summaries.py", "seff/sqlite_read.py", "seff/livecard.py",
-          "service/summarize.py"}  # the ORM query path (queries, and the summaries and summariser on it), the
-# SQLite fast path, the node's live view
+# the SQLAlchemy path (queries, and the summaries on it), the SQLite fast path, the node's live view
+MAKERS = {"storage/queries.py", "storage/summaries.py", "seff/sqlite_read.py", "seff/livecard.py"}
 
 
 NOT_ROWS = {os.path.join("reports", "smtp.py")}  # an SMTP exception's optional code, no row

@@ -14,7 +14,7 @@ from ..analysis.diagnose import assess, gpu_split
 from ..analysis.figures import JobFigures, job_figures
 from ..analysis.verdicts.base import ThresholdSource
 from ..models import utcnow
-from ..readmodel import JOB_COLUMNS, GpuRow, JobRow, job_row
+from ..readmodel import GpuRow, JobRow
 from ..storage.queries import JOB, job_gpu_rows, job_rows
 
 BATCH = 500  # jobs analysed a transaction
@@ -43,11 +43,6 @@ def summary(job: JobRow, gpus: Sequence[GpuRow], thresholds: ThresholdSource = N
             "verdict": primary.name if primary else None,
             "verdict_title": primary.title[:128] if primary else None,
             "gpu_verdicts": gpu_split(fig, diag), "analyzed_at": utcnow()}
-
-
-def summarized(job: JobRow, gpus: Sequence[GpuRow], thresholds: ThresholdSource = None) -> JobRow:
-    """The job's row with its summary, as :func:`summarize_pending` stores it."""
-    return job_row({name: getattr(job, name) for name in JOB_COLUMNS} | summary(job, gpus, thresholds))
 
 
 def summarize_pending(engine: Engine, thresholds: ThresholdSource = None,

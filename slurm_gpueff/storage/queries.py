@@ -46,8 +46,7 @@ def job_runs(session: Session, job: JobRow) -> list[JobRow]:
 
 def job_gpus(session: Session, job: JobRow) -> list[GpuRow]:
     """The job's GPUs, by node then GPU index."""
-    stmt = select(GPU).where(GPU.c.job_pk == job.id).order_by(GPU.c.node, GPU.c.gpu_index)
-    return [gpu_row(r._mapping) for r in session.connection().execute(stmt)]
+    return job_gpu_rows(session, [job.id] if job.id is not None else [])
 
 
 def gpu_timelines(session: Session, gpus: Sequence[GpuRow]) -> dict[int, Points]:
