@@ -19,11 +19,12 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]  # the package, and the tests
 from daemons import PushSite, start_munged  # noqa: E402
 
 
-def start_site(base: str, database: str, *, forward_interval_s: float, max_backoff_s: float,
-               ) -> tuple[PushSite, subprocess.Popen]:
-    """A push site with a private munged of its own; (the site, munged) - stop both when done."""
+def start_site(base: str, database: str, *, forward_interval_s: float, max_backoff_s: float, service: str = "",
+               quiet: bool = True, cluster: str = "bench") -> tuple[PushSite, subprocess.Popen]:
+    """A push site with a private munged of its own; (the site, munged) - stop both when done. ``service``,
+    ``quiet``: as PushSite's."""
     munged, sock = start_munged(base, "munge")
-    site = PushSite(base, database, sock, cluster="bench",
+    site = PushSite(base, database, sock, cluster=cluster, service=service, quiet=quiet,
                     forward=f"forward_interval_s = {forward_interval_s}\nforward_max_backoff_s = {max_backoff_s}\n")
     return site, munged
 

@@ -61,15 +61,19 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [_ROOT, os.path.join(_ROOT, "tests"), os.path.join(_ROOT, "bench")]
 
 import sitecount  # noqa: E402
+import slurm_standin  # noqa: E402
 import synthetic  # noqa: E402
 from daemons import free_port  # noqa: E402
 from pushsite import answered, cpu_s, fresh_pg, node_name, rss_mb, run_nodes, start_node_munged, start_site  # noqa: E402
+from siterecords import Shapes  # noqa: E402
 
 from slurm_gpueff import spool  # noqa: E402
 
 FULL = {"nodes": 6250, "running": 25000, "ends_per_h": 6000, "history": 10_000_000, "backlog": 160_000,
         "heavy_user": 50_000, "heavy_account": 500_000, "accounts": 500, "users": 5000}
-GPUS = (1, 1, 1, 2, 2, 4, 4, 8, 8, 1)  # about 3.2 a job
+# Jobs as (nodes, GPUs on each): about 3.2 GPUs a job, one in ten on two nodes; every third an array task.
+SHAPES = ((1, 1), (1, 1), (1, 1), (1, 2), (1, 2), (1, 4), (1, 4), (1, 8), (2, 4), (1, 1))
+GPUS = tuple(n * g for n, g in SHAPES)
 CLUSTER = "scale"
 DAY = 86400.0
 TIMELINE_POINTS = 100  # the most a record carries (node.integrals.timeline_points); jobs over 100 min do
@@ -109,7 +113,7 @@ def history(url: str, n: int, sz: dict[str, int], timeline_days: float, log: Log
     rng = random.Random(7)
     now = time.time()
     dsn = url.replace("postgresql+psycopg://", "postgresql://")
-    users = [f"u{i:05d}" for i in range(sz["users"])]
+    users = site_users(sz)
     accounts = [f"a{i:03d}" for i in range(sz["accounts"])]
     heavy_user, heavy_account = users[0], accounts[0]
     home = home_accounts(users, accounts)
@@ -142,7 +146,7 @@ def history(url: str, n: int, sz: dict[str, int], timeline_days: float, log: Log
                 t = s * rng.random()
                 gh = ng * dur / 3600
                 sdt, edt = (datetime.fromtimestamp(x, UTC).replace(tzinfo=None) for x in (start, end))
-                jobs.append((jid, CLUSTER, jid, 0, f"job{jid % 97}", user, 10000 + jid % 5000, account, "gpu", node,
+                jobs.append((jid, CLUSTER, jid, 0, f"job{jid % 97}", user, uid_of(user), account, "gpu", node,
                              ng, "h100", sdt, edt, dur, "COMPLETED", 0, 0, "nvml", "hook", True, edt, gh,
                              gh * (1 - k), gh * (k - s), gh * s, gh * t, k, s, t, dur * 400.0 * ng,
                              verdicts[jid % len(verdicts)], edt))
@@ -194,7 +198,8 @@ def history(url: str, n: int, sz: dict[str, int], timeline_days: float, log: Log
     jobs_day = FULL["ends_per_h"] * 24
     tl_day = jobs_day * n_gpu / n * per_tl
     day = jobs_day * per_job + tl_day
-    log.figure("database growth per day", f"{day / 1e9:.2f} GB/day at the full load: {jobs_day:,} jobs x "
+    log.figure("database growth per day, estimated from the COPYed rows",
+               f"{day / 1e9:.2f} GB/day at the full load: {jobs_day:,} jobs x "
                f"({per_job:,.0f} B a job with its GPU rows and indexes + {n_gpu / n:.1f} x {per_tl:,.0f} B a GPU "
                f"timeline of {TIMELINE_POINTS} points); the timelines' {tl_day / 1e9:.2f} GB/day are pruned after "
                "[service] timeline_retention_days; live rows are replaced, not added", "", "<= 2 GB/day")
@@ -210,7 +215,7 @@ def reused_history(url: str, sz: dict[str, int], log: Log) -> dict[str, Any]:
     accounts; the running jobs take ids above every job there (the earlier run's included)."""
     from sqlalchemy import create_engine, text
 
-    users = [f"u{i:05d}" for i in range(sz["users"])]
+    users = site_users(sz)
     accounts = [f"a{i:03d}" for i in range(sz["accounts"])]
     eng = create_engine(url)
     with eng.begin() as c:  # the earlier run's running jobs would be running twice: its simulation has ended
@@ -222,6 +227,21 @@ def reused_history(url: str, sz: dict[str, int], log: Log) -> dict[str, Any]:
             "the COPY floor is in the log of the run that made it")
     return {"heavy_user": users[0], "heavy_account": accounts[0], "copy_rows_per_s": None, "users": users,
             "home": home_accounts(users, accounts), "first_id": top + 1}
+
+
+READER = "gpuser"  # the heavy user: an ordinary account of this machine, which reads through the privacy path
+
+
+def site_users(sz: dict[str, int]) -> list[str]:
+    return [READER] + [f"u{i:05d}" for i in range(1, sz["users"])]
+
+
+def uid_of(user: str) -> int:
+    import pwd
+
+    if user == READER:
+        return pwd.getpwnam(READER).pw_uid
+    return 20000 + int(user[1:])
 
 
 def home_accounts(users: list[str], accounts: list[str]) -> dict[str, str]:
@@ -277,32 +297,61 @@ def rollup_figures(url: str, log: Log) -> None:
 
 # ------------------------------------------------------------------------------------------------ nodes
 class Running:
-    """The jobs running now: id -> (node, gpus, start); finals replace them with new ones."""
+    """The jobs running now: id -> (first node, nodes, GPUs on each, start, array (job, task) or None); finals
+    replace them with new ones. ``slurm`` is the site as the Slurm stand-ins see it (running jobs and the last
+    two hours' ended ones), written to their state file by :meth:`publish`."""
 
-    def __init__(self, first_id: int, n: int, nodes: int, rng: random.Random) -> None:
-        self.rng, self.nodes, self.next_id = rng, nodes, first_id
-        self.jobs: dict[int, tuple[int, int, float]] = {}
+    def __init__(self, first_id: int, n: int, nodes: int, rng: random.Random, hist: dict[str, Any]) -> None:
+        self.rng, self.nodes, self.next_id, self.hist = rng, nodes, first_id, hist
+        self.jobs: dict[int, tuple[int, int, int, float, tuple[int, int] | None]] = {}
+        self.slurm: dict[str, list[Any]] = {}
+        self.lock = threading.Lock()
         now = time.time()
         for _ in range(n):
             self.add(now - rng.uniform(60, 8 * 3600))
 
+    def owner(self, jid: int) -> tuple[str, str]:
+        users = self.hist["users"]
+        user = users[1 + jid % (len(users) - 1)]
+        return user, self.hist["home"][user]
+
     def add(self, start: float) -> int:
         jid = self.next_id
         self.next_id += 1
-        self.jobs[jid] = (self.rng.randrange(self.nodes), GPUS[jid % len(GPUS)], start)
+        n_nodes, per = SHAPES[jid % len(SHAPES)]
+        array = (jid - jid % 3 + 1, jid % 3) if jid % 3 == 0 else None
+        first = self.rng.randrange(self.nodes - n_nodes + 1)
+        self.jobs[jid] = (first, n_nodes, per, start, array)
+        user, account = self.owner(jid)
+        nodelist = ",".join(node_name(first + k) for k in range(n_nodes))
+        with self.lock:
+            self.slurm[str(jid)] = [user, account, "gpu", nodelist, n_nodes * per, start, None,
+                                    array[0] if array else None, array[1] if array else None]
         return jid
 
+    def end(self, jid: int, at: float) -> tuple[int, int, int, float, tuple[int, int] | None]:
+        job = self.jobs.pop(jid)
+        with self.lock:
+            self.slurm[str(jid)][6] = at
+        return job
 
-def record_of(jid: int, node: int, gpus: int, start: float, end: float, live: bool, users: list[str],
-              home: dict[str, str]) -> dict[str, Any]:
-    rec = synthetic.record(jid, cluster=CLUSTER, node=node_name(node), gpus=gpus, timeline_points=TIMELINE_POINTS,
-                           end=end)
-    rec["start_time"] = start
-    rec["user"] = users[1 + jid % (len(users) - 1)]
-    rec["account"] = home[rec["user"]]
-    if live:
-        rec.update(live=True, exit_code=None, signal=None)
-    return rec
+    def publish(self, path: str, now: float) -> None:
+        with self.lock:
+            for k in [k for k, v in self.slurm.items() if v[6] is not None and v[6] < now - 7200]:
+                del self.slurm[k]
+            jobs = dict(self.slurm)
+        slurm_standin.write_state(path, CLUSTER, jobs)
+
+
+def records_of(shapes: Shapes, running: Running, jid: int, job: tuple[int, int, int, float, tuple[int, int] | None],
+               end: float, live: bool) -> list[tuple[int, dict[str, Any]]]:
+    """The job's records, one per node, as each node's Epilog (or live snapshot) writes it."""
+    first, n_nodes, per, start, array = job
+    user, account = running.owner(jid)
+    return [(first + k, shapes.record(jid, cluster=CLUSTER, node=node_name(first + k), gpus=per, start=start,
+                                      end=end, user=user, uid=uid_of(user), account=account, live=live,
+                                      array=array))
+            for k in range(n_nodes)]
 
 
 class Writer:
@@ -345,16 +394,106 @@ def db_bytes(url: str) -> int:
     return n
 
 
-def steady(a: argparse.Namespace, sz: dict[str, int], url: str, base: str, running: Running, hist: dict[str, Any],
-           log: Log, site_pid: int) -> Writer:
+GROWTH_TABLES = ("job", "job_gpu", "job_gpu_timeline", "live_sample", "rollup_pending", "usage_rollup", "report_log",
+                 "alert_log")
+
+
+class Growth:
+    """The database's size through the steady load, sampled: the whole database, each table's heap, indexes
+    and TOAST, its updates and how many were HOT, its dead rows, autovacuum's passes, the live samples."""
+
+    def __init__(self, url: str, log: Log) -> None:
+        import psycopg
+
+        self.conn = psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True)
+        self.log = log
+        self.samples: list[dict[str, Any]] = []
+
+    def sample(self) -> dict[str, Any]:
+        row: dict[str, Any] = {"t": time.time(), "db": self.conn.execute(
+            "SELECT pg_database_size(current_database())").fetchone()[0]}
+        for name, heap, idx, toast, upd, hot, dead, av in self.conn.execute(
+                "SELECT c.relname, pg_relation_size(c.oid), pg_indexes_size(c.oid), "
+                "coalesce(pg_total_relation_size(nullif(c.reltoastrelid, 0)), 0), s.n_tup_upd, s.n_tup_hot_upd, "
+                "s.n_dead_tup, s.autovacuum_count FROM pg_class c JOIN pg_stat_user_tables s ON s.relid = c.oid "
+                "WHERE c.relname = ANY(%s)", (list(GROWTH_TABLES),)).fetchall():
+            row[name] = (heap, idx, toast, upd, hot, dead, av)
+        row["live_samples"] = self.conn.execute("SELECT count(*) FROM live_sample").fetchone()[0]
+        self.samples.append(row)
+        j, g = row.get("job", (0,) * 7), row.get("job_gpu", (0,) * 7)
+        self.log.say(f"growth: database {row['db'] / 1e6:,.1f} MB; job heap {j[0] / 1e6:,.1f} + indexes "
+                     f"{j[1] / 1e6:,.1f} MB ({j[5]:,} dead, {j[6]} autovacuums); job_gpu heap {g[0] / 1e6:,.1f} + "
+                     f"indexes {g[1] / 1e6:,.1f} MB ({g[5]:,} dead); live samples {row['live_samples']:,}")
+        return row
+
+    def rate(self, since: float) -> tuple[float, float]:
+        """Bytes per second of the whole database over the samples after ``since`` (a least-squares line),
+        and the seconds they span."""
+        pts = [(r["t"], r["db"]) for r in self.samples if r["t"] >= since]
+        if len(pts) < 2:
+            return float("nan"), 0.0
+        mt = sum(t for t, _ in pts) / len(pts)
+        mb = sum(b for _, b in pts) / len(pts)
+        den = sum((t - mt) ** 2 for t, _ in pts)
+        return sum((t - mt) * (b - mb) for t, b in pts) / den, pts[-1][0] - pts[0][0]
+
+    def by_table(self, since: float) -> str:
+        """Each table's growth (heap, indexes and TOAST) between the first sample after ``since`` and the last."""
+        pts = [r for r in self.samples if r["t"] >= since]
+        if len(pts) < 2:
+            return "n/a"
+        a, b = pts[0], pts[-1]
+        grew = sorted(((sum(b[t][:3]) - sum(a[t][:3]), t) for t in GROWTH_TABLES if t in a and t in b), reverse=True)
+        return ", ".join(f"{t} {d / 1e6:+,.1f} MB" for d, t in grew)
+
+    def hot(self, table: str, since: float) -> str:
+        pts = [r[table] for r in self.samples if r["t"] >= since and table in r]
+        if len(pts) < 2:
+            return "n/a"
+        upd, hot = pts[-1][3] - pts[0][3], pts[-1][4] - pts[0][4]
+        return f"{table} {upd:,} updates, {100 * hot / upd if upd else 0:.0f} % HOT"
+
+    def bloat(self) -> str:
+        """pgstattuple's approximate dead and free space of the updated tables, and the job indexes' density."""
+        parts = []
+        try:
+            self.conn.execute("CREATE EXTENSION IF NOT EXISTS pgstattuple")
+            for t in ("job", "job_gpu", "job_gpu_timeline"):
+                size, dead, free = self.conn.execute(
+                    "SELECT table_len, dead_tuple_percent, approx_free_percent FROM pgstattuple_approx(%s)",
+                    (t,)).fetchone()
+                parts.append(f"{t} {size / 1e6:,.0f} MB: {dead:.1f} % dead, {free:.1f} % free")
+            dens = self.conn.execute(
+                "SELECT i.indexrelid::regclass::text, (pgstatindex(i.indexrelid::regclass)).avg_leaf_density "
+                "FROM pg_index i WHERE i.indrelid = 'job'::regclass ORDER BY 1").fetchall()
+            parts.append("job index leaf density " + ", ".join(f"{n} {d:.0f} %" for n, d in dens))
+        except Exception as exc:  # noqa: BLE001 - a figure the bench could not read is said, not fatal
+            parts.append(f"pgstattuple: {exc}")
+        return "; ".join(parts)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def steady(a: argparse.Namespace, sz: dict[str, int], url: str, base: str, running: Running, shapes: Shapes,
+           state: str, log: Log, site_pid: int) -> Writer:
     """The load for ``a.steady`` seconds: live records every ``a.live_period`` per running job, finals at the
-    hourly rate; the second half's database growth."""
+    hourly rate; the database's growth sampled every ``a.sample_s`` throughout."""
     w = Writer(base)
     stop = threading.Event()
+    growth = Growth(url, log)
 
     def poller() -> None:
+        last_pub = last_sample = 0.0
         while not stop.is_set():
             w.poll()
+            now = time.time()
+            if now - last_pub >= 5:
+                running.publish(state, now)
+                last_pub = now
+            if now - last_sample >= a.sample_s:
+                growth.sample()
+                last_sample = now
             time.sleep(0.5)
 
     th = threading.Thread(target=poller, daemon=True)
@@ -367,13 +506,12 @@ def steady(a: argparse.Namespace, sz: dict[str, int], url: str, base: str, runni
     order = list(running.jobs)
     rng.shuffle(order)
     t0 = time.time()
-    half_at, size0, cpu0 = t0 + a.steady / 2, None, cpu_s(site_pid)
+    half_at, cpu0 = t0 + a.steady / 2, cpu_s(site_pid)
     prof: Profile | None = None
     ends, lives = 0, 0
     next_live, next_end = t0, t0
     while (now := time.time()) - t0 < a.steady:
-        if size0 is None and now >= half_at:
-            size0, t_half = db_bytes(url), now
+        if prof is None and now >= half_at:
             prof = Profile(a.profile, "steady load", site_pid, log)
         while next_live <= now:
             if not order:
@@ -381,15 +519,15 @@ def steady(a: argparse.Namespace, sz: dict[str, int], url: str, base: str, runni
                 rng.shuffle(order)
             jid = order.pop()
             if jid in running.jobs:
-                node, g, start = running.jobs[jid]
-                w.write(node, record_of(jid, node, g, start, now, True, hist["users"], hist["home"]))
+                for node, rec in records_of(shapes, running, jid, running.jobs[jid], now, True):
+                    w.write(node, rec)
                 lives += 1
             next_live += 1.0 / live_rate
         while next_end <= now:
             jid = rng.choice(list(running.jobs)) if running.jobs else None
             if jid is not None:
-                node, g, start = running.jobs.pop(jid)
-                w.write(node, record_of(jid, node, g, start, now, False, hist["users"], hist["home"]))
+                for node, rec in records_of(shapes, running, jid, running.end(jid, now), now, False):
+                    w.write(node, rec)
                 ends += 1
                 running.add(now)
             next_end += 1.0 / end_rate
@@ -397,29 +535,56 @@ def steady(a: argparse.Namespace, sz: dict[str, int], url: str, base: str, runni
     deadline = time.time() + 3 * a.interval + 30
     while w.pending and time.time() < deadline:
         time.sleep(0.5)
-    size1, t_end = db_bytes(url), time.time()
+    t_end = time.time()
     cpu = cpu_s(site_pid) - cpu0
     if prof is not None:
         prof.done()
     stop.set()
     th.join()
+    growth.sample()
     lags = sorted(w.lags)
-    per_day = (size1 - size0) / (t_end - t_half) * DAY if size0 is not None else float("nan")
     log.figure("ingest lag at steady load", f"p50 {q(lags, 0.5):.1f} s, p99 {q(lags, 0.99):.1f} s, max "
-               f"{lags[-1] if lags else float('nan'):.1f} s over {len(lags):,} records ({lives:,} live, "
-               f"{ends:,} final; "
+               f"{lags[-1] if lags else float('nan'):.1f} s over {len(lags):,} records ({lives:,} live snapshots "
+               f"of jobs, {ends:,} final; "
                f"{len(w.pending)} not acknowledged, {w.replaced} live snapshots replaced while waiting)",
                f"forward_interval_s {a.interval:g}", "p99 < 60 s")
     log.figure("service CPU at steady load", f"{100 * cpu / (t_end - t0):.1f} % of one core "
-               f"({1000 * cpu / max(1, len(lags)):.2f} ms per record)", "", "-")
-    log.figure("database size over the steady load", f"+{(size1 - size0) / 1e6:.1f} MB in {t_end - t_half:.0f} s "
-               f"({per_day / 1e9:.2f} GB/day at this rate: mostly the dead row versions of live rows replaced, "
-               f"which autovacuum makes reusable)", "", "-")
+               f"({1000 * cpu / max(1, len(lags)):.2f} ms per record), every task on", "", "-")
+    third = t0 + 2 * a.steady / 3
+    rate, span = growth.rate(third)
+    first_rate, _ = growth.rate(t0)
+    # The finals' own data grows with the end rate, which a smaller scale divides: projected to the full one
+    # from this database's bytes per stored job (every table and index over every job row).
+    n_jobs = growth.conn.execute("SELECT count(*) FROM job").fetchone()[0]
+    per_job = growth.samples[-1]["db"] / max(1, n_jobs)
+    extra = (FULL["ends_per_h"] - sz["ends_per_h"]) * 24 * per_job
+    log.figure("database growth at steady load", f"{rate * DAY / 1e9:.2f} GB/day over the last third "
+               f"({span:.0f} s; over the whole run {first_rate * DAY / 1e9:.2f} GB/day) at {live_rate:.0f} live "
+               f"updates/s and {sz['ends_per_h']:,} ends/h; at the full {FULL['ends_per_h']:,} ends/h, "
+               f"+{extra / 1e9:.2f} GB/day of finished jobs' data ({per_job:,.0f} B a job here) = "
+               f"{(rate * DAY + extra) / 1e9:.2f} GB/day; {growth.hot('job', t0)}, {growth.hot('job_gpu', t0)}; "
+               f"by table over the last third: {growth.by_table(third)}; "
+               f"live samples {growth.samples[-1]['live_samples']:,} (max "
+               f"{max(r['live_samples'] for r in growth.samples):,}); {growth.bloat()}", "", "<= 2 GB/day")
+    growth.close()
     return w
 
 
+def quarantine_count(base: str) -> str:
+    """Files quarantined by the service's ingest and by the nodes' forwarders (spool.quarantine_dir)."""
+    service = len([f for f in os.listdir(spool.quarantine_dir(os.path.join(base, "service", "spool")))
+                   if not f.endswith(spool.ERROR)]) if os.path.isdir(
+        spool.quarantine_dir(os.path.join(base, "service", "spool"))) else 0
+    nodes = 0
+    for d in os.listdir(os.path.join(base, "nodes")):
+        qd = spool.quarantine_dir(os.path.join(base, "nodes", d, "spool"))
+        if os.path.isdir(qd):
+            nodes += len([f for f in os.listdir(qd) if not f.endswith(spool.ERROR)])
+    return f"quarantined: {service} by the service, {nodes} on the nodes"
+
+
 def outage(a: argparse.Namespace, sz: dict[str, int], url: str, base: str, site: Any, running: Running,
-           hist: dict[str, Any], log: Log, nodes: list[int]) -> int:
+           shapes: Shapes, hist: dict[str, Any], log: Log, nodes: list[int]) -> int:
     """Stop the service, write the backlog, start it, time the drain; count by key."""
     from sqlalchemy import create_engine
 
@@ -429,28 +594,48 @@ def outage(a: argparse.Namespace, sz: dict[str, int], url: str, base: str, site:
     now = time.time()
     finals: set[int] = set()
     n_live = 0
-    for jid, (node, g, start) in list(running.jobs.items()):  # each running job's newest snapshot
-        w.write(node, record_of(jid, node, g, start, now, True, hist["users"], hist["home"]))
-        n_live += 1
-    while n_live + len(finals) < sz["backlog"]:  # the jobs that ended in the hour
-        jid = running.add(now - 3600)
-        node, g, start = running.jobs.pop(jid)
-        w.write(node, record_of(jid, node, g, start, now - random.uniform(0, 3600), False, hist["users"],
-                                hist["home"]))
+    for jid, job in list(running.jobs.items()):  # each running job's newest snapshot
+        for node, rec in records_of(shapes, running, jid, job, now, True):
+            w.write(node, rec)
+            n_live += 1
+    n_final = 0
+    while n_live + n_final < sz["backlog"]:  # the jobs that ended in the hour
+        jid = running.add(now - 3600 - random.uniform(0, 3600))
+        end = now - random.uniform(0, 3600)
+        for node, rec in records_of(shapes, running, jid, running.end(jid, end), end, False):
+            w.write(node, rec)
+            n_final += 1
         finals.add(jid)
-    n = n_live + len(finals)
-    log.say(f"outage: backlog of {n:,} records written ({n_live:,} running jobs' newest live records, "
-            f"{len(finals):,} finals) in {time.time() - now:.0f} s; the service comes back")
+    n = n_live + n_final
+    log.say(f"outage: backlog of {n:,} records written ({n_live:,} live records of the running jobs' nodes, "
+            f"{n_final:,} final records of {len(finals):,} jobs) in {time.time() - now:.0f} s; the service comes back")
+    running.publish(os.path.join(base, "slurm", "state.json"), time.time())
     t0 = time.time()
     with open(site.log) as fh:
         log_from = len(fh.read())
     nodes_cpu0 = sum(cpu_s(p) for p in nodes)
     pid = site.start()
     prof = Profile(a.profile, "drain", pid, log)
-    while w.pending and time.time() - t0 < a.drain_limit:
+    import psycopg
+
+    conn = psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True)
+    ids = sorted(finals)
+    t_stored = t_analysed = None
+    drain = None
+    while time.time() - t0 < a.drain_limit and (w.pending or t_stored is None or t_analysed is None):
         w.poll()
-        time.sleep(1.0)
-    drain = time.time() - t0
+        if not w.pending and drain is None:
+            drain = time.time() - t0
+        stored, analysed = conn.execute(  # the backlog's finished jobs: stored as final, and analysed
+            "SELECT count(*), count(analyzed_at) FROM job WHERE cluster = %s AND job_id = ANY(%s) "
+            "AND record_source <> 'live'", (CLUSTER, ids)).fetchone()
+        if t_stored is None and stored >= len(ids):
+            t_stored = time.time() - t0
+        if t_analysed is None and analysed >= len(ids):
+            t_analysed = time.time() - t0
+        time.sleep(2.0)
+    conn.close()
+    drain = drain if drain is not None else time.time() - t0
     prof.done()
     cpu_note = (f"CPU over the drain: the service {cpu_s(pid):.0f} s, the simulated nodes "
                 f"{sum(cpu_s(p) for p in nodes) - nodes_cpu0:.0f} s (all on this machine, beside PostgreSQL)")
@@ -470,6 +655,12 @@ def outage(a: argparse.Namespace, sz: dict[str, int], url: str, base: str, site:
     eng = create_engine(url)
     counted = sitecount.counts(eng, CLUSTER, finals)  # lost by job id, duplicated by content (any run, any key)
     eng.dispose()
+    quarantined = quarantine_count(base)
+    log.figure("1-hour backlog stored and analysed", f"its {len(finals):,} finished jobs all stored as final "
+               + (f"{t_stored:.0f} s" if t_stored is not None else f"NOT within {a.drain_limit:.0f} s")
+               + " and all analysed (in reports) "
+               + (f"{t_analysed:.0f} s" if t_analysed is not None else f"NOT within {a.drain_limit:.0f} s")
+               + f" after the service's start; {quarantined}", "", "<= 5 min stored, <= 15 min analysed")
     log.figure("1-hour backlog drained", f"{n:,} records in {drain:.0f} s ({n / drain:,.0f}/s) from the service's "
                f"start, nodes backing off up to {a.backoff:g} s; {counted.line()}; {len(w.pending)} files left; "
                f"{service_side}; {cpu_note}",
@@ -529,93 +720,59 @@ class Profile:
 
 
 # ------------------------------------------------------------------------------------------------ passes
-STANDIN_SACCT = r'''#!/usr/bin/env python3
-"""A stand-in sacct for bench/site_scale.py: 24.11's sacct --json (data_parser/v0.0.42) for the simulated
-jobs in JOBS (job id -> [user, account, start, end, node, gpus]); -P queries print nothing."""
-import copy, json, sys
-args = sys.argv[1:]
-if "--json" not in args:
-    sys.exit(0)
-jobs = json.load(open(JOBS))
-tmpl = json.load(open(TEMPLATE))
-proto = tmpl["jobs"][0]
-ids = [i for i in args[args.index("-j") + 1].split(",")] if "-j" in args else list(jobs)
-out = []
-for i in ids:
-    j = jobs.get(i)
-    if j is None:
-        continue
-    user, account, start, end, node, gpus = j
-    o = copy.deepcopy(proto)
-    o.update(job_id=int(i), user=user, account=account, nodes=node, cluster=CLUSTER, name="job" + i)
-    o["time"].update(start=int(start), end=int(end), submission=int(start) - 60, eligible=int(start) - 60,
-                     elapsed=int(end - start))
-    for t in o["tres"]["allocated"] + o["tres"]["requested"]:
-        if t["type"] == "gres" and t["name"] == "gpu":
-            t["count"] = gpus
-    out.append(o)
-tmpl["jobs"] = out
-json.dump(tmpl, sys.stdout)
-'''
-
-
 def passes(sz: dict[str, int], url: str, base: str, running: Running, log: Log) -> None:
-    from sqlalchemy import create_engine, text
+    """The service's passes once more in this process, timed, through the Slurm stand-ins (real programs)."""
+    from sqlalchemy import text
 
     from slurm_gpueff.service.alerts import run_alerts
-    from slurm_gpueff.slurm.commands import SlurmJob
     from slurm_gpueff.slurm.sacct import SacctReader
     from slurm_gpueff.storage.db import make_engine
     from slurm_gpueff.storage.enrich import enrich_jobs
 
     cfg = _pass_config(base, url)
     eng = make_engine(url, create=False)
+    running.publish(os.path.join(base, "slurm", "state.json"), time.time())
     n_live = len(running.jobs)
+    calls0 = squeue_calls(base)
     t0 = time.perf_counter()
-    res = run_alerts(eng, cfg, dry_run=True, squeue=lambda ids: {i: SlurmJob("RUNNING", "gpu", "normal", False)
-                                                                 for i in ids},
-                     act=lambda *_a: "bench: not acted on")
+    res = run_alerts(eng, cfg, dry_run=True)  # squeue: the stand-in program, in pieces of ids (slurm/runner.py)
     alerts_s = time.perf_counter() - t0
+    calls = squeue_calls(base) - calls0
     with eng.connect() as c:  # the floor: the running jobs' rows and their GPUs' rows read, nothing decided
         t0 = time.perf_counter()
         live = c.execute(text("SELECT * FROM job WHERE record_source = 'live'")).all()
         gpus = c.execute(text("SELECT g.* FROM job_gpu g JOIN job j ON j.id = g.job_pk "
                               "WHERE j.record_source = 'live'")).all()
         read_s = time.perf_counter() - t0
-    log.figure("idle-alert pass", f"{alerts_s:.1f} s over {res.judged:,} running jobs ({n_live:,} running in the "
-               f"simulation; {len(res.actions)} actions, dry run)",
-               f"their {len(live):,} job rows and {len(gpus):,} GPU rows read alone: {read_s:.2f} s", "<= 30 s")
-
-    # enrichment: an hour's ended jobs, through the stand-in sacct
-    eng2 = create_engine(url)
-    with eng2.connect() as c:
-        rows = c.execute(text("SELECT job_id, \"user\", account, extract(epoch from start_time), "
-                              "extract(epoch from end_time), nodelist, gpu_count FROM job WHERE cluster = :c AND "
-                              "NOT enriched AND record_source = 'hook' ORDER BY id LIMIT :n"),
-                         {"c": CLUSTER, "n": sz["ends_per_h"]}).all()
-    eng2.dispose()
-    jobs = {str(r[0]): [r[1], r[2], float(r[3]), float(r[4]), r[5], int(r[6])] for r in rows}
-    d = os.path.join(base, "sacct")
-    os.makedirs(d, exist_ok=True)
-    with open(os.path.join(d, "jobs.json"), "w") as fh:
-        json.dump(jobs, fh)
-    exe = os.path.join(d, "sacct")
-    with open(exe, "w") as fh:
-        fh.write(STANDIN_SACCT.replace("JOBS", repr(os.path.join(d, "jobs.json")))
-                 .replace("TEMPLATE", repr(os.path.join(_ROOT, "tests/data/sacct/24.11.5/sacct.v0.0.42.json")))
-                 .replace("CLUSTER", repr(CLUSTER)))
-    os.chmod(exe, 0o755)
+    squeue = os.path.join(base, "slurm", "squeue")
+    ids = [str(i) for i in list(running.jobs)[:4000]]
     t0 = time.perf_counter()
-    out = subprocess.run([exe, "--json", "-X", "-D", "-j", ",".join(list(jobs)[:500])], capture_output=True, check=True)
-    one_call = time.perf_counter() - t0
+    one = subprocess.run([squeue, "-h", "-a", "-j", ",".join(ids), "-O", "JobID:40,State:24"], capture_output=True,
+                         check=False)
+    one_s = time.perf_counter() - t0
+    log.figure("idle-alert pass", f"{alerts_s:.1f} s over {res.judged:,} running jobs ({n_live:,} running in the "
+               f"simulation; {len(res.actions)} actions, dry run; {len(res.errors)} errors"
+               f"{': ' + res.errors[0][:200] if res.errors else ''}; squeue run {calls} times, a real program)",
+               f"their {len(live):,} job rows and {len(gpus):,} GPU rows read alone: {read_s:.2f} s; the stand-in "
+               f"squeue for 4,000 ids: {one_s:.2f} s ({len(one.stdout) / 1e3:.0f} kB)", "<= 30 s")
+
+    # enrichment: the ended jobs not yet enriched, through the stand-in sacct (24.11's --json)
+    exe = os.path.join(base, "slurm", "sacct")
+    with eng.connect() as c:
+        pending = int(c.execute(text("SELECT count(*) FROM job WHERE cluster = :c AND NOT enriched AND "
+                                     "record_source = 'hook'"), {"c": CLUSTER}).scalar() or 0)
     reader = SacctReader(command=exe, timeout_s=120, batch_size=500, fmt="json")
     t0 = time.perf_counter()
-    er = enrich_jobs(eng, reader, settle_s=0, limit=len(jobs))
+    er = enrich_jobs(eng, reader, settle_s=0, limit=sz["ends_per_h"])
     enrich_s = time.perf_counter() - t0
-    calls = -(-len(jobs) // 500)
+    some = [str(j) for j in list(running.slurm)[:500]]
+    t0 = time.perf_counter()
+    out = subprocess.run([exe, "--json", "-X", "-D", "-j", ",".join(some)], capture_output=True, check=False)
+    one_call = time.perf_counter() - t0
     log.figure("enrichment pass", f"{enrich_s:.1f} s for {er.checked:,} jobs ({er.enriched:,} enriched, "
-               f"{er.not_found} not found; {len(er.errors)} errors{': ' + er.errors[0] if er.errors else ''})",
-               f"the stand-in sacct alone: {calls} calls x {one_call:.2f} s ({len(out.stdout) / 1e6:.1f} MB a call)",
+               f"{er.not_found} not found; {len(er.errors)} errors{': ' + er.errors[0] if er.errors else ''}; "
+               f"{pending:,} were waiting; the service's own enrich task ran beside the load)",
+               f"the stand-in sacct alone: {one_call:.2f} s a call of 500 ids ({len(out.stdout) / 1e6:.1f} MB)",
                "<= 60 s")
 
     # monthly summaries of last month for every account (dry run: rendered, archived)
@@ -642,50 +799,91 @@ def _pass_config(base: str, url: str) -> Any:
     path = os.path.join(base, "pass.toml")
     with open(path, "w") as fh:
         fh.write(f'[site]\ncluster = "{CLUSTER}"\n[paths]\nspool_dir = "{base}/pass/spool"\n'
-                 f'state_dir = "{base}/pass/run"\ndatabase = "{url}"\n[alerts]\nenabled = true\n'
+                 f'state_dir = "{base}/pass/run"\ndatabase = "{url}"\n[sacct]\ncommand = "{base}/slurm/sacct"\n'
+                 f'[alerts]\nenabled = true\ndry_run = true\n'
                  f'[reports]\ndir = "{base}/pass/reports"\ncoordinators_as_leads = false\n')
     return load(path)
+
+
+def squeue_calls(base: str) -> int:
+    """How many times the stand-in squeue ran (its log: one line a call)."""
+    path = os.path.join(base, "slurm", "calls.log")
+    if not os.path.exists(path):
+        return 0
+    with open(path) as fh:
+        return sum(1 for line in fh if line.startswith("squeue"))
 
 
 # ------------------------------------------------------------------------------------------------ reads
 def reads(a: argparse.Namespace, site: Any, hist: dict[str, Any], n_hist: int, metrics_port: int, log: Log,
           base: str) -> None:
-    env = dict(os.environ, GPUEFF_SEFF_VIA="service", GPUEFF_CONFIG=site.config,
-               PYTHONPATH=_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    python = sys.executable
-    if a.seff_python:  # a site's install (not this checkout's editable one), as users run seff-gpu
-        python = a.seff_python
-        env.pop("PYTHONPATH")
-    seff = [python, "-m", "slurm_gpueff.cli.seff"]
-    # Byte-compiled first, as `pip install` leaves a package: where PYTHONDONTWRITEBYTECODE is set (this
-    # machine sets it) every run would otherwise compile each module from its source again.
-    pkg = subprocess.run([python, "-c", "import os, slurm_gpueff; print(os.path.dirname(slurm_gpueff.__file__))"],
-                         env=env, capture_output=True, text=True, check=True).stdout.strip()
-    subprocess.run([python, "-m", "compileall", "-q", pkg], env=env, capture_output=True, check=True)
+    """seff-gpu as the heavy user, an ordinary account of this machine (READER), through the service and its
+    privacy path: Debian's python3 with a copy of the package, as a login node's install, and a client config
+    that names only the service and munged."""
+    import pwd
+
+    user = pwd.getpwnam(READER)
+    lib = os.path.join(base, "pylib")
+    shutil.copytree(os.path.join(_ROOT, "slurm_gpueff"), os.path.join(lib, "slurm_gpueff"),
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    python = a.seff_python or "/usr/bin/python3"
+    # Byte-compiled, as `pip install` leaves a package (a user cannot write beside it).
+    subprocess.run([python, "-m", "compileall", "-q", lib], capture_output=True, check=True)
+    client = os.path.join(base, "client.toml")
+    with open(site.config) as fh:
+        sock = re.search(r'^munge_socket = "(.*)"$', fh.read(), re.M).group(1)  # type: ignore[union-attr]
+    with open(client, "w") as fh:
+        fh.write(f'[site]\ncluster = "{CLUSTER}"\n[service]\napi_url = "http://127.0.0.1:{site.port}"\n'
+                 f'munge_socket = "{sock}"\n')
+    subprocess.run(["chmod", "-R", "a+rX", lib, client], check=True)
+    for d in (base, os.path.dirname(client)):
+        os.chmod(d, 0o755)
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "PYTHONPATH": lib,
+           "GPUEFF_SEFF_VIA": "service", "GPUEFF_CONFIG": client}
+    as_user = ["runuser", "-u", READER, "--", "env", "-i", *(f"{k}={v}" for k, v in env.items())]
+    seff = [*as_user, python, "-m", "slurm_gpueff.cli.seff"]
 
     def wall(cmd: list[str]) -> tuple[float, subprocess.CompletedProcess[str]]:
         t = time.perf_counter()
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+        r = subprocess.run(cmd, capture_output=True, text=True, check=False)
         return time.perf_counter() - t, r
 
     rng = random.Random(5)
-    bare = sorted(wall([python, "-c", "pass"])[0] for _ in range(10))
-    times, bad = [], 0
-    for _ in range(a.seff_runs):
-        dt, r = wall([*seff, str(rng.randint(1, n_hist))])
-        times.append(dt)
-        bad += r.returncode != 0
-        if r.returncode != 0 and bad == 1:
-            log.say(f"seff-gpu failed: {r.stderr.strip()[:300]}")
-    times.sort()
-    log.figure("seff-gpu JOBID through the API", f"p50 {1000 * q(times, 0.5):.0f} ms, "
-               f"p99 {1000 * q(times, 0.99):.0f} ms over {len(times)} jobs ({bad} failed)",
-               f"python3 -c pass {1000 * q(bare, 0.5):.0f} ms ({python})",
-               "<= 100 / 300 ms")
+    bare = sorted(wall([*as_user, python, "-c", "pass"])[0] for _ in range(20))
+    own = [j for j in range(200, n_hist + 1, 200)]  # the heavy user's jobs (history: every 200th)
+    p50s, p99s, maxes, bad = [], [], [], 0
+    for _round in range(a.seff_rounds):
+        times = []
+        for _ in range(a.seff_runs):
+            dt, r = wall([*seff, str(rng.choice(own))])
+            times.append(dt)
+            bad += r.returncode != 0
+            if r.returncode != 0 and bad == 1:
+                log.say(f"seff-gpu failed: {r.stderr.strip()[:300]}")
+        times.sort()
+        p50s.append(q(times, 0.5))
+        p99s.append(q(times, 0.99))
+        maxes.append(times[-1])
+        log.say(f"seff-gpu round {_round + 1}: p50 {1000 * p50s[-1]:.0f} ms, p99 {1000 * p99s[-1]:.0f} ms, "
+                f"max {1000 * maxes[-1]:.0f} ms over {len(times)}")
+
+    def mmm(xs: list[float]) -> str:
+        xs = sorted(xs)
+        return f"{1000 * xs[0]:.0f} / {1000 * xs[len(xs) // 2]:.0f} / {1000 * xs[-1]:.0f}"
+
+    users = hist["users"]
+    stranger = next(j for j in range(1, n_hist) if j % 200  # a job of a user in another account than READER leads
+                    and hist["home"][users[1 + j % (len(users) - 1)]] != hist["heavy_account"])
+    other = subprocess.run([*seff, str(stranger)], capture_output=True, text=True, check=False)
+    log.figure("seff-gpu JOBID as an ordinary user", f"p50 {mmm(p50s)} ms, p99 {mmm(p99s)} ms (min / median / max "
+               f"of {a.seff_rounds} rounds of {a.seff_runs} of {READER}'s jobs; {bad} failed; job {stranger} of a user "
+               f"{READER} may not see: exit {other.returncode}, {(other.stderr or other.stdout).strip()[:100]!r})",
+               f"python3 -c pass as {READER} {1000 * q(bare, 0.5):.0f} ms ({python})", "p99 <= 300 ms")
+    del user
     for flag, who, n in (("-u", hist["heavy_user"], "user"), ("-A", hist["heavy_account"], "account")):
         dt, r = wall([*seff, flag, who, "-S", (datetime.now() - timedelta(days=366)).strftime("%Y-%m-%d")])
         lines = r.stdout.count("\n")
-        log.figure(f"seff-gpu {flag} (the heavy {n})", f"{dt:.2f} s, exit {r.returncode}, {lines} lines, "
+        log.figure(f"seff-gpu {flag} (the heavy {n}) as {READER}", f"{dt:.2f} s, exit {r.returncode}, {lines} lines, "
                    f"{len(r.stdout) / 1e3:.0f} kB{': ' + r.stderr.strip()[:200] if r.returncode else ''}", "", "<= 2 s")
         with open(os.path.join(base, f"seff{flag}.txt"), "w") as fh:
             fh.write(r.stdout[:20000])
@@ -710,7 +908,9 @@ def main() -> int:
                     help="[service] forward_max_backoff_s (default 120, the product's default)")
     ap.add_argument("--timeline-days", type=float, default=7.0, help="history days that keep their timelines")
     ap.add_argument("--drain-limit", type=float, default=1800.0)
-    ap.add_argument("--seff-runs", type=int, default=50)
+    ap.add_argument("--seff-runs", type=int, default=1000, help="seff-gpu JOBID samples a round (default 1000)")
+    ap.add_argument("--seff-rounds", type=int, default=3, help="rounds of --seff-runs (default 3)")
+    ap.add_argument("--sample-s", type=float, default=60.0, help="seconds between the database's size samples")
     ap.add_argument("--seff-python", help="the Python of a site install of slurm-gpueff to run seff-gpu with "
                     "(default: this one, with this checkout on its path)")
     ap.add_argument("--procs", type=int, default=4)
@@ -730,7 +930,7 @@ def main() -> int:
     if a.quick:
         a.scale, a.live_period = 0.01, 30.0
         a.steady = a.steady or 60.0
-        a.seff_runs = min(a.seff_runs, 20)
+        a.seff_runs = min(a.seff_runs, 100)
     a.steady = a.steady or 2 * a.live_period
     sz = sizes(a.scale)
     log = Log()
@@ -752,7 +952,18 @@ def main() -> int:
         return 0
 
     base = tempfile.mkdtemp(prefix="gpueff-site-scale-", dir="/tmp")
-    site, munged = start_site(base, url, forward_interval_s=a.interval, max_backoff_s=a.backoff)
+    os.chmod(base, 0o755)  # the ordinary user who reads (READER) reaches its client config here
+    state = os.path.join(base, "slurm", "state.json")
+    sacct = slurm_standin.install(os.path.join(base, "slurm"), state)
+    slurm_standin.write_state(state, CLUSTER, {})
+    # The service as deployed: every task on at its defaults (ingest, enrich, rollups, retention, the integrity
+    # check), the idle-GPU policy and the job cards on (dry: decided, rendered and logged; nothing sent or
+    # cancelled), Slurm's commands the stand-in programs; the heavy user leads the heavy account.
+    service = (f'\n[sacct]\ncommand = "{sacct}"\n[alerts]\nenabled = true\ndry_run = true\n'
+               f'[reports]\ndir = "{base}/reports"\ncards = true\nmonthly = true\n[mail]\ndry_run = true\n'
+               f'[leads]\na000 = ["{READER}"]\n')
+    site, munged = start_site(base, url, forward_interval_s=a.interval, max_backoff_s=a.backoff, service=service,
+                              quiet=False, cluster=CLUSTER)
     metrics_port = free_port()
     with open(site.config) as fh:
         text_cfg = fh.read()
@@ -773,10 +984,12 @@ def main() -> int:
     for w in workers:
         w.start()
     time.sleep(a.interval + 2)
-    running = Running(hist["first_id"], sz["running"], sz["nodes"], random.Random(3))
+    shapes = Shapes()
+    running = Running(hist["first_id"], sz["running"], sz["nodes"], random.Random(3), hist)
+    running.publish(state, time.time())
     try:
-        steady(a, sz, url, base, running, hist, log, pid)
-        pid = outage(a, sz, url, base, site, running, hist, log, [w.pid for w in workers if w.pid])
+        steady(a, sz, url, base, running, shapes, state, log, pid)
+        pid = outage(a, sz, url, base, site, running, shapes, hist, log, [w.pid for w in workers if w.pid])
         passes(sz, url, base, running, log)
         reads(a, site, hist, sz["history"], metrics_port, log, base)
         log.figure("gpueff serve RSS", f"peak {rss_mb(pid, 'VmHWM'):.0f} MB, now {rss_mb(pid):.0f} MB", "", "<= 1 GiB")

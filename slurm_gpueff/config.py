@@ -343,6 +343,8 @@ class ServiceConfig(Section):
     metrics_token_file: str = ""
     push_users: list[str] = _key([], _not_empty, "a list of user names or uids")
     push_max_mb: float = _key(64.0, _range(1, 1024))
+    push_slots: int = _key(2, _range(1, 64))
+    push_wait_s: float = _key(4.0, _range(0, 300, above=True))
     forward_interval_s: float = _key(15.0, _range(0, 3600, above=True))
     forward_max_backoff_s: float = _key(120.0, _range(0, DAY))
     api_listen: str = _key("", _address(url=False))

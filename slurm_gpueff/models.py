@@ -83,7 +83,7 @@ class Job(SQLModel, table=True):
     gpu_count: int = 0
     gpu_type: str | None = Field(default=None, max_length=128)
     submit_time: datetime | None = Field(default=None, sa_type=UTC_NAIVE)
-    start_time: datetime | None = Field(default=None, sa_type=UTC_NAIVE, index=True)
+    start_time: datetime | None = Field(default=None, sa_type=UTC_NAIVE)  # no index: no query selects by it
     end_time: datetime | None = Field(default=None, sa_type=UTC_NAIVE, index=True)
     elapsed_s: float | None = None
     # The CPU side, from Slurm accounting (NULL: not reported): allocated CPUs, TotalCPU (user + system
@@ -110,7 +110,7 @@ class Job(SQLModel, table=True):
     sm_active: float | None = None
     tensor_active: float | None = None
     energy_j: float | None = None
-    verdict: str | None = Field(default=None, max_length=32, index=True)
+    verdict: str | None = Field(default=None, max_length=32)  # no index: filtered beside a time range
     verdict_title: str | None = Field(default=None, max_length=128)
     # A verdict concerns GPUs (analysis.diagnose.gpu_split): where the job's GPUs do not all have its primary
     # verdict first ("3 of 4 GPUs never used", the fourth working), each first verdict ("" for none) ->
@@ -149,7 +149,9 @@ class JobGpu(SQLModel, table=True):
     """One GPU of one job on one node, with its figures over the job's window on that GPU."""
 
     __tablename__ = "job_gpu"
-    __table_args__ = (UniqueConstraint("job_pk", "node", "gpu_index", name="uq_job_gpu_job_node_index"),)
+    # fillfactor: room in each page for its live updates, which change no indexed column and so are HOT
+    __table_args__ = (UniqueConstraint("job_pk", "node", "gpu_index", name="uq_job_gpu_job_node_index"),
+                      {"postgresql_with": {"fillfactor": 80}})
 
     id: int | None = Field(default=None, primary_key=True)
     # No index of its own: the unique (job_pk, node, gpu_index) index serves lookups by job (migration 0003).

@@ -76,17 +76,19 @@ QUIET = "".join(f"{k} = 0\n" for k in ("enrich_interval_s", "rollup_interval_s",
 class PushSite:
     """A service host (``gpueff serve`` with its API on a loopback port, its database and spool under
     ``base``/service) and GPU-node configs beside it that point ``gpueff forward`` at it: the push tests'
-    and benchmarks' site. ``service`` and ``forward`` are more ``[service]`` keys for each side."""
+    and benchmarks' site. ``service`` and ``forward`` are more ``[service]`` keys for each side (``service`` may
+    go on with more sections); ``quiet``: the service's tasks other than ingest off (:data:`QUIET`)."""
 
     def __init__(self, base: str, database: str, munge_socket: str, *, cluster: str = "push", service: str = "",
-                 forward: str = "forward_interval_s = 0.2\nforward_max_backoff_s = 1\n"):
+                 forward: str = "forward_interval_s = 0.2\nforward_max_backoff_s = 1\n", quiet: bool = True):
         self.base, self.database, self.sock, self.cluster = base, database, munge_socket, cluster
         self.port = free_port()
         self.proc: subprocess.Popen | None = None
         self.log = os.path.join(base, "serve.log")
         self.forward = forward
+        tasks = QUIET if quiet else ""
         self.config = self.write("service", f'database = "{database}"\n',
-                                 f'api_listen = "127.0.0.1:{self.port}"\nmetrics_port = 0\n{QUIET}{service}')
+                                 f'api_listen = "127.0.0.1:{self.port}"\nmetrics_port = 0\n{tasks}{service}')
 
     def write(self, name: str, paths: str, service: str, munge_socket: str = "") -> str:
         d = os.path.join(self.base, name)

@@ -336,3 +336,36 @@ def test_a_pass_reads_the_running_jobs_by_their_index_not_the_whole_history(tmp_
                 assert "ix_job_live" in plan, (statement, plan)
     finally:
         engine.dispose()
+
+
+def test_a_long_job_keeps_one_window_of_samples_and_is_judged_as_with_all(tmp_path):
+    """Eight hours of live records, one every five minutes and a pass after each: the job's GPU keeps the
+    samples of one window (and the one before it that the window starts from), not the 96 of its life, and
+    the pass decides as it would from every sample (the job went idle in its last 70 minutes)."""
+    cfg = Config({"site": {"cluster": "testc"}, "alerts": {"enabled": True, "window_min": 60, "grace_min": 0}})
+    engine = make_engine(str(tmp_path / "a.db"))
+    start = T - timedelta(hours=8)
+    kernel_s = 0.0
+    counts, warned = [], []
+    try:
+        for k in range(1, 97):
+            at = start + timedelta(minutes=5 * k)
+            busy = at <= T - timedelta(minutes=70)
+            kernel_s += 300 * (0.9 if busy else 0.0)
+            with Session(engine) as s:
+                rec = make_record(11, gpus=1, start=start.timestamp(), end=at.timestamp(), live=True,
+                                  exit_code=None, signal=None, user="alice")
+                rec["gpus"][0].update(kernel_active=kernel_s / (300 * k), sm_active=kernel_s / (300 * k) * 0.5,
+                                      measured_s=300.0 * k, window_s=300.0 * k)
+                ingest_record(s, rec)
+                s.commit()
+            r = run_alerts(engine, cfg, now=at, squeue=lambda ids: {11: SlurmJob("RUNNING", "gpu", "normal", False)},
+                           dry_run=True)
+            warned += [at] if _steps(r) == ["warn"] else []
+            with Session(engine) as s:
+                counts.append(len(s.exec(select(LiveSample)).all()))
+        assert max(counts) <= 60 // 5 + 2, counts  # one window's samples and its base, for the whole 8 hours
+        assert counts[-1] == 13, counts
+        assert warned == [T - timedelta(minutes=10)], warned  # the first pass whose last hour was all idle
+    finally:
+        engine.dispose()

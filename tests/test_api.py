@@ -609,10 +609,11 @@ def test_a_damaged_database_is_one_line_503_for_every_request_but_the_health_che
 
 
 def test_a_push_beyond_the_slots_is_told_busy_and_keeps_its_records(tmp_path, monkeypatch):
-    """After an outage every node pushes at once; the service stores PUSH_SLOTS pushes at a time and tells the
-    rest "busy" (503) within PUSH_WAIT_S, rather than taking them all and answering each after the node stopped
-    waiting. A node told busy keeps its records and stores them at its next pass. Real munged, real forwarder
-    process; the API in this process on a Unix socket, its slots held by the test as a herd of pushes would."""
+    """After an outage every node pushes at once; the service stores [service] push_slots pushes at a time and
+    tells the rest "busy" (503) within push_wait_s, rather than taking them all and answering each after the
+    node stopped waiting. A node told busy keeps its records and stores them at its next pass. Real munged, real
+    forwarder process; the API in this process on a Unix socket, its slots held by the test as a herd of pushes
+    would."""
     from slurm_gpueff.config import Config
     from slurm_gpueff.service import api as api_mod
     from slurm_gpueff.storage.db import make_engine
@@ -621,7 +622,7 @@ def test_a_push_beyond_the_slots_is_told_busy_and_keeps_its_records(tmp_path, mo
     db = f"{tmp_path}/db/gpueff.db"
     os.makedirs(os.path.dirname(db))
     engine = make_engine(db)
-    svc = {"api_listen": f"unix:{tmp_path}/api.sock", "munge_socket": munge_sock}
+    svc = {"api_listen": f"unix:{tmp_path}/api.sock", "munge_socket": munge_sock, "push_wait_s": 0.3}
     cfg = Config({"paths": {"database": db, "spool_dir": f"{tmp_path}/spool", "state_dir": f"{tmp_path}/state"},
                   "service": svc})
     node_cfg = tmp_path / "node.toml"
@@ -630,10 +631,10 @@ def test_a_push_beyond_the_slots_is_told_busy_and_keeps_its_records(tmp_path, mo
     for i in range(3):
         spool.write_record(f"{tmp_path}/node", sim_record(7000 + i))
     server = api_mod.start(cfg, engine)
-    server.api.push_wait_s = 0.3
+    assert server.api.push_wait_s == 0.3
     forward = [sys.executable, "-m", "slurm_gpueff.cli.gpueff", "--config", str(node_cfg), "forward", "--once"]
     try:
-        for _ in range(api_mod.PUSH_SLOTS):
+        for _ in range(cfg.service.push_slots):
             assert server.api.push_slots.acquire(timeout=1)
         busy = subprocess.run(forward, capture_output=True, text=True, timeout=60, cwd=ROOT)
         assert busy.returncode == 1 and "HTTP 503" in busy.stderr and "busy" in busy.stderr, busy.stderr
@@ -660,7 +661,7 @@ def test_a_push_beyond_the_slots_is_told_busy_and_keeps_its_records(tmp_path, mo
         assert server.api.waiting == 0 and server.api.turns_until > 0 and time.monotonic() >= server.api.turns_until
         waiting.join(30)
         assert pushed == [3]
-        for _ in range(api_mod.PUSH_SLOTS):
+        for _ in range(cfg.service.push_slots):
             server.api.push_slots.release()
         done = subprocess.run(forward, capture_output=True, text=True, timeout=60, cwd=ROOT)
         assert done.returncode == 0, done.stderr
@@ -765,7 +766,7 @@ def test_nodes_told_busy_are_given_turns_at_the_pace_pushes_are_stored(monkeypat
     clock = [1000.0]
     monkeypatch.setattr(api_mod, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
     api = api_mod.Api(Config({"service": {"forward_interval_s": 15}}))
-    assert api.pace_s == api.alone_s == api_mod.PACE_START_S and api.push_wait_s == api_mod.PUSH_WAIT_S
+    assert api.pace_s == api.alone_s == api_mod.PACE_START_S and api.push_wait_s == Config().service.push_wait_s
 
     def push(after_s: float, held_s: float, others_waiting: int) -> None:
         clock[0] += after_s
@@ -795,3 +796,46 @@ def test_nodes_told_busy_are_given_turns_at_the_pace_pushes_are_stored(monkeypat
     api.alone_s = 0.5  # once the herd has passed a push takes 0.5 s: the turns are that far apart
     assert [api.turn() for _ in range(4)] == [3, 4, 4, 5]
     assert api_mod.Api(Config({"service": {"api_timeout_s": 3}})).push_wait_s == 1.5  # half the nodes' wait
+
+
+@pytest.mark.parametrize("slots", [1, 3])
+def test_the_push_slots_and_their_wait_are_the_configured_ones(slots):
+    """[service] push_slots pushes are stored at once: with that many held, one more waits push_wait_s for a
+    slot, is told "busy" (503, with its turn), and takes a slot as soon as one is given back. push_wait_s is
+    at most half of api_timeout_s (the nodes' wait). Real threads, real clock."""
+    from slurm_gpueff.config import Config
+    from slurm_gpueff.service import api as api_mod
+
+    api = api_mod.Api(Config({"service": {"push_slots": slots, "push_wait_s": 0.3}}))
+    assert api.push_wait_s == 0.3
+    with contextlib.ExitStack() as held:
+        for _ in range(slots):  # these are taken at once: none waits
+            t0 = time.monotonic()
+            held.enter_context(api.push_slot())
+            assert time.monotonic() - t0 < 0.25
+        t0 = time.monotonic()
+        with pytest.raises(api_mod.HttpError) as busy, api.push_slot():
+            pass
+        waited = time.monotonic() - t0
+        assert busy.value.status == 503 and "busy" in str(busy.value) and (busy.value.retry_after_s or 0) >= 1
+        assert 0.3 <= waited < 5, waited
+        assert api.waiting == 0
+        got: list[float] = []
+
+        def push() -> None:  # waits for a slot: the first one given back
+            t0 = time.monotonic()
+            with api.push_slot():
+                got.append(time.monotonic() - t0)
+
+        api.push_wait_s = 30.0
+        waiter = threading.Thread(target=push)
+        waiter.start()
+        deadline = time.monotonic() + 10
+        while not api.waiting and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert api.waiting == 1 and not got
+        held.close()  # the slots are given back: the waiting push takes one
+        waiter.join(10)
+        assert len(got) == 1 and got[0] < 10
+    capped = api_mod.Api(Config({"service": {"push_slots": slots, "push_wait_s": 8, "api_timeout_s": 10}}))
+    assert capped.push_wait_s == 5.0

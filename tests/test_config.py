@@ -98,6 +98,17 @@ def test_config_is_frozen_and_typed():
         ("[sacct]\nenrich_window_days = 0.001", "sacct.enrich_window_days must be longer than sacct.settle_s"),
         ("[reports]\ncard_lookback_h = 0.01", "reports.card_lookback_h must cover service.cards_interval_s"),
         ("[service]\nforward_max_backoff_s = 1", "service.forward_max_backoff_s must be >= service.forward_interval_s"),
+        # the pushes the service stores at once, and how long one waits for a slot
+        ("[service]\npush_slots = 0", "service.push_slots must be >= 1 and <= 64, got 0"),
+        ("[service]\npush_slots = 65", "service.push_slots must be >= 1 and <= 64, got 65"),
+        ("[service]\npush_slots = 2.5", "service.push_slots must be int, got float (2.5)"),
+        ("[service]\npush_slots = '2'", "service.push_slots must be int, got str ('2')"),
+        ("[service]\npush_slot = 2", "unknown key service.push_slot (did you mean 'push_slots'?)"),
+        ("[service]\npush_wait_s = 0", "service.push_wait_s must be > 0 s and <= 300 s, got 0.0"),
+        ("[service]\npush_wait_s = -4", "service.push_wait_s must be > 0 s and <= 300 s, got -4.0"),
+        ("[service]\npush_wait_s = 301", "service.push_wait_s must be > 0 s and <= 300 s, got 301.0"),
+        ("[service]\npush_wait_s = nan", "service.push_wait_s must be a finite number, got nan"),
+        ("[service]\npush_wait = 4", "unknown key service.push_wait (did you mean 'push_wait_s'?)"),
         # database URLs of dialects that storage cannot open
         ("[paths]\ndatabase = 'mysql://u@h/db'", "paths.database = 'mysql://u@h/db': unsupported database 'mysql'"),
         ("[paths]\ndatabase = 'postgresql+psycopg2://u@h/db'", "unsupported database 'postgresql+psycopg2'"),
@@ -156,6 +167,8 @@ def test_bad_config_is_a_clear_error(tmp_path, text, message):
         {"collector": {"hook_timeout_s": 300}, "agent": {"interval_s": 1, "timeline_interval_s": 1}},
         {"reports": {"addresses": {"pi_smith": "a@x"}, "price_per_gpu_hour": {"default": 0}}},
         {"service": {"forward_interval_s": 0.2, "forward_max_backoff_s": 0.5}},
+        {"service": {"push_slots": 1, "push_wait_s": 0.1}},
+        {"service": {"push_slots": 64, "push_wait_s": 300}},  # more than half api_timeout_s: capped, not refused
     ],
 )
 def test_good_values_are_accepted(data):
@@ -163,6 +176,17 @@ def test_good_values_are_accepted(data):
     for section, keys in data.items():
         for key, value in keys.items():
             assert getattr(getattr(cfg, section), key) == value
+
+
+def test_the_push_slots_and_their_wait_default_to_two_and_four_seconds(tmp_path):
+    """Two pushes stored at once, a push waiting up to 4 s for a slot (what the service did before these were
+    keys); an integer wait is a number of seconds like any other."""
+    service = config.Config().service
+    assert (service.push_slots, service.push_wait_s) == (2, 4.0)
+    assert type(service.push_slots) is int and type(service.push_wait_s) is float
+    cfg = config.load(write(tmp_path, "[service]\npush_slots = 4\npush_wait_s = 2\n"))
+    assert (cfg.service.push_slots, cfg.service.push_wait_s) == (4, 2.0)
+    assert isinstance(cfg.service.push_wait_s, float)
 
 
 def test_leads_is_one_table_of_user_names_per_account(tmp_path):

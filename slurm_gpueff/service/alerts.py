@@ -58,18 +58,21 @@ class AlertsResult:
             f"; errors: {'; '.join(self.errors)}" if self.errors else "")
 
 
-def record_samples(session: Session, jobs: list[Job]) -> dict[int, dict[tuple[str, int], list[idle.Sample]]]:
+def record_samples(session: Session, jobs: list[Job],
+                   window_min: float) -> dict[int, dict[tuple[str, int], list[idle.Sample]]]:
     """Store each live job GPU's newest cumulative figures (once per live record); every sample by job.
 
     The running jobs are named to the database by the live rows' own predicate (ix_job_live), not as a list
-    of their ids: thousands of parameters cost more to send than the look-ups they ask for."""
+    of their ids: thousands of parameters cost more to send than the look-ups they ask for. Samples no window
+    will use again are deleted (:func:`outlived`): a GPU keeps those of one window, however long its job runs."""
     live = rows_of(col(Job.id)).where(LIVE)
     session.connection().execute(delete(LiveSample).where(col(LiveSample.job_pk).not_in(live)))  # jobs that have ended
-    cols = (col(LiveSample.job_pk), col(LiveSample.node), col(LiveSample.gpu_index), col(LiveSample.as_of),
-            col(LiveSample.covered_s), col(LiveSample.kernel_s), col(LiveSample.sm_s))
-    samples: list[tuple[int, str, int, idle.Sample]] = [  # plain rows, not ORM objects: thousands at a large site
-        (pk, node, index, idle.Sample(as_of, cov, kernel_s, sm_s)) for pk, node, index, as_of, cov, kernel_s, sm_s
-        in session.connection().execute(rows_of(*cols).where(col(LiveSample.job_pk).in_(live)))]
+    cols = (col(LiveSample.id), col(LiveSample.job_pk), col(LiveSample.node), col(LiveSample.gpu_index),
+            col(LiveSample.as_of), col(LiveSample.covered_s), col(LiveSample.kernel_s), col(LiveSample.sm_s))
+    stored = [(sid, pk, node, index, idle.Sample(as_of, cov, kernel_s, sm_s))  # plain rows: thousands at a large site
+              for sid, pk, node, index, as_of, cov, kernel_s, sm_s
+              in session.connection().execute(rows_of(*cols).where(col(LiveSample.job_pk).in_(live)))]
+    samples = [(pk, node, index, smp) for _sid, pk, node, index, smp in stored]
     have = {(pk, node, index, smp.as_of) for pk, node, index, smp in samples}
     end_of = {j.id: j.end_time for j in jobs}
     new: list[tuple[int, str, int, idle.Sample]] = []
@@ -90,7 +93,30 @@ def record_samples(session: Session, jobs: list[Job]) -> dict[int, dict[tuple[st
     out: dict[int, dict[tuple[str, int], list[idle.Sample]]] = {}
     for pk, node, index, smp in [*samples, *new]:
         out.setdefault(pk, {}).setdefault((node, index), []).append(smp)
-    return out
+    gone = outlived(stored, out, window_min)
+    for i in range(0, len(gone), DELETE_CHUNK):
+        session.connection().execute(delete(LiveSample).where(col(LiveSample.id).in_(gone[i:i + DELETE_CHUNK])))
+    return out  # the outlived ones too: analysis/idle.window passes over them as it would
+
+
+DELETE_CHUNK = 1000  # sample ids per DELETE
+
+
+def outlived(stored: list[tuple[int | None, int, str, int, idle.Sample]],
+             by_job: dict[int, dict[tuple[str, int], list[idle.Sample]]], window_min: float) -> list[int]:
+    """The stored samples no window will use again: a window ends at its GPU's newest sample and starts from
+    the newest sample at least a window older (analysis/idle.window), and both only move forward, so every
+    sample older than that base is done with."""
+    base: dict[tuple[int, str, int], datetime] = {}
+    for pk, gpus in by_job.items():
+        for (node, index), smps in gpus.items():
+            newest = max(smp.as_of for smp in smps)
+            edge = newest - timedelta(minutes=window_min)
+            older = [smp.as_of for smp in smps if smp.as_of <= edge]
+            if older:
+                base[(pk, node, index)] = max(older)
+    return sorted(sid for sid, pk, node, index, smp in stored
+                  if sid is not None and (b := base.get((pk, node, index))) is not None and smp.as_of < b)
 
 
 def run_alerts(engine: Engine, config: Config, *, dry_run: bool | None = None, now: datetime | None = None,
@@ -105,7 +131,7 @@ def run_alerts(engine: Engine, config: Config, *, dry_run: bool | None = None, n
     # expired row is one more query each (thousands at a large site).
     with Session(engine, expire_on_commit=False) as session:
         jobs = list(session.exec(select(Job).where(LIVE)).all())  # by ix_job_live, not the whole history
-        samples = record_samples(session, jobs)
+        samples = record_samples(session, jobs, cfg.window_min)
         session.commit()
         try:
             slurm = (squeue or (lambda ids: commands.squeue_jobs(SlurmRunner.from_config(config), ids)))(

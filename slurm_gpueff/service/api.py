@@ -155,11 +155,17 @@ def storable(text: str) -> bool:
     return "\x00" not in text
 
 
-PUSH_SLOTS = 2  # pushes stored at once (about one per CPU of a small service host; PostgreSQL needs the rest)
-PUSH_WAIT_S = 4.0  # how long a push waits for a slot before it is told "busy" (at most half the nodes' wait,
-# [service] api_timeout_s: the rest is for its credential and its store)
-PACE_START_S = 0.05  # the gap between two stored pushes assumed until one is measured: rather too short than long
-MAKE_WAY_S = 10.0  # the longest summarizing pauses, between two of its batches, for waiting pushes
+# The pushes stored at once and how long one waits for a slot are [service] push_slots and push_wait_s.
+# The gap between two stored pushes assumed until one is measured (pace_s and alone_s start here, then follow
+# the pushes as moving averages): about the time a small service host takes to store one node's push, and
+# rather too short than too long: a node given an early turn waits in the queue (up to push_wait_s), where a
+# node given a late turn leaves the service idle.
+PACE_START_S = 0.05
+# The longest summarizing pauses, between two of its batches, for waiting pushes and the turns given: longer
+# than a push waits in the queue (push_wait_s, a few seconds by default), so that one wave of nodes gets
+# through, and short enough that the analysis of the stored jobs still moves on by a batch between waves
+# (a herd's drain lasts minutes: summaries held back by the whole of it would come all at its end).
+MAKE_WAY_S = 10.0
 
 
 class Api:
@@ -175,8 +181,9 @@ class Api:
         self._lock = threading.Lock()
         self.pushers = push_uids(config.service.push_users)
         self.intake = Intake(engine, config.paths.spool_dir) if engine is not None else None
-        self.push_slots = threading.BoundedSemaphore(PUSH_SLOTS)
-        self.push_wait_s = min(PUSH_WAIT_S, config.service.api_timeout_s / 2)
+        self.push_slots = threading.BoundedSemaphore(config.service.push_slots)
+        # at most half the nodes' wait (api_timeout_s): the rest is for the push's credential and its store
+        self.push_wait_s = min(config.service.push_wait_s, config.service.api_timeout_s / 2)
         self.waiting = 0  # pushes waiting for a slot now
         self._counting = threading.Lock()
         self.pace_s = PACE_START_S  # the gap between two pushes stored while others wait, a moving average
@@ -186,7 +193,8 @@ class Api:
 
     @contextlib.contextmanager
     def push_slot(self) -> Iterator[None]:
-        """One of the PUSH_SLOTS pushes taken at once, or HttpError 503 after waiting ``push_wait_s``: after an
+        """One of the ``[service] push_slots`` pushes taken at once, or HttpError 503 after waiting
+        ``push_wait_s`` (``[service] push_wait_s``, at most half of ``api_timeout_s``): after an
         outage every node pushes at once, and a thread per push, all verifying credentials and writing
         together, made each push take longer than the nodes wait for an answer; they then sent it all again.
         Bounded, the service stores as fast as the database lets it, the waiting pushes first come, first

@@ -152,10 +152,20 @@ def rollups(ctx: Context, full: bool = False) -> str:
 
 
 def retention(ctx: Context) -> str:
+    """The daily upkeep of the tables themselves: raw timelines past ``timeline_retention_days`` are deleted,
+    and on PostgreSQL the planner is told again how many GPU rows a job has, measured from the site's rows
+    (storage/planner.py). It is here, not in ``rollups_full``: that one recomputes figures people read, where
+    both of these keep the database fit for its queries as it grows; and a day's pace is enough for both (the
+    GPU rows a job are a mean over the whole history, which one day's jobs move little)."""
+    from ..storage.planner import job_gpu_distinct
+
     days = ctx.config.service.timeline_retention_days
     if days <= 0:
-        return "timelines are kept forever (service.timeline_retention_days = 0)"
-    return f"deleted {prune_timelines(ctx.engine, utcnow() - timedelta(days=days))} timeline(s)"
+        done = "timelines are kept forever (service.timeline_retention_days = 0)"
+    else:
+        done = f"deleted {prune_timelines(ctx.engine, utcnow() - timedelta(days=days))} timeline(s)"
+    distinct = job_gpu_distinct(ctx.engine)
+    return done if distinct is None else f"{done}; {distinct.line()}"
 
 
 def prune_timelines(engine: Engine, before: datetime, batch: int = 5000) -> int:
