@@ -896,6 +896,19 @@ def reads(a: argparse.Namespace, site: Any, hist: dict[str, Any], n_hist: int, m
 
 
 # ------------------------------------------------------------------------------------------------ main
+def server_settings(url: str) -> str:
+    """The server's settings that decide the database's growth and speed, for the log."""
+    from sqlalchemy import create_engine, text
+
+    eng = create_engine(url)
+    with eng.connect() as c:
+        out = ", ".join(f"{k} {c.execute(text(f'SHOW {k}')).scalar()}" for k in (
+            "server_version", "autovacuum", "autovacuum_naptime", "autovacuum_vacuum_cost_limit", "fsync",
+            "shared_buffers", "max_wal_size"))
+    eng.dispose()
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -914,7 +927,9 @@ def main() -> int:
     ap.add_argument("--seff-python", help="the Python of a site install of slurm-gpueff to run seff-gpu with "
                     "(default: this one, with this checkout on its path)")
     ap.add_argument("--procs", type=int, default=4)
-    ap.add_argument("--postgres", default="postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+    ap.add_argument("--postgres", help="a PostgreSQL server's URL to use (postgresql+psycopg://USER@HOST:PORT/DB); "
+                    "default: a private cluster of this machine's PostgreSQL with its own defaults (autovacuum on, "
+                    "fsync on), as a site runs it, made and removed by the run")
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--db", default="gpueff_site_scale",
                     help="the database's name on the --postgres server (made afresh unless --reuse)")
@@ -938,6 +953,29 @@ def main() -> int:
     from slurm_gpueff.storage import migrate
     from slurm_gpueff.storage.db import make_engine
 
+    if a.reuse and not a.postgres:
+        ap.error("--reuse needs --postgres: the private cluster is made afresh each run")
+    cluster = None
+    if not a.postgres:  # the server as a site runs it: PostgreSQL's defaults (this machine's shared one has
+        # autovacuum off, a CI setting; the database's growth would then be every dead row version kept)
+        from pgutil import PrivateCluster
+
+        cluster = PrivateCluster()
+        cluster.start(durable=True)
+        a.postgres = cluster.url
+    try:
+        return run(a, sz, log, migrate, make_engine)
+    finally:
+        if cluster is not None and not a.keep:
+            cluster.destroy()
+        elif cluster is not None:
+            print(f"kept the PostgreSQL cluster in {cluster.base} (port {cluster.port}; stop: pg_ctl -D "
+                  f"{cluster.data} stop)")
+
+
+def run(a: argparse.Namespace, sz: dict[str, int], log: Log, migrate: Any, make_engine: Any) -> int:
+    settings = server_settings(a.postgres)
+    log.say(f"PostgreSQL: {settings}")
     if a.reuse:
         url = a.postgres.rsplit("/", 1)[0] + "/" + a.db
         migrate.upgrade(make_engine(url, create=False))

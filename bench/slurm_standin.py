@@ -82,7 +82,7 @@ def sacct(argv: list[str]) -> int:
         for i in ids:
             user, account, partition, nodes, gpus, start, end, aid, tid = jobs[i]
             o = copy.deepcopy(proto)
-            o.update(job_id=int(i), user=user, account=account, partition=partition, nodes=nodes,
+            o.update(job_id=int(i), user=user, account=account, partition=partition, nodes=hostlist(nodes),
                      cluster=st["cluster"], name="job" + i)
             if aid is not None:
                 o["array"]["job_id"] = aid
@@ -108,6 +108,26 @@ def sacct(argv: list[str]) -> int:
         sys.stdout.write("".join(ln + "\n" for ln in lines))
         return 0
     return 0
+
+
+def hostlist(nodes: str) -> str:
+    """Slurm's compressed form of a comma list of names that differ in a numeric suffix of fixed width, as
+    sacct prints a job's NodeList ("gpu[00007-00008]"); a name alone stays as it is."""
+    names = nodes.split(",")
+    if len(names) == 1:
+        return names[0]
+    stem = names[0].rstrip("0123456789")
+    nums = [n[len(stem):] for n in names]
+    if not all(n.startswith(stem) and x.isdigit() for n, x in zip(names, nums, strict=True)):
+        return nodes
+    parts, i = [], 0
+    while i < len(nums):
+        j = i
+        while j + 1 < len(nums) and int(nums[j + 1]) == int(nums[j]) + 1:
+            j += 1
+        parts.append(nums[i] if i == j else f"{nums[i]}-{nums[j]}")
+        i = j + 1
+    return f"{stem}[{','.join(parts)}]"
 
 
 def captured(name: str) -> int:
