@@ -570,6 +570,31 @@ def steady(a: argparse.Namespace, sz: dict[str, int], url: str, base: str, runni
     return w
 
 
+def stop_timeout_s() -> float:
+    """etc/gpueff-serve.service's TimeoutStopSec: how long systemd lets the service finish its tasks."""
+    with open(os.path.join(_ROOT, "etc", "gpueff-serve.service")) as fh:
+        m = re.search(r"^TimeoutStopSec=(\d+)$", fh.read(), re.M)
+    return float(m.group(1)) if m else 90.0  # systemd's default
+
+
+def stop_service(site: Any) -> str:
+    """Stopped as systemd stops it: SIGTERM, then SIGKILL after the unit's TimeoutStopSec; says how it went."""
+    proc = site.proc
+    if proc is None or proc.poll() is not None:
+        return "it was not running"
+    limit = stop_timeout_s()
+    t0 = time.time()
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(limit)
+        return f"SIGTERM: it finished its running tasks and exited in {time.time() - t0:.1f} s"
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(60)
+        return (f"SIGTERM: still running after TimeoutStopSec={limit:.0f} s, killed (SIGKILL) as systemd "
+                "would")
+
+
 def quarantine_count(base: str) -> str:
     """Files quarantined by the service's ingest and by the nodes' forwarders (spool.quarantine_dir)."""
     service = len([f for f in os.listdir(spool.quarantine_dir(os.path.join(base, "service", "spool")))
@@ -588,8 +613,7 @@ def outage(a: argparse.Namespace, sz: dict[str, int], url: str, base: str, site:
     """Stop the service, write the backlog, start it, time the drain; count by key."""
     from sqlalchemy import create_engine
 
-    site.kill(signal.SIGTERM)
-    log.say("outage: service stopped")
+    log.say(f"outage: service stopped ({stop_service(site)})")
     w = Writer(base)
     now = time.time()
     finals: set[int] = set()
@@ -1035,7 +1059,7 @@ def run(a: argparse.Namespace, sz: dict[str, int], log: Log, migrate: Any, make_
         stop.set()
         for w in workers:
             w.join(120)
-        site.kill(signal.SIGTERM)
+        stop_service(site)
         munged.kill()
         node_munged.kill()
     print("\n| figure | measured | floor (same run) | goal |\n|---|---|---|---|")
