@@ -97,17 +97,24 @@ class Decision:
     idle: bool = False
 
 
+def window_base(samples: Sequence[Sample], minutes: float) -> Sample | None:
+    """The sample a window over the last ``minutes`` starts from: the newest one at least ``minutes`` older
+    than the newest; None where none is that old. It only moves forward as samples come, so every sample
+    older than it is of no use to a later window either."""
+    edge = max(x.as_of for x in samples) - timedelta(minutes=minutes)
+    older = [x for x in samples if x.as_of <= edge]
+    return max(older, key=lambda x: x.as_of) if older else None
+
+
 def window(samples: Sequence[Sample], start: datetime | None, minutes: float, node: str, index: int) -> GpuWindow:
     """The GPU's means over the last ``minutes`` before its newest sample."""
     s = sorted(samples, key=lambda x: x.as_of)
     new = s[-1]
     edge = new.as_of - timedelta(minutes=minutes)
-    older = [x for x in s[:-1] if x.as_of <= edge]
-    if older:
-        base = older[-1]
-    elif start is not None and start >= edge:  # the job is younger than the window: from its start
+    base = window_base(s, minutes)
+    if base is None and start is not None and start >= edge:  # the job is younger than the window: from its start
         base = Sample(start, 0.0, 0.0, 0.0)
-    else:  # samples began inside the window (the service started lately): what they cover
+    elif base is None:  # samples began inside the window (the service started lately): what they cover
         base = s[0]
     cov = new.covered_s - base.covered_s
 

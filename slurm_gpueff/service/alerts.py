@@ -104,19 +104,15 @@ DELETE_CHUNK = 1000  # sample ids per DELETE
 
 def outlived(stored: list[tuple[int | None, int, str, int, idle.Sample]],
              by_job: dict[int, dict[tuple[str, int], list[idle.Sample]]], window_min: float) -> list[int]:
-    """The stored samples no window will use again: a window ends at its GPU's newest sample and starts from
-    the newest sample at least a window older (analysis/idle.window), and both only move forward, so every
-    sample older than that base is done with."""
+    """The stored samples no window will use again: those older than the sample their GPU's window starts
+    from (analysis/idle.window_base)."""
     base: dict[tuple[int, str, int], datetime] = {}
     for pk, gpus in by_job.items():
         for (node, index), smps in gpus.items():
-            newest = max(smp.as_of for smp in smps)
-            edge = newest - timedelta(minutes=window_min)
-            older = [smp.as_of for smp in smps if smp.as_of <= edge]
-            if older:
-                base[(pk, node, index)] = max(older)
+            if (first := idle.window_base(smps, window_min)) is not None:
+                base[(pk, node, index)] = first.as_of
     return sorted(sid for sid, pk, node, index, smp in stored
-                  if sid is not None and (b := base.get((pk, node, index))) is not None and smp.as_of < b)
+                  if sid is not None and (at := base.get((pk, node, index))) is not None and smp.as_of < at)
 
 
 def run_alerts(engine: Engine, config: Config, *, dry_run: bool | None = None, now: datetime | None = None,
