@@ -384,16 +384,6 @@ class Writer:
                     self.lags.append(now - t)
 
 
-def db_bytes(url: str) -> int:
-    from sqlalchemy import create_engine, text
-
-    eng = create_engine(url)
-    with eng.connect() as c:
-        n = int(c.execute(text("SELECT pg_database_size(current_database())")).scalar() or 0)
-    eng.dispose()
-    return n
-
-
 GROWTH_TABLES = ("job", "job_gpu", "job_gpu_timeline", "live_sample", "rollup_pending", "usage_rollup", "report_log",
                  "alert_log")
 
@@ -596,16 +586,13 @@ def stop_service(site: Any) -> str:
 
 
 def quarantine_count(base: str) -> str:
-    """Files quarantined by the service's ingest and by the nodes' forwarders (spool.quarantine_dir)."""
-    service = len([f for f in os.listdir(spool.quarantine_dir(os.path.join(base, "service", "spool")))
-                   if not f.endswith(spool.ERROR)]) if os.path.isdir(
-        spool.quarantine_dir(os.path.join(base, "service", "spool"))) else 0
-    nodes = 0
-    for d in os.listdir(os.path.join(base, "nodes")):
-        qd = spool.quarantine_dir(os.path.join(base, "nodes", d, "spool"))
-        if os.path.isdir(qd):
-            nodes += len([f for f in os.listdir(qd) if not f.endswith(spool.ERROR)])
-    return f"quarantined: {service} by the service, {nodes} on the nodes"
+    """Entries quarantined by the service's ingest and by the nodes' forwarders (their ``.error`` files aside)."""
+    def count(spool_dir: str) -> int:
+        d = spool.quarantine_dir(spool_dir)
+        return sum(1 for f in os.listdir(d) if not f.endswith(spool.ERROR)) if os.path.isdir(d) else 0
+
+    nodes = sum(count(os.path.join(base, "nodes", d, "spool")) for d in os.listdir(os.path.join(base, "nodes")))
+    return f"quarantined: {count(os.path.join(base, 'service', 'spool'))} by the service, {nodes} on the nodes"
 
 
 def outage(a: argparse.Namespace, sz: dict[str, int], url: str, base: str, site: Any, running: Running,
@@ -844,9 +831,6 @@ def reads(a: argparse.Namespace, site: Any, hist: dict[str, Any], n_hist: int, m
     """seff-gpu as the heavy user, an ordinary account of this machine (READER), through the service and its
     privacy path: Debian's python3 with a copy of the package, as a login node's install, and a client config
     that names only the service and munged."""
-    import pwd
-
-    user = pwd.getpwnam(READER)
     lib = os.path.join(base, "pylib")
     shutil.copytree(os.path.join(_ROOT, "slurm_gpueff"), os.path.join(lib, "slurm_gpueff"),
                     ignore=shutil.ignore_patterns("__pycache__"))
@@ -859,9 +843,7 @@ def reads(a: argparse.Namespace, site: Any, hist: dict[str, Any], n_hist: int, m
     with open(client, "w") as fh:
         fh.write(f'[site]\ncluster = "{CLUSTER}"\n[service]\napi_url = "http://127.0.0.1:{site.port}"\n'
                  f'munge_socket = "{sock}"\n')
-    subprocess.run(["chmod", "-R", "a+rX", lib, client], check=True)
-    for d in (base, os.path.dirname(client)):
-        os.chmod(d, 0o755)
+    subprocess.run(["chmod", "-R", "a+rX", lib, client], check=True)  # base is 0755 (run())
     env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "PYTHONPATH": lib,
            "GPUEFF_SEFF_VIA": "service", "GPUEFF_CONFIG": client}
     as_user = ["runuser", "-u", READER, "--", "env", "-i", *(f"{k}={v}" for k, v in env.items())]
@@ -903,7 +885,6 @@ def reads(a: argparse.Namespace, site: Any, hist: dict[str, Any], n_hist: int, m
                f"of {a.seff_rounds} rounds of {a.seff_runs} of {READER}'s jobs; {bad} failed; job {stranger} of a user "
                f"{READER} may not see: exit {other.returncode}, {(other.stderr or other.stdout).strip()[:100]!r})",
                f"python3 -c pass as {READER} {1000 * q(bare, 0.5):.0f} ms ({python})", "p99 <= 300 ms")
-    del user
     for flag, who, n in (("-u", hist["heavy_user"], "user"), ("-A", hist["heavy_account"], "account")):
         dt, r = wall([*seff, flag, who, "-S", (datetime.now() - timedelta(days=366)).strftime("%Y-%m-%d")])
         lines = r.stdout.count("\n")
