@@ -26,7 +26,7 @@ from daemons import QUIET, free_port, start_munged
 from slurm_gpueff.access.client import HEALTH_PATH, request
 from slurm_gpueff.config import Config
 from slurm_gpueff.service import tasks
-from slurm_gpueff.service.scheduler import build_scheduler
+from slurm_gpueff.service.scheduler import build_scheduler, run_on_pace
 from slurm_gpueff.service.taskhealth import late
 from slurm_gpueff.storage.db import make_engine
 
@@ -166,6 +166,26 @@ def test_tasks_keep_their_pace_across_steps_of_the_wall_clock(tmp_path):
     assert max(r["concurrent"] for r in runs) == 1
     assert "the wall clock stepped by -3600" in out and "the wall clock stepped by +3600" in out, out[-3000:]
     assert "Traceback" not in out
+
+
+def test_a_scheduled_run_right_behind_the_last_start_is_not_made(tmp_path):
+    """The race behind a burst at a +1 h step: APScheduler fires the task at once, then the clock watch puts
+    its next run one interval after the previous start, which has passed. The scheduler's run is not made
+    within half the interval of the last start; after that it is, and a cron task is never held back."""
+    cfg = Config({"paths": {"database": str(tmp_path / "g.db"), "spool_dir": str(tmp_path / "spool"),
+                            "state_dir": str(tmp_path / "state")}})
+    ctx = tasks.Context(cfg, make_engine(cfg.paths.database))
+    calls: list[str] = []
+    every = tasks.Task("every", lambda _c: calls.append("every") or "ok", 1.0)
+    monthly = tasks.Task("monthly", lambda _c: calls.append("monthly") or "ok", cron={"day": 1, "hour": 6})
+    run_on_pace(ctx, every)
+    run_on_pace(ctx, every)  # 0.0x s later: a burst
+    assert calls == ["every"]
+    time.sleep(0.6)
+    run_on_pace(ctx, every)
+    run_on_pace(ctx, monthly)
+    run_on_pace(ctx, monthly)
+    assert calls == ["every", "every", "monthly", "monthly"]
 
 
 def test_doctor_fails_a_task_that_is_late_and_names_it(tmp_path):

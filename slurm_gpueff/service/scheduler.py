@@ -14,7 +14,9 @@ Scheduling rules, the same for every task:
   time, so a step of the wall clock (NTP stepping it back an hour) would stop every interval task for the
   size of the step. :class:`ClockWatch` compares the wall clock with the monotonic one every second; on a
   step, every interval task's next run is put back where the monotonic clock says it is due (one interval
-  after its last start). Cron tasks keep their wall-clock times, as cron does;
+  after its last start), and no interval task starts again within half its interval of its last start (the
+  run APScheduler fires at a forward step, before the watch sees it, is not followed by a second one).
+  Cron tasks keep their wall-clock times, as cron does;
 - each task's last run and lateness are on ``GET /v1/health``, /metrics and ``gpueff doctor --role
   service`` (service/taskhealth.py);
 - the database's integrity check runs first, before any other task or the API: on a damaged database only
@@ -63,9 +65,22 @@ def build_scheduler(ctx: Context, tasks: list[Task]) -> Any:
         trigger = (IntervalTrigger(seconds=task.interval_s, timezone="UTC") if task.interval_s
                    else CronTrigger(timezone="UTC", **(task.cron or {})))
         first = {"next_run_time": now + timedelta(seconds=first_s(task, n))} if task.at_start else {}
-        sched.add_job(run_task, trigger, args=(ctx, task), id=task.name, name=task.name, replace_existing=True,
+        sched.add_job(run_on_pace, trigger, args=(ctx, task), id=task.name, name=task.name, replace_existing=True,
                       **first)
     return sched
+
+
+def run_on_pace(ctx: Context, task: Task) -> None:
+    """The scheduler's run of ``task``, unless it is an interval task that started less than half its interval
+    ago (monotonic clock). When the wall clock steps forward, APScheduler fires the task at once, and it may do
+    so just before :class:`ClockWatch` sees the step: the run put back one interval after the previous start
+    would then come right behind it."""
+    last = ctx.runs.get(task.name)
+    since = time.monotonic() - last.start_mono if last is not None else None
+    if task.interval_s and since is not None and since < task.interval_s / 2:
+        log.debug("task %s: not run again %.2f s after its last start", task.name, since)
+        return
+    run_task(ctx, task)
 
 
 def first_s(task: Task, n: int) -> float:
