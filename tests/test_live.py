@@ -176,3 +176,32 @@ def test_gpueff_live_command_writes_the_records(site, tmp_path):
                        capture_output=True, text=True, env=env, timeout=60)
     assert p.returncode == 0, p.stderr
     assert "job-31-r0~live-node01.json" in p.stdout and "1 live record(s) written" in p.stdout
+
+
+def test_a_running_job_is_analysed_again_at_most_every_quarter_hour():
+    """Every live record of every running job cleared the job's summary, so a site with 25,000 running jobs
+    asked the service for 83 analyses a second, most of them of figures moved by five minutes. A live record
+    within LIVE_SUMMARY_AGE of the job's last analysis keeps it; a later one, or the final record, has the
+    job analysed again. (merge is pure: no database is needed to show the rule.)"""
+    from datetime import timedelta
+
+    import synthetic
+
+    from slurm_gpueff.storage.merge import LIVE_SUMMARY_AGE, job_key, merge, utc
+
+    rec = record.validate({**synthetic.record(501, gpus=2), "live": True, "exit_code": None, "signal": None})
+    now = utc(rec["end_time"])
+    first = merge([rec], {}, {}, now)
+    key = job_key(rec)
+    assert first.jobs[key]["analyzed_at"] is None and first.jobs[key]["record_source"] == "live"
+
+    def again(analysed_ago: timedelta, later: dict) -> object:
+        stored = {key: {**first.jobs[key], "id": 1, "analyzed_at": now - analysed_ago}}
+        gpus = {key: {s: {**r, "id": i + 1} for i, (s, r) in enumerate(first.gpus[key].items())}}
+        return merge([later], stored, gpus, now).jobs[key]["analyzed_at"]
+
+    newer = {**rec, "end_time": rec["end_time"] + 300}
+    assert again(timedelta(minutes=5), newer) == now - timedelta(minutes=5)  # kept: analysed 5 min ago
+    assert again(LIVE_SUMMARY_AGE, newer) is None  # due again
+    final = record.validate({**synthetic.record(501, gpus=2), "end_time": rec["end_time"] + 600})
+    assert again(timedelta(minutes=1), final) is None  # the job ended: always analysed

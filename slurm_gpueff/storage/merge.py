@@ -7,7 +7,10 @@ outcome whatever order a job's node records arrive in, and again when a record i
 * job: earliest start, latest end, highest exit code and signal, union of nodes and reasons; identity
   fields (user, account, ...) from the records until sacct enrichment has run, which then owns them;
 * a node's GPU rows are replaced by its latest record, keeping their ids (a replay updates in place);
-* ``ingested_at`` is set once; ``analyzed_at`` is cleared so that the job's summary is recomputed;
+* ``ingested_at`` is set once; ``analyzed_at`` is cleared so that the job's summary is recomputed, except
+  by a running job's live record within ``LIVE_SUMMARY_AGE`` of its last analysis: a running job's stored
+  summary (its line in ``-u``/``-A`` tables) is refreshed at most that often, not at every live record of
+  every running job (its card, ``seff-gpu <id>``, is analysed on read from the latest record);
 * a running job's ``live`` records make a row with ``record_source = "live"`` and state RUNNING, each
   snapshot replacing its node's GPU rows; the job's first final record drops every live GPU row and the
   row becomes a hook record; a live record arriving after that changes nothing;
@@ -49,6 +52,8 @@ _JOB_COLS, _GPU_COLS = JOB_COLUMNS, GPU_COLUMNS
 # record that comes after all takes it away.
 LIVE_ONLY = "no final record came from the node: figures up to the job's last live record"
 START_FROM_LIVE = ": start time and figures from the node's last live record"  # in place of START_UNKNOWN
+# How old a running job's stored summary may grow before a live record has it analysed again.
+LIVE_SUMMARY_AGE = timedelta(minutes=15)
 PROVISIONAL_SLACK = timedelta(seconds=300)  # node clocks: a live reading may seem this much after the Epilog
 
 
@@ -251,7 +256,9 @@ def _fold(job: Row, gpus: dict[Spot, Row], rec: Row, node: str, now: datetime) -
         job["state"] = "RUNNING" if job["record_source"] == "live" else _state(job["exit_code"], job["signal"])
     if job["ingested_at"] is None:
         job["ingested_at"] = now
-    job["analyzed_at"] = None  # new data: the stored summary (slurm_gpueff.service.summarize) must be recomputed
+    analyzed = job["analyzed_at"]
+    if final or job["record_source"] != "live" or analyzed is None or now - analyzed >= LIVE_SUMMARY_AGE:
+        job["analyzed_at"] = None  # new data: the stored summary (service/summarize.py) must be recomputed
     return kept
 
 
