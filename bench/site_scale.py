@@ -188,6 +188,7 @@ def history(url: str, n: int, sz: dict[str, int], timeline_days: float, log: Log
         with conn.cursor() as cur:
             cur.execute("SELECT setval(pg_get_serial_sequence('job', 'id'), %s)", (n,))
         conn.commit()
+        sent_log(conn, n, now, accounts)
         t0 = time.perf_counter()
         conn.autocommit = True
         conn.execute("ANALYZE")
@@ -208,6 +209,31 @@ def history(url: str, n: int, sz: dict[str, int], timeline_days: float, log: Log
                "this is the COPY floor", "fast")
     return {"heavy_user": heavy_user, "heavy_account": heavy_account, "copy_rows_per_s": (n + n_gpu) / (t_job + t_gpu),
             "users": users, "home": home, "first_id": n + 1}
+
+
+def sent_log(conn: Any, n: int, now: float, accounts: list[str]) -> None:
+    """The reports' sent-log of a site whose service has run all year: the cards of the history's jobs that
+    are still in ``[reports] card_lookback_h``, and last month's summaries, were written (dry run, as the
+    bench's service runs). Without it the service's first card pass would render 48 hours of history's cards
+    at once, and its start would write last month's summaries, which a running site did on the 1st; the
+    monthly pass is timed on its own below (its rows deleted first)."""
+    from slurm_gpueff.config import Config
+
+    lookback = Config({}).reports.card_lookback_h * 3600
+    first = max(1, int(n - (lookback + 600) * n / (365 * DAY)) - 1)  # ids are in end-time order
+    at = datetime.fromtimestamp(now, UTC).replace(tzinfo=None)
+    month = (at.replace(day=1) - timedelta(days=1)).strftime("%Y-%m")
+    with conn.cursor() as cur:
+        carded = cur.execute('SELECT id, "user" FROM job WHERE id >= %s', (first,)).fetchall()
+        with cur.copy('COPY report_log (kind, subject, dry_run, job_pk, "user", recipients, status, attempts, '
+                      "created_at, sent_at) FROM STDIN") as cp:
+            for jid, user in carded:
+                cp.write_row(("card", f"{CLUSTER}:{jid}", True, jid, user, f"{user}@site", "dry-run", 1, at, at))
+        with cur.copy("COPY report_log (kind, subject, dry_run, recipients, status, attempts, created_at, sent_at) "
+                      "FROM STDIN") as cp:
+            for label in [*accounts, "*"]:
+                cp.write_row(("monthly", f"{month}:{label}", True, "lead@site", "dry-run", 1, at, at))
+    conn.commit()
 
 
 def reused_history(url: str, sz: dict[str, int], log: Log) -> dict[str, Any]:
