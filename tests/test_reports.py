@@ -249,6 +249,33 @@ def test_no_summary_is_sent_for_a_month_without_jobs(tmp_path, smtp_server):
     assert "monthly 2026-10 *: no jobs ended in the month; nothing sent" in res.lines, res.lines
 
 
+def test_a_month_already_written_is_not_built_again(tmp_path, monkeypatch):
+    """The service runs the monthly task at every start (a missed 1st is caught up): at a site with 500
+    accounts it built every summary again, 5 minutes of work, only to find each one in the sent-log. A second
+    run builds none and says each is already written."""
+    now = 1.7e9 + 40 * 86400  # 2023-12-24
+    jobs = [dict(job_id=400 + n, profile="idle", user=u, account=a, hours=2.0, ended_ago_h=2, now=now)
+            for n, (u, a) in enumerate([("u1", "acc"), ("u2", "other")])]
+    engine = make_db(tmp_path, jobs)
+    cfg = config(tmp_path, coordinators_as_leads=False)
+    built: list[str | None] = []
+    real = runner.build_summary
+
+    def counted(session, config, month, account):  # noqa: ANN001, ANN202
+        built.append(account)
+        return real(session, config, month, account)
+
+    monkeypatch.setattr(runner, "build_summary", counted)
+    first = runner.send_monthly(cfg, engine, month="2023-12", dry_run=True)
+    assert sorted(built, key=str) == [None, "acc", "other"], first.lines
+    built.clear()
+    again = runner.send_monthly(cfg, engine, month="2023-12", dry_run=True)
+    assert built == [], built
+    assert {"monthly 2023-12 acc: already written", "monthly 2023-12 other: already written",
+            "monthly 2023-12 *: already written"} <= set(again.lines), again.lines
+    engine.dispose()
+
+
 def test_the_runs_account_writes_control_characters_as_escapes(tmp_path):
     """`gpueff report cards` prints a line per card; the user name comes from the job (and the terminal of the admin
     who runs it must not take an ESC from it): a user without a usable address is skipped, and the line names them

@@ -267,14 +267,18 @@ def send_monthly(config: Config, engine: Engine, *, month: str | None = None, ac
                 result.say(f"no recipients for {'account ' + acc if acc else 'the site summary'} "
                                     f"({'[leads] or coordinators' if acc else 'reports.admins'}); not sent")
                 continue
+            done = f"monthly {month} {label}: already {'written' if dry else 'sent'}"
+            if sentlog.logged(session, kind="monthly", subject=f"{month}:{label}", dry_run=dry):
+                result.say(done)  # not built again: the service's start-up run over a sent month is quick
+                continue
             summary = build_summary(session, config, month, acc)
             if summary.context["jobs"] == 0:  # nothing to say (a new install's first month): never an empty one
                 result.say(f"monthly {month} {label}: no jobs ended in the month; nothing sent")
                 continue
             row = sentlog.claim(session, kind="monthly", subject=f"{month}:{label}", dry_run=dry, now=now,
                                 recipients=",".join(to))
-            if row is None:
-                result.say(f"monthly {month} {label}: already {'written' if dry else 'sent'}")
+            if row is None:  # another runner claimed it while this one built it
+                result.say(done)
                 continue
             parts = message.parts(summary, "monthly-chart", "summary")
             folder = _archive_dir(rep, "monthly", start, label if acc is not None else "site", dry)

@@ -38,6 +38,14 @@ def claim(session: Session, *, kind: str, subject: str, dry_run: bool, now: date
     return row
 
 
+def logged(session: Session, *, kind: str, subject: str, dry_run: bool) -> bool:
+    """Whether the message has its row already (sent, written, skipped or being sent): asked before a message
+    is built, so that a run over messages already sent builds none of them again."""
+    stmt = select(ReportLog.id).where(ReportLog.kind == kind, ReportLog.subject == subject,
+                                      ReportLog.dry_run == dry_run)
+    return session.exec(stmt).first() is not None
+
+
 def cards_in_last_day(session: Session, user: str, dry_run: bool, now: datetime) -> int:
     """Cards for ``user`` in the 24 hours before ``now`` (skipped ones do not count)."""
     stmt = select(func.count()).select_from(ReportLog).where(
