@@ -214,21 +214,34 @@ def history(url: str, n: int, sz: dict[str, int], timeline_days: float, log: Log
 def sent_log(conn: Any, n: int, now: float, accounts: list[str]) -> None:
     """The reports' sent-log of a site whose service has run all year: the cards of the history's jobs that
     are still in ``[reports] card_lookback_h``, and last month's summaries, were written (dry run, as the
-    bench's service runs). Without it the service's first card pass would render 48 hours of history's cards
-    at once, and its start would write last month's summaries, which a running site did on the 1st; the
-    monthly pass is timed on its own below (its rows deleted first)."""
+    bench's service runs), each card at the pass after its job's end, up to the rate limit of cards a user a
+    day (the others skipped, as the service skips them). Without it the service's first card pass would
+    render 48 hours of history's cards at once, and its start would write last month's summaries, which a
+    running site did on the 1st; the monthly pass is timed on its own below (its rows deleted first)."""
     from slurm_gpueff.config import Config
 
-    lookback = Config({}).reports.card_lookback_h * 3600
+    rep = Config({}).reports
+    lookback, most = rep.card_lookback_h * 3600, rep.card_max_per_user_per_day
     first = max(1, int(n - (lookback + 600) * n / (365 * DAY)) - 1)  # ids are in end-time order
     at = datetime.fromtimestamp(now, UTC).replace(tzinfo=None)
     month = (at.replace(day=1) - timedelta(days=1)).strftime("%Y-%m")
     with conn.cursor() as cur:
-        carded = cur.execute('SELECT id, "user" FROM job WHERE id >= %s', (first,)).fetchall()
-        with cur.copy('COPY report_log (kind, subject, dry_run, job_pk, "user", recipients, status, attempts, '
-                      "created_at, sent_at) FROM STDIN") as cp:
-            for jid, user in carded:
-                cp.write_row(("card", f"{CLUSTER}:{jid}", True, jid, user, f"{user}@site", "dry-run", 1, at, at))
+        due = " AND verdict IS NOT NULL AND verdict <> 'healthy'" if rep.card_only_unhealthy else ""
+        carded = cur.execute(f'SELECT id, "user", end_time FROM job WHERE id >= %s AND gpu_hours >= %s{due} '
+                             "ORDER BY id", (first, rep.card_min_gpu_hours)).fetchall()
+        written: dict[str, list[datetime]] = {}  # user -> when each card was written: the rate limit's count
+        with cur.copy('COPY report_log (kind, subject, dry_run, job_pk, "user", recipients, status, reason, '
+                      "attempts, created_at, sent_at) FROM STDIN") as cp:
+            for jid, user, end in carded:
+                when = end + timedelta(minutes=5)  # the next card pass after the job's end
+                mine = written.setdefault(user, [])
+                if most and sum(1 for t in mine[-most:] if t > when - timedelta(hours=24)) >= most:
+                    cp.write_row(("card", f"{CLUSTER}:{jid}", True, jid, user, f"{user}@site", "skipped",
+                                  f"rate limit: {most} cards per user per day", 0, when, None))
+                    continue
+                mine.append(when)
+                cp.write_row(("card", f"{CLUSTER}:{jid}", True, jid, user, f"{user}@site", "dry-run", None, 1,
+                              when, when))
         with cur.copy("COPY report_log (kind, subject, dry_run, recipients, status, attempts, created_at, sent_at) "
                       "FROM STDIN") as cp:
             for label in [*accounts, "*"]:
