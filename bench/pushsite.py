@@ -3,6 +3,7 @@ on a loopback TCP port, and node configs that point ``gpueff forward`` at it. Ro
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
@@ -80,16 +81,52 @@ def node_name(i: int) -> str:
     return f"gpu{i:05d}"
 
 
+_NAMES = re.compile(rb'\{"name":"([^"]+)","record":')
+
+
+def trace_pushes(base: str, first: int) -> None:
+    """Each push of this process's forwarders traced into ``base``/pushes-``first``.tsv, a line a push: when it
+    was sent and answered (wall clock), its status, and for each record in it how long it had waited in its
+    node's spool (since its file was last written) when the push was sent: a record's lag split into its wait
+    on the node and its push's time in the service. The forwarder's own push call is wrapped, unchanged."""
+    from slurm_gpueff.node import push
+
+    out = open(os.path.join(base, f"pushes-{first}.tsv"), "a", buffering=1)  # noqa: SIM115 - the process's life
+    post = push.post_signed  # type: ignore[attr-defined]
+    lock = threading.Lock()
+
+    def traced(service: Any, path: str, body: bytes, **kw: Any) -> Any:
+        t0 = time.time()
+        spool_in = os.path.join(base, "nodes", threading.current_thread().name, "spool", "incoming")
+        waits = []
+        for name in _NAMES.findall(body):
+            with contextlib.suppress(OSError):  # gone meanwhile: replaced by a newer snapshot
+                waits.append(t0 - os.stat(os.path.join(spool_in, name.decode())).st_mtime)
+        status = "-"
+        try:
+            reply = post(service, path, body, **kw)
+            status = str(reply.status)
+            return reply
+        finally:
+            line = f"{t0:.3f}\t{time.time():.3f}\t{status}\t{','.join(f'{w:.2f}' for w in waits)}\n"
+            with lock:
+                out.write(line)
+
+    push.post_signed = traced  # type: ignore[attr-defined]
+
+
 def run_nodes(first: int, count: int, base: str, service: dict[str, object], stop: Any, cluster: str,
-              nice: int = 0) -> None:
+              nice: int = 0, trace: bool = False) -> None:
     """``count`` simulated nodes' forwarders (the real loop, node/push.py) as threads of this process, each on
     its own spool under ``base``/nodes, until ``stop`` (a multiprocessing Event) is set; at ``nice`` (their
-    ``munge`` commands too)."""
+    ``munge`` commands too); ``trace``: each push traced (:func:`trace_pushes`)."""
     from slurm_gpueff.config import Config
     from slurm_gpueff.node.push import run_forwarder
 
     if nice:
         os.nice(nice)
+    if trace:
+        trace_pushes(base, first)
 
     logging.basicConfig(filename=os.path.join(base, f"nodes-{first}.log"), level=logging.WARNING)
     halt = threading.Event()
@@ -98,7 +135,7 @@ def run_nodes(first: int, count: int, base: str, service: dict[str, object], sto
         d = os.path.join(base, "nodes", node_name(i))
         cfg = Config({"site": {"cluster": cluster}, "paths": {"spool_dir": f"{d}/spool", "state_dir": f"{d}/run"},
                       "service": service})
-        threads.append(threading.Thread(target=run_forwarder, args=(cfg, halt), daemon=True))
+        threads.append(threading.Thread(target=run_forwarder, args=(cfg, halt), daemon=True, name=node_name(i)))
     random.shuffle(threads)
     interval = float(service["forward_interval_s"])  # type: ignore[arg-type]
     for t in threads:  # nodes boot at different times

@@ -423,6 +423,32 @@ class Writer:
                     self.lags.append(now - t)
 
 
+def push_split(base: str, since: float, until: float) -> str:
+    """The lag of the records pushed between ``since`` and ``until`` split in two, from the nodes' push traces
+    (pushsite.trace_pushes): how long each record had waited on its node when its push was sent (the
+    forwarder's interval, its turn after "busy", and the node's own CPU), and how long the pushes took in the
+    service (the credential, a push slot, the store, the answer)."""
+    waits: list[float] = []
+    took: dict[str, list[float]] = {}
+    for name in os.listdir(base):
+        if not (name.startswith("pushes-") and name.endswith(".tsv")):
+            continue
+        with open(os.path.join(base, name)) as fh:
+            for line in fh:
+                f = line.rstrip("\n").split("\t")
+                if len(f) != 4 or not since <= float(f[0]) <= until:
+                    continue
+                took.setdefault(f[2], []).append(float(f[1]) - float(f[0]))
+                if f[2] == "200" and f[3]:
+                    waits.extend(float(w) for w in f[3].split(","))
+    waits.sort()
+    ok = sorted(took.get("200", []))
+    other = ", ".join(f"{len(v):,} answered {k}" for k, v in sorted(took.items()) if k != "200")
+    return (f"on the node before its push: p50 {q(waits, 0.5):.1f} s, p99 {q(waits, 0.99):.1f} s over {len(waits):,} "
+            f"records; a push in the service: p50 {q(ok, 0.5):.2f} s, p99 {q(ok, 0.99):.2f} s, max "
+            f"{ok[-1] if ok else float('nan'):.2f} s over {len(ok):,} pushes stored{'; ' + other if other else ''}")
+
+
 GROWTH_TABLES = ("job", "job_gpu", "job_gpu_timeline", "live_sample", "rollup_pending", "usage_rollup", "report_log",
                  "alert_log")
 
@@ -577,6 +603,7 @@ def steady(a: argparse.Namespace, sz: dict[str, int], url: str, base: str, runni
                f"of jobs, {ends:,} final; "
                f"{len(w.pending)} not acknowledged, {w.replaced} live snapshots replaced while waiting)",
                f"forward_interval_s {a.interval:g}", "p99 < 60 s")
+    log.figure("ingest lag, split", push_split(base, t0, t_end), "", "-")
     log.figure("service CPU at steady load", f"{100 * cpu / (t_end - t0):.1f} % of one core "
                f"({1000 * cpu / max(1, len(lags)):.2f} ms per record), every task on", "", "-")
     third = t0 + 2 * a.steady / 3
@@ -716,6 +743,7 @@ def outage(a: argparse.Namespace, sz: dict[str, int], url: str, base: str, site:
                f"{service_side}; {cpu_note}",
                f"COPY {hist['copy_rows_per_s']:,.0f} rows/s" if hist["copy_rows_per_s"] else "",
                "<= 5 min, 0 lost, 0 duplicated")
+    log.figure("backlog drain, split", push_split(base, t0, t0 + drain), "", "-")
     return pid
 
 
@@ -963,6 +991,8 @@ def main() -> int:
     ap.add_argument("--interval", type=float, default=15.0, help="[service] forward_interval_s (default 15)")
     ap.add_argument("--backoff", type=float, default=120.0,
                     help="[service] forward_max_backoff_s (default 120, the product's default)")
+    ap.add_argument("--history", type=int, metavar="JOBS",
+                    help="jobs of history instead of the scale's (a diagnostic run: its figures are not the scale's)")
     ap.add_argument("--timeline-days", type=float, default=7.0, help="history days that keep their timelines")
     ap.add_argument("--drain-limit", type=float, default=1800.0)
     ap.add_argument("--seff-runs", type=int, default=1000, help="seff-gpu JOBID samples a round (default 1000)")
@@ -992,6 +1022,10 @@ def main() -> int:
         a.seff_runs = min(a.seff_runs, 100)
     a.steady = a.steady or 2 * a.live_period
     sz = sizes(a.scale)
+    if a.history:
+        sz["history"] = a.history
+        sz["heavy_user"] = min(sz["heavy_user"], a.history // 200)
+        sz["heavy_account"] = min(sz["heavy_account"], a.history)
     log = Log()
     log.say(f"scale {a.scale:g}: {json.dumps(sz)}")
     from slurm_gpueff.storage import migrate
@@ -1061,7 +1095,8 @@ def run(a: argparse.Namespace, sz: dict[str, int], log: Log, migrate: Any, make_
         spool.ensure_dirs(os.path.join(base, "nodes", node_name(i), "spool"))
     stop = mp.Event()
     per = -(-sz["nodes"] // a.procs)
-    workers = [mp.Process(target=run_nodes, args=(f, min(per, sz["nodes"] - f), base, service, stop, CLUSTER, 19))
+    workers = [mp.Process(target=run_nodes, args=(f, min(per, sz["nodes"] - f), base, service, stop, CLUSTER, 19,
+                                                  True))
                for f in range(0, sz["nodes"], per)]
     for w in workers:
         w.start()
