@@ -7,11 +7,20 @@ socket) can put a uid in it: nobody can claim to be another. munged encrypts the
 key, decodes a credential restricted to a uid (``--restrict-uid``) only for that uid, and refuses one
 decoded twice ("replayed") or past its time-to-live ("expired").
 
-Stdlib only, every call bounded in time; a failure is a :class:`MungeError` saying why in one line.
+Through libmunge (MUNGE's own client library, ``libmunge.so.2``, installed with munge on every host) when it
+loads, else through the ``munge`` and ``unmunge`` commands, which are its clients: the same munged, the same
+credentials and errors. In process it costs a round trip to munged; a command costs a fork and an exec as
+well, twice for each request and twice for each answer, which at a site's rate (every node's pushes, every
+``seff-gpu``) was most of the CPU a push took on the node and much of it on the service host.
+
+Stdlib only (ctypes), every call bounded in time (a command by ``timeout_s``, the library by its own socket
+timeouts, a few seconds); a failure is a :class:`MungeError` saying why in one line.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import shutil
 import subprocess
 from typing import NamedTuple
@@ -65,11 +74,110 @@ def _reason(name: str, stderr: str, rc: int) -> str:
     return text
 
 
+# munge.h: the options of a context this module sets, and the errors it tells apart
+_OPT_SOCKET = 8
+_OPT_UID_RESTRICTION = 9
+
+
+class Library:
+    """libmunge's calls as this module makes them: a context for each call (a context is not thread-safe;
+    the calls are), the socket and uid restriction set on it, the error's text from the context (munge's
+    own words, as its commands print them). ctypes releases the GIL for each call: other threads run while
+    munged answers."""
+
+    def __init__(self, lib: ctypes.CDLL, libc: ctypes.CDLL):
+        self.lib, self.libc = lib, libc
+        lib.munge_ctx_create.restype = ctypes.c_void_p
+        lib.munge_ctx_create.argtypes = []
+        lib.munge_ctx_destroy.restype = None
+        lib.munge_ctx_destroy.argtypes = [ctypes.c_void_p]
+        lib.munge_ctx_strerror.restype = ctypes.c_char_p
+        lib.munge_ctx_strerror.argtypes = [ctypes.c_void_p]
+        lib.munge_strerror.restype = ctypes.c_char_p
+        lib.munge_strerror.argtypes = [ctypes.c_int]
+        lib.munge_ctx_set.restype = ctypes.c_int  # variadic: its arguments are typed at each call
+        lib.munge_encode.restype = ctypes.c_int
+        lib.munge_encode.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int]
+        lib.munge_decode.restype = ctypes.c_int
+        lib.munge_decode.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p),
+                                     ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_uint),
+                                     ctypes.POINTER(ctypes.c_uint)]
+        libc.free.restype = None
+        libc.free.argtypes = [ctypes.c_void_p]
+
+    def _context(self, socket: str, for_uid: int | None) -> int:
+        ctx = self.lib.munge_ctx_create()
+        if not ctx:
+            raise MungeError("libmunge cannot make a context (out of memory)")
+        try:
+            if socket:
+                self._set(ctx, ctypes.c_int(_OPT_SOCKET), ctypes.c_char_p(socket.encode()))
+            if for_uid is not None:
+                self._set(ctx, ctypes.c_int(_OPT_UID_RESTRICTION), ctypes.c_uint(for_uid))
+        except MungeError:
+            self.lib.munge_ctx_destroy(ctx)
+            raise
+        return int(ctx)
+
+    def _set(self, ctx: int, opt: ctypes.c_int, value: ctypes.c_char_p | ctypes.c_uint) -> None:
+        rc = self.lib.munge_ctx_set(ctypes.c_void_p(ctx), opt, value)
+        if rc:
+            raise MungeError(f"libmunge refuses an option: {self._why(ctx, rc)}")
+
+    def _why(self, ctx: int, rc: int) -> str:
+        text = self.lib.munge_ctx_strerror(ctx) or self.lib.munge_strerror(rc) or b""
+        return text.decode("utf-8", "replace") or f"error {rc}"
+
+    def encode(self, payload: bytes, socket: str, for_uid: int | None) -> str:
+        ctx = self._context(socket, for_uid)
+        cred = ctypes.c_void_p()
+        try:
+            rc = self.lib.munge_encode(ctypes.byref(cred), ctx, payload, len(payload))
+            if rc:
+                raise MungeError(f"munge cannot make a credential: {self._why(ctx, rc)}")
+            return ctypes.string_at(cred.value).decode("ascii") if cred.value else ""
+        finally:
+            if cred.value:
+                self.libc.free(cred)
+            self.lib.munge_ctx_destroy(ctx)
+
+    def decode_at(self, credential: str, socket: str) -> tuple[int, str, Decoded | None]:
+        """(munge_err_t, munge's reason, what was decoded when it is 0)."""
+        ctx = self._context(socket, None)
+        buf, size, uid, gid = ctypes.c_void_p(), ctypes.c_int(), ctypes.c_uint(), ctypes.c_uint()
+        try:
+            rc = self.lib.munge_decode(credential.encode("ascii"), ctx, ctypes.byref(buf), ctypes.byref(size),
+                                       ctypes.byref(uid), ctypes.byref(gid))
+            payload = ctypes.string_at(buf.value, size.value) if buf.value and size.value > 0 else b""
+            if rc:
+                return rc, self._why(ctx, rc), None
+            return 0, "", Decoded(uid.value, gid.value, payload)
+        finally:
+            if buf.value:
+                self.libc.free(buf)
+            self.lib.munge_ctx_destroy(ctx)
+
+
+@functools.cache
+def library() -> Library | None:
+    """libmunge, once per process; None where it does not load (the commands are used then)."""
+    try:
+        return Library(ctypes.CDLL("libmunge.so.2"), ctypes.CDLL(None))
+    except (OSError, AttributeError):
+        return None
+
+
 def encode(payload: bytes, socket: str = "", timeout_s: float = TIMEOUT_S, *, for_uid: int | None = None) -> str:
     """A credential for ``payload`` (at most :data:`MAX_PAYLOAD` bytes) from the local munged, naming the
     calling process's uid; with ``for_uid``, only that uid can decode it (and read the payload)."""
     if len(payload) > MAX_PAYLOAD:
         raise ValueError(f"a credential carries at most {MAX_PAYLOAD} bytes, not {len(payload)}")
+    lib = library()
+    if lib is not None:
+        cred = lib.encode(payload, socket, for_uid)
+        if not cred.startswith("MUNGE:"):
+            raise MungeError("munge cannot make a credential: libmunge gave none")
+        return cred
     restrict = ["--restrict-uid", str(for_uid)] if for_uid is not None else []
     try:
         p = subprocess.run([*_command("munge", socket), *restrict], input=payload, capture_output=True,
@@ -90,6 +198,14 @@ def decode(credential: str, socket: str = "", timeout_s: float = TIMEOUT_S) -> D
     munged down) otherwise."""
     if not credential.startswith("MUNGE:") or not credential.isascii() or not credential.isprintable():
         raise CredentialRefused("not a MUNGE credential")
+    lib = library()
+    if lib is not None:
+        rc, why, decoded = lib.decode_at(credential, socket)
+        if decoded is not None:
+            return decoded
+        if rc in REFUSED:
+            raise CredentialRefused(f"credential refused: {REFUSED[rc]}")
+        raise MungeError(f"unmunge failed: {why}")
     try:
         p = subprocess.run([*_command("unmunge", socket), "--numeric"], input=credential.encode(),
                            capture_output=True, timeout=timeout_s, check=False)
