@@ -107,6 +107,9 @@ def trace_pushes(base: str, first: int) -> None:
             reply = post(service, path, body, **kw)
             status = str(reply.status)
             return reply
+        except Exception as exc:  # the forwarder's to handle; its reason kept, in one field, for the split
+            status = f"- {type(exc).__name__}: {' '.join(str(exc).split())}"[:300]
+            raise
         finally:
             line = f"{t0:.3f}\t{time.time():.3f}\t{status}\t{','.join(f'{w:.2f}' for w in waits)}\n"
             with lock:
