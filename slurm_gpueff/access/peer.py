@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import socket
 import struct
 from typing import NamedTuple
@@ -55,7 +56,7 @@ def peer_uid(sock: socket.socket) -> int | None:
         them = _endpoint(sock.getpeername())
     except (OSError, ValueError, AttributeError):
         return None
-    for local, remote, _state, uid, _inode in _tcp_sockets():
+    for local, remote, _state, uid, _inode in _tcp_sockets((them[1], me[1])):
         if local == them and remote == me:
             return uid
     return None
@@ -89,15 +90,21 @@ def _endpoint(addr: tuple[str, int] | tuple[str, int, int, int]) -> _Endpoint:
     return ip, int(addr[1])
 
 
-def _tcp_sockets() -> list[tuple[_Endpoint, _Endpoint, str, int, int]]:
-    """Every TCP socket the kernel lists: (local, remote, state, uid, inode)."""
+def _tcp_sockets(ports: tuple[int, int] | None = None) -> list[tuple[_Endpoint, _Endpoint, str, int, int]]:
+    """Every TCP socket the kernel lists: (local, remote, state, uid, inode); with ``ports`` (local, remote),
+    only those between these ports. A client asks at every request, and a host's table can hold thousands of
+    sockets (a node of a distributed job, a site bench's nodes on one host): the lines are picked from the
+    table's text by their ports first, so only those few are parsed."""
+    pick = None if ports is None else re.compile(
+        rf"^ *\d+: [0-9A-F]+:{ports[0]:04X} [0-9A-F]+:{ports[1]:04X} .*$", re.MULTILINE)
     out = []
     for table in TCP_TABLES:
         try:
             with open(table, encoding="ascii") as fh:
-                lines = fh.read().splitlines()[1:]
+                text = fh.read()
         except OSError:
             continue
+        lines = text.splitlines()[1:] if pick is None else pick.findall(text)
         for line in lines:
             f = line.split()
             try:
