@@ -443,10 +443,10 @@ def push_split(base: str, since: float, until: float) -> str:
                     waits.extend(float(w) for w in f[3].split(","))
     waits.sort()
     ok = sorted(took.get("200", []))
-    failed = Counter(k for k, v in took.items() for _ in v if k.startswith("-"))
-    other = ", ".join(f"{len(v):,} answered {k}" for k, v in sorted(took.items()) if k != "200" and k[0] != "-")
+    failed = Counter({k: len(v) for k, v in took.items() if k.startswith("-")})
+    other = ", ".join(f"{len(v):,} answered {k}" for k, v in sorted(took.items()) if k != "200" and k not in failed)
     if failed:
-        other += (", " if other else "") + f"{sum(failed.values()):,} not answered (" + "; ".join(
+        other += (", " if other else "") + f"{failed.total():,} not answered (" + "; ".join(
             f"{n:,}x {k[2:]}" for k, n in failed.most_common(3)) + ")"
     return (f"on the node before its push: p50 {q(waits, 0.5):.1f} s, p99 {q(waits, 0.99):.1f} s over {len(waits):,} "
             f"records; a push in the service: p50 {q(ok, 0.5):.2f} s, p99 {q(ok, 0.99):.2f} s, max "

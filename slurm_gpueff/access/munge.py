@@ -74,7 +74,7 @@ def _reason(name: str, stderr: str, rc: int) -> str:
     return text
 
 
-# munge.h: the options of a context this module sets, and the errors it tells apart
+# munge.h: the options of a context this module sets
 _OPT_SOCKET = 8
 _OPT_UID_RESTRICTION = 9
 
@@ -203,9 +203,7 @@ def decode(credential: str, socket: str = "", timeout_s: float = TIMEOUT_S) -> D
         rc, why, decoded = lib.decode_at(credential, socket)
         if decoded is not None:
             return decoded
-        if rc in REFUSED:
-            raise CredentialRefused(f"credential refused: {REFUSED[rc]}")
-        raise MungeError(f"unmunge failed: {why}")
+        raise _decode_failed(rc, why)
     try:
         p = subprocess.run([*_command("unmunge", socket), "--numeric"], input=credential.encode(),
                            capture_output=True, timeout=timeout_s, check=False)
@@ -214,10 +212,16 @@ def decode(credential: str, socket: str = "", timeout_s: float = TIMEOUT_S) -> D
     except OSError as exc:
         raise MungeError(f"cannot run unmunge: {exc.strerror or exc}") from None
     if p.returncode != 0:
-        if p.returncode in REFUSED:
-            raise CredentialRefused(f"credential refused: {REFUSED[p.returncode]}")
-        raise MungeError(f"unmunge failed: {_reason('unmunge', p.stderr.decode('utf-8', 'replace'), p.returncode)}")
+        raise _decode_failed(p.returncode, _reason("unmunge", p.stderr.decode("utf-8", "replace"), p.returncode))
     return parse_unmunge(p.stdout)
+
+
+def _decode_failed(rc: int, why: str) -> MungeError:
+    """A decode's failure, the library's or the command's (its exit status is munge_err_t): a credential
+    munged refused, or munge's own reason why it could not be decoded."""
+    if rc in REFUSED:
+        return CredentialRefused(f"credential refused: {REFUSED[rc]}")
+    return MungeError(f"unmunge failed: {why}")
 
 
 def parse_unmunge(out: bytes) -> Decoded:
