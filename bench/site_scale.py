@@ -618,11 +618,19 @@ def steady(a: argparse.Namespace, sz: dict[str, int], url: str, base: str, runni
     n_jobs = growth.conn.execute("SELECT count(*) FROM job").fetchone()[0]
     per_job = growth.samples[-1]["db"] / max(1, n_jobs)
     extra = (FULL["ends_per_h"] - sz["ends_per_h"]) * 24 * per_job
+    # The running jobs' churn (dead versions until autovacuum, live samples up to their window) scales with
+    # the running jobs, which a smaller scale divides too: the whole rate times the scale's inverse is the
+    # projection that assumes nothing about which part has settled.
+    linear = rate * DAY * FULL["running"] / max(1, sz["running"])
+    recent = [r["live_samples"] for r in growth.samples if r["t"] >= third]
     log.figure("database growth at steady load", f"{rate * DAY / 1e9:.2f} GB/day over the last third "
                f"({span:.0f} s; over the whole run {first_rate * DAY / 1e9:.2f} GB/day) at {live_rate:.0f} live "
                f"updates/s and {sz['ends_per_h']:,} ends/h; at the full {FULL['ends_per_h']:,} ends/h, "
                f"+{extra / 1e9:.2f} GB/day of finished jobs' data ({per_job:,.0f} B a job here) = "
-               f"{(rate * DAY + extra) / 1e9:.2f} GB/day; {growth.hot('job', t0)}, {growth.hot('job_gpu', t0)}; "
+               f"{(rate * DAY + extra) / 1e9:.2f} GB/day; all of it scaled by running jobs, "
+               f"{linear / 1e9:.2f} GB/day; live samples over the last third {min(recent, default=0):,} to "
+               f"{max(recent, default=0):,} (bounded by [alerts] window_min); "
+               f"{growth.hot('job', t0)}, {growth.hot('job_gpu', t0)}; "
                f"by table over the last third: {growth.by_table(third)}; "
                f"live samples {growth.samples[-1]['live_samples']:,} (max "
                f"{max(r['live_samples'] for r in growth.samples):,}); {growth.bloat()}", "", "<= 2 GB/day")
