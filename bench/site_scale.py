@@ -75,6 +75,7 @@ FULL = {"nodes": 6250, "running": 25000, "ends_per_h": 6000, "history": 10_000_0
 SHAPES = ((1, 1), (1, 1), (1, 1), (1, 2), (1, 2), (1, 4), (1, 4), (1, 8), (2, 4), (1, 1))
 GPUS = tuple(n * g for n, g in SHAPES)
 CLUSTER = "scale"
+LIVE_PERIOD_S = 300.0  # [agent] live_interval_s, the default: one live record a running job every five minutes
 DAY = 86400.0
 TIMELINE_POINTS = 100  # the most a record carries (node.integrals.timeline_points); jobs over 100 min do
 
@@ -619,15 +620,16 @@ def steady(a: argparse.Namespace, sz: dict[str, int], url: str, base: str, runni
     per_job = growth.samples[-1]["db"] / max(1, n_jobs)
     extra = (FULL["ends_per_h"] - sz["ends_per_h"]) * 24 * per_job
     # The running jobs' churn (dead versions until autovacuum, live samples up to their window) scales with
-    # the running jobs, which a smaller scale divides too: the whole rate times the scale's inverse is the
-    # projection that assumes nothing about which part has settled.
-    linear = rate * DAY * FULL["running"] / max(1, sz["running"])
+    # the live updates a second, which a smaller scale (or a shorter live period) changes too: the whole rate
+    # times their ratio is the projection that assumes nothing about which part has settled.
+    linear = rate * DAY * (FULL["running"] / LIVE_PERIOD_S) / live_rate
     recent = [r["live_samples"] for r in growth.samples if r["t"] >= third]
     log.figure("database growth at steady load", f"{rate * DAY / 1e9:.2f} GB/day over the last third "
                f"({span:.0f} s; over the whole run {first_rate * DAY / 1e9:.2f} GB/day) at {live_rate:.0f} live "
                f"updates/s and {sz['ends_per_h']:,} ends/h; at the full {FULL['ends_per_h']:,} ends/h, "
                f"+{extra / 1e9:.2f} GB/day of finished jobs' data ({per_job:,.0f} B a job here) = "
-               f"{(rate * DAY + extra) / 1e9:.2f} GB/day; all of it scaled by running jobs, "
+               f"{(rate * DAY + extra) / 1e9:.2f} GB/day; all of it scaled by live updates/s to the full "
+               f"{FULL['running'] / LIVE_PERIOD_S:.0f}/s, "
                f"{linear / 1e9:.2f} GB/day; live samples over the last third {min(recent, default=0):,} to "
                f"{max(recent, default=0):,} (bounded by [alerts] window_min); "
                f"{growth.hot('job', t0)}, {growth.hot('job_gpu', t0)}; "
@@ -999,7 +1001,7 @@ def main() -> int:
     ap.add_argument("--scale", type=float, default=1.0, help="of the full load (0.1: a tenth)")
     ap.add_argument("--quick", action="store_true", help="a hundredth, 30-s live period: under 5 minutes")
     ap.add_argument("--steady", type=float, help="seconds of steady load (default: two live periods)")
-    ap.add_argument("--live-period", type=float, default=300.0)
+    ap.add_argument("--live-period", type=float, default=LIVE_PERIOD_S)
     ap.add_argument("--interval", type=float, default=15.0, help="[service] forward_interval_s (default 15)")
     ap.add_argument("--backoff", type=float, default=120.0,
                     help="[service] forward_max_backoff_s (default 120, the product's default)")

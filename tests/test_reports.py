@@ -289,3 +289,60 @@ def test_the_runs_account_writes_control_characters_as_escapes(tmp_path):
     (line,) = result.lines
     assert line.startswith("skipped card ") and "mal\\u001b[2J\\u0007lory\\u202e" in line, line
     assert not any(ch in line for ch in "\x1b\x07\u202e"), line
+
+
+def test_cards_wait_for_the_pushes_and_the_analysis(tmp_path):
+    """The service's card pass calls, before each card it renders, the API's make_way and then waits while
+    a task that analyses stored jobs (ingest, enrich) runs, at most CARD_WAIT_S: after an outage the
+    backlog's jobs all become due for a card at once, and their charts shared the interpreter with the
+    stores and the analysis the backlog waits on. Here the ingest task runs for 0.6 s in another thread:
+    the first card is written only after it ended, and make_way was asked once per card."""
+    import threading
+    import time
+
+    from slurm_gpueff.service import tasks
+
+    engine = make_db(tmp_path, [dict(job_id=n, profile="one-of-n-gpus", user=f"u{n}", account="a", gpus=2, hours=2)
+                                for n in (7, 8)])
+    cfg = config(tmp_path, cards=True)
+    cfg = Config({**cfg.as_dict(), "mail": {**cfg.as_dict()["mail"], "dry_run": True}})
+    ways: list[float] = []
+    ctx = tasks.Context(cfg, engine, make_way=lambda: ways.append(time.monotonic()))
+    started = threading.Event()
+    ingest_end: list[float] = []
+
+    def slow_ingest(_ctx: tasks.Context) -> str:
+        started.set()
+        time.sleep(0.6)
+        ingest_end.append(time.time())
+        return "ingested 0"
+
+    runner_thread = threading.Thread(target=tasks.run_task, args=(ctx, tasks.Task("ingest", slow_ingest, 60.0)))
+    runner_thread.start()
+    assert started.wait(10)
+    out = tasks.report_cards(ctx)
+    runner_thread.join()
+    assert "written (dry-run) 2" in out, out
+    assert len(ways) == 2  # once a card
+    written = sorted(os.path.getmtime(os.path.join(d, "message.eml"))
+                     for d, _, files in os.walk(tmp_path / "reports") if "message.eml" in files)
+    assert len(written) == 2 and written[0] >= ingest_end[0] - 0.01
+
+
+def test_charts_drawn_in_threads_equal_charts_drawn_alone():
+    """Cards and monthly summaries are drawn by different tasks' threads of the service: eight threads
+    drawing both kinds at once give byte for byte the PNGs drawn one at a time (matplotlib's object API and
+    one style, applied per chart)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from slurm_gpueff.reports import charts
+
+    tl = [[[60.0 * t, (t % 7) / 7, (t % 5) / 6, (t % 3) / 9] for t in range(80)] for _ in range(3)]
+    rows = [{"label": f"user{n}", "allocated": 10.0 - n, "active": 3.0, "underfilled": 2.0, "idle": 4.0 - n,
+             "unmeasured": 1.0} for n in range(3)]
+    alone = (charts.job_chart(tl, 3), charts.split_chart(rows, "GPU-hours by user"))
+    assert alone[0] and alone[1] and alone[0].startswith(b"\x89PNG")
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(lambda n: charts.job_chart(tl, 3) if n % 2 else charts.split_chart(
+            rows, "GPU-hours by user"), range(32)))
+    assert all(png == alone[n % 2 == 0 and 1 or 0] for n, png in enumerate(together))

@@ -2,15 +2,22 @@
 split of GPU-hours per user or account.
 
 Unmeasured points (None) are gaps, never zeros. matplotlib is imported inside the functions: only
-reports pay for it.
+reports pay for it. Figures are made with matplotlib's object API, not pyplot: pyplot keeps every open
+figure in a process-wide registry that the service's threads (cards, monthly summaries) would share, and
+the style is matplotlib's process-wide rcParams, so one chart is drawn at a time (:func:`_drawing`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
-from collections.abc import Sequence
-from typing import Any
+import threading
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from matplotlib.typing import RcKeyType
 
 COLORS = {"kernel": "#8a94a6", "sm": "#1b7f3b", "tensor": "#7b3fa0",
           "idle": "#c9ced6", "underfilled": "#e8a33d", "active": "#1b7f3b", "unmeasured": "#eef0f3"}
@@ -18,25 +25,28 @@ WIDTH_PX = 600  # the size the HTML shows; the PNG has twice as many pixels, to 
 DPI = 200
 
 
-def _figure(height_px: int):  # type: ignore[no-untyped-def]
+STYLE: dict[RcKeyType, Any] = {"font.family": "DejaVu Sans", "font.size": 8, "axes.edgecolor": "#b0b6c0",
+                               "axes.labelcolor": "#333a44", "xtick.color": "#555c66", "ytick.color": "#555c66"}
+_ONE_AT_A_TIME = threading.Lock()
+
+
+@contextlib.contextmanager
+def _drawing(height_px: int) -> Iterator[Any]:
+    """A new figure of ``height_px`` (at WIDTH_PX) in the charts' style, drawn by this thread alone."""
     import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    plt.rcParams.update({"font.family": "DejaVu Sans", "font.size": 8, "axes.edgecolor": "#b0b6c0",
-                         "axes.labelcolor": "#333a44", "xtick.color": "#555c66", "ytick.color": "#555c66"})
-    return plt, plt.figure(figsize=(WIDTH_PX / 100, height_px / 100), dpi=DPI)
+    with _ONE_AT_A_TIME, matplotlib.rc_context(STYLE):
+        yield Figure(figsize=(WIDTH_PX / 100, height_px / 100), dpi=DPI)
 
 
-def _png(plt, fig) -> bytes:  # type: ignore[no-untyped-def]
+def _png(fig: Any) -> bytes:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI, facecolor="white")
-    plt.close(fig)
+    fig.savefig(buf, format="png", dpi=DPI, facecolor="white")  # the Agg canvas: no GUI backend is touched
     return buf.getvalue()
 
 
-def _frame(fig, ax, grid: str, at: tuple[float, float], title: str) -> None:  # type: ignore[no-untyped-def]
+def _frame(fig: Any, ax: Any, grid: str, at: tuple[float, float], title: str) -> None:
     """The look both charts share: light grid lines, no top and right frame, a bold title."""
     ax.grid(axis=grid, color="#e3e6ea", lw=0.6)
     for side in ("top", "right"):
@@ -80,7 +90,12 @@ def job_chart(timelines: Sequence[Sequence[Sequence[Any]]], gpu_count: int) -> b
     if len(hours) < 2 or all(math.isnan(v) for vals in s.values() for v in vals):
         return None
     height = 210
-    plt, fig = _figure(height)
+    with _drawing(height) as fig:
+        return _job_png(fig, height, timelines, gpu_count, hours, s)
+
+
+def _job_png(fig: Any, height: int, timelines: Sequence[Sequence[Sequence[Any]]], gpu_count: int,
+             hours: list[float], s: dict[str, list[float]]) -> bytes:
     ax = fig.add_axes((0.075, 64 / height, 0.905, 1 - 96 / height))
     if 1 < gpu_count <= 16 and len(timelines) > 1:
         for n, tl in enumerate(timelines):
@@ -101,7 +116,7 @@ def job_chart(timelines: Sequence[Sequence[Sequence[Any]]], gpu_count: int) -> b
     _frame(fig, ax, "y", (0.075, 1 - 14 / height), f"Activity over the job{what}")
     fig.legend(loc="lower center", bbox_to_anchor=(0.5, 0.0), ncol=4, frameon=False, fontsize=7,
                columnspacing=1.2, handlelength=1.8)
-    return _png(plt, fig)
+    return _png(fig)
 
 
 def split_chart(rows: Sequence[dict[str, Any]], title: str) -> bytes | None:
@@ -111,7 +126,11 @@ def split_chart(rows: Sequence[dict[str, Any]], title: str) -> bytes | None:
     if not rows:
         return None
     height = 80 + 30 * len(rows)
-    plt, fig = _figure(height)
+    with _drawing(height) as fig:
+        return _split_png(fig, height, rows, title)
+
+
+def _split_png(fig: Any, height: int, rows: Sequence[dict[str, Any]], title: str) -> bytes:
     ax = fig.add_axes((0.2, 56 / height, 0.76, 1 - 86 / height))
     labels = [str(r["label"])[:20] for r in rows][::-1]
     left = [0.0] * len(rows)
@@ -129,4 +148,4 @@ def split_chart(rows: Sequence[dict[str, Any]], title: str) -> bytes | None:
     _frame(fig, ax, "x", (0.02, 1 - 16 / height), title)
     ax.legend(loc="upper center", bbox_to_anchor=(0.4, -30 / (height * (1 - 86 / height))), ncol=4,
               frameon=False, fontsize=7.5)
-    return _png(plt, fig)
+    return _png(fig)

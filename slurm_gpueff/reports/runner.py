@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from email.utils import parseaddr
@@ -127,11 +127,14 @@ def _deliver(session: Session, row: ReportLog, config: Config, parts: message.Pa
 
 
 def send_cards(config: Config, engine: Engine, *, dry_run: bool | None = None, now: datetime | None = None,
-               limit: int | None = None) -> RunResult:
+               limit: int | None = None, between: Callable[[], None] | None = None) -> RunResult:
     """Send (or in dry-run write) the cards of recently ended jobs; see the module docstring for who.
 
     A real run first retries the failed messages that are due (:func:`retry_failed`): one run is one
-    retry, so whoever runs the cards (the service's tick, cron) must not call retry_failed beside it."""
+    retry, so whoever runs the cards (the service's tick, cron) must not call retry_failed beside it.
+    ``between`` is called before each card is rendered (the service's: nodes' pushes and the analysis of
+    stored jobs go first; a card's chart is most of the service's CPU after an outage, when the backlog's
+    jobs all become due at once)."""
     dry = config.mail.dry_run if dry_run is None else dry_run
     now = now or sentlog.utcnow()
     rep = config.reports
@@ -159,6 +162,8 @@ def send_cards(config: Config, engine: Engine, *, dry_run: bool | None = None, n
                 result.skipped += 1
                 result.say(f"skipped card {subject} ({user}): {skip}")
                 continue
+            if between is not None:
+                between()
             try:
                 parts = message.parts(render_job_card(session, job, config), CHART_CID, "card")
             except Exception as exc:  # a bad row must not stop the other cards

@@ -56,6 +56,11 @@ class Context:
     # Called between summarizing's batches: the API's make_way (nodes' waiting pushes go first); else nothing.
     make_way: Callable[[], None] = field(default=lambda: None)
 
+    def running(self, name: str) -> bool:
+        """Whether the task ``name`` is running now."""
+        run = self.runs.get(name)
+        return run is not None and run.end is None
+
 
 @dataclass
 class Task:
@@ -182,12 +187,30 @@ def prune_timelines(engine: Engine, before: datetime, batch: int = 5000) -> int:
             gone += len(ids)
 
 
+# The tasks that analyse stored jobs (summarize_pending), which a card waits for; and the longest a card
+# waits for them: long enough to let a batch of summaries through, short enough that cards still come
+# while a long analysis (an outage's backlog) runs.
+ANALYSING = ("ingest", "enrich")
+CARD_WAIT_S = 10.0
+
+
+def after_analysis(ctx: Context, max_s: float = CARD_WAIT_S) -> None:
+    """Before a card: the nodes' waiting pushes (make_way), then the analysis while it runs, at most ``max_s``.
+    A card is mail, minutes late is no harm; its chart (matplotlib) shares this process's interpreter with
+    the stores and the analysis, which the backlog after an outage is waiting on."""
+    ctx.make_way()
+    deadline = time.monotonic() + max_s
+    while time.monotonic() < deadline and any(ctx.running(name) for name in ANALYSING):
+        time.sleep(0.05)
+
+
 def report_cards(ctx: Context) -> str:
     from ..reports import runner
 
     if not ctx.config.reports.cards:
         return "skipped: reports.cards is off"
-    return f"cards: {runner.send_cards(ctx.config, ctx.engine)}"  # it retries due failures first, once
+    # it retries due failures first, once
+    return f"cards: {runner.send_cards(ctx.config, ctx.engine, between=partial(after_analysis, ctx))}"
 
 
 def report_monthly(ctx: Context) -> str:
