@@ -6,16 +6,20 @@ reached runs as the service's account before it sends a byte: an ordinary user w
 port while it was down (an upgrade, a restart) is named and refused at once (access/client.py). And
 ``gpueff serve``, finding its port taken, says who holds it rather than "Address already in use".
 
-A Unix socket's peer comes from ``SO_PEERCRED``; a TCP connection's from ``/proc/net/tcp`` and ``tcp6``,
-where the kernel lists every socket of this network namespace with its owner's uid: the accepting end of
-our connection (local address = our peer, remote address = us) when the peer is on this host, the
-listening one for a port. A peer on another host is not listed: its answer must prove itself
-(access/sealed.py). Linux only; elsewhere nothing is known (None), and the sealed answer still decides.
-Stdlib only: ``seff-gpu`` imports this.
+A Unix socket's peer comes from ``SO_PEERCRED``. A TCP connection's is the owner of its accepting end
+(local address = our peer, remote address = us) when the peer is on this host, and a port's is the owner of
+its listening socket. The kernel is asked for the one socket by its addresses over netlink (``sock_diag``,
+as ``ss`` asks, no privilege needed): a client asks at every request, and reading ``/proc/net/tcp`` and
+``tcp6``, which list every socket of the network namespace, costs milliseconds on a busy host (a login
+node, a node of a distributed job, a site bench's thousands of nodes on one host). Where netlink cannot be
+asked (a sandbox without it) the tables are read instead. A peer on another host is not known to this
+kernel: its answer must prove itself (access/sealed.py). Linux only; elsewhere nothing is known (None),
+and the sealed answer still decides. Stdlib only: ``seff-gpu`` imports this.
 """
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import os
 import re
@@ -25,6 +29,17 @@ from typing import NamedTuple
 
 TCP_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
 LISTEN = "0A"  # the st column of a listening socket (include/net/tcp_states.h: TCP_LISTEN = 10)
+# linux/netlink.h, linux/sock_diag.h, linux/inet_diag.h
+NETLINK_SOCK_DIAG = 4
+SOCK_DIAG_BY_FAMILY = 20
+NLM_F_REQUEST = 1
+NLMSG_ERROR = 2
+NLMSG_HEADER = struct.Struct("=IHHII")  # length, type, flags, sequence, port id
+DIAG_REQUEST = struct.Struct("=BBBBI")  # inet_diag_req_v2: family, protocol, extensions, pad, states
+SOCKID_PORTS = struct.Struct(">HH")  # inet_diag_sockid: source and destination port, network order ...
+SOCKID_REST = struct.Struct("=III")  # ... after the two 16-byte addresses: interface, cookie (two words)
+NO_COOKIE = 0xFFFFFFFF  # INET_DIAG_NOCOOKIE: any socket with these addresses
+MSG_UID_AT = 64  # inet_diag_msg: family, state, timer, retrans (4 bytes), sockid (48), expires, queues (12), uid
 
 
 class Holder(NamedTuple):
@@ -56,10 +71,56 @@ def peer_uid(sock: socket.socket) -> int | None:
         them = _endpoint(sock.getpeername())
     except (OSError, ValueError, AttributeError):
         return None
+    if _netlink_works(me, them):
+        try:
+            return _socket_uid(them, me)
+        except OSError:
+            pass
     for local, remote, _state, uid, _inode in _tcp_sockets((them[1], me[1])):
         if local == them and remote == me:
             return uid
     return None
+
+
+def _socket_uid(local: _Endpoint, remote: _Endpoint) -> int | None:
+    """The owner of the TCP socket with these addresses, asked of the kernel over netlink (sock_diag's exact
+    lookup); None if there is none. OSError where the kernel cannot be asked or gives no clear answer."""
+    family = socket.AF_INET if local[0].version == 4 else socket.AF_INET6
+    sockid = (SOCKID_PORTS.pack(local[1], remote[1]) + local[0].packed.ljust(16, b"\0")
+              + remote[0].packed.ljust(16, b"\0") + SOCKID_REST.pack(0, NO_COOKIE, NO_COOKIE))
+    body = DIAG_REQUEST.pack(family, socket.IPPROTO_TCP, 0, 0, 0xFFFFFFFF) + sockid
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_SOCK_DIAG) as nl:
+        nl.settimeout(1.0)
+        nl.sendto(NLMSG_HEADER.pack(NLMSG_HEADER.size + len(body), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST, 1, 0) + body,
+                  (0, 0))
+        data = nl.recv(8192)
+    _length, kind, _flags, _seq, _port = NLMSG_HEADER.unpack_from(data)
+    if kind == NLMSG_ERROR:
+        code = -struct.unpack_from("=i", data, NLMSG_HEADER.size)[0]
+        if code == errno.ENOENT:
+            return None
+        raise OSError(code, os.strerror(code))
+    at = NLMSG_HEADER.size
+    if kind != SOCK_DIAG_BY_FAMILY or len(data) < at + MSG_UID_AT + 4:
+        raise OSError(errno.EPROTO, "sock_diag: an answer of another kind")
+    if SOCKID_PORTS.unpack_from(data, at + 4) != (local[1], remote[1]):  # a listener stands in for a lost one
+        return None
+    return int(struct.unpack_from("=I", data, at + MSG_UID_AT)[0])
+
+
+_NETLINK: list[bool] = []  # once asked: whether the kernel answers sock_diag's lookups in this process
+
+
+def _netlink_works(me: _Endpoint, them: _Endpoint) -> bool:
+    """Whether the kernel answers sock_diag's lookups here, found once a process by asking for our own end
+    of a connection, which exists: "no such socket" is also what a kernel without its TCP handler says."""
+    if not _NETLINK:
+        try:
+            works = _socket_uid(me, them) is not None
+        except OSError:
+            works = False
+        _NETLINK.append(works)
+    return _NETLINK[0]
 
 
 def port_holder(port: int) -> Holder | None:
