@@ -346,3 +346,32 @@ def test_charts_drawn_in_threads_equal_charts_drawn_alone():
         together = list(pool.map(lambda n: charts.job_chart(tl, 3) if n % 2 else charts.split_chart(
             rows, "GPU-hours by user"), range(32)))
     assert all(png == alone[n % 2 == 0 and 1 or 0] for n, png in enumerate(together))
+
+
+_APART = """
+import os, signal, sys
+from slurm_gpueff.reports import charts
+tl = [[[60.0 * t, (t % 7) / 7, (t % 5) / 6, (t % 3) / 9] for t in range(80)] for _ in range(3)]
+charts.draw_apart()
+first = charts.job_chart(tl, 3)
+apart = "matplotlib" not in sys.modules
+(child,) = charts._CHILD.pool._processes  # noqa: SLF001 - the test kills it
+os.kill(child, signal.SIGKILL)
+second = charts.job_chart(tl, 3)  # the child is gone: drawn here
+third = charts.job_chart(tl, 3)  # in a new child
+charts.draw_here()
+sys.stdout.buffer.write(b"%d %d %d\\n" % (apart, first == second, second == third))
+"""
+
+
+@pytest.mark.process
+def test_the_service_draws_its_charts_in_a_child_process(tmp_path):
+    """`gpueff serve` has its charts drawn by one child process (charts.draw_apart), off the interpreter
+    lock its pushes and answers share: the parent never imports matplotlib, the PNG is the one drawn in
+    process, and a child killed mid-service costs one chart drawn in the parent (with a warning in the
+    log), the next in a new child."""
+    out = subprocess.run([sys.executable, "-c", _APART], capture_output=True, timeout=120, check=False,
+                         env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))})
+    assert out.returncode == 0, out.stderr.decode()
+    assert out.stdout.split() == [b"1", b"1", b"1"], (out.stdout, out.stderr)
+    assert b"the drawing process failed" in out.stderr

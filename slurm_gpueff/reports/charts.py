@@ -5,16 +5,27 @@ Unmeasured points (None) are gaps, never zeros. matplotlib is imported inside th
 reports pay for it. Figures are made with matplotlib's object API, not pyplot: pyplot keeps every open
 figure in a process-wide registry that the service's threads (cards, monthly summaries) would share, and
 the style is matplotlib's process-wide rcParams, so one chart is drawn at a time (:func:`_drawing`).
+
+``gpueff serve`` has its charts drawn by one child process (:func:`draw_apart`): a chart is about 0.1 s of
+CPU in matplotlib, and in the service's own process it held the interpreter lock that the nodes' pushes,
+the API's answers and the analysis share (after an outage, the backlog's cards at once); the child also
+keeps matplotlib's memory out of the service. Commands draw in their own process.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import math
+import multiprocessing
+import pickle
 import threading
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures.process import BrokenProcessPool
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from matplotlib.typing import RcKeyType
@@ -28,6 +39,58 @@ DPI = 200
 STYLE: dict[RcKeyType, Any] = {"font.family": "DejaVu Sans", "font.size": 8, "axes.edgecolor": "#b0b6c0",
                                "axes.labelcolor": "#333a44", "xtick.color": "#555c66", "ytick.color": "#555c66"}
 _ONE_AT_A_TIME = threading.Lock()
+CHILD_WAIT_S = 120.0  # the longest a chart is waited for from the child; then it is drawn here
+log = logging.getLogger("gpueff.reports")
+_T = TypeVar("_T")
+
+
+class _Child:
+    """The child process that draws this process's charts while :func:`draw_apart` is on."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.pool: ProcessPoolExecutor | None = None
+
+    def start(self) -> None:
+        with self.lock:
+            if self.pool is None:  # "spawn": a fresh interpreter, never a fork of a process with threads
+                self.pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+
+    def stop(self) -> None:
+        with self.lock:
+            pool, self.pool = self.pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def draw(self, fn: Callable[..., _T], *args: Any) -> _T:
+        """``fn(*args)`` in the child, or here where there is none or it fails (a new one next time)."""
+        pool = self.pool
+        if pool is None:
+            return fn(*args)
+        try:
+            return pool.submit(fn, *args).result(timeout=CHILD_WAIT_S)
+        except (BrokenProcessPool, FutureTimeout, OSError, pickle.PicklingError) as exc:
+            log.warning("charts: the drawing process failed (%s); this chart is drawn here",
+                        type(exc).__name__ if not str(exc) else exc)
+            with self.lock:
+                if self.pool is pool:
+                    pool.shutdown(wait=False, cancel_futures=True)
+                    self.pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+            return fn(*args)
+
+
+_CHILD = _Child()
+
+
+def draw_apart() -> None:
+    """Draw this process's charts in one child process from now on (``gpueff serve``); see the module's
+    docstring. The child starts with the first chart."""
+    _CHILD.start()
+
+
+def draw_here() -> None:
+    """Stop the child (if any): charts are drawn in this process again."""
+    _CHILD.stop()
 
 
 @contextlib.contextmanager
@@ -86,6 +149,10 @@ def job_chart(timelines: Sequence[Sequence[Sequence[Any]]], gpu_count: int) -> b
     """Kernel-, SM- and tensor-active over the job as PNG, or None without a timeline. A multi-GPU job
     shows the job-wide mean (an idle GPU pulls it down, which is the point) and, up to 16 GPUs, each GPU's
     SM-active as a thin line, so "1 of 4 GPUs did all the work" is visible, not averaged away."""
+    return _CHILD.draw(_job_chart, [[list(p) for p in tl] for tl in timelines], gpu_count)
+
+
+def _job_chart(timelines: Sequence[Sequence[Sequence[Any]]], gpu_count: int) -> bytes | None:
     hours, s = job_series(timelines)
     if len(hours) < 2 or all(math.isnan(v) for vals in s.values() for v in vals):
         return None
@@ -122,6 +189,10 @@ def _job_png(fig: Any, height: int, timelines: Sequence[Sequence[Sequence[Any]]]
 def split_chart(rows: Sequence[dict[str, Any]], title: str) -> bytes | None:
     """Stacked horizontal bars: per row (``label``, ``active``, ``underfilled``, ``idle``, ``unmeasured``
     GPU-hours), largest first as given. None when there is nothing to draw."""
+    return _CHILD.draw(_split_chart, [dict(r) for r in rows], title)
+
+
+def _split_chart(rows: Sequence[dict[str, Any]], title: str) -> bytes | None:
     rows = [r for r in rows if (r.get("allocated") or 0) > 0][:12]
     if not rows:
         return None

@@ -137,6 +137,10 @@ def serve(config: Config, extra_tasks: Sequence[Task] = ()) -> int:
         raise GpueffError(f"cannot open the job database {safe_url(config.paths.database)}: {detail}"
                           if shown_here(config) else UNAVAILABLE) from None
     ctx = Context(config, engine)
+    if config.reports.cards or config.reports.monthly:
+        from ..reports import charts
+
+        charts.draw_apart()  # off this process's interpreter lock, which the pushes and answers share
     builtin = builtin_tasks(config)
     for task in builtin:  # the integrity check (when scheduled at all) before anything reads or writes
         if task.name == CHECK:
@@ -196,6 +200,8 @@ def serve(config: Config, extra_tasks: Sequence[Task] = ()) -> int:
         if api is not None:
             api_mod.stop(api)
         sched.shutdown(wait=True)
+        if config.reports.cards or config.reports.monthly:
+            charts.draw_here()
         if server is not None:
             server.shutdown()
         engine.dispose()
