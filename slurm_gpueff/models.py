@@ -60,6 +60,9 @@ class Job(SQLModel, table=True):
                             sqlite_where=text("run <> 0")),
                       # the running jobs' rows, for the idle-GPU pass (LIVE: its predicate, as the queries write it)
                       Index("ix_job_live", "id", postgresql_where=LIVE, sqlite_where=LIVE),
+                      # the jobs waiting for their analysis, oldest first (summarize's batches; migration 0016)
+                      Index("ix_job_pending", "id", postgresql_where=text("analyzed_at IS NULL"),
+                            sqlite_where=text("analyzed_at IS NULL")),
                       # a user's or an account's jobs are read by when they ended (tables, monthly summaries)
                       Index("ix_job_user_end", "user", "end_time"),
                       Index("ix_job_account_end", "account", "end_time"))

@@ -165,3 +165,36 @@ def test_sqlite_has_no_such_setting(tmp_path):
     ctx = tasks.Context(Config(), engine)
     assert tasks.retention(ctx) == "deleted 0 timeline(s)"
     engine.dispose()
+
+
+@pytest.mark.postgres
+def test_a_batch_of_jobs_to_analyse_is_read_from_its_own_index(pg_url):  # noqa: F811
+    """Summarizing reads the jobs waiting for their analysis, oldest first. Those are the newest jobs: here
+    200,000 analysed jobs, then 20,000 pending (an outage's backlog), the table analysed (statistics) as a
+    site's is. Without ix_job_pending PostgreSQL walks the primary key from the first job, filtering, and reads
+    every analysed job before the first pending one (checked here by dropping the index in a transaction
+    rolled back); with it, the batch is read from the pending rows alone."""
+    import re
+
+    from slurm_gpueff.service.summarize import pending_query
+
+    engine = _migrated(pg_url)
+    _add_jobs(engine, 1, 220_000, 1)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE job SET analyzed_at = now() WHERE id <= 200000"))
+        conn.execute(text("ANALYZE job"))
+    sql = str(pending_query().compile(engine, compile_kwargs={"literal_binds": True}))
+
+    def plan(conn) -> tuple[str, int]:  # type: ignore[no-untyped-def]
+        text_ = "\n".join(r[0] for r in conn.execute(text(f"EXPLAIN (ANALYZE, BUFFERS) {sql}")))
+        return text_, sum(int(n) for n in re.findall(r"Rows Removed by Filter: (\d+)", text_))
+
+    with engine.connect() as conn:
+        got = [r.id for r in conn.execute(pending_query())]
+        with_index, skipped = plan(conn)
+        conn.execute(text("DROP INDEX ix_job_pending"))
+        without, skipped_without = plan(conn)
+        conn.rollback()  # the index is back
+    assert got == list(range(200_001, 200_501)), with_index
+    assert skipped == 0 and "ix_job_pending" in with_index, with_index
+    assert skipped_without >= 200_000, without  # what the index saves: the analysed jobs read and dropped

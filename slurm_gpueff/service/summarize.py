@@ -5,8 +5,9 @@ metrics and reports aggregate in SQL instead of analysing every job again.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
-from sqlalchemy import bindparam, select, update
+from sqlalchemy import Select, bindparam, select, update
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
@@ -45,6 +46,12 @@ def summary(job: JobRow, gpus: Sequence[GpuRow], thresholds: ThresholdSource = N
             "gpu_verdicts": gpu_split(fig, diag), "analyzed_at": utcnow()}
 
 
+def pending_query() -> Select[Any]:
+    """The next batch of jobs to analyse, oldest first: answered from the partial index ``ix_job_pending``,
+    whose predicate its WHERE repeats literally (a bound parameter would not match it)."""
+    return select(JOB).where(JOB.c.analyzed_at.is_(None)).order_by(JOB.c.id).limit(BATCH)
+
+
 def summarize_pending(engine: Engine, thresholds: ThresholdSource = None,
                       between: Callable[[], None] | None = None) -> int:
     """Analyse every job whose summary is missing or stale, ``BATCH`` a transaction; return how many.
@@ -55,7 +62,7 @@ def summarize_pending(engine: Engine, thresholds: ThresholdSource = None,
         if done and between is not None:
             between()
         with Session(engine) as session:
-            jobs = job_rows(session, select(JOB).where(JOB.c.analyzed_at.is_(None)).order_by(JOB.c.id).limit(BATCH))
+            jobs = job_rows(session, pending_query())
             if not jobs:
                 return done
             by_job: dict[int | None, list[GpuRow]] = {}
