@@ -133,8 +133,7 @@ def send_cards(config: Config, engine: Engine, *, dry_run: bool | None = None, n
     A real run first retries the failed messages that are due (:func:`retry_failed`): one run is one
     retry, so whoever runs the cards (the service's tick, cron) must not call retry_failed beside it.
     ``between`` is called before each card is rendered (the service's: nodes' pushes and the analysis of
-    stored jobs go first; a card's chart is most of the service's CPU after an outage, when the backlog's
-    jobs all become due at once)."""
+    stored jobs go first; after an outage the backlog's jobs all become due for a card at once)."""
     dry = config.mail.dry_run if dry_run is None else dry_run
     now = now or sentlog.utcnow()
     rep = config.reports

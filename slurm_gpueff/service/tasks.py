@@ -196,8 +196,8 @@ CARD_WAIT_S = 10.0
 
 def after_analysis(ctx: Context, max_s: float = CARD_WAIT_S) -> None:
     """Before a card: the nodes' waiting pushes (make_way), then the analysis while it runs, at most ``max_s``.
-    A card is mail, minutes late is no harm; its chart (matplotlib) shares this process's interpreter with
-    the stores and the analysis, which the backlog after an outage is waiting on."""
+    A card is mail, minutes late is no harm; its rendering (queries, templates, and its chart in the chart
+    process) takes CPU the stores and the analysis need, which the backlog after an outage is waiting on."""
     ctx.make_way()
     deadline = time.monotonic() + max_s
     while time.monotonic() < deadline and any(ctx.running(name) for name in ANALYSING):
