@@ -291,16 +291,18 @@ def test_the_runs_account_writes_control_characters_as_escapes(tmp_path):
     assert not any(ch in line for ch in "\x1b\x07\u202e"), line
 
 
-def test_cards_wait_for_the_pushes_and_the_analysis(tmp_path):
+def test_cards_wait_for_the_pushes_and_the_analysis(tmp_path, monkeypatch):
     """The service's card pass calls, before each card it renders, the API's make_way and then waits while
-    a task that analyses stored jobs (ingest, enrich) runs, at most CARD_WAIT_S: after an outage the
-    backlog's jobs all become due for a card at once, and their charts shared the interpreter with the
-    stores and the analysis the backlog waits on. Here the ingest task runs for 0.6 s in another thread:
-    the first card is written only after it ended, and make_way was asked once per card."""
+    a task analyses stored jobs (summarize_pending, from the ingest or enrich task), at most CARD_WAIT_S:
+    after an outage the backlog's jobs all become due for a card at once, and their rendering took CPU
+    from the stores and the analysis the backlog waits on. Here the ingest task's analysis runs for 2 s
+    in another thread: the first card is written only after it ended, and make_way was asked once per card.
+    A task that runs without analysing (enrich asking sacct) holds no card back."""
     import threading
     import time
 
-    from slurm_gpueff.service import tasks
+    from slurm_gpueff.reports import charts
+    from slurm_gpueff.service import summarize, tasks
 
     engine = make_db(tmp_path, [dict(job_id=n, profile="one-of-n-gpus", user=f"u{n}", account="a", gpus=2, hours=2)
                                 for n in (7, 8)])
@@ -309,24 +311,33 @@ def test_cards_wait_for_the_pushes_and_the_analysis(tmp_path):
     ways: list[float] = []
     ctx = tasks.Context(cfg, engine, make_way=lambda: ways.append(time.monotonic()))
     started = threading.Event()
-    ingest_end: list[float] = []
+    analysis_end: list[float] = []
 
-    def slow_ingest(_ctx: tasks.Context) -> str:
+    charts.job_chart([[[0.0, 0.5, 0.5, 0.0], [60.0, 0.5, 0.5, 0.0]]], 1)  # matplotlib loaded: cards come fast
+
+    def slow_analysis(*_args: object) -> int:
         started.set()
-        time.sleep(0.6)
-        ingest_end.append(time.time())
-        return "ingested 0"
+        time.sleep(2.0)
+        analysis_end.append(time.time())
+        return 0
 
-    runner_thread = threading.Thread(target=tasks.run_task, args=(ctx, tasks.Task("ingest", slow_ingest, 60.0)))
-    runner_thread.start()
+    monkeypatch.setattr(summarize, "summarize_pending", slow_analysis)
+    analysing = threading.Thread(target=ctx.analyse)
+    analysing.start()
     assert started.wait(10)
     out = tasks.report_cards(ctx)
-    runner_thread.join()
+    analysing.join()
     assert "written (dry-run) 2" in out, out
-    assert len(ways) == 2  # once a card
+    assert len(ways) == 2 and ctx.summarizing == 0  # once a card
     written = sorted(os.path.getmtime(os.path.join(d, "message.eml"))
                      for d, _, files in os.walk(tmp_path / "reports") if "message.eml" in files)
-    assert len(written) == 2 and written[0] >= ingest_end[0] - 0.01
+    assert len(written) == 2 and written[0] >= analysis_end[0] - 0.01
+
+    # a running task that is not analysing: no wait
+    ctx.runs["enrich"] = tasks.TaskRun(time.time(), time.monotonic())
+    t0 = time.monotonic()
+    tasks.after_analysis(ctx)
+    assert time.monotonic() - t0 < 1.0
 
 
 def test_charts_drawn_in_threads_equal_charts_drawn_alone():

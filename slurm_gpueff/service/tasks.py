@@ -5,6 +5,7 @@ one-line summary for the log); a task that raises is logged and runs again at it
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -56,10 +57,22 @@ class Context:
     # Called between summarizing's batches: the API's make_way (nodes' waiting pushes go first); else nothing.
     make_way: Callable[[], None] = field(default=lambda: None)
 
-    def running(self, name: str) -> bool:
-        """Whether the task ``name`` is running now."""
-        run = self.runs.get(name)
-        return run is not None and run.end is None
+    summarizing: int = 0  # tasks analysing stored jobs now (summarize_pending), which cards wait for
+
+    def analyse(self) -> int:
+        """summarize_pending in this task, counted in ``summarizing`` while it runs."""
+        from .summarize import summarize_pending
+
+        with _COUNTING:
+            self.summarizing += 1
+        try:
+            return summarize_pending(self.engine, self.config.analysis, self.make_way)
+        finally:
+            with _COUNTING:
+                self.summarizing -= 1
+
+
+_COUNTING = threading.Lock()
 
 
 @dataclass
@@ -118,14 +131,13 @@ def database_check(ctx: Context) -> str:
 def ingest(ctx: Context) -> str:
     from ..access.spool_trust import configured_trust
     from ..storage.ingest import ingest_spool
-    from .summarize import summarize_pending
 
     res = ingest_spool(ctx.engine, ctx.config.paths.spool_dir, trust=configured_trust(ctx.config))
     for e in res.errors:
         log.warning("ingest: %s", e)
     if res.unavailable:  # its records wait in the spool; the log line above says why
         raise TaskFailed(f"{UNAVAILABLE}: {res.failed} record(s) wait in the spool")
-    analysed = summarize_pending(ctx.engine, ctx.config.analysis, ctx.make_way)  # also records forwarded by nodes
+    analysed = ctx.analyse()  # also records forwarded by nodes
     return f"ingested {res.ingested}, quarantined {res.quarantined}, failed {res.failed}, analysed {analysed}"
 
 
@@ -134,7 +146,6 @@ def enrich(ctx: Context) -> str:
     from ..slurm.runner import SlurmRunner
     from ..slurm.sacct import SacctReader
     from ..storage.enrich import enrich_jobs
-    from .summarize import summarize_pending
 
     if not ctx.config.sacct.accounting:
         return "skipped: [sacct] accounting = false (what the Epilog saw is final)"
@@ -144,7 +155,7 @@ def enrich(ctx: Context) -> str:
                       shard_counts=shard_counter(SlurmRunner.from_config(ctx.config)))
     for e in res.errors:
         log.warning("enrich: %s", e)
-    analysed = summarize_pending(ctx.engine, ctx.config.analysis, ctx.make_way)
+    analysed = ctx.analyse()
     return f"enriched {res.enriched}, analysed {analysed}"
 
 
@@ -187,10 +198,8 @@ def prune_timelines(engine: Engine, before: datetime, batch: int = 5000) -> int:
             gone += len(ids)
 
 
-# The tasks that analyse stored jobs (summarize_pending), which a card waits for; and the longest a card
-# waits for them: long enough to let a batch of summaries through, short enough that cards still come
-# while a long analysis (an outage's backlog) runs.
-ANALYSING = ("ingest", "enrich")
+# The longest a card waits for the analysis of stored jobs: long enough to let a batch of summaries through,
+# short enough that cards still come while a long analysis (an outage's backlog) runs.
 CARD_WAIT_S = 10.0
 
 
@@ -200,7 +209,7 @@ def after_analysis(ctx: Context, max_s: float = CARD_WAIT_S) -> None:
     process) takes CPU the stores and the analysis need, which the backlog after an outage is waiting on."""
     ctx.make_way()
     deadline = time.monotonic() + max_s
-    while time.monotonic() < deadline and any(ctx.running(name) for name in ANALYSING):
+    while time.monotonic() < deadline and ctx.summarizing:
         time.sleep(0.05)
 
 
