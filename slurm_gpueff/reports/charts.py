@@ -51,10 +51,15 @@ class _Child:
         self.lock = threading.Lock()
         self.pool: ProcessPoolExecutor | None = None
 
+    @staticmethod
+    def _new_pool() -> ProcessPoolExecutor:
+        """One worker, "spawn": a fresh interpreter, never a fork of a process with threads."""
+        return ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+
     def start(self) -> None:
         with self.lock:
-            if self.pool is None:  # "spawn": a fresh interpreter, never a fork of a process with threads
-                self.pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+            if self.pool is None:
+                self.pool = self._new_pool()
 
     def stop(self) -> None:
         with self.lock:
@@ -75,7 +80,7 @@ class _Child:
             with self.lock:
                 if self.pool is pool:
                     pool.shutdown(wait=False, cancel_futures=True)
-                    self.pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+                    self.pool = self._new_pool()
             return fn(*args)
 
 

@@ -137,9 +137,9 @@ def serve(config: Config, extra_tasks: Sequence[Task] = ()) -> int:
         raise GpueffError(f"cannot open the job database {safe_url(config.paths.database)}: {detail}"
                           if shown_here(config) else UNAVAILABLE) from None
     ctx = Context(config, engine)
-    if config.reports.cards or config.reports.monthly:
-        from ..reports import charts
+    from ..reports import charts  # matplotlib only with the first chart
 
+    if config.reports.cards or config.reports.monthly:
         charts.draw_apart()  # off this process's interpreter lock, which the pushes and answers share
     builtin = builtin_tasks(config)
     for task in builtin:  # the integrity check (when scheduled at all) before anything reads or writes
@@ -200,8 +200,7 @@ def serve(config: Config, extra_tasks: Sequence[Task] = ()) -> int:
         if api is not None:
             api_mod.stop(api)
         sched.shutdown(wait=True)
-        if config.reports.cards or config.reports.monthly:
-            charts.draw_here()
+        charts.draw_here()  # nothing to stop where charts were drawn in this process
         if server is not None:
             server.shutdown()
         engine.dispose()
