@@ -640,6 +640,28 @@ def steady(a: argparse.Namespace, sz: dict[str, int], url: str, base: str, runni
     return w
 
 
+class Memory:
+    """The service's RSS sampled every few seconds through the run (its process is replaced at the outage),
+    the largest per stage: where the peak that the end reports happened."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.stage = pid, "start"
+        self.peaks: dict[str, float] = {}
+        self.stop = threading.Event()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        while not self.stop.wait(5.0):
+            try:
+                mb = rss_mb(self.pid) + sum(rss_mb(k) for k in children(self.pid))
+            except OSError:
+                continue
+            self.peaks[self.stage] = max(self.peaks.get(self.stage, 0.0), mb)
+
+    def said(self) -> str:
+        return ", ".join(f"{k} {v:.0f} MB" for k, v in self.peaks.items())
+
+
 def children(pid: int) -> list[int]:
     """The child processes of ``pid``."""
     out: list[int] = []
@@ -875,6 +897,17 @@ def passes(sz: dict[str, int], url: str, base: str, running: Running, log: Log) 
     t0 = time.perf_counter()
     out = subprocess.run([exe, "--json", "-X", "-D", "-j", ",".join(some)], capture_output=True, check=False)
     one_call = time.perf_counter() - t0
+    if er.not_found:  # which jobs, and what the stand-in says of them
+        with eng.connect() as c:
+            missed = c.execute(text("SELECT job_id, run, start_time, end_time FROM job WHERE cluster = :c AND NOT "
+                                    "enriched AND record_source <> 'live' ORDER BY id LIMIT 3"),
+                               {"c": CLUSTER}).fetchall()
+        said = subprocess.run([exe, "--json", "-X", "-D", "-j", ",".join(str(r[0]) for r in missed)],
+                              capture_output=True, check=False, text=True)
+        told = [(j["job_id"], j["time"]["start"], j["time"]["end"]) for j in json.loads(said.stdout or "{}")
+                .get("jobs", [])]
+        log.say(f"enrichment: not found, e.g. {[tuple(map(str, r)) for r in missed]}; the stand-in sacct for "
+                f"them: {told}; its state holds {len(running.slurm):,} jobs")
     log.figure("enrichment pass", f"{enrich_s:.1f} s for {er.checked:,} jobs ({er.enriched:,} enriched, "
                f"{er.not_found} not found; {len(er.errors)} errors{': ' + er.errors[0] if er.errors else ''}; "
                f"{pending:,} were waiting; the service's own enrich task ran beside the load)",
@@ -1132,15 +1165,22 @@ def run(a: argparse.Namespace, sz: dict[str, int], log: Log, migrate: Any, make_
     shapes = Shapes()
     running = Running(hist["first_id"], sz["running"], sz["nodes"], random.Random(3), hist)
     running.publish(state, time.time())
+    mem = Memory(pid)
     try:
+        mem.stage = "steady"
         steady(a, sz, url, base, running, shapes, state, log, pid)
+        mem.stage = "outage and drain"
         pid = outage(a, sz, url, base, site, running, shapes, hist, log, [w.pid for w in workers if w.pid])
+        mem.pid, mem.stage = pid, "passes"
         passes(sz, url, base, running, log)
+        mem.stage = "reads"
         reads(a, site, hist, sz["history"], metrics_port, log, base)
+        mem.stop.set()
         kids = children(pid)  # the service's chart process (reports/charts.py draw_apart)
         log.figure("gpueff serve RSS", f"peak {rss_mb(pid, 'VmHWM'):.0f} MB, now {rss_mb(pid):.0f} MB; its child "
                    f"processes peak {sum(rss_mb(k, 'VmHWM') for k in kids):.0f} MB, now "
-                   f"{sum(rss_mb(k) for k in kids):.0f} MB ({len(kids)})", "", "<= 1 GiB")
+                   f"{sum(rss_mb(k) for k in kids):.0f} MB ({len(kids)}); with them, sampled every 5 s, the "
+                   f"largest by stage: {mem.said()}", "", "<= 1 GiB")
     finally:
         stop.set()
         for w in workers:

@@ -20,6 +20,7 @@ from sqlalchemy import (
     UniqueConstraint,
     case,
     exists,
+    literal_column,
     select,
     text,
     tuple_,
@@ -41,6 +42,9 @@ UTC_NAIVE = DateTime(timezone=False)
 # A running job's row (its live records so far), written as a literal: a partial index is used only for a
 # query whose WHERE has its very predicate, which a bound parameter is not (SQLite, PostgreSQL generic plans).
 LIVE = text("record_source = 'live'")
+# Its complement: the rows of the indexes on columns that a running job's updates move (its figures' time,
+# its analysis time). Kept out of those indexes, a live update adds no entry there; see migration 0017.
+NOT_LIVE = text("record_source <> 'live'")
 
 
 def utcnow() -> datetime:
@@ -63,9 +67,15 @@ class Job(SQLModel, table=True):
                       # the jobs waiting for their analysis, oldest first (summarize's batches; migration 0016)
                       Index("ix_job_pending", "id", postgresql_where=text("analyzed_at IS NULL"),
                             sqlite_where=text("analyzed_at IS NULL")),
-                      # a user's or an account's jobs are read by when they ended (tables, monthly summaries)
-                      Index("ix_job_user_end", "user", "end_time"),
-                      Index("ix_job_account_end", "account", "end_time"))
+                      # a user's or an account's jobs are read by when they ended (tables, monthly summaries);
+                      # these and the two below hold finished jobs only (NOT_LIVE; migration 0017)
+                      Index("ix_job_user_end", "user", "end_time", postgresql_where=NOT_LIVE,
+                            sqlite_where=NOT_LIVE),
+                      Index("ix_job_account_end", "account", "end_time", postgresql_where=NOT_LIVE,
+                            sqlite_where=NOT_LIVE),
+                      Index("ix_job_end_time", "end_time", postgresql_where=NOT_LIVE, sqlite_where=NOT_LIVE),
+                      Index("ix_job_analyzed_at", "analyzed_at", postgresql_where=NOT_LIVE,
+                            sqlite_where=NOT_LIVE))
 
     id: int | None = Field(default=None, primary_key=True)
     cluster: str = Field(max_length=64)
@@ -87,7 +97,7 @@ class Job(SQLModel, table=True):
     gpu_type: str | None = Field(default=None, max_length=128)
     submit_time: datetime | None = Field(default=None, sa_type=UTC_NAIVE)
     start_time: datetime | None = Field(default=None, sa_type=UTC_NAIVE)  # no index: no query selects by it
-    end_time: datetime | None = Field(default=None, sa_type=UTC_NAIVE, index=True)
+    end_time: datetime | None = Field(default=None, sa_type=UTC_NAIVE)  # indexed for finished jobs (above)
     elapsed_s: float | None = None
     # The CPU side, from Slurm accounting (NULL: not reported): allocated CPUs, TotalCPU (user + system
     # seconds of all steps) and the largest MaxRSS of any step.
@@ -119,14 +129,21 @@ class Job(SQLModel, table=True):
     # verdict first ("3 of 4 GPUs never used", the fourth working), each first verdict ("" for none) ->
     # [GPUs, GPU-hours, GPU-hours lost]; NULL where they all do, its own figures then being its verdict's.
     gpu_verdicts: dict[str, list[float]] | None = Field(default=None, sa_column=Column(JSON(none_as_null=True)))
-    analyzed_at: datetime | None = Field(default=None, sa_type=UTC_NAIVE, index=True)
+    analyzed_at: datetime | None = Field(default=None, sa_type=UTC_NAIVE)  # indexed for finished jobs (above)
 
 
-def not_live() -> Any:
-    """SQL: a job row that is no running job's (the complement of :data:`LIVE`): what the reports and rollups
-    sum and enrichment may settle. A bound comparison, as those queries always wrote it; LIVE is a literal for
-    its partial index."""
-    return Job.metadata.tables["job"].c.record_source != "live"
+def not_live(table: Any = None) -> Any:
+    """SQL: a job row that is no running job's (:data:`NOT_LIVE`, of ``table``: another name of the job
+    table, when given): what the reports and rollups sum and enrichment may settle. The value is a literal, as
+    in the predicate of the finished jobs' indexes, so that the planner can use them."""
+    c = (table if table is not None else Job.metadata.tables["job"]).c
+    return c.record_source != literal_column("'live'")
+
+
+def live(table: Any = None) -> Any:
+    """SQL: a running job's row (:data:`LIVE`, of ``table`` when given), the rows of ``ix_job_live``."""
+    c = (table if table is not None else Job.metadata.tables["job"]).c
+    return c.record_source == literal_column("'live'")
 
 
 def ran_more_than_once() -> Any:

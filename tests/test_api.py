@@ -839,3 +839,48 @@ def test_the_push_slots_and_their_wait_are_the_configured_ones(slots):
         assert len(got) == 1 and got[0] < 10
     capped = api_mod.Api(Config({"service": {"push_slots": slots, "push_wait_s": 8, "api_timeout_s": 10}}))
     assert capped.push_wait_s == 5.0
+
+
+def test_background_work_makes_way_while_a_users_question_is_answered(tmp_path):
+    """The card pass and summarizing call the API's make_way before each card or batch: it also waits while
+    a user's question is being answered, so that a user at a terminal does not share the interpreter with
+    them. Real munged, a real sealed request from the client code; the API in this process on a Unix socket,
+    its seff answer made slow by the test (0.8 s) to be seen in flight."""
+    from slurm_gpueff.access.client import SEFF_PATH, post_signed
+    from slurm_gpueff.config import Config
+    from slurm_gpueff.service import api as api_mod
+    from slurm_gpueff.storage.db import make_engine
+
+    munged, munge_sock = start_munged(str(tmp_path), "munge")
+    db = f"{tmp_path}/db/gpueff.db"
+    os.makedirs(os.path.dirname(db))
+    engine = make_engine(db)
+    cfg = Config({"paths": {"database": db, "spool_dir": f"{tmp_path}/spool", "state_dir": f"{tmp_path}/state"},
+                  "service": {"api_listen": f"unix:{tmp_path}/api.sock", "api_url": f"unix:{tmp_path}/api.sock",
+                              "munge_socket": munge_sock}})
+    server = api_mod.start(cfg, engine)
+    seen: list[int] = []
+
+    def slow_answer(uid: int, payload: object) -> api_mod.Handled:
+        seen.append(server.api.answering)
+        time.sleep(0.8)
+        return api_mod.Handled(200, b"{}", f"uid {uid} slow")
+
+    server.api.seff = slow_answer  # type: ignore[method-assign]
+    try:
+        asking = threading.Thread(target=lambda: post_signed(cfg.service, SEFF_PATH, b"{}"))
+        asking.start()
+        deadline = time.monotonic() + 30
+        while not server.api.answering and time.monotonic() < deadline:
+            time.sleep(0.01)
+        t0 = time.monotonic()
+        server.api.make_way(30)
+        waited = time.monotonic() - t0
+        asking.join(30)
+        assert seen == [1] and server.api.answering == 0
+        assert 0.3 < waited < 10, waited  # it returned once the answer was made, not at its 30-s bound
+    finally:
+        api_mod.stop(server)
+        engine.dispose()
+        munged.terminate()
+        munged.wait(10)

@@ -161,3 +161,17 @@ def test_a_just_finished_job_waits_for_accounting_to_settle(engine):
     assert (res.checked, res.enriched, res.settling) == (1, 1, 0)
     t0 = job(engine, 19)
     assert (t0.array_job_id, t0.array_task_id, t0.enriched) == (15, 0, True)
+
+
+def test_a_run_asked_to_stop_ends_at_its_next_batch_and_keeps_what_it_committed(engine):
+    """The service's stop (SIGTERM) sets what ``stop`` asks: a run through a large backlog (many sacct calls)
+    ends before its next call instead of holding the stop; its committed batches stay, and the next run
+    takes the rest."""
+    store(engine, hook_record(19, [0]), hook_record(15, [1]), hook_record(14, [2], exit_code=3),
+          hook_record(12, [0, 1], user="root"))
+    reader = Replay(captured("parsable"))
+    res = enrich_jobs(engine, reader, stop=lambda: reader.calls >= 1)
+    assert (res.stopped, reader.calls, res.checked, res.enriched, res.errors) == (True, 1, 2, 2, [])
+    rest = enrich_jobs(engine, reader)
+    assert (rest.stopped, rest.checked, rest.enriched) == (False, 2, 2)
+    assert all(job(engine, j).enriched for j in (19, 15, 14, 12))

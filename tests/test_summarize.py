@@ -100,3 +100,17 @@ def test_summarizing_makes_way_between_its_batches(tmp_path, monkeypatch):
     seen: list[int] = []
     assert summarize_pending(engine, between=lambda: seen.append(analysed())) == 5
     assert seen == [2, 4] and analysed() == 5
+
+
+def test_summarizing_asked_to_stop_ends_after_the_batch_it_committed(tmp_path, monkeypatch):
+    """The stopping service's ``stop``: 5 jobs in batches of 2, asked to stop once a batch is in: 2 jobs
+    analysed, the other 3 by the next run."""
+    from slurm_gpueff.service import summarize
+
+    monkeypatch.setattr(summarize, "BATCH", 2)
+    engine = make_engine(str(tmp_path / "db.sqlite"))
+    for n in range(5):
+        spool_job(str(tmp_path / "spool"), 200 + n, "bf16-healthy", 1)
+    ingest_spool(engine, str(tmp_path / "spool"))
+    assert summarize_pending(engine, stop=lambda: True) == 2
+    assert summarize_pending(engine) == 3

@@ -185,6 +185,7 @@ class Api:
         # at most half the nodes' wait (api_timeout_s): the rest is for the push's credential and its store
         self.push_wait_s = min(config.service.push_wait_s, config.service.api_timeout_s / 2)
         self.waiting = 0  # pushes waiting for a slot now
+        self.answering = 0  # users' questions (seff-gpu) being answered now
         self._counting = threading.Lock()
         self.pace_s = PACE_START_S  # the gap between two pushes stored while others wait, a moving average
         self.alone_s = PACE_START_S  # how long a push takes when none waits (nor waited for it), a moving average
@@ -241,13 +242,26 @@ class Api:
 
     def make_way(self, max_s: float = MAKE_WAY_S) -> None:
         """Wait, at most ``max_s``, while pushes wait for a slot or nodes told busy are still due (a turn given
-        has not come yet): summarizing the stored jobs (the service's other steady work, in this process, and
-        after an outage most of its CPU) calls this between its batches, so that the nodes' backlog is taken
-        first and its analysis follows once the herd has passed. At a steady load nobody is told busy, and
-        summarizing goes on as the records come."""
+        has not come yet), or a user's question is being answered: summarizing the stored jobs (the service's
+        other steady work, in this process, and after an outage most of its CPU) calls this between its
+        batches, and the card pass before each card, so that the nodes' backlog is taken first and its
+        analysis follows once the herd has passed, and a user waiting at a terminal does not share the
+        interpreter with the background work. At a steady load nobody is told busy, and summarizing goes on
+        as the records come."""
         deadline = time.monotonic() + max_s
-        while (now := time.monotonic()) < deadline and (self.waiting or now < self.turns_until):
+        while (now := time.monotonic()) < deadline and (self.waiting or self.answering or now < self.turns_until):
             time.sleep(0.05)
+
+    @contextlib.contextmanager
+    def question(self) -> Iterator[None]:
+        """A user's question being answered (:meth:`make_way` waits for it)."""
+        with self._counting:
+            self.answering += 1
+        try:
+            yield
+        finally:
+            with self._counting:
+                self.answering -= 1
 
     def max_body(self, path: str) -> int:
         return int(self.config.service.push_max_mb * 1024 * 1024) if path == RECORDS_PATH else MAX_BODY
@@ -391,7 +405,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                     raise HttpError(400, "the body ended early")
                 payload = api.open_body(env, body, limit)
                 handle = {SEFF_PATH: api.seff, RECORDS_PATH: api.push, PING_PATH: api.ping}[self.path]
-                done = handle(env.uid, payload)
+                with contextlib.nullcontext() if self.path == RECORDS_PATH else api.question():
+                    done = handle(env.uid, payload)  # a question counted once its sender is known
             self._answer(env, envelope, done.status, done.data, done.what, t0, refused=done.refused)
         except HttpError as exc:
             self._discard(unread)

@@ -183,6 +183,7 @@ def serve(config: Config, extra_tasks: Sequence[Task] = ()) -> int:
 
     def _on_signal(signum: int, _frame: Any) -> None:
         log.info("%s: finishing running tasks, then exiting", signal.Signals(signum).name)
+        ctx.leaving.set()  # the long tasks end at their next batch
         stop.set()
 
     signal.signal(signal.SIGTERM, _on_signal)

@@ -53,12 +53,14 @@ def pending_query() -> Select[Any]:
 
 
 def summarize_pending(engine: Engine, thresholds: ThresholdSource = None,
-                      between: Callable[[], None] | None = None) -> int:
+                      between: Callable[[], None] | None = None, stop: Callable[[], bool] | None = None) -> int:
     """Analyse every job whose summary is missing or stale, ``BATCH`` a transaction; return how many.
     ``between`` is called before each batch after the first (the service's: the nodes' waiting pushes go
-    first)."""
+    first); ``stop``, asked there too: when true, the rest waits for the next run (the service is stopping)."""
     done = 0
     while True:
+        if done and stop is not None and stop():
+            return done
         if done and between is not None:
             between()
         with Session(engine) as session:

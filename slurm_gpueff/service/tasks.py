@@ -19,7 +19,7 @@ from sqlmodel import col
 
 from ..config import Config
 from ..errors import GpueffError
-from ..models import Job, JobGpu, JobGpuTimeline, utcnow
+from ..models import Job, JobGpu, JobGpuTimeline, not_live, utcnow
 
 log = logging.getLogger("gpueff.serve")
 
@@ -58,6 +58,9 @@ class Context:
     make_way: Callable[[], None] = field(default=lambda: None)
 
     summarizing: int = 0  # tasks analysing stored jobs now (summarize_pending), which cards wait for
+    # Set when the service is asked to stop: the long tasks (enrich, the analysis) end at their next batch
+    # instead of working through a whole backlog while the stop waits for them.
+    leaving: threading.Event = field(default_factory=threading.Event)
 
     def analyse(self) -> int:
         """summarize_pending in this task, counted in ``summarizing`` while it runs."""
@@ -66,7 +69,7 @@ class Context:
         with _COUNTING:
             self.summarizing += 1
         try:
-            return summarize_pending(self.engine, self.config.analysis, self.make_way)
+            return summarize_pending(self.engine, self.config.analysis, self.make_way, self.leaving.is_set)
         finally:
             with _COUNTING:
                 self.summarizing -= 1
@@ -152,9 +155,11 @@ def enrich(ctx: Context) -> str:
     since = utcnow() - timedelta(days=ctx.config.sacct.enrich_window_days)
     res = enrich_jobs(ctx.engine, SacctReader.from_config(ctx.config), since=since,
                       settle_s=ctx.config.sacct.settle_s,
-                      shard_counts=shard_counter(SlurmRunner.from_config(ctx.config)))
+                      shard_counts=shard_counter(SlurmRunner.from_config(ctx.config)), stop=ctx.leaving.is_set)
     for e in res.errors:
         log.warning("enrich: %s", e)
+    if res.stopped:
+        return f"enriched {res.enriched}, stopped there: the service is stopping (the next run continues)"
     analysed = ctx.analyse()
     return f"enriched {res.enriched}, analysed {analysed}"
 
@@ -191,7 +196,7 @@ def prune_timelines(engine: Engine, before: datetime, batch: int = 5000) -> int:
         with engine.begin() as conn:
             ids = [r[0] for r in conn.execute(
                 select(col(JobGpuTimeline.job_gpu_id)).join(JobGpu, col(JobGpu.id) == JobGpuTimeline.job_gpu_id)
-                .join(Job, col(Job.id) == JobGpu.job_pk).where(col(Job.end_time) < before).limit(batch))]
+                .join(Job, col(Job.id) == JobGpu.job_pk).where(col(Job.end_time) < before, not_live()).limit(batch))]
             if not ids:
                 return gone
             conn.execute(delete(JobGpuTimeline).where(col(JobGpuTimeline.job_gpu_id).in_(ids)))

@@ -51,6 +51,7 @@ class EnrichResult:
     not_found: int = 0
     settling: int = 0  # final, but ended less than settle_s ago: accounting may still be filling it in
     errors: list[str] = field(default_factory=list)
+    stopped: bool = False  # asked to stop (the service is stopping): the rest waits for the next run
 
 
 @dataclass
@@ -163,13 +164,16 @@ def _who(by: str, job: Job) -> str:
 
 def enrich_jobs(engine: Engine, reader: Any, *, since: datetime | None = None, limit: int | None = None,
                 progress: Callable[[int, int], None] | None = None, settle_s: float = SacctConfig.settle_s,
-                now: float | None = None, shard_counts: Callable[[str], dict[int, int]] | None = None) -> EnrichResult:
+                now: float | None = None, shard_counts: Callable[[str], dict[int, int]] | None = None,
+                stop: Callable[[], bool] | None = None) -> EnrichResult:
     """Enrich every unenriched job run (ended since ``since``) from ``reader``, committing batch by batch; runs
     that ended less than ``settle_s`` before ``now`` (epoch; default: the clock) wait for the next run. Each
     row is matched to its own run in ``sacct -D`` (:func:`match_run`). Never raises for sacct or database
     trouble: the run stops and says why in ``errors``; what was committed stays, the next run retries the rest.
     ``shard_counts``: a node's GPUs' shard counts (slurm.commands.shard_counter), for the share of a shared
-    GPU a job held (:func:`apply_shards`)."""
+    GPU a job held (:func:`apply_shards`). ``stop``, asked before each batch: when true the run ends there
+    (``stopped``), what it committed kept; a large backlog is many sacct calls, and a stopping service waits
+    for its running tasks."""
     res = EnrichResult()
     batch = max(1, int(getattr(reader, "batch_size", SacctConfig.batch_size)))
     clock = now if now is not None else time.time()
@@ -194,6 +198,9 @@ def enrich_jobs(engine: Engine, reader: Any, *, since: datetime | None = None, l
         rows = [(pk, job_id) for pk, _cluster, job_id in group]
         for k in range(0, len(rows), batch):
             chunk = rows[k:k + batch]
+            if stop is not None and stop():
+                res.stopped = True
+                return res
             try:
                 found = runs_by_job(reader.jobs(sorted({j for _pk, j in chunk}), cluster, runs=True))
             except SacctError as exc:

@@ -87,7 +87,7 @@ def refresh_month(conn: Connection, month: date, now: datetime) -> int:
     sums = [func.sum(case((j.c[_MEASURED[m]].is_not(None), j.c.gpu_hours))) if m in _MEASURED
             else func.sum(j.c[m]) for m in MEASURES]
     ended = (j.c.end_time >= datetime(m0.year, m0.month, 1), j.c.end_time < datetime(m1.year, m1.month, 1),
-             j.c.analyzed_at.is_not(None), not_live())  # running jobs: not yet
+             j.c.analyzed_at.is_not(None), not_live(j))  # running jobs: not yet
     # A requeued job counts once (its last run), the GPU-hours of every run (docs/DESIGN.md, "Runs").
     # Day rows without the verdict, month rows with it, each straight from the jobs (module docstring).
     day = _day_expr(conn, j.c.end_time)
@@ -107,7 +107,8 @@ def dirty_months(conn: Connection, now: datetime, full: bool = False) -> list[da
     r, j = _ROLLUP, _JOB
     last = conn.execute(select(func.max(r.c.refreshed_at))).scalar()
     month = _month_expr(conn, j.c.end_time)
-    stmt = select(month).distinct().where(j.c.end_time.is_not(None), j.c.analyzed_at.is_not(None))
+    stmt = select(month).distinct().where(j.c.end_time.is_not(None), j.c.analyzed_at.is_not(None),
+                                          not_live(j))  # running jobs are not in the rollups yet
     if not full and last is not None:
         stmt = stmt.where(j.c.analyzed_at >= last - SAFETY_MARGIN)
     months = {_as_date(m) for (m,) in conn.execute(stmt)}

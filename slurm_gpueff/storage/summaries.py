@@ -14,12 +14,12 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from sqlalchemy import Executable, Float, RowMapping, and_, case, cast, exists, func, or_, select
+from sqlalchemy import Executable, Float, RowMapping, and_, case, cast, exists, func, or_, select, union_all
 from sqlalchemy.sql.elements import ColumnElement
 from sqlmodel import Session, col
 from sqlmodel import select as select_model
 
-from ..models import Job, last_run_count, not_live, ran_more_than_once
+from ..models import Job, last_run_count, live, not_live, ran_more_than_once
 from ..readmodel import JobRow, job_row
 from .queries import JOB, job_rows
 
@@ -132,7 +132,7 @@ def _table_where(user: str | None, account: str | None, start: datetime | None, 
                  cluster: str | None, states: list[str] | None, table: Any = None) -> list[Any]:
     """The conditions of a ``seff-gpu -u/-A`` table: jobs that ended in [start, end) (naive UTC; a running
     job's end is its last live record) of the user/account/cluster, in these Slurm states; on ``table``
-    (another name of the job table) when given."""
+    (another name of the job table) when given. Finished and running jobs alike: see :func:`_both`."""
     c = (table if table is not None else Job.metadata.tables["job"]).c
     where: list[Any] = [c.end_time.is_not(None)]
     for column, value in ((c.user, user), (c.account, account), (c.cluster, cluster)):
@@ -147,15 +147,26 @@ def _table_where(user: str | None, account: str | None, start: datetime | None, 
     return where
 
 
+def _both(table: Any = None) -> Any:
+    """Always true (``record_source`` is never NULL), and written out for the planner: the indexes by end
+    time hold finished jobs only (migration 0017), so a table that also lists running jobs reads the finished
+    ones there and the running ones through ``ix_job_live``, each arm of this OR by its own index."""
+    return or_(not_live(table), live(table))
+
+
 def list_jobs(session: Session, *, user: str | None = None, account: str | None = None,
               start: datetime | None = None, end: datetime | None = None, cluster: str | None = None,
               states: list[str] | None = None, limit: int | None = None) -> list[JobRow]:
-    """A table's jobs (:func:`_table_where`), oldest first; with ``limit``, the newest ``limit`` of them."""
-    c = JOB.c
-    stmt = select(JOB).where(*_table_where(user, account, start, end, cluster, states))
+    """A table's jobs (:func:`_table_where`), oldest first; with ``limit``, the newest ``limit`` of them: the
+    newest finished ones read in order from their index, the running ones beside them, the newest of both."""
+    where = _table_where(user, account, start, end, cluster, states)
     if limit is None:
-        return job_rows(session, stmt.order_by(c.end_time, c.job_id))
-    return list(reversed(job_rows(session, stmt.order_by(c.end_time.desc(), c.job_id.desc()).limit(limit))))
+        return job_rows(session, select(JOB).where(*where, _both()).order_by(JOB.c.end_time, JOB.c.job_id))
+    finished = (select(JOB).where(*where, not_live()).order_by(JOB.c.end_time.desc(), JOB.c.job_id.desc())
+                .limit(limit).subquery())  # a subquery: SQLite takes no ORDER BY or LIMIT in a UNION's arm
+    both = union_all(select(finished), select(JOB).where(*where, live())).subquery()
+    newest = select(both).order_by(both.c.end_time.desc(), both.c.job_id.desc()).limit(limit)
+    return list(reversed(job_rows(session, newest)))
 
 
 def table_totals(session: Session, *, user: str | None = None, account: str | None = None,
@@ -181,7 +192,7 @@ def table_totals(session: Session, *, user: str | None = None, account: str | No
     earlier = j.alias("earlier_run")
     repeated = exists().where(earlier.c.cluster == j.c.cluster, earlier.c.job_id == j.c.job_id,
                               earlier.c.run < j.c.run,
-                              *_table_where(user, account, start, end, cluster, states, earlier))
+                              *_table_where(user, account, start, end, cluster, states, earlier), _both(earlier))
     several = ran_more_than_once()
     stmt = select_model(  # type: ignore[call-overload]  # sqlmodel's select() is typed for a few columns
         func.count(), func.count() - func.sum(case((several, case((repeated, 1), else_=0)), else_=0)),
@@ -191,7 +202,7 @@ def table_totals(session: Session, *, user: str | None = None, account: str | No
         func.sum(case((cpu, col(Job.total_cpu_s)))) / func.nullif(
             func.sum(case((cpu, col(Job.elapsed_s) * col(Job.alloc_cpus)))), 0),
         func.sum(waste), func.sum(col(Job.energy_j)), func.sum(col(Job.gpu_count)),
-    ).where(*where)
+    ).where(*where, _both())
     rows, jobs, gh, k, s, t, cpu_eff, wasted, energy, gpus = session.exec(stmt).one()
     return {"rows": int(rows), "jobs": int(jobs or 0), "gpu_hours": gh, "kernel_active": k, "sm_active": s,
             "tensor_active": t, "cpu_efficiency": None if cpu_eff is None else min(1.0, float(cpu_eff)),
