@@ -146,14 +146,16 @@ def live(table: Any = None) -> Any:
     return c.record_source == literal_column("'live'")
 
 
-def ran_more_than_once() -> Any:
+def ran_more_than_once(row: Any = None) -> Any:
     """SQL: whether the job row's job has a run other than 0, i.e. more than one run (runs are unique). The
     few such jobs (the partial index ix_job_rerun) are read once into a hash; a look for another run of
     the same job, once per job row, was most of a month's rollup, so callers put it under this, CASE in
-    CASE, in that order."""
+    CASE, in that order. ``row``: the columns (``cluster``, ``job_id``) of the rows asked about, when not
+    the job table's own (a subquery of its rows)."""
     j = Job.metadata.tables["job"]
+    c = row if row is not None else j.c
     rerun = j.alias("rerun")
-    return tuple_(j.c.cluster, j.c.job_id).in_(select(rerun.c.cluster, rerun.c.job_id).where(rerun.c.run != 0))
+    return tuple_(c.cluster, c.job_id).in_(select(rerun.c.cluster, rerun.c.job_id).where(rerun.c.run != 0))
 
 
 def last_run_count() -> Any:

@@ -26,6 +26,9 @@ from .queries import JOB, job_rows
 PARTS = ("allocated", "idle", "underfilled", "active", "tensor", "unmeasured")
 WASTED = func.coalesce(col(Job.idle_gpu_hours), 0.0) + func.coalesce(col(Job.underfilled_gpu_hours), 0.0)
 GROUPS = {"user": col(Job.user), "account": col(Job.account)}
+# The columns a table's totals read (table_totals)
+_TOTALLED = ("cluster", "job_id", "run", "gpu_hours", "idle_gpu_hours", "underfilled_gpu_hours", "sm_active_gpu_hours",
+             "tensor_active_gpu_hours", "total_cpu_s", "alloc_cpus", "elapsed_s", "energy_j", "gpu_count")
 
 
 class Split(NamedTuple):
@@ -132,7 +135,7 @@ def _table_where(user: str | None, account: str | None, start: datetime | None, 
                  cluster: str | None, states: list[str] | None, table: Any = None) -> list[Any]:
     """The conditions of a ``seff-gpu -u/-A`` table: jobs that ended in [start, end) (naive UTC; a running
     job's end is its last live record) of the user/account/cluster, in these Slurm states; on ``table``
-    (another name of the job table) when given. Finished and running jobs alike: see :func:`_both`."""
+    (another name of the job table) when given. Finished and running jobs alike: see :func:`_lines`."""
     c = (table if table is not None else Job.metadata.tables["job"]).c
     where: list[Any] = [c.end_time.is_not(None)]
     for column, value in ((c.user, user), (c.account, account), (c.cluster, cluster)):
@@ -147,11 +150,12 @@ def _table_where(user: str | None, account: str | None, start: datetime | None, 
     return where
 
 
-def _both(table: Any = None) -> Any:
-    """Always true (``record_source`` is never NULL), and written out for the planner: the indexes by end
-    time hold finished jobs only (migration 0017), so a table that also lists running jobs reads the finished
-    ones there and the running ones through ``ix_job_live``, each arm of this OR by its own index."""
-    return or_(not_live(table), live(table))
+def _lines(where: list[Any], *columns: Any) -> Any:
+    """A table's lines, finished and running jobs alike, as one subquery of ``columns``: the indexes by end
+    time hold finished jobs only (migration 0017), so the finished ones are read there and the running ones
+    through ``ix_job_live``, each arm by its own index on either database."""
+    return union_all(select(*columns).where(*where, not_live()),
+                     select(*columns).where(*where, live())).subquery("lines")
 
 
 def list_jobs(session: Session, *, user: str | None = None, account: str | None = None,
@@ -161,7 +165,8 @@ def list_jobs(session: Session, *, user: str | None = None, account: str | None 
     newest finished ones read in order from their index, the running ones beside them, the newest of both."""
     where = _table_where(user, account, start, end, cluster, states)
     if limit is None:
-        return job_rows(session, select(JOB).where(*where, _both()).order_by(JOB.c.end_time, JOB.c.job_id))
+        lines = _lines(where, JOB)
+        return job_rows(session, select(lines).order_by(lines.c.end_time, lines.c.job_id))
     finished = (select(JOB).where(*where, not_live()).order_by(JOB.c.end_time.desc(), JOB.c.job_id.desc())
                 .limit(limit).subquery())  # a subquery: SQLite takes no ORDER BY or LIMIT in a UNION's arm
     both = union_all(select(finished), select(JOB).where(*where, live())).subquery()
@@ -174,35 +179,33 @@ def table_totals(session: Session, *, user: str | None = None, account: str | No
                  states: list[str] | None = None) -> dict[str, Any]:
     """A table's totals over all its jobs, in the database (a year of an account is half a million rows):
     what :func:`slurm_gpueff.render.jobs_table.totals` computes from the rows, plus ``rows`` (the lines)."""
-    hours = col(Job.gpu_hours)
+    j = Job.metadata.tables["job"]
+    where = _table_where(user, account, start, end, cluster, states)
+    c = _lines(where, *(j.c[n] for n in _TOTALLED)).c
+    hours = c.gpu_hours
     counted = and_(hours.is_not(None), hours != 0)
 
     def weighted(part: Any) -> Any:  # Σ part / Σ GPU-hours over the jobs where part was measured
         return func.sum(case((and_(counted, part.is_not(None)), part))) / func.nullif(
             func.sum(case((and_(counted, part.is_not(None)), hours))), 0)
 
-    cpu = and_(col(Job.total_cpu_s).is_not(None), col(Job.alloc_cpus) != 0, col(Job.elapsed_s) != 0)
-    waste = col(Job.idle_gpu_hours) + col(Job.underfilled_gpu_hours)
+    cpu = and_(c.total_cpu_s.is_not(None), c.alloc_cpus != 0, c.elapsed_s != 0)
+    waste = c.idle_gpu_hours + c.underfilled_gpu_hours
     # The jobs among the lines: a requeued job has a line per run. Counted DISTINCT, the year of a large
     # account was sorted by job id; instead the lines are counted less those
     # with an earlier run of their job among the lines, looked for only where the job ran more than once
     # (models.ran_more_than_once), as in models.last_run_count.
-    where = _table_where(user, account, start, end, cluster, states)
-    j = Job.metadata.tables["job"]
     earlier = j.alias("earlier_run")
-    repeated = exists().where(earlier.c.cluster == j.c.cluster, earlier.c.job_id == j.c.job_id,
-                              earlier.c.run < j.c.run,
-                              *_table_where(user, account, start, end, cluster, states, earlier), _both(earlier))
-    several = ran_more_than_once()
+    repeated = exists().where(earlier.c.cluster == c.cluster, earlier.c.job_id == c.job_id, earlier.c.run < c.run,
+                              *_table_where(user, account, start, end, cluster, states, earlier))
+    several = ran_more_than_once(c)
     stmt = select_model(  # type: ignore[call-overload]  # sqlmodel's select() is typed for a few columns
         func.count(), func.count() - func.sum(case((several, case((repeated, 1), else_=0)), else_=0)),
-        func.sum(hours),
-        weighted(hours - col(Job.idle_gpu_hours)), weighted(col(Job.sm_active_gpu_hours)),
-        weighted(col(Job.tensor_active_gpu_hours)),
-        func.sum(case((cpu, col(Job.total_cpu_s)))) / func.nullif(
-            func.sum(case((cpu, col(Job.elapsed_s) * col(Job.alloc_cpus)))), 0),
-        func.sum(waste), func.sum(col(Job.energy_j)), func.sum(col(Job.gpu_count)),
-    ).where(*where, _both())
+        func.sum(hours), weighted(hours - c.idle_gpu_hours), weighted(c.sm_active_gpu_hours),
+        weighted(c.tensor_active_gpu_hours),
+        func.sum(case((cpu, c.total_cpu_s))) / func.nullif(func.sum(case((cpu, c.elapsed_s * c.alloc_cpus))), 0),
+        func.sum(waste), func.sum(c.energy_j), func.sum(c.gpu_count),
+    )
     rows, jobs, gh, k, s, t, cpu_eff, wasted, energy, gpus = session.exec(stmt).one()
     return {"rows": int(rows), "jobs": int(jobs or 0), "gpu_hours": gh, "kernel_active": k, "sm_active": s,
             "tensor_active": t, "cpu_efficiency": None if cpu_eff is None else min(1.0, float(cpu_eff)),
