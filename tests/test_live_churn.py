@@ -102,3 +102,42 @@ def test_a_users_table_lists_running_and_finished_jobs_each_through_an_index(pg_
         finished = "ix_job_user_end" in plan or "ix_job_end_time" in plan
         assert finished and "ix_job_live" in plan and "Seq Scan on job" not in plan, plan
     engine.dispose()
+
+
+def test_on_sqlite_a_users_table_reads_its_lines_through_the_indexes_too(tmp_path):
+    """SQLite uses a partial index only where the query's WHERE holds its predicate as a term of its own: the
+    table's lines are a union of the finished jobs (the partial indexes by end time) and the running ones
+    (ix_job_live), each statement explained here with the values it ran with: no scan of the job table."""
+    engine = make_engine(f"sqlite:///{tmp_path / 'gpueff.db'}")
+    with engine.begin() as conn:
+        conn.execute(text(
+            "WITH RECURSIVE s(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s WHERE i < 20000) "
+            "INSERT INTO job (id, cluster, job_id, run, gpu_count, backend, record_source, enriched, user, account, "
+            "state, start_time, end_time, analyzed_at, gpu_hours) "
+            "SELECT i, 'c', i, 0, 1, 'nvml', CASE WHEN i > 19000 THEN 'live' ELSE 'hook' END, 0, 'u' || (i % 20), "
+            "'a' || (i % 5), CASE WHEN i > 19000 THEN 'RUNNING' ELSE 'COMPLETED' END, "
+            "datetime('2027-03-01', '+' || (i * 10) || ' seconds'), "
+            "datetime('2027-03-01', '+' || (i * 10 + 3600) || ' seconds'), datetime('now'), 1.0 FROM s"))
+        conn.execute(text("ANALYZE"))
+    ran: list[tuple[str, Any]] = []
+
+    def keep(conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
+        if statement.lstrip().upper().startswith("SELECT"):
+            ran.append((statement, parameters))
+
+    event.listen(engine, "before_cursor_execute", keep)
+    window = {"user": "u7", "start": T0, "end": T0 + timedelta(days=40)}
+    with Session(engine) as session:
+        newest = list_jobs(session, limit=20, **window)  # type: ignore[arg-type]
+        every = list_jobs(session, **window)  # type: ignore[arg-type]
+        totals = table_totals(session, **window)  # type: ignore[arg-type]
+    event.remove(engine, "before_cursor_execute", keep)
+    assert len(every) == 1_000 and sum(j.state == "RUNNING" for j in every) == 50 and totals["rows"] == 1_000
+    assert [j.job_id for j in newest] == [j.job_id for j in every[-20:]]
+    with engine.connect() as conn:
+        for statement, parameters in ran:
+            plan = [r[3] for r in conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", parameters)]
+            whole = [p for p in plan if p.startswith("SCAN job") and "USING" not in p]  # not through an index
+            assert not whole, "; ".join(plan)
+            assert any("ix_job_live" in p for p in plan), "; ".join(plan)
+    engine.dispose()
