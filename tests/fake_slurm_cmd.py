@@ -6,7 +6,8 @@ Installed as ``<dir>/sacct`` / ``<dir>/sacctmgr`` (a copy of this file, run as a
 is appended to ``$FAKE_SLURM_LOG`` (one JSON list of argv per line). ``$FAKE_SLURM_MODE``: ``fail`` (exit 1
 with slurmdbd's connection error), ``slow`` (sleeps 60 s), ``pending`` (sacct: an array still pending,
 so only its own record ``2_[0-2]`` exists), ``accounting-none`` (a site without slurmdbd);
-``$FAKE_SACCTMGR_FILE``: the sacctmgr output to print;
+``$FAKE_SACCTMGR_FILE``: the sacctmgr output to print; ``$FAKE_SLURM_SLEEP_S``: seconds every call takes
+first (a slurmdbd slow to answer);
 ``$FAKE_SLURM_DATA``: tests/data/slurmcmds (where a copy elsewhere finds the captures).
 """
 
@@ -27,6 +28,7 @@ def main(argv: list[str]) -> int:
         with open(os.environ["FAKE_SLURM_LOG"], "a") as fh:
             fh.write(json.dumps([name, *argv]) + "\n")
     mode = os.environ.get("FAKE_SLURM_MODE", "")
+    time.sleep(float(os.environ.get("FAKE_SLURM_SLEEP_S") or 0))
     if mode == "slow":
         time.sleep(60)
     if mode == "fail":

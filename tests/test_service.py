@@ -297,3 +297,42 @@ def test_doctor_warns_when_every_users_figures_are_open(tmp_path):
     token.chmod(0o600)
     good = doctor_lines(config(tmp_path, metrics_per_user=True, metrics_token_file=str(token)))
     assert [s for s, _ in good] == [doctor.PASS] and "Zq9-metrics-secret" not in good[0][1]
+
+
+def test_sigterm_stops_enrich_at_its_next_sacct_call(tmp_path):
+    """A stopping service waits for its running tasks; enrich through a large backlog is many sacct calls
+    (one per ``[sacct] batch_size`` jobs), and the stop waited for all of them. It now ends at its next
+    batch. Real `gpueff serve`, the sacct stand-in (tests/fake_slurm_cmd.py) a real program taking 2 s a
+    call: 8 jobs in batches of 1; SIGTERM once the first call has begun; the calls made, counted from the
+    stand-in's own log, are that one and at most one more, not the 8."""
+    from test_seff_rawid import install_fake
+
+    install_fake(str(tmp_path / "bin"), "sacct")
+    calls = tmp_path / "slurm.log"
+    cfg_path = tmp_path / "gpueff.toml"
+    cfg_path.write_text(f'[paths]\nspool_dir = "{tmp_path}/spool"\nstate_dir = "{tmp_path}/state"\n'
+                        f'database = "{tmp_path}/g.db"\n[service]\nmetrics_port = 0\nenrich_interval_s = 1\n'
+                        f'[sacct]\ncommand = "{tmp_path}/bin/sacct"\nformat = "parsable"\nbatch_size = 1\n'
+                        'settle_s = 0\n')
+    for i in range(8):
+        spool.write_record(str(tmp_path / "spool"), synthetic.record(9000 + i, gpus=1, timeline_points=2,
+                                                                     end=time.time() - 3600))
+    p = subprocess.Popen([sys.executable, "-m", "slurm_gpueff.cli.gpueff", "--config", str(cfg_path), "serve"],
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env={**os.environ, "FAKE_SLURM_LOG": str(calls), "FAKE_SLURM_SLEEP_S": "2",
+                              "FAKE_SLURM_DATA": os.path.join(ROOT, "tests", "data", "slurmcmds")})
+
+    def sacct_calls() -> int:
+        return sum('"-j"' in line for line in calls.read_text().splitlines()) if calls.exists() else 0
+
+    try:
+        deadline = time.time() + 60
+        while sacct_calls() < 1 and time.time() < deadline and p.poll() is None:
+            time.sleep(0.1)
+        assert sacct_calls() == 1
+    finally:
+        p.send_signal(signal.SIGTERM)
+        out, _ = p.communicate(timeout=60)
+    assert p.returncode == 0, out
+    assert sacct_calls() <= 2, out
+    assert "stopped there: the service is stopping (the next run continues)" in out, out
