@@ -42,6 +42,25 @@ def _pages(conn: Any, name: str) -> int:
     return int(conn.execute(text("SELECT pg_relation_size(CAST(:n AS regclass))"), {"n": name}).scalar())
 
 
+def _users_table(engine: Engine, limit: int) -> tuple[list[Any], list[Any], dict[str, Any], list[tuple[str, Any]]]:
+    """u7's table over 40 days as ``seff-gpu -u`` reads it: the newest ``limit`` lines, every line, the
+    totals; with the SELECT statements run and their values."""
+    ran: list[tuple[str, Any]] = []
+
+    def keep(conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
+        if statement.lstrip().upper().startswith("SELECT"):
+            ran.append((statement, parameters))
+
+    event.listen(engine, "before_cursor_execute", keep)
+    window = {"user": "u7", "start": T0, "end": T0 + timedelta(days=40)}
+    with Session(engine) as session:
+        newest = list_jobs(session, limit=limit, **window)  # type: ignore[arg-type]
+        every = list_jobs(session, **window)  # type: ignore[arg-type]
+        totals = table_totals(session, **window)  # type: ignore[arg-type]
+    event.remove(engine, "before_cursor_execute", keep)
+    return newest, every, totals, ran
+
+
 @pytest.mark.postgres
 def test_a_running_jobs_updates_add_no_entry_to_the_time_indexes(pg_url):  # noqa: F811
     """30 rounds of every running job's two updates (its figures' time, then its analysis), as its live
@@ -74,19 +93,7 @@ def test_a_users_table_lists_running_and_finished_jobs_each_through_an_index(pg_
     through one of the finished jobs' indexes (ix_job_user_end, or ix_job_end_time walked from the newest
     for the newest lines) and the running ones through ix_job_live, never the whole table."""
     engine = _site(pg_url, finished=100_000, running=2_000)
-    ran: list[tuple[str, Any]] = []
-
-    def keep(conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
-        if statement.lstrip().upper().startswith("SELECT"):
-            ran.append((statement, parameters))
-
-    event.listen(engine, "before_cursor_execute", keep)
-    window = {"user": "u7", "start": T0, "end": T0 + timedelta(days=40)}
-    with Session(engine) as session:
-        newest = list_jobs(session, limit=50, **window)  # type: ignore[arg-type]
-        every = list_jobs(session, **window)  # type: ignore[arg-type]
-        totals = table_totals(session, **window)  # type: ignore[arg-type]
-    event.remove(engine, "before_cursor_execute", keep)
+    newest, every, totals, ran = _users_table(engine, 50)
     # u7: ids 7, 27, ...: 5,000 finished (ids up to 100,000), 100 running (the last 2,000 ids); the
     # running ones have the latest end times.
     assert len(every) == 5_100 and sum(j.state == "RUNNING" for j in every) == 100
@@ -119,19 +126,7 @@ def test_on_sqlite_a_users_table_reads_its_lines_through_the_indexes_too(tmp_pat
             "datetime('2027-03-01', '+' || (i * 10) || ' seconds'), "
             "datetime('2027-03-01', '+' || (i * 10 + 3600) || ' seconds'), datetime('now'), 1.0 FROM s"))
         conn.execute(text("ANALYZE"))
-    ran: list[tuple[str, Any]] = []
-
-    def keep(conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
-        if statement.lstrip().upper().startswith("SELECT"):
-            ran.append((statement, parameters))
-
-    event.listen(engine, "before_cursor_execute", keep)
-    window = {"user": "u7", "start": T0, "end": T0 + timedelta(days=40)}
-    with Session(engine) as session:
-        newest = list_jobs(session, limit=20, **window)  # type: ignore[arg-type]
-        every = list_jobs(session, **window)  # type: ignore[arg-type]
-        totals = table_totals(session, **window)  # type: ignore[arg-type]
-    event.remove(engine, "before_cursor_execute", keep)
+    newest, every, totals, ran = _users_table(engine, 20)
     assert len(every) == 1_000 and sum(j.state == "RUNNING" for j in every) == 50 and totals["rows"] == 1_000
     assert [j.job_id for j in newest] == [j.job_id for j in every[-20:]]
     with engine.connect() as conn:
