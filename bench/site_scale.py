@@ -641,11 +641,11 @@ def steady(a: argparse.Namespace, sz: dict[str, int], url: str, base: str, runni
 
 
 class Memory:
-    """The service's RSS sampled every few seconds through the run (its process is replaced at the outage),
-    the largest per stage: where the peak that the end reports happened."""
+    """The service's RSS, with its children's, sampled every few seconds through the run (the site's process
+    of the moment: it is replaced at the outage), the largest per stage: where the peak the end reports was."""
 
-    def __init__(self, pid: int) -> None:
-        self.pid, self.stage = pid, "start"
+    def __init__(self, site: Any) -> None:
+        self.site, self.stage = site, "start"
         self.peaks: dict[str, float] = {}
         self.stop = threading.Event()
         threading.Thread(target=self._run, daemon=True).start()
@@ -653,7 +653,8 @@ class Memory:
     def _run(self) -> None:
         while not self.stop.wait(5.0):
             try:
-                mb = rss_mb(self.pid) + sum(rss_mb(k) for k in children(self.pid))
+                pid = self.site.proc.pid
+                mb = rss_mb(pid) + sum(rss_mb(k) for k in children(pid))
             except OSError:
                 continue
             self.peaks[self.stage] = max(self.peaks.get(self.stage, 0.0), mb)
@@ -1165,13 +1166,13 @@ def run(a: argparse.Namespace, sz: dict[str, int], log: Log, migrate: Any, make_
     shapes = Shapes()
     running = Running(hist["first_id"], sz["running"], sz["nodes"], random.Random(3), hist)
     running.publish(state, time.time())
-    mem = Memory(pid)
+    mem = Memory(site)
     try:
         mem.stage = "steady"
         steady(a, sz, url, base, running, shapes, state, log, pid)
         mem.stage = "outage and drain"
         pid = outage(a, sz, url, base, site, running, shapes, hist, log, [w.pid for w in workers if w.pid])
-        mem.pid, mem.stage = pid, "passes"
+        mem.stage = "passes"
         passes(sz, url, base, running, log)
         mem.stage = "reads"
         reads(a, site, hist, sz["history"], metrics_port, log, base)
