@@ -9,6 +9,8 @@ from datetime import datetime, timedelta
 
 import pytest
 from hooksite import make_record
+from hypothesis import given
+from hypothesis import strategies as st
 from pgutil import pg_url  # noqa: F401  (fixture)
 from sqlmodel import Session, select
 
@@ -369,3 +371,24 @@ def test_a_long_job_keeps_one_window_of_samples_and_is_judged_as_with_all(tmp_pa
         assert warned == [T - timedelta(minutes=10)], warned  # the first pass whose last hour was all idle
     finally:
         engine.dispose()
+
+
+@given(st.lists(st.tuples(st.integers(0, 24 * 60), st.floats(0, 1)), min_size=1, max_size=40, unique_by=lambda x: x[0]),
+       st.sampled_from([5.0, 30.0, 60.0, 240.0]), st.integers(0, 24 * 60))
+def test_the_samples_a_pass_keeps_give_the_window_of_all_of_them(points, window_min, started):
+    """A pass keeps in memory, of each GPU's samples, only those its window reads (service.alerts.kept: the
+    oldest, the window's base, the newest): the window over them equals the window over every sample, for
+    any times, any activity, any window and any job start."""
+    from slurm_gpueff.service.alerts import kept
+
+    t0 = datetime(2027, 1, 1)
+    covered = kernel = 0.0
+    samples = []
+    for minute, busy in sorted(points):
+        covered, kernel = covered + 300.0, kernel + 300.0 * busy
+        samples.append(idle.Sample(t0 + timedelta(minutes=minute), covered, kernel, kernel / 2))
+    start = t0 + timedelta(minutes=started) - timedelta(days=1)
+    base = idle.window_base(samples, window_min)
+    few = kept(samples, base)
+    assert len(few) <= 3
+    assert idle.window(few, start, window_min, "n", 0) == idle.window(samples, start, window_min, "n", 0)

@@ -175,3 +175,19 @@ def test_a_run_asked_to_stop_ends_at_its_next_batch_and_keeps_what_it_committed(
     rest = enrich_jobs(engine, reader)
     assert (rest.stopped, rest.checked, rest.enriched) == (False, 2, 2)
     assert all(job(engine, j).enriched for j in (19, 15, 14, 12))
+
+
+def test_a_run_makes_way_before_each_batch_after_the_first(engine):
+    """The service hands enrich its ``make_way`` (the nodes' pushes and users' questions first): 4 jobs in
+    batches of 2 are 2 sacct calls, and make_way is asked once, after the first batch was committed."""
+    store(engine, hook_record(19, [0]), hook_record(15, [1]), hook_record(14, [2], exit_code=3),
+          hook_record(12, [0, 1], user="root"))
+    reader = Replay(captured("parsable"))
+    seen: list[tuple[int, int]] = []
+
+    def between() -> None:
+        with Session(engine) as s:
+            seen.append((reader.calls, len(s.exec(select(Job).where(Job.enriched)).all())))
+
+    res = enrich_jobs(engine, reader, between=between)
+    assert (res.enriched, reader.calls, seen) == (4, 2, [(1, 2)])

@@ -60,59 +60,84 @@ class AlertsResult:
 
 def record_samples(session: Session, jobs: list[Job],
                    window_min: float) -> dict[int, dict[tuple[str, int], list[idle.Sample]]]:
-    """Store each live job GPU's newest cumulative figures (once per live record); every sample by job.
+    """Store each live job GPU's newest cumulative figures (once per live record); by job, each GPU's samples
+    that its window reads (:func:`kept`).
 
     The running jobs are named to the database by the live rows' own predicate (ix_job_live), not as a list
-    of their ids: thousands of parameters cost more to send than the look-ups they ask for. Samples no window
-    will use again are deleted (:func:`outlived`): a GPU keeps those of one window, however long its job runs."""
+    of their ids: thousands of parameters cost more to send than the look-ups they ask for. The stored samples
+    are read one GPU at a time, streamed in the order of their unique index: a large site holds a window of
+    samples for each of tens of thousands of GPUs, and all of them at once as objects were most of the
+    service's memory. Samples no window will use again are deleted: a GPU keeps those of one window, however
+    long its job runs."""
+    conn = session.connection()
     live = rows_of(col(Job.id)).where(LIVE)
-    session.connection().execute(delete(LiveSample).where(col(LiveSample.job_pk).not_in(live)))  # jobs that have ended
-    cols = (col(LiveSample.id), col(LiveSample.job_pk), col(LiveSample.node), col(LiveSample.gpu_index),
-            col(LiveSample.as_of), col(LiveSample.covered_s), col(LiveSample.kernel_s), col(LiveSample.sm_s))
-    stored = [(sid, pk, node, index, idle.Sample(as_of, cov, kernel_s, sm_s))  # plain rows: thousands at a large site
-              for sid, pk, node, index, as_of, cov, kernel_s, sm_s
-              in session.connection().execute(rows_of(*cols).where(col(LiveSample.job_pk).in_(live)))]
-    samples = [(pk, node, index, smp) for _sid, pk, node, index, smp in stored]
-    have = {(pk, node, index, smp.as_of) for pk, node, index, smp in samples}
+    conn.execute(delete(LiveSample).where(col(LiveSample.job_pk).not_in(live)))  # jobs that have ended
     end_of = {j.id: j.end_time for j in jobs}
-    new: list[tuple[int, str, int, idle.Sample]] = []
+    fresh: dict[tuple[int, str, int], idle.Sample] = {}  # each GPU's figures at its job's newest live record
     gcols = (col(JobGpu.job_pk), col(JobGpu.node), col(JobGpu.gpu_index), col(JobGpu.measured_s),
              col(JobGpu.start_time), col(JobGpu.end_time), col(JobGpu.kernel_active), col(JobGpu.sm_active))
-    for pk, node, index, measured, start, end, kernel, sm in session.connection().execute(
+    for pk, node, index, measured, start, end, kernel, sm in conn.execute(
             rows_of(*gcols).where(col(JobGpu.job_pk).in_(live))):
         as_of = end_of.get(pk)
         cov = measured if measured is not None else (end - start).total_seconds() if end and start else None
-        if as_of is None or cov is None or (pk, node, index, as_of) in have:
-            continue
-        new.append((pk, node, index, idle.Sample(as_of, cov, None if kernel is None else kernel * cov,
-                                                 None if sm is None else sm * cov)))
+        if as_of is not None and cov is not None:
+            fresh[(pk, node, index)] = idle.Sample(as_of, cov, None if kernel is None else kernel * cov,
+                                                   None if sm is None else sm * cov)
+    out: dict[int, dict[tuple[str, int], list[idle.Sample]]] = {}
+    new: list[tuple[int, str, int, idle.Sample]] = []
+    gone: list[int] = []
+
+    def settle(key: tuple[int, str, int], stored: list[tuple[int | None, idle.Sample]]) -> None:
+        """One GPU: its new sample (unless stored already), its window's samples, its outlived ones."""
+        smps = [smp for _sid, smp in stored]
+        add = fresh.pop(key, None)
+        if add is not None and all(smp.as_of != add.as_of for smp in smps):
+            new.append((*key, add))
+            smps.append(add)
+        if not smps:
+            return
+        base = idle.window_base(smps, window_min)
+        gone.extend(sid for sid, smp in stored if sid is not None and base is not None and smp.as_of < base.as_of)
+        out.setdefault(key[0], {})[(key[1], key[2])] = kept(smps, base)
+
+    cols = (col(LiveSample.id), col(LiveSample.job_pk), col(LiveSample.node), col(LiveSample.gpu_index),
+            col(LiveSample.as_of), col(LiveSample.covered_s), col(LiveSample.kernel_s), col(LiveSample.sm_s))
+    order = (col(LiveSample.job_pk), col(LiveSample.node), col(LiveSample.gpu_index), col(LiveSample.as_of))
+    stream = rows_of(*cols).where(col(LiveSample.job_pk).in_(live)).order_by(*order)
+    key: tuple[int, str, int] | None = None
+    group: list[tuple[int | None, idle.Sample]] = []
+    for sid, pk, node, index, as_of, cov, kernel_s, sm_s in conn.execute(
+            stream.execution_options(stream_results=True, yield_per=STREAM_ROWS)):
+        if (pk, node, index) != key:
+            if key is not None:
+                settle(key, group)
+            key, group = (pk, node, index), []
+        group.append((sid, idle.Sample(as_of, cov, kernel_s, sm_s)))
+    if key is not None:
+        settle(key, group)
+    for rest in list(fresh):  # GPUs with no stored sample yet
+        settle(rest, [])
     if new:
-        session.connection().execute(insert(LiveSample), [
+        conn.execute(insert(LiveSample), [
             {"job_pk": pk, "node": node, "gpu_index": index, "as_of": smp.as_of, "covered_s": smp.covered_s,
              "kernel_s": smp.kernel_s, "sm_s": smp.sm_s} for pk, node, index, smp in new])
-    out: dict[int, dict[tuple[str, int], list[idle.Sample]]] = {}
-    for pk, node, index, smp in [*samples, *new]:
-        out.setdefault(pk, {}).setdefault((node, index), []).append(smp)
-    gone = outlived(stored, out, window_min)
     for i in range(0, len(gone), DELETE_CHUNK):
-        session.connection().execute(delete(LiveSample).where(col(LiveSample.id).in_(gone[i:i + DELETE_CHUNK])))
-    return out  # the outlived ones too: analysis/idle.window passes over them as it would
+        conn.execute(delete(LiveSample).where(col(LiveSample.id).in_(gone[i:i + DELETE_CHUNK])))
+    return out
 
 
 DELETE_CHUNK = 1000  # sample ids per DELETE
+STREAM_ROWS = 5000  # stored samples fetched at a time
 
 
-def outlived(stored: list[tuple[int | None, int, str, int, idle.Sample]],
-             by_job: dict[int, dict[tuple[str, int], list[idle.Sample]]], window_min: float) -> list[int]:
-    """The stored samples no window will use again: those older than the sample their GPU's window starts
-    from (analysis/idle.window_base)."""
-    base: dict[tuple[int, str, int], datetime] = {}
-    for pk, gpus in by_job.items():
-        for (node, index), smps in gpus.items():
-            if (first := idle.window_base(smps, window_min)) is not None:
-                base[(pk, node, index)] = first.as_of
-    return sorted(sid for sid, pk, node, index, smp in stored
-                  if sid is not None and (at := base.get((pk, node, index))) is not None and smp.as_of < at)
+def kept(samples: list[idle.Sample], base: idle.Sample | None) -> list[idle.Sample]:
+    """Of one GPU's samples, those its window reads (analysis/idle.window), oldest first: the oldest (where
+    no sample is a window old), the window's base and the newest. The window over them is the window over
+    all of them: the base is the newest sample a window older than the newest, and no other sample is
+    between it and the edge."""
+    ordered = sorted(samples, key=lambda x: x.as_of)
+    picked = {id(x): x for x in (ordered[0], base, ordered[-1]) if x is not None}
+    return sorted(picked.values(), key=lambda x: x.as_of)
 
 
 def run_alerts(engine: Engine, config: Config, *, dry_run: bool | None = None, now: datetime | None = None,

@@ -155,7 +155,8 @@ def enrich(ctx: Context) -> str:
     since = utcnow() - timedelta(days=ctx.config.sacct.enrich_window_days)
     res = enrich_jobs(ctx.engine, SacctReader.from_config(ctx.config), since=since,
                       settle_s=ctx.config.sacct.settle_s,
-                      shard_counts=shard_counter(SlurmRunner.from_config(ctx.config)), stop=ctx.leaving.is_set)
+                      shard_counts=shard_counter(SlurmRunner.from_config(ctx.config)), stop=ctx.leaving.is_set,
+                      between=ctx.make_way)
     for e in res.errors:
         log.warning("enrich: %s", e)
     if res.stopped:
@@ -238,6 +239,7 @@ def report_monthly(ctx: Context) -> str:
 def alerts(ctx: Context) -> str:
     from .alerts import run_alerts
 
+    ctx.make_way()  # a pass is seconds of this process's interpreter at a large site: pushes and questions first
     return f"alerts: {run_alerts(ctx.engine, ctx.config)}"
 
 

@@ -165,7 +165,7 @@ def _who(by: str, job: Job) -> str:
 def enrich_jobs(engine: Engine, reader: Any, *, since: datetime | None = None, limit: int | None = None,
                 progress: Callable[[int, int], None] | None = None, settle_s: float = SacctConfig.settle_s,
                 now: float | None = None, shard_counts: Callable[[str], dict[int, int]] | None = None,
-                stop: Callable[[], bool] | None = None) -> EnrichResult:
+                stop: Callable[[], bool] | None = None, between: Callable[[], None] | None = None) -> EnrichResult:
     """Enrich every unenriched job run (ended since ``since``) from ``reader``, committing batch by batch; runs
     that ended less than ``settle_s`` before ``now`` (epoch; default: the clock) wait for the next run. Each
     row is matched to its own run in ``sacct -D`` (:func:`match_run`). Never raises for sacct or database
@@ -173,7 +173,8 @@ def enrich_jobs(engine: Engine, reader: Any, *, since: datetime | None = None, l
     ``shard_counts``: a node's GPUs' shard counts (slurm.commands.shard_counter), for the share of a shared
     GPU a job held (:func:`apply_shards`). ``stop``, asked before each batch: when true the run ends there
     (``stopped``), what it committed kept; a large backlog is many sacct calls, and a stopping service waits
-    for its running tasks."""
+    for its running tasks. ``between``, called before each batch after the first: the service's ``make_way``
+    (the nodes' pushes and users' questions go first)."""
     res = EnrichResult()
     batch = max(1, int(getattr(reader, "batch_size", SacctConfig.batch_size)))
     clock = now if now is not None else time.time()
@@ -201,6 +202,8 @@ def enrich_jobs(engine: Engine, reader: Any, *, since: datetime | None = None, l
             if stop is not None and stop():
                 res.stopped = True
                 return res
+            if done and between is not None:
+                between()
             try:
                 found = runs_by_job(reader.jobs(sorted({j for _pk, j in chunk}), cluster, runs=True))
             except SacctError as exc:
