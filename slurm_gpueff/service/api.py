@@ -242,12 +242,11 @@ class Api:
 
     def make_way(self, max_s: float = MAKE_WAY_S) -> None:
         """Wait, at most ``max_s``, while pushes wait for a slot or nodes told busy are still due (a turn given
-        has not come yet), or a user's question is being answered: summarizing the stored jobs (the service's
-        other steady work, in this process, and after an outage most of its CPU) calls this between its
-        batches, and the card pass before each card, so that the nodes' backlog is taken first and its
-        analysis follows once the herd has passed, and a user waiting at a terminal does not share the
-        interpreter with the background work. At a steady load nobody is told busy, and summarizing goes on
-        as the records come."""
+        has not come yet), or a user's question is being answered: the background work in this process calls
+        this between its batches (summarizing the stored jobs, after an outage most of its CPU; enrich), before
+        each card and before an alert pass, so that the nodes' backlog is taken first and its analysis follows
+        once the herd has passed, and a user waiting at a terminal does not share the interpreter with the
+        background work. At a steady load nobody is told busy, and summarizing goes on as the records come."""
         deadline = time.monotonic() + max_s
         while (now := time.monotonic()) < deadline and (self.waiting or self.answering or now < self.turns_until):
             time.sleep(0.05)

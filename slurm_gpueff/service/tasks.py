@@ -54,7 +54,8 @@ class Context:
     last_clock_step_s: float | None = None
     damage: str | None = None  # what the integrity check found wrong with the database; None: sound
     stopped: set[str] = field(default_factory=set)  # tasks that said, once, that they stop for the damage
-    # Called between summarizing's batches: the API's make_way (nodes' waiting pushes go first); else nothing.
+    # Called by the background work between its batches (summarizing, enrich), before each card and before an
+    # alert pass: the API's make_way (nodes' waiting pushes and users' questions go first); else nothing.
     make_way: Callable[[], None] = field(default=lambda: None)
 
     summarizing: int = 0  # tasks analysing stored jobs now (summarize_pending), which cards wait for
