@@ -19,7 +19,9 @@ Stages, each timed, with its floor from the same run where one exists:
    have their own CPUs and munged) while this script writes the live and final records into the
    nodes' spools at the load's rates; the lag of a record is from its file landing in a node's spool to the
    forwarder removing it, which it does once the service has acknowledged it (after the commit); the
-   database's growth over the measured half, per day;
+   database's growth over the measured half, per day. Before it, the site is primed as it stands once the
+   service has run an alert window: every running job's live record stored and its GPUs' live samples of
+   that window seeded, so the growth is measured at their bound, not while they fill;
 3. outage: the service stopped, a backlog written into the spools, the service started; the time until every
    spool is empty, then every backlog job counted by key in the database (lost, duplicated);
 4. passes, in this process on the same database: the idle-GPU policy over the running jobs (squeue stands in:
@@ -533,6 +535,46 @@ class Growth:
 
     def close(self) -> None:
         self.conn.close()
+
+
+def prime(a: argparse.Namespace, url: str, base: str, running: Running, shapes: Shapes, log: Log) -> None:
+    """The site as it stands once the service has run a window: every running job's live record stored, and
+    each of its GPUs' live samples of the last ``[alerts] window_min`` (the default, 60 min), as the alert pass
+    stores them: one a pass (``[alerts] interval_s``), or one a live record where those are rarer. A service
+    that has just started holds none and fills them over the first window; seeded, the steady load's growth
+    is measured at their bound from its start. The samples are the job's figures behind its newest record
+    (its activity constant), and only where the job had started."""
+    import psycopg
+
+    from slurm_gpueff.config import AlertsConfig
+
+    w = Writer(base)
+    t0 = time.time()
+    for jid, job in list(running.jobs.items()):
+        for node, rec in records_of(shapes, running, jid, job, t0, True):
+            w.write(node, rec)
+    written = len(w.pending)
+    while w.pending and time.time() - t0 < 900:
+        w.poll()
+        time.sleep(0.5)
+    stored_s = time.time() - t0
+    alerts = AlertsConfig()
+    step = max(a.live_period, alerts.interval_s)  # the pass stores a GPU's figures once a pass, if they moved
+    per_window = int(alerts.window_min * 60 // step)
+    with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as conn:
+        seeded = conn.execute(
+            "INSERT INTO live_sample (job_pk, node, gpu_index, as_of, covered_s, kernel_s, sm_s) "
+            "SELECT g.job_pk, g.node, g.gpu_index, j.end_time - make_interval(secs => k * %(p)s), "
+            "c.cov - k * %(p)s, g.kernel_active * (c.cov - k * %(p)s), g.sm_active * (c.cov - k * %(p)s) "
+            "FROM job j JOIN job_gpu g ON g.job_pk = j.id CROSS JOIN generate_series(1, %(n)s) AS k "
+            "CROSS JOIN LATERAL (SELECT coalesce(g.measured_s, extract(epoch FROM g.end_time - g.start_time)) "
+            "AS cov) AS c WHERE j.record_source = 'live' AND c.cov - k * %(p)s > 0 ON CONFLICT DO NOTHING",
+            {"p": step, "n": per_window}).rowcount
+        conn.execute("ANALYZE live_sample")
+        n = conn.execute("SELECT count(*) FROM live_sample").fetchone()[0]
+    log.say(f"primed: {written:,} live records of the {len(running.jobs):,} running jobs stored in {stored_s:.0f} s "
+            f"({len(w.pending)} not acknowledged); {seeded:,} live samples seeded ({per_window} a GPU at most, "
+            f"{step:g} s apart, behind each job's newest record), {n:,} in all")
 
 
 def steady(a: argparse.Namespace, sz: dict[str, int], url: str, base: str, running: Running, shapes: Shapes,
@@ -1168,6 +1210,8 @@ def run(a: argparse.Namespace, sz: dict[str, int], log: Log, migrate: Any, make_
     running.publish(state, time.time())
     mem = Memory(site)
     try:
+        mem.stage = "prime"
+        prime(a, url, base, running, shapes, log)
         mem.stage = "steady"
         steady(a, sz, url, base, running, shapes, state, log, pid)
         mem.stage = "outage and drain"
